@@ -1,0 +1,197 @@
+//! I/O requests, completions, buffers, channels and the checks every device shares.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use thiserror::Error;
+use uuid::Uuid;
+
+/// A data buffer handed to a device and handed back in the completion. Any owner of
+/// contiguous bytes can be one (a `Vec<u8>`, or later a slice of registered RDMA memory).
+pub trait Buffer: Send {
+    fn as_slice(&self) -> &[u8];
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+impl Buffer for Vec<u8> {
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl Buffer for Box<[u8]> {
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+pub type IoBuf = Box<dyn Buffer>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoKind {
+    Read,
+    Write,
+    Flush,
+    Unmap,
+    WriteZeroes,
+}
+
+impl IoKind {
+    pub fn needs_buffer(self) -> bool {
+        matches!(self, IoKind::Read | IoKind::Write)
+    }
+}
+
+/// One I/O. `tag` is the submitter's, returned untouched in the completion.
+pub struct BdevIo {
+    pub kind: IoKind,
+    pub offset_blocks: u64,
+    pub num_blocks: u64,
+    /// Read: filled by the device. Write: read by the device. Others: none.
+    pub buf: Option<IoBuf>,
+    pub tag: u64,
+}
+
+impl fmt::Debug for BdevIo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BdevIo")
+            .field("kind", &self.kind)
+            .field("offset_blocks", &self.offset_blocks)
+            .field("num_blocks", &self.num_blocks)
+            .field("buf_len", &self.buf.as_ref().map(|b| b.as_slice().len()))
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+pub struct IoCompletion {
+    pub tag: u64,
+    pub kind: IoKind,
+    pub result: Result<(), BdevError>,
+    /// The buffer given with the request, if any.
+    pub buf: Option<IoBuf>,
+}
+
+impl fmt::Debug for IoCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoCompletion")
+            .field("tag", &self.tag)
+            .field("kind", &self.kind)
+            .field("result", &self.result)
+            .finish()
+    }
+}
+
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum BdevError {
+    #[error("I/O out of range: blocks {offset}+{num} on a device of {capacity} blocks")]
+    OutOfRange { offset: u64, num: u64, capacity: u64 },
+    #[error("buffer of {got} bytes for an I/O of {expected} bytes")]
+    BufferSize { expected: u64, got: u64 },
+    #[error("{0:?} needs a data buffer")]
+    MissingBuffer(IoKind),
+    #[error("{0:?} is not supported by this device")]
+    Unsupported(IoKind),
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// What a device is. Fixed at creation.
+#[derive(Clone, Debug)]
+pub struct BdevInfo {
+    pub name: String,
+    pub product_name: &'static str,
+    pub block_size: u32,
+    pub num_blocks: u64,
+    pub uuid: Uuid,
+}
+
+impl BdevInfo {
+    pub fn size_bytes(&self) -> u64 {
+        self.num_blocks * self.block_size as u64
+    }
+}
+
+/// The checks every device makes before touching data: range, buffer, support.
+pub fn validate(info: &BdevInfo, supported: bool, io: &BdevIo) -> Result<(), BdevError> {
+    if !supported {
+        return Err(BdevError::Unsupported(io.kind));
+    }
+    if io.kind == IoKind::Flush && io.num_blocks == 0 && io.offset_blocks == 0 {
+        return Ok(()); // flush of the whole device
+    }
+    let end = io.offset_blocks.checked_add(io.num_blocks);
+    if end.map_or(true, |e| e > info.num_blocks) {
+        return Err(BdevError::OutOfRange {
+            offset: io.offset_blocks,
+            num: io.num_blocks,
+            capacity: info.num_blocks,
+        });
+    }
+    if io.kind.needs_buffer() {
+        let Some(buf) = io.buf.as_ref() else {
+            return Err(BdevError::MissingBuffer(io.kind));
+        };
+        let expected = io.num_blocks.saturating_mul(info.block_size as u64);
+        let got = buf.as_slice().len() as u64;
+        if got != expected {
+            return Err(BdevError::BufferSize { expected, got });
+        }
+    }
+    Ok(())
+}
+
+/// A reactor's handle for I/O to one device. Not shared between threads.
+pub trait IoChannel {
+    /// Queues an I/O. Its completion comes from a later [`poll`](Self::poll), never from
+    /// inside `submit`, so callers never recurse.
+    fn submit(&mut self, io: BdevIo);
+
+    /// Moves finished I/Os into `out`; returns how many.
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize;
+
+    /// I/Os submitted and not yet returned by `poll`.
+    fn outstanding(&self) -> usize;
+}
+
+/// A completion queue for devices that finish I/O inside `submit` (null, malloc).
+#[derive(Default)]
+pub(crate) struct DoneQueue {
+    q: VecDeque<IoCompletion>,
+}
+
+impl DoneQueue {
+    pub(crate) fn push(&mut self, io: BdevIo, result: Result<(), BdevError>) {
+        self.q.push_back(IoCompletion { tag: io.tag, kind: io.kind, result, buf: io.buf });
+    }
+
+    pub(crate) fn drain_into(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        let n = self.q.len();
+        out.extend(self.q.drain(..));
+        n
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
+    }
+}
+
+/// Submits one I/O and polls until it completes. For tests and control-plane tools.
+pub fn run_sync(ch: &mut dyn IoChannel, io: BdevIo) -> IoCompletion {
+    let tag = io.tag;
+    ch.submit(io);
+    let mut out = Vec::new();
+    loop {
+        ch.poll(&mut out);
+        if let Some(pos) = out.iter().position(|c| c.tag == tag) {
+            return out.swap_remove(pos);
+        }
+        std::thread::yield_now();
+    }
+}

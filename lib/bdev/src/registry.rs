@@ -1,0 +1,250 @@
+//! The set of devices, by unique name, with claims (a LUN claims its device).
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::{Bdev, BdevError, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("bdev {0} already exists")]
+    Exists(String),
+    #[error("bdev {0} not found")]
+    NotFound(String),
+    #[error("bdev {name} is claimed by {owner}")]
+    Claimed { name: String, owner: String },
+    #[error("invalid name {0:?}: use 1-255 characters, no whitespace or control characters")]
+    BadName(String),
+    #[error("block_size {0} is not supported (use 512 or 4096)")]
+    BadBlockSize(u32),
+    #[error("num_blocks must be greater than 0")]
+    ZeroBlocks,
+    #[error("{0}")]
+    Device(#[from] BdevError),
+}
+
+struct Entry {
+    bdev: Arc<dyn Bdev>,
+    claimed_by: Option<String>,
+}
+
+/// Devices in creation order. Lives on the control plane; the data path holds `Arc`s.
+#[derive(Default)]
+pub struct BdevRegistry {
+    entries: Vec<Entry>,
+}
+
+fn check_name(name: &str) -> Result<(), RegistryError> {
+    if name.is_empty() || name.len() > 255 || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(RegistryError::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
+fn check_geometry(num_blocks: u64, block_size: u32) -> Result<(), RegistryError> {
+    if !SUPPORTED_BLOCK_SIZES.contains(&block_size) {
+        return Err(RegistryError::BadBlockSize(block_size));
+    }
+    if num_blocks == 0 {
+        return Err(RegistryError::ZeroBlocks);
+    }
+    Ok(())
+}
+
+impl BdevRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn pos(&self, name: &str) -> Option<usize> {
+        self.entries.iter().position(|e| e.bdev.info().name == name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.pos(name).is_some()
+    }
+
+    /// Adds a device; its name must be new.
+    pub fn register(&mut self, bdev: Arc<dyn Bdev>) -> Result<(), RegistryError> {
+        let name = &bdev.info().name;
+        check_name(name)?;
+        if self.contains(name) {
+            return Err(RegistryError::Exists(name.clone()));
+        }
+        log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks, bdev.info().block_size, bdev.info().product_name);
+        self.entries.push(Entry { bdev, claimed_by: None });
+        Ok(())
+    }
+
+    /// The first free name `{prefix}{n}` (SPDK's Malloc0, Malloc1, ...).
+    pub fn next_name(&self, prefix: &str) -> String {
+        (0..).map(|n| format!("{prefix}{n}")).find(|n| !self.contains(n)).unwrap_or_default()
+    }
+
+    pub fn create_malloc(
+        &mut self,
+        name: Option<&str>,
+        num_blocks: u64,
+        block_size: u32,
+        uuid: Option<Uuid>,
+    ) -> Result<String, RegistryError> {
+        check_geometry(num_blocks, block_size)?;
+        let name = name.map(str::to_string).unwrap_or_else(|| self.next_name("Malloc"));
+        check_name(&name)?;
+        if self.contains(&name) {
+            return Err(RegistryError::Exists(name));
+        }
+        let b = MallocBdev::new(&name, num_blocks, block_size, uuid)?;
+        self.register(Arc::new(b))?;
+        Ok(name)
+    }
+
+    pub fn create_null(
+        &mut self,
+        name: &str,
+        num_blocks: u64,
+        block_size: u32,
+        uuid: Option<Uuid>,
+    ) -> Result<String, RegistryError> {
+        check_geometry(num_blocks, block_size)?;
+        self.register(Arc::new(NullBdev::new(name, num_blocks, block_size, uuid)))?;
+        Ok(name.to_string())
+    }
+
+    /// Removes an unclaimed device. Channels already open keep it alive until they close.
+    pub fn delete(&mut self, name: &str, product: Option<&str>) -> Result<(), RegistryError> {
+        let i = self.pos(name).ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        if let Some(p) = product {
+            if self.entries[i].bdev.info().product_name != p {
+                return Err(RegistryError::NotFound(name.to_string()));
+            }
+        }
+        if let Some(owner) = &self.entries[i].claimed_by {
+            return Err(RegistryError::Claimed { name: name.to_string(), owner: owner.clone() });
+        }
+        self.entries.remove(i);
+        log::info!("bdev {name} deleted");
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Bdev>> {
+        self.pos(name).map(|i| self.entries[i].bdev.clone())
+    }
+
+    pub fn claimed_by(&self, name: &str) -> Option<&str> {
+        self.pos(name).and_then(|i| self.entries[i].claimed_by.as_deref())
+    }
+
+    /// Claims a device for `owner` (e.g. a LUN); a claimed device cannot be deleted or
+    /// claimed again.
+    pub fn claim(&mut self, name: &str, owner: &str) -> Result<Arc<dyn Bdev>, RegistryError> {
+        let i = self.pos(name).ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let e = &mut self.entries[i];
+        if let Some(o) = &e.claimed_by {
+            return Err(RegistryError::Claimed { name: name.to_string(), owner: o.clone() });
+        }
+        e.claimed_by = Some(owner.to_string());
+        Ok(e.bdev.clone())
+    }
+
+    pub fn release(&mut self, name: &str) {
+        if let Some(i) = self.pos(name) {
+            self.entries[i].claimed_by = None;
+        }
+    }
+
+    /// (device, claimed) in creation order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<dyn Bdev>, bool)> {
+        self.entries.iter().map(|e| (&e.bdev, e.claimed_by.is_some()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{run_sync, BdevIo, IoKind};
+
+    fn io(kind: IoKind, off: u64, n: u64, buf: Option<Vec<u8>>, tag: u64) -> BdevIo {
+        BdevIo { kind, offset_blocks: off, num_blocks: n, buf: buf.map(|b| Box::new(b) as _), tag }
+    }
+
+    #[test]
+    fn malloc_keeps_data_and_checks_range() {
+        let mut r = BdevRegistry::new();
+        let name = r.create_malloc(None, 1024, 512, None).unwrap();
+        assert_eq!(name, "Malloc0");
+        let mut ch = r.get(&name).unwrap().open_channel();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        let c = run_sync(&mut *ch, io(IoKind::Write, 100, 8, Some(data.clone()), 1));
+        assert_eq!(c.result, Ok(()));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 100, 8, Some(vec![0xAA; 4096]), 2));
+        assert_eq!(c.result, Ok(()));
+        assert_eq!(c.buf.unwrap().as_slice(), &data[..]);
+        // A neighbouring block is untouched.
+        let c = run_sync(&mut *ch, io(IoKind::Read, 99, 1, Some(vec![0xAA; 512]), 3));
+        assert!(c.buf.unwrap().as_slice().iter().all(|&b| b == 0));
+        // Write zeroes then read.
+        let c = run_sync(&mut *ch, io(IoKind::WriteZeroes, 101, 2, None, 4));
+        assert_eq!(c.result, Ok(()));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 100, 3, Some(vec![0xAA; 1536]), 5));
+        let b = c.buf.unwrap();
+        assert_eq!(&b.as_slice()[..512], &data[..512]);
+        assert!(b.as_slice()[512..].iter().all(|&x| x == 0));
+        // Out of range, overflowing, wrong buffer, no buffer: errors, not panics.
+        let c = run_sync(&mut *ch, io(IoKind::Read, 1020, 8, Some(vec![0; 4096]), 6));
+        assert_eq!(c.result, Err(BdevError::OutOfRange { offset: 1020, num: 8, capacity: 1024 }));
+        let c = run_sync(&mut *ch, io(IoKind::Write, u64::MAX, 2, Some(vec![0; 1024]), 7));
+        assert!(matches!(c.result, Err(BdevError::OutOfRange { .. })));
+        let c = run_sync(&mut *ch, io(IoKind::Write, 0, 2, Some(vec![0; 1000]), 8));
+        assert_eq!(c.result, Err(BdevError::BufferSize { expected: 1024, got: 1000 }));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 0, 1, None, 9));
+        assert_eq!(c.result, Err(BdevError::MissingBuffer(IoKind::Read)));
+        assert_eq!(ch.outstanding(), 0);
+    }
+
+    #[test]
+    fn null_reads_zeros_and_discards_writes() {
+        let mut r = BdevRegistry::new();
+        r.create_null("Null0", 1 << 20, 4096, None).unwrap();
+        let mut ch = r.get("Null0").unwrap().open_channel();
+        let c = run_sync(&mut *ch, io(IoKind::Write, 5, 1, Some(vec![0x5A; 4096]), 1));
+        assert_eq!(c.result, Ok(()));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 5, 1, Some(vec![0xFF; 4096]), 2));
+        assert!(c.buf.unwrap().as_slice().iter().all(|&b| b == 0));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 1 << 20, 1, Some(vec![0; 4096]), 3));
+        assert!(matches!(c.result, Err(BdevError::OutOfRange { .. })));
+        // Completions come from poll, never from submit.
+        ch.submit(io(IoKind::Flush, 0, 0, None, 4));
+        assert_eq!(ch.outstanding(), 1);
+        let mut out = Vec::new();
+        assert_eq!(ch.poll(&mut out), 1);
+        assert_eq!(out[0].tag, 4);
+        assert_eq!(out[0].result, Ok(()));
+    }
+
+    #[test]
+    fn names_claims_and_geometry() {
+        let mut r = BdevRegistry::new();
+        r.create_malloc(Some("M"), 16, 512, None).unwrap();
+        assert_eq!(r.create_null("M", 16, 512, None), Err(RegistryError::Exists("M".into())));
+        assert_eq!(r.create_null("N", 16, 1000, None), Err(RegistryError::BadBlockSize(1000)));
+        assert_eq!(r.create_null("N", 0, 512, None), Err(RegistryError::ZeroBlocks));
+        assert!(matches!(r.create_null("a b", 1, 512, None), Err(RegistryError::BadName(_))));
+        r.claim("M", "iqn.x:lun0").unwrap();
+        assert!(matches!(r.claim("M", "other"), Err(RegistryError::Claimed { .. })));
+        assert_eq!(
+            r.delete("M", None),
+            Err(RegistryError::Claimed { name: "M".into(), owner: "iqn.x:lun0".into() })
+        );
+        r.release("M");
+        assert_eq!(r.delete("M", Some("Null disk")), Err(RegistryError::NotFound("M".into())));
+        assert_eq!(r.delete("M", Some("Malloc disk")), Ok(()));
+        assert_eq!(r.delete("M", None), Err(RegistryError::NotFound("M".into())));
+        assert!(matches!(
+            r.create_malloc(Some("Huge"), u64::MAX / 512, 512, None),
+            Err(RegistryError::Device(_))
+        ));
+    }
+}

@@ -1,0 +1,20 @@
+//! Polled-mode reactors: one pinned thread per core of a core mask.
+//!
+//! Each reactor owns everything registered on it (pollers, timed pollers, per-reactor
+//! locals) and is reached from other threads only through its bounded lock-free message
+//! ring. Objects move between reactors by being sent inside a message. Nothing on the data
+//! path takes a lock.
+//!
+//! * [`ReactorSet::start`] starts the threads; [`ReactorHandle`] sends messages to them.
+//! * [`Ctx`] is what a message, a poller or a timed poller sees of its reactor.
+//! * [`PollMode::Busy`] spins (production); [`PollMode::Adaptive`] backs off to sleeping
+//!   when a reactor has been idle, so a small machine is not starved.
+
+mod mask;
+mod reactor;
+
+pub use mask::{parse_core_mask, CoreMaskError};
+pub use reactor::{
+    Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle,
+    ReactorSet, ReactorStatsSnapshot, SendError,
+};

@@ -1,0 +1,749 @@
+//! The reactor loop, its context and the handle other threads use to reach it.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use thiserror::Error;
+
+/// A unit of cross-thread work: runs once, on the reactor it was sent to.
+pub type Message = Box<dyn FnOnce(&mut Ctx) + Send + 'static>;
+
+/// How a reactor spends an idle loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin forever: lowest latency, one core at 100%. The production default.
+    Busy,
+    /// Back off to sleeping (up to 1 ms, or until a message or timer is due) after a run of
+    /// idle loops. For small machines and CI.
+    Adaptive,
+}
+
+impl std::str::FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "busy" => Ok(PollMode::Busy),
+            "adaptive" => Ok(PollMode::Adaptive),
+            _ => Err(format!("unknown poll mode {s:?}: expected busy or adaptive")),
+        }
+    }
+}
+
+/// What a poller says about one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollStatus {
+    /// It did work (counts the loop as busy).
+    Busy,
+    /// It found nothing to do.
+    Idle,
+    /// It is finished: unregister it (it is dropped on its reactor).
+    Done,
+}
+
+/// Identifies a poller on its reactor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PollerId(u64);
+
+#[derive(Debug, Error)]
+pub enum ReactorError {
+    #[error("core {core} is not available on this machine (cores available: {available:?})")]
+    CoreUnavailable { core: usize, available: Vec<usize> },
+    #[error("no cores given")]
+    NoCores,
+    #[error("failed to spawn reactor thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SendError {
+    #[error("reactor {0} does not exist")]
+    NoSuchReactor(usize),
+    #[error("message ring of reactor {0} is full")]
+    Full(usize),
+    #[error("reactors are shutting down")]
+    Stopped,
+}
+
+/// Settings for [`ReactorSet::start`].
+#[derive(Clone, Debug)]
+pub struct ReactorConfig {
+    /// One reactor per entry, pinned to that core.
+    pub cores: Vec<usize>,
+    pub mode: PollMode,
+    /// Capacity of each reactor's message ring.
+    pub ring_size: usize,
+    /// Pin each thread to its core (turn off only in tests on machines with fewer cores).
+    pub pin: bool,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig { cores: vec![0], mode: PollMode::Busy, ring_size: 4096, pin: true }
+    }
+}
+
+/// Per-reactor counters, written by the reactor, read by anyone.
+#[derive(Default)]
+struct Stats {
+    busy_ns: AtomicU64,
+    idle_ns: AtomicU64,
+    messages: AtomicU64,
+    pollers: AtomicUsize,
+    /// Application-defined load (e.g. connections), for placement decisions.
+    load: AtomicUsize,
+    sleeping: AtomicBool,
+}
+
+/// A copy of one reactor's counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReactorStatsSnapshot {
+    pub reactor: usize,
+    pub core: usize,
+    pub busy_ns: u64,
+    pub idle_ns: u64,
+    pub messages: u64,
+    pub pollers: usize,
+    pub load: usize,
+    pub sleeping: bool,
+}
+
+struct Shared {
+    rings: Vec<ArrayQueue<Message>>,
+    threads: Vec<OnceLock<Thread>>,
+    stats: Vec<Stats>,
+    cores: Vec<usize>,
+    mode: PollMode,
+    stop: AtomicBool,
+}
+
+/// A cheap, cloneable, thread-safe way to reach the reactors.
+#[derive(Clone)]
+pub struct ReactorHandle {
+    shared: Arc<Shared>,
+}
+
+impl ReactorHandle {
+    /// Number of reactors.
+    pub fn len(&self) -> usize {
+        self.shared.rings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shared.rings.is_empty()
+    }
+
+    pub fn mode(&self) -> PollMode {
+        self.shared.mode
+    }
+
+    /// Queues `f` to run on reactor `reactor`. Messages from one sender arrive in order.
+    pub fn send<F>(&self, reactor: usize, f: F) -> Result<(), SendError>
+    where
+        F: FnOnce(&mut Ctx) + Send + 'static,
+    {
+        self.send_boxed(reactor, Box::new(f)).map_err(|(e, _)| e)
+    }
+
+    /// Like [`send`](Self::send) but gives the message back when the ring is full.
+    pub fn send_boxed(&self, reactor: usize, msg: Message) -> Result<(), (SendError, Message)> {
+        let sh = &self.shared;
+        let Some(ring) = sh.rings.get(reactor) else {
+            return Err((SendError::NoSuchReactor(reactor), msg));
+        };
+        if sh.stop.load(Ordering::Acquire) {
+            return Err((SendError::Stopped, msg));
+        }
+        ring.push(msg).map_err(|m| (SendError::Full(reactor), m))?;
+        // Pairs with the fence in the reactor's sleep path: either it sees our message or
+        // we see its `sleeping` flag and wake it.
+        fence(Ordering::SeqCst);
+        if sh.stats[reactor].sleeping.load(Ordering::Relaxed) {
+            if let Some(t) = sh.threads[reactor].get() {
+                t.unpark();
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends, waiting (yielding) while the ring is full. For control-plane threads only.
+    pub fn send_blocking<F>(&self, reactor: usize, f: F) -> Result<(), SendError>
+    where
+        F: FnOnce(&mut Ctx) + Send + 'static,
+    {
+        let mut msg: Message = Box::new(f);
+        loop {
+            match self.send_boxed(reactor, msg) {
+                Ok(()) => return Ok(()),
+                Err((SendError::Full(_), m)) => {
+                    msg = m;
+                    thread::yield_now();
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs `f` on reactor `reactor` and waits for its result. Control plane only: never
+    /// call it from a reactor (it would wait on itself).
+    pub fn call<R, F>(&self, reactor: usize, f: F) -> Result<R, SendError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Ctx) -> R + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_blocking(reactor, move |ctx| {
+            let _ = tx.send(f(ctx));
+        })?;
+        rx.recv().map_err(|_| SendError::Stopped)
+    }
+
+    /// The reactor with the smallest application load (ties: lowest index).
+    pub fn least_loaded(&self) -> usize {
+        (0..self.len())
+            .min_by_key(|&i| self.shared.stats[i].load.load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    /// Adds `delta` to a reactor's application load counter (see [`least_loaded`](Self::least_loaded)).
+    pub fn add_load(&self, reactor: usize, delta: isize) {
+        if let Some(s) = self.shared.stats.get(reactor) {
+            if delta >= 0 {
+                s.load.fetch_add(delta as usize, Ordering::Relaxed);
+            } else {
+                let d = delta.unsigned_abs();
+                let _ = s.load.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(d))
+                });
+            }
+        }
+    }
+
+    pub fn stats(&self) -> Vec<ReactorStatsSnapshot> {
+        let sh = &self.shared;
+        (0..self.len())
+            .map(|i| {
+                let s = &sh.stats[i];
+                ReactorStatsSnapshot {
+                    reactor: i,
+                    core: sh.cores[i],
+                    busy_ns: s.busy_ns.load(Ordering::Relaxed),
+                    idle_ns: s.idle_ns.load(Ordering::Relaxed),
+                    messages: s.messages.load(Ordering::Relaxed),
+                    pollers: s.pollers.load(Ordering::Relaxed),
+                    load: s.load.load(Ordering::Relaxed),
+                    sleeping: s.sleeping.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+}
+
+/// The running reactors. Dropping it shuts them down.
+pub struct ReactorSet {
+    handle: ReactorHandle,
+    joins: Vec<JoinHandle<()>>,
+}
+
+impl ReactorSet {
+    /// Starts one thread per core in `cfg.cores`, pinned when `cfg.pin`.
+    pub fn start(cfg: ReactorConfig) -> Result<ReactorSet, ReactorError> {
+        if cfg.cores.is_empty() {
+            return Err(ReactorError::NoCores);
+        }
+        if cfg.pin {
+            let available: Vec<usize> = core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.id)
+                .collect();
+            if let Some(&core) = cfg.cores.iter().find(|c| !available.contains(c)) {
+                return Err(ReactorError::CoreUnavailable { core, available });
+            }
+        }
+        let n = cfg.cores.len();
+        let ring_size = cfg.ring_size.max(2);
+        let shared = Arc::new(Shared {
+            rings: (0..n).map(|_| ArrayQueue::new(ring_size)).collect(),
+            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            stats: (0..n).map(|_| Stats::default()).collect(),
+            cores: cfg.cores.clone(),
+            mode: cfg.mode,
+            stop: AtomicBool::new(false),
+        });
+        let handle = ReactorHandle { shared };
+        let mut set = ReactorSet { handle: handle.clone(), joins: Vec::with_capacity(n) };
+        for (id, &core) in cfg.cores.iter().enumerate() {
+            let h = handle.clone();
+            let pin = cfg.pin;
+            let join = thread::Builder::new()
+                .name(format!("reactor_{core}"))
+                .spawn(move || {
+                    if pin && !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                        log::warn!("reactor {id}: could not pin to core {core}");
+                    }
+                    let _ = h.shared.threads[id].set(thread::current());
+                    Reactor::new(id, core, h).run();
+                })?;
+            set.joins.push(join);
+        }
+        // Wait until every thread has registered itself so wake-ups are never lost.
+        for t in &handle.shared.threads {
+            while t.get().is_none() {
+                thread::yield_now();
+            }
+        }
+        log::info!("started {n} reactor(s) on cores {:?} ({:?} poll mode)", cfg.cores, cfg.mode);
+        Ok(set)
+    }
+
+    pub fn handle(&self) -> ReactorHandle {
+        self.handle.clone()
+    }
+
+    /// Stops every reactor: each runs what is already in its ring, lets its pollers finish
+    /// in-flight work (bounded), drops its pollers and exits. Returns when all have exited.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        let sh = &self.handle.shared;
+        sh.stop.store(true, Ordering::Release);
+        for t in &sh.threads {
+            if let Some(t) = t.get() {
+                t.unpark();
+            }
+        }
+        for j in self.joins.drain(..) {
+            if j.join().is_err() {
+                log::error!("a reactor thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for ReactorSet {
+    fn drop(&mut self) {
+        if !self.joins.is_empty() {
+            self.stop_and_join();
+        }
+    }
+}
+
+type PollFn = Box<dyn FnMut(&mut Ctx) -> PollStatus>;
+
+struct Poller {
+    id: PollerId,
+    f: PollFn,
+}
+
+struct Timed {
+    id: PollerId,
+    period: Duration,
+    due: Instant,
+    f: PollFn,
+}
+
+/// What code running on a reactor sees: its identity, the time of this loop, and the means
+/// to register pollers and keep per-reactor objects.
+pub struct Ctx {
+    id: usize,
+    core: usize,
+    now: Instant,
+    next_id: u64,
+    new_pollers: Vec<Poller>,
+    new_timed: Vec<Timed>,
+    removed: Vec<PollerId>,
+    locals: HashMap<TypeId, Box<dyn Any>>,
+    handle: ReactorHandle,
+}
+
+impl Ctx {
+    /// Index of this reactor in the set.
+    pub fn reactor_id(&self) -> usize {
+        self.id
+    }
+
+    /// The core this reactor runs on.
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// The time at the start of this loop iteration (cheap; refreshed once per loop).
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// A handle to every reactor (to send messages or move objects).
+    pub fn handle(&self) -> &ReactorHandle {
+        &self.handle
+    }
+
+    fn next_id(&mut self) -> PollerId {
+        self.next_id += 1;
+        PollerId(self.next_id)
+    }
+
+    /// Registers a poller called on every loop iteration until it returns `Done` or is removed.
+    pub fn add_poller<F>(&mut self, f: F) -> PollerId
+    where
+        F: FnMut(&mut Ctx) -> PollStatus + 'static,
+    {
+        let id = self.next_id();
+        self.new_pollers.push(Poller { id, f: Box::new(f) });
+        id
+    }
+
+    /// Registers a poller called every `period` (first call one period from now).
+    pub fn add_timed_poller<F>(&mut self, period: Duration, f: F) -> PollerId
+    where
+        F: FnMut(&mut Ctx) -> PollStatus + 'static,
+    {
+        let id = self.next_id();
+        let period = period.max(Duration::from_micros(1));
+        self.new_timed.push(Timed { id, period, due: self.now + period, f: Box::new(f) });
+        id
+    }
+
+    /// Unregisters a poller (it is dropped at the end of this loop iteration).
+    pub fn remove_poller(&mut self, id: PollerId) {
+        self.removed.push(id);
+    }
+
+    /// A per-reactor object of type `T`, created by `init` on first use.
+    pub fn local<T: 'static>(&mut self, init: impl FnOnce() -> T) -> &mut T {
+        self.locals
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(init()))
+            .downcast_mut::<T>()
+            .expect("locals are keyed by their own TypeId")
+    }
+}
+
+struct Reactor {
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    pollers: Vec<Poller>,
+    timed: Vec<Timed>,
+    next_due: Option<Instant>,
+}
+
+const MAX_MESSAGES_PER_LOOP: usize = 256;
+const IDLE_LOOPS_BEFORE_SLEEP: u32 = 1000;
+const MIN_SLEEP: Duration = Duration::from_micros(50);
+const MAX_SLEEP: Duration = Duration::from_millis(1);
+const DRAIN_PASSES: usize = 100_000;
+
+impl Reactor {
+    fn new(id: usize, core: usize, handle: ReactorHandle) -> Reactor {
+        Reactor {
+            shared: handle.shared.clone(),
+            ctx: Ctx {
+                id,
+                core,
+                now: Instant::now(),
+                next_id: 0,
+                new_pollers: Vec::new(),
+                new_timed: Vec::new(),
+                removed: Vec::new(),
+                locals: HashMap::new(),
+                handle,
+            },
+            pollers: Vec::new(),
+            timed: Vec::new(),
+            next_due: None,
+        }
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.ctx.handle.shared.stats[self.ctx.id]
+    }
+
+    /// One pass: messages, pollers, due timed pollers. Returns how much work was done.
+    fn run_once(&mut self) -> usize {
+        let mut work = 0;
+        let ring = &self.shared.rings[self.ctx.id];
+        while work < MAX_MESSAGES_PER_LOOP {
+            match ring.pop() {
+                Some(m) => {
+                    m(&mut self.ctx);
+                    work += 1;
+                }
+                None => break,
+            }
+        }
+        if work > 0 {
+            self.shared.stats[self.ctx.id].messages.fetch_add(work as u64, Ordering::Relaxed);
+        }
+        let mut done = false;
+        for p in self.pollers.iter_mut() {
+            match (p.f)(&mut self.ctx) {
+                PollStatus::Busy => work += 1,
+                PollStatus::Idle => {}
+                PollStatus::Done => {
+                    self.ctx.removed.push(p.id);
+                    done = true;
+                }
+            }
+        }
+        if let Some(due) = self.next_due {
+            if self.ctx.now >= due {
+                let now = self.ctx.now;
+                for t in self.timed.iter_mut() {
+                    if now >= t.due {
+                        match (t.f)(&mut self.ctx) {
+                            PollStatus::Busy => work += 1,
+                            PollStatus::Idle => {}
+                            PollStatus::Done => {
+                                self.ctx.removed.push(t.id);
+                                done = true;
+                            }
+                        }
+                        t.due = now + t.period;
+                    }
+                }
+                self.next_due = self.timed.iter().map(|t| t.due).min();
+            }
+        }
+        if done || !self.ctx.removed.is_empty() || !self.ctx.new_pollers.is_empty() || !self.ctx.new_timed.is_empty() {
+            self.apply_changes();
+        }
+        work
+    }
+
+    fn apply_changes(&mut self) {
+        self.pollers.append(&mut self.ctx.new_pollers);
+        self.timed.append(&mut self.ctx.new_timed);
+        if !self.ctx.removed.is_empty() {
+            let removed = std::mem::take(&mut self.ctx.removed);
+            self.pollers.retain(|p| !removed.contains(&p.id));
+            self.timed.retain(|t| !removed.contains(&t.id));
+        }
+        self.next_due = self.timed.iter().map(|t| t.due).min();
+        self.stats().pollers.store(self.pollers.len() + self.timed.len(), Ordering::Relaxed);
+    }
+
+    fn run(mut self) {
+        let sh = self.ctx.handle.shared.clone();
+        let stats = &sh.stats[self.ctx.id];
+        let mode = sh.mode;
+        let mut last = Instant::now();
+        let mut idle_loops: u32 = 0;
+        let mut sleep = MIN_SLEEP;
+        loop {
+            self.ctx.now = last;
+            let work = self.run_once();
+            let now = Instant::now();
+            let spent = now.duration_since(last).as_nanos() as u64;
+            last = now;
+            if work > 0 {
+                stats.busy_ns.fetch_add(spent, Ordering::Relaxed);
+                idle_loops = 0;
+                sleep = MIN_SLEEP;
+            } else {
+                stats.idle_ns.fetch_add(spent, Ordering::Relaxed);
+                idle_loops = idle_loops.saturating_add(1);
+            }
+            if sh.stop.load(Ordering::Acquire) {
+                break;
+            }
+            if mode == PollMode::Adaptive && idle_loops >= IDLE_LOOPS_BEFORE_SLEEP {
+                let mut timeout = sleep;
+                if let Some(due) = self.next_due {
+                    timeout = timeout.min(due.saturating_duration_since(now));
+                }
+                stats.sleeping.store(true, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                if sh.rings[self.ctx.id].is_empty() && !sh.stop.load(Ordering::Acquire) {
+                    thread::park_timeout(timeout);
+                }
+                stats.sleeping.store(false, Ordering::Relaxed);
+                sleep = (sleep * 2).min(MAX_SLEEP);
+                let after = Instant::now();
+                stats.idle_ns.fetch_add(after.duration_since(last).as_nanos() as u64, Ordering::Relaxed);
+                last = after;
+            }
+        }
+        self.drain();
+    }
+
+    /// Shutdown: run every queued message, let pollers finish in-flight work, drop them.
+    fn drain(&mut self) {
+        let mut passes = 0;
+        loop {
+            self.ctx.now = Instant::now();
+            let work = self.run_once();
+            passes += 1;
+            if work == 0 && self.ctx.handle.shared.rings[self.ctx.id].is_empty() {
+                break;
+            }
+            if passes >= DRAIN_PASSES {
+                log::warn!("reactor {}: pollers still busy after {passes} drain passes; dropping them", self.ctx.id);
+                break;
+            }
+        }
+        self.pollers.clear();
+        self.timed.clear();
+        self.ctx.locals.clear();
+        self.stats().pollers.store(0, Ordering::Relaxed);
+        log::debug!("reactor {} stopped", self.ctx.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn cfg(n: usize, mode: PollMode) -> ReactorConfig {
+        ReactorConfig { cores: (0..n).collect(), mode, ring_size: 64, pin: false }
+    }
+
+    #[test]
+    fn messages_arrive_once_in_order_per_sender() {
+        let set = ReactorSet::start(cfg(2, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let seen: Arc<Vec<Mutex<Vec<(usize, u32)>>>> =
+            Arc::new((0..2).map(|_| Mutex::new(Vec::new())).collect());
+        let senders: Vec<_> = (0..4)
+            .map(|sender| {
+                let h = h.clone();
+                let seen = seen.clone();
+                thread::spawn(move || {
+                    for i in 0..5000u32 {
+                        let r = (i as usize) % 2;
+                        let seen = seen.clone();
+                        // ring_size 64 forces the full-ring path often.
+                        h.send_blocking(r, move |ctx| {
+                            assert_eq!(ctx.reactor_id(), r);
+                            seen[r].lock().unwrap().push((sender, i));
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().unwrap();
+        }
+        // A final round trip through each ring proves everything before it ran.
+        for r in 0..2 {
+            h.call(r, |_| ()).unwrap();
+        }
+        for r in 0..2 {
+            let got = seen[r].lock().unwrap();
+            assert_eq!(got.len(), 4 * 2500);
+            for sender in 0..4 {
+                let seq: Vec<u32> = got.iter().filter(|(s, _)| *s == sender).map(|(_, i)| *i).collect();
+                let want: Vec<u32> = (0..5000).filter(|i| (*i as usize) % 2 == r).collect();
+                assert_eq!(seq, want, "reactor {r} sender {sender}: lost, duplicated or reordered");
+            }
+        }
+        set.shutdown();
+    }
+
+    #[test]
+    fn timed_pollers_fire_and_pollers_unregister() {
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let ticks = Arc::new(AtomicU64::new(0));
+        let calls = Arc::new(AtomicU64::new(0));
+        let (t2, c2) = (ticks.clone(), calls.clone());
+        h.call(0, move |ctx| {
+            ctx.add_timed_poller(Duration::from_millis(5), move |_| {
+                t2.fetch_add(1, Ordering::Relaxed);
+                PollStatus::Busy
+            });
+            ctx.add_poller(move |_| {
+                if c2.fetch_add(1, Ordering::Relaxed) + 1 >= 10 {
+                    PollStatus::Done
+                } else {
+                    PollStatus::Busy
+                }
+            });
+        })
+        .unwrap();
+        thread::sleep(Duration::from_millis(200));
+        let n = ticks.load(Ordering::Relaxed);
+        assert!(n >= 5, "timed poller fired only {n} times in 200 ms at a 5 ms period");
+        assert!(n <= 45, "timed poller fired {n} times in 200 ms at a 5 ms period");
+        assert_eq!(calls.load(Ordering::Relaxed), 10, "a Done poller must not be called again");
+        assert_eq!(h.stats()[0].pollers, 1);
+        set.shutdown();
+    }
+
+    #[test]
+    fn shutdown_drains_rings_and_pollers() {
+        let set = ReactorSet::start(cfg(2, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        let ran = Arc::new(AtomicU64::new(0));
+        let inflight = Arc::new(AtomicU64::new(0));
+        for r in 0..2 {
+            let inflight = inflight.clone();
+            // A poller with "in-flight I/O" that completes one unit per call.
+            h.call(r, move |ctx| {
+                inflight.fetch_add(100, Ordering::Relaxed);
+                ctx.add_poller(move |_| {
+                    if inflight.load(Ordering::Relaxed) == 0 {
+                        return PollStatus::Idle;
+                    }
+                    inflight.fetch_sub(1, Ordering::Relaxed);
+                    PollStatus::Busy
+                });
+            })
+            .unwrap();
+        }
+        for i in 0..50 {
+            let ran = ran.clone();
+            h.send_blocking(i % 2, move |_| {
+                ran.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        }
+        set.shutdown();
+        assert_eq!(ran.load(Ordering::Relaxed), 50);
+        assert_eq!(inflight.load(Ordering::Relaxed), 0);
+        assert_eq!(h.send(0, |_| ()), Err(SendError::Stopped));
+    }
+
+    #[test]
+    fn locals_are_per_reactor_and_busy_time_counts() {
+        let set = ReactorSet::start(cfg(2, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        for r in 0..2 {
+            let v = h.call(r, move |ctx| {
+                *ctx.local(|| 0usize) += ctx.reactor_id() + 1;
+                *ctx.local(|| 0usize)
+            });
+            assert_eq!(v.unwrap(), r + 1);
+        }
+        assert_eq!(h.send(7, |_| ()), Err(SendError::NoSuchReactor(7)));
+        h.add_load(1, 3);
+        assert_eq!(h.least_loaded(), 0);
+        h.add_load(0, 5);
+        assert_eq!(h.least_loaded(), 1);
+        h.add_load(0, -5);
+        assert_eq!(h.least_loaded(), 0);
+        let s = h.stats();
+        assert!(s[0].busy_ns > 0 && s[0].messages >= 1);
+        set.shutdown();
+    }
+
+    #[test]
+    fn unknown_core_is_a_clear_error() {
+        let r = ReactorSet::start(ReactorConfig { cores: vec![100_000 - 1], pin: true, ..Default::default() });
+        match r {
+            Err(ReactorError::CoreUnavailable { core, .. }) => assert_eq!(core, 99_999),
+            _ => panic!("expected CoreUnavailable"),
+        }
+    }
+}
