@@ -1,0 +1,1 @@
+//! JSON-RPC client (see riser-rpc).
