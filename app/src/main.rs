@@ -1,1 +1,137 @@
-fn main() {}
+//! `riser`: the daemon. Parses flags, starts the reactors and the JSON-RPC server, replays a
+//! config file, and shuts everything down cleanly on SIGINT / SIGTERM.
+
+mod bdev_rpc;
+mod config;
+mod framework;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use riser_bdev::BdevRegistry;
+use riser_reactor::{parse_core_mask, PollMode, ReactorConfig, ReactorHandle, ReactorSet};
+use riser_rpc::{RpcRegistry, RpcServer};
+
+/// riser: a user-space, polled-mode iSCSI target with an iSER (RDMA) datamover.
+///
+/// Configure it over JSON-RPC (SPDK's method names; see `riser-rpc --help`) or start it from a
+/// config file saved with `riser-rpc save_config`.
+#[derive(Parser, Debug)]
+#[command(name = "riser", version, about, long_about = None)]
+struct Args {
+    /// Core mask for the reactors, one pinned polling thread per core: hex (0x3) or list ([0,2], [0-3]).
+    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
+    cpumask: String,
+
+    /// Path of the JSON-RPC Unix socket.
+    #[arg(short = 'r', long = "rpc-socket", default_value = riser_rpc::DEFAULT_SOCKET)]
+    rpc_socket: PathBuf,
+
+    /// Start from this config file (the format `riser-rpc save_config` prints).
+    #[arg(long = "json", value_name = "FILE", conflicts_with = "default_config")]
+    json: Option<PathBuf>,
+
+    /// Start from the built-in default config (a 64 MiB malloc bdev Malloc0); see --print-default-config.
+    #[arg(long)]
+    default_config: bool,
+
+    /// Print the built-in default config and exit.
+    #[arg(long)]
+    print_default_config: bool,
+
+    /// busy: reactors spin (lowest latency, one core each at 100%); adaptive: they sleep when idle (small machines, CI).
+    #[arg(long, default_value = "busy", value_parser = parse_poll_mode)]
+    poll_mode: PollMode,
+
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    log_level: String,
+
+    /// Do not pin reactor threads to their cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+fn parse_poll_mode(s: &str) -> Result<PollMode, String> {
+    s.parse()
+}
+
+/// Everything the control plane owns. The data path holds only `Arc`s into it.
+pub struct App {
+    pub bdevs: Mutex<BdevRegistry>,
+    pub reactors: ReactorHandle,
+}
+
+impl App {
+    /// The registry lock; a poisoned lock (a panicked RPC thread) is still usable data.
+    pub fn bdevs(&self) -> std::sync::MutexGuard<'_, BdevRegistry> {
+        self.bdevs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn init_logging(level: &str) {
+    env_logger::Builder::new()
+        .parse_filters(level)
+        .parse_env("RISER_LOG")
+        .format_timestamp_millis()
+        .init();
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.print_default_config {
+        print!("{}", config::DEFAULT_CONFIG);
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&args.log_level);
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("riser: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let cores = parse_core_mask(&args.cpumask).map_err(|e| format!("-m {}: {e}", args.cpumask))?;
+    let reactors = ReactorSet::start(ReactorConfig {
+        cores,
+        mode: args.poll_mode,
+        ring_size: 4096,
+        pin: !args.no_pin,
+    })
+    .map_err(|e| format!("cannot start reactors: {e}"))?;
+
+    let app = Arc::new(App { bdevs: Mutex::new(BdevRegistry::new()), reactors: reactors.handle() });
+    let mut registry = RpcRegistry::new();
+    framework::register(&mut registry, &app);
+    bdev_rpc::register(&mut registry, &app);
+    let registry = framework::finish(registry);
+
+    if let Some(path) = &args.json {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        config::load(&registry, &text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        log::info!("loaded config {}", path.display());
+    } else if args.default_config {
+        config::load(&registry, config::DEFAULT_CONFIG).map_err(|e| format!("default config: {e}"))?;
+        log::info!("loaded the built-in default config");
+    }
+
+    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
+    let mut signals = signals.map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let server = RpcServer::start(&args.rpc_socket, registry)
+        .map_err(|e| format!("cannot listen on {}: {e}", args.rpc_socket.display()))?;
+    log::info!("riser {} ready", env!("CARGO_PKG_VERSION"));
+
+    let sig = signals.forever().next();
+    log::info!("signal {}: shutting down", sig.unwrap_or(0));
+    server.shutdown();
+    reactors.shutdown();
+    log::info!("riser stopped");
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! Block device methods (SPDK names and parameters).
+
+use std::sync::Arc;
+
+use riser_bdev::{info_json, RegistryError};
+use riser_rpc::{RpcError, RpcRegistry};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::App;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MallocCreate {
+    name: Option<String>,
+    num_blocks: u64,
+    block_size: u32,
+    uuid: Option<Uuid>,
+    /// Accepted for SPDK configs; riser's malloc has no I/O boundary.
+    #[serde(default)]
+    #[allow(dead_code)]
+    optimal_io_boundary: u32,
+    #[serde(default)]
+    md_size: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NullCreate {
+    name: String,
+    num_blocks: u64,
+    block_size: u32,
+    uuid: Option<Uuid>,
+    #[serde(default)]
+    md_size: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ByName {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetBdevs {
+    name: Option<String>,
+    /// SPDK's wait-for-bdev timeout; riser's bdevs exist as soon as they are created.
+    #[serde(default)]
+    #[allow(dead_code)]
+    timeout: u64,
+}
+
+fn to_rpc(e: RegistryError) -> RpcError {
+    match e {
+        RegistryError::Exists(_) => RpcError::exists(e.to_string()),
+        RegistryError::NotFound(_) => RpcError::not_found(e.to_string()),
+        RegistryError::Claimed { .. } => RpcError::busy(e.to_string()),
+        RegistryError::BadName(_) | RegistryError::BadBlockSize(_) | RegistryError::ZeroBlocks => {
+            RpcError::invalid_params(e.to_string())
+        }
+        RegistryError::Device(_) => RpcError::new(-12, e.to_string()),
+    }
+}
+
+fn no_metadata(md_size: u32) -> Result<(), RpcError> {
+    if md_size != 0 {
+        return Err(RpcError::invalid_params("md_size: separate metadata is not supported (use 0)"));
+    }
+    Ok(())
+}
+
+pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
+    let a = app.clone();
+    reg.add("bdev_malloc_create", move |p: MallocCreate| {
+        no_metadata(p.md_size)?;
+        let name = a.bdevs().create_malloc(p.name.as_deref(), p.num_blocks, p.block_size, p.uuid).map_err(to_rpc)?;
+        Ok(Value::String(name))
+    });
+    let a = app.clone();
+    reg.add("bdev_malloc_delete", move |p: ByName| {
+        a.bdevs().delete(&p.name, Some("Malloc disk")).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_null_create", move |p: NullCreate| {
+        no_metadata(p.md_size)?;
+        let name = a.bdevs().create_null(&p.name, p.num_blocks, p.block_size, p.uuid).map_err(to_rpc)?;
+        Ok(Value::String(name))
+    });
+    let a = app.clone();
+    reg.add("bdev_null_delete", move |p: ByName| {
+        a.bdevs().delete(&p.name, Some("Null disk")).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_get_bdevs", move |p: GetBdevs| {
+        let bdevs = a.bdevs();
+        let list: Vec<Value> = bdevs
+            .iter()
+            .filter(|(b, _)| match &p.name {
+                None => true,
+                Some(n) => &b.info().name == n || b.info().uuid.to_string() == *n,
+            })
+            .map(|(b, claimed)| info_json(b.as_ref(), claimed))
+            .collect();
+        if let (Some(n), true) = (&p.name, list.is_empty()) {
+            return Err(RpcError::not_found(format!("bdev {n} not found")));
+        }
+        Ok(json!(list))
+    });
+}

@@ -1,0 +1,110 @@
+//! Framework methods: version, method list, reactors, subsystems and their config.
+
+use std::sync::{Arc, OnceLock};
+
+use riser_rpc::{RpcError, RpcRegistry};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::App;
+
+/// Subsystems in dependency order, as `framework_get_subsystems` lists them.
+const SUBSYSTEMS: &[(&str, &[&str])] = &[("bdev", &[])];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetMethods {
+    #[serde(default)]
+    #[allow(dead_code)]
+    current: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    include_aliases: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetConfig {
+    name: String,
+}
+
+static METHODS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// The config (list of calls) of one subsystem, in an order that replays cleanly.
+pub fn subsystem_config(app: &App, name: &str) -> Option<Vec<Value>> {
+    match name {
+        "bdev" => Some(
+            app.bdevs()
+                .iter()
+                .map(|(b, _)| {
+                    let (method, params) = b.config_json();
+                    json!({"method": method, "params": params})
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
+    reg.add("spdk_get_version", |_: NoParams| {
+        let (major, minor, patch) = (
+            env!("CARGO_PKG_VERSION_MAJOR").parse::<u32>().unwrap_or(0),
+            env!("CARGO_PKG_VERSION_MINOR").parse::<u32>().unwrap_or(0),
+            env!("CARGO_PKG_VERSION_PATCH").parse::<u32>().unwrap_or(0),
+        );
+        Ok(json!({
+            "version": format!("riser v{}", env!("CARGO_PKG_VERSION")),
+            "fields": {"major": major, "minor": minor, "patch": patch, "suffix": ""}
+        }))
+    });
+    reg.add("rpc_get_methods", |_: GetMethods| {
+        Ok(json!(METHODS.get().cloned().unwrap_or_default()))
+    });
+    let a = app.clone();
+    reg.add("framework_get_reactors", move |_: NoParams| {
+        let reactors: Vec<Value> = a
+            .reactors
+            .stats()
+            .into_iter()
+            .map(|s| {
+                json!({
+                    "lcore": s.core,
+                    "busy": s.busy_ns,
+                    "idle": s.idle_ns,
+                    "in_interrupt": s.sleeping,
+                    "pollers": s.pollers,
+                    "messages": s.messages,
+                    "connections": s.load,
+                })
+            })
+            .collect();
+        let mode = match a.reactors.mode() {
+            riser_reactor::PollMode::Busy => "busy",
+            riser_reactor::PollMode::Adaptive => "adaptive",
+        };
+        // Counters are in nanoseconds, so the "tick" is one ns.
+        Ok(json!({"tick_rate": 1_000_000_000u64, "poll_mode": mode, "reactors": reactors}))
+    });
+    reg.add("framework_get_subsystems", |_: NoParams| {
+        Ok(Value::Array(
+            SUBSYSTEMS.iter().map(|(n, d)| json!({"subsystem": n, "depends_on": d})).collect(),
+        ))
+    });
+    let a = app.clone();
+    reg.add("framework_get_config", move |p: GetConfig| {
+        subsystem_config(&a, &p.name)
+            .map(Value::Array)
+            .ok_or_else(|| RpcError::not_found(format!("subsystem {} not found", p.name)))
+    });
+}
+
+/// Freezes the registry, recording the method list for `rpc_get_methods`.
+pub fn finish(reg: RpcRegistry) -> Arc<RpcRegistry> {
+    let _ = METHODS.set(reg.methods().to_vec());
+    Arc::new(reg)
+}
