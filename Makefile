@@ -1,0 +1,36 @@
+# riser: the two commands that matter are `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+CARGO ?= cargo
+
+.PHONY: all build release run test unit integration bench deps clean
+
+all: build
+
+deps:
+	@scripts/setup.sh build
+
+build: deps
+	$(CARGO) build --workspace
+
+release: deps
+	$(CARGO) build --release --workspace
+
+# Runs riser with the built-in default config (a 64 MiB malloc bdev) and the RPC socket
+# /var/tmp/riser.sock. Ctrl-C stops it.
+run: release
+	./target/release/riser --default-config $(RISER_ARGS)
+
+# Every test: unit tests of each crate and the integration tests that drive the real binaries.
+test:
+	@scripts/setup.sh build test
+	$(CARGO) build --workspace
+	$(CARGO) test --workspace --no-fail-fast
+
+# Benchmarks print figures; they are not tests.
+bench: release
+	@scripts/setup.sh bench
+	scripts/bench.sh
+
+clean:
+	$(CARGO) clean

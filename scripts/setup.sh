@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what riser needs to build and test on a Debian machine, as root. Idempotent:
+# runs apt-get only when a package is missing. Usage: scripts/setup.sh [build|test|bench|vm]...
+set -euo pipefail
+
+groups=("$@")
+[ ${#groups[@]} -eq 0 ] && groups=(build)
+
+pkgs=()
+for g in "${groups[@]}"; do
+  case "$g" in
+    build) pkgs+=(build-essential pkg-config) ;;
+    test)  pkgs+=(build-essential pkg-config python3 libiscsi-bin sg3-utils) ;;
+    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt) ;;
+    vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils
+                  open-iscsi libiscsi-bin fio e2fsprogs) ;;
+    *) echo "setup.sh: unknown group $g (build, test, bench, vm)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: missing packages ${missing[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup.sh: no cargo found; installing Debian's rust toolchain"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq cargo rustc >/dev/null
+fi
+command -v cargo >/dev/null || { echo "setup.sh: cargo is still missing" >&2; exit 1; }
