@@ -321,6 +321,8 @@ fn answer(reg: &RpcRegistry, v: Value) -> Option<String> {
         log::debug!("rpc call {m}");
     }
     match v {
+        // JSON-RPC 2.0 §6: an empty batch is answered with one Invalid Request error.
+        Value::Array(ref a) if a.is_empty() => Some(error_reply(Value::Null, -32600, "Invalid Request: empty batch")),
         Value::Object(_) | Value::Array(_) => reg.handle(&v.to_string()),
         _ => Some(error_reply(Value::Null, -32600, "Invalid request: expected a JSON object or array")),
     }
