@@ -1,0 +1,8 @@
+//! Datamovers: the transports below the iSCSI layer, each implementing
+//! [`riser_iscsi::ffp::Datamover`] (RFC 5047).
+//!
+//! * [`tcp`]: traditional iSCSI on a byte stream: Data-In, R2T and Data-Out PDUs, digests.
+
+pub mod tcp;
+
+pub use tcp::TcpDatamover;

@@ -1,0 +1,465 @@
+//! The TCP datamover: iSCSI PDUs on a non-blocking byte stream.
+//!
+//! Put_Data becomes Data-In PDUs cut at the initiator's MaxRecvDataSegmentLength, with a
+//! GOOD status folded into the last one (phase collapse, RFC 7143 §11.7.3). Get_Data
+//! becomes R2Ts (at most MaxOutstandingR2T, each at most MaxBurstLength) and the solicited
+//! Data-Out PDUs that answer them land directly in the task's buffer. Read data is never
+//! copied on the way out: the send queue holds slices of the task's buffer.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::rc::Rc;
+
+use riser_bdev::IoBuf;
+use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
+use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
+use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, BHS_LEN, MAX_AHS_LENGTH};
+use riser_iscsi::serial::{Itt, Sn, Ttt};
+
+/// Most bytes read from the socket in one poll, so one busy connection cannot starve the
+/// others on its reactor.
+const MAX_READ_PER_POLL: usize = 1 << 20;
+/// Most iovecs in one writev.
+const MAX_IOV: usize = 64;
+
+/// A piece of the send queue.
+enum Chunk {
+    Owned(Vec<u8>),
+    /// Bytes `off..off+len` of a task's read buffer.
+    Shared { buf: Rc<IoBuf>, off: usize, len: usize },
+}
+
+impl Chunk {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Chunk::Owned(v) => v,
+            Chunk::Shared { buf, off, len } => buf.as_slice().get(*off..*off + *len).unwrap_or_default(),
+        }
+    }
+}
+
+/// One outstanding R2T (RFC 7143 §11.8).
+struct R2tState {
+    ttt: Ttt,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: Sn,
+}
+
+/// A Get_Data in progress.
+struct Solicit {
+    lun: Lun,
+    buf: IoBuf,
+    /// Next byte to ask for, and the end of what was asked.
+    next_offset: u32,
+    end: u32,
+    remaining: u32,
+    r2t_sn: Sn,
+    r2ts: Vec<R2tState>,
+    sn: SnState,
+}
+
+pub struct TcpDatamover {
+    sock: TcpStream,
+    framer: Framer,
+    params: DatamoverParams,
+    digests: Digests,
+    tx: VecDeque<Chunk>,
+    /// Bytes of the front chunk already written.
+    tx_pos: usize,
+    solicits: HashMap<Itt, Solicit>,
+    next_ttt: u32,
+    terminating: bool,
+    dead: bool,
+    rxbuf: Vec<u8>,
+}
+
+impl TcpDatamover {
+    /// Takes over a logged-in connection. `leftover`: bytes read past the final login PDU.
+    pub fn new(sock: TcpStream, leftover: &[u8]) -> std::io::Result<TcpDatamover> {
+        sock.set_nonblocking(true)?;
+        let _ = sock.set_nodelay(true);
+        let mut framer = Framer::new();
+        framer.feed(leftover);
+        Ok(TcpDatamover {
+            sock,
+            framer,
+            params: DatamoverParams::default(),
+            digests: Digests::default(),
+            tx: VecDeque::new(),
+            tx_pos: 0,
+            solicits: HashMap::new(),
+            next_ttt: 0x100,
+            terminating: false,
+            dead: false,
+            rxbuf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.sock.peer_addr().ok()
+    }
+
+    fn push_pdu(&mut self, pdu: &Pdu) {
+        let mut v = Vec::with_capacity(pdu.encoded_len(self.digests));
+        match pdu.encode(self.digests, &mut v) {
+            Ok(()) => self.tx.push_back(Chunk::Owned(v)),
+            Err(e) => log::error!("cannot encode PDU {:?}: {e}", pdu.opcode()),
+        }
+    }
+
+    /// Header (+ header digest) of a PDU whose data segment is sent from a shared buffer.
+    fn push_header(&mut self, bhs: &Bhs) {
+        let mut v = Vec::with_capacity(BHS_LEN + 4);
+        v.extend_from_slice(&bhs.to_bytes());
+        if self.digests.header {
+            v.extend_from_slice(&crc32c::crc32c(&v).to_le_bytes());
+        }
+        self.tx.push_back(Chunk::Owned(v));
+    }
+
+    /// Data segment from a shared buffer, with padding and data digest.
+    fn push_data(&mut self, buf: &Rc<IoBuf>, off: usize, len: usize) {
+        self.tx.push_back(Chunk::Shared { buf: buf.clone(), off, len });
+        let pad = (4 - len % 4) % 4;
+        let mut tail = vec![0u8; pad];
+        if self.digests.data {
+            let data = buf.as_slice().get(off..off + len).unwrap_or_default();
+            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &tail);
+            tail.extend_from_slice(&crc.to_le_bytes());
+        }
+        if !tail.is_empty() {
+            self.tx.push_back(Chunk::Owned(tail));
+        }
+    }
+
+    /// Issues R2Ts for `itt` while MaxOutstandingR2T allows.
+    fn issue_r2ts(&mut self, itt: Itt) {
+        let max_out = self.params.max_outstanding_r2t.max(1) as usize;
+        let burst = self.params.max_burst_length.max(512);
+        let mut out = Vec::new();
+        if let Some(s) = self.solicits.get_mut(&itt) {
+            while s.r2ts.len() < max_out && s.next_offset < s.end {
+                let len = (s.end - s.next_offset).min(burst);
+                // TTTs are unique per connection; 0xffffffff is reserved.
+                self.next_ttt = self.next_ttt.wrapping_add(1);
+                if self.next_ttt == u32::MAX {
+                    self.next_ttt = 1;
+                }
+                let ttt = Ttt(self.next_ttt);
+                out.push(Pdu::new(Op::R2t(R2t {
+                    lun: s.lun,
+                    itt,
+                    ttt,
+                    stat_sn: s.sn.stat_sn,
+                    exp_cmd_sn: s.sn.exp_cmd_sn,
+                    max_cmd_sn: s.sn.max_cmd_sn,
+                    r2t_sn: s.r2t_sn,
+                    buffer_offset: s.next_offset,
+                    desired_data_transfer_length: len,
+                })));
+                s.r2ts.push(R2tState { ttt, offset: s.next_offset, len, received: 0, next_data_sn: Sn(0) });
+                s.r2t_sn = s.r2t_sn.next();
+                s.next_offset += len;
+            }
+        }
+        for p in out {
+            self.push_pdu(&p);
+        }
+    }
+
+    /// A solicited Data-Out: check it against its R2T, copy it into the task's buffer.
+    fn on_solicited_data(&mut self, pdu: Pdu, events: &mut Vec<DmEvent>) {
+        let Op::DataOut(d) = pdu.op() else { return };
+        let itt = d.itt;
+        let Some(s) = self.solicits.get_mut(&itt) else {
+            // Unknown task (aborted or failed): let the iSCSI layer decide.
+            events.push(DmEvent::Control(pdu));
+            return;
+        };
+        let len = pdu.data.len() as u32;
+        let Some(ri) = s.r2ts.iter().position(|r| r.ttt == d.ttt) else {
+            events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: 0x09 });
+            return;
+        };
+        let r = &mut s.r2ts[ri];
+        let expected_offset = r.offset + r.received;
+        // DataPDUInOrder=Yes (riser's answer): each PDU continues where the last ended.
+        if d.data_sn != r.next_data_sn || d.buffer_offset != expected_offset || r.received + len > r.len {
+            let reason = if d.data_sn != r.next_data_sn { "DataSN out of order" } else { "bad buffer offset" };
+            if let Some(s) = self.solicits.remove(&itt) {
+                events.push(DmEvent::DataFailed { itt, buf: s.buf, reason });
+            }
+            return;
+        }
+        let off = d.buffer_offset as usize;
+        if let Some(dst) = s.buf.as_mut_slice().get_mut(off..off + len as usize) {
+            dst.copy_from_slice(&pdu.data);
+        }
+        r.received += len;
+        r.next_data_sn = r.next_data_sn.next();
+        s.remaining -= len.min(s.remaining);
+        let burst_done = r.received == r.len;
+        if burst_done {
+            s.r2ts.swap_remove(ri);
+        } else if d.final_bit {
+            // F before the burst is complete: the initiator gave up on this R2T.
+            if let Some(s) = self.solicits.remove(&itt) {
+                events.push(DmEvent::DataFailed { itt, buf: s.buf, reason: "Data-Out sequence ended early" });
+            }
+            return;
+        }
+        if s.remaining == 0 {
+            if let Some(s) = self.solicits.remove(&itt) {
+                events.push(DmEvent::DataReady { itt, buf: s.buf });
+            }
+        } else if burst_done {
+            self.issue_r2ts(itt);
+        }
+    }
+
+    fn read_socket(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut total = 0;
+        while total < MAX_READ_PER_POLL {
+            match self.sock.read(&mut self.rxbuf) {
+                Ok(0) => {
+                    self.dead = true;
+                    events.push(DmEvent::Terminated("connection closed by the initiator".into()));
+                    break;
+                }
+                Ok(n) => {
+                    total += n;
+                    self.framer.feed(&self.rxbuf[..n]);
+                    if n < self.rxbuf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.dead = true;
+                    events.push(DmEvent::Terminated(format!("receive failed: {e}")));
+                    break;
+                }
+            }
+        }
+        total
+    }
+
+    fn deliver(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut n = 0;
+        loop {
+            match self.framer.next_pdu() {
+                Ok(Some(pdu)) => {
+                    n += 1;
+                    match pdu.op() {
+                        Op::DataOut(d) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, events),
+                        _ => events.push(DmEvent::Control(pdu)),
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    n += 1;
+                    let header = e.header().copied();
+                    match e.action() {
+                        ErrorAction::RejectAndContinue(reason) => {
+                            log::warn!("connection {:?}: {e}", self.peer());
+                            if let Some(h) = header {
+                                // A digest error on solicited data fails that task too.
+                                if let Ok(bhs) = Bhs::parse(&h) {
+                                    if let Op::DataOut(d) = &bhs.op {
+                                        if let Some(s) = self.solicits.remove(&d.itt) {
+                                            events.push(DmEvent::DataFailed { itt: d.itt, buf: s.buf, reason: "data digest error" });
+                                        }
+                                    }
+                                }
+                                events.push(DmEvent::Reject { header: h, reason: reason as u8 });
+                            }
+                        }
+                        ErrorAction::RejectAndDrop(reason) => {
+                            if let Some(h) = header {
+                                events.push(DmEvent::Reject { header: h, reason: reason as u8 });
+                            }
+                            self.dead = true;
+                            events.push(DmEvent::Terminated(format!("protocol error: {e}")));
+                            break;
+                        }
+                        ErrorAction::Drop => {
+                            self.dead = true;
+                            events.push(DmEvent::Terminated(format!("protocol error: {e}")));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn write_socket(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut written = 0;
+        while !self.tx.is_empty() {
+            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
+            for (i, c) in self.tx.iter().take(MAX_IOV).enumerate() {
+                let b = c.bytes();
+                let b = if i == 0 { b.get(self.tx_pos..).unwrap_or_default() } else { b };
+                if !b.is_empty() {
+                    iov.push(IoSlice::new(b));
+                }
+            }
+            if iov.is_empty() {
+                self.tx.clear();
+                self.tx_pos = 0;
+                break;
+            }
+            match self.sock.write_vectored(&iov) {
+                Ok(0) => break,
+                Ok(mut n) => {
+                    written += n;
+                    while n > 0 {
+                        let Some(front) = self.tx.front() else { break };
+                        let left = front.bytes().len() - self.tx_pos;
+                        if n >= left {
+                            n -= left;
+                            self.tx.pop_front();
+                            self.tx_pos = 0;
+                        } else {
+                            self.tx_pos += n;
+                            n = 0;
+                        }
+                    }
+                    // Drop any empty chunks at the front.
+                    while self.tx.front().map_or(false, |c| c.bytes().len() == self.tx_pos) {
+                        self.tx.pop_front();
+                        self.tx_pos = 0;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if !self.dead {
+                        self.dead = true;
+                        events.push(DmEvent::Terminated(format!("send failed: {e}")));
+                    }
+                    self.tx.clear();
+                    self.tx_pos = 0;
+                    break;
+                }
+            }
+        }
+        written
+    }
+}
+
+impl Datamover for TcpDatamover {
+    fn send_control(&mut self, pdu: Pdu) {
+        self.push_pdu(&pdu);
+    }
+
+    fn put_data(&mut self, req: PutData) {
+        let PutData { itt, lun, buf, len, response, sn } = req;
+        let len = (len as usize).min(buf.as_slice().len());
+        let seg = self.params.initiator_max_recv_data_segment_length.max(512) as usize;
+        let burst = self.params.max_burst_length.max(512) as usize;
+        let Op::ScsiResponse(resp) = &response.bhs.op else {
+            self.push_pdu(&response);
+            return;
+        };
+        // Phase collapse: a status without sense rides in the last Data-In.
+        let collapse = response.data.is_empty();
+        let buf = Rc::new(buf);
+        let mut off = 0usize;
+        let mut data_sn = Sn(0);
+        let mut in_burst = 0usize;
+        while off < len {
+            let n = (len - off).min(seg).min(burst - in_burst);
+            let last = off + n == len;
+            in_burst += n;
+            let end_of_burst = last || in_burst == burst;
+            if end_of_burst {
+                in_burst = 0;
+            }
+            let status_here = last && collapse;
+            let di = DataIn {
+                final_bit: end_of_burst,
+                acknowledge: false,
+                residual_overflow: status_here && resp.residual_overflow,
+                residual_underflow: status_here && resp.residual_underflow,
+                status_present: status_here,
+                status: if status_here { resp.status } else { 0 },
+                lun,
+                itt,
+                ttt: Ttt::RESERVED,
+                stat_sn: if status_here { resp.stat_sn } else { sn.stat_sn },
+                exp_cmd_sn: sn.exp_cmd_sn,
+                max_cmd_sn: sn.max_cmd_sn,
+                data_sn,
+                buffer_offset: off as u32,
+                residual_count: if status_here { resp.residual_count } else { 0 },
+            };
+            let bhs = Bhs { total_ahs_length: 0, data_segment_length: n as u32, op: Op::DataIn(di) };
+            self.push_header(&bhs);
+            self.push_data(&buf, off, n);
+            data_sn = data_sn.next();
+            off += n;
+        }
+        if !collapse || len == 0 {
+            let mut response = response;
+            if let Op::ScsiResponse(r) = &mut response.bhs.op {
+                r.exp_data_sn = data_sn;
+            }
+            self.push_pdu(&response);
+        }
+    }
+
+    fn get_data(&mut self, req: GetData) {
+        let GetData { itt, lun, buf, offset, len, sn } = req;
+        self.solicits.insert(
+            itt,
+            Solicit { lun, buf, next_offset: offset, end: offset + len, remaining: len, r2t_sn: Sn(0), r2ts: Vec::new(), sn },
+        );
+        self.issue_r2ts(itt);
+    }
+
+    fn notice_key_values(&mut self, params: DatamoverParams) {
+        self.params = params;
+        self.digests = Digests { header: params.header_digest, data: params.data_digest };
+        self.framer.set_digests(self.digests);
+        self.framer.set_limits(FramerLimits {
+            max_recv_data_segment_length: params.target_max_recv_data_segment_length as usize,
+            max_ahs_length: MAX_AHS_LENGTH,
+        });
+    }
+
+    fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
+        self.solicits.remove(&itt).map(|s| s.buf)
+    }
+
+    fn connection_terminate(&mut self) {
+        self.terminating = true;
+    }
+
+    fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut work = 0;
+        if !self.dead && !self.terminating {
+            work += self.read_socket(events);
+            work += self.deliver(events);
+        }
+        if !self.tx.is_empty() && !(self.dead && self.tx.is_empty()) {
+            work += self.write_socket(events);
+        }
+        if self.terminating && self.tx.is_empty() && !self.dead {
+            let _ = self.sock.shutdown(Shutdown::Both);
+            self.dead = true;
+            events.push(DmEvent::Terminated("connection closed".into()));
+            work += 1;
+        }
+        work
+    }
+
+    fn idle(&self) -> bool {
+        self.tx.is_empty()
+    }
+}

@@ -1,0 +1,112 @@
+//! The Datamover Interface of RFC 5047 as a Rust trait.
+//!
+//! The iSCSI layer ([`super::Ffp`]) never touches a socket or a queue pair: the connection
+//! driver hands what it asks for to a `Datamover` (TCP: PDUs on a byte stream; iSER: SENDs
+//! and RDMA operations) and feeds the datamover's events back. Both datamovers implement
+//! this trait and the iSCSI layer is the same for both.
+
+use riser_bdev::IoBuf;
+
+use crate::pdu::{Lun, Pdu};
+use crate::serial::{Itt, Sn};
+
+/// The sequence numbers the target puts in every PDU it sends (RFC 7143 §11.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SnState {
+    pub stat_sn: Sn,
+    pub exp_cmd_sn: Sn,
+    pub max_cmd_sn: Sn,
+}
+
+/// Put_Data (RFC 5047 §3.2): move `len` bytes of `buf` to the initiator for task `itt`,
+/// then deliver `response` (the SCSI Response). TCP sends Data-In PDUs and may fold a GOOD
+/// status without sense into the final Data-In (RFC 7143 §11.7.3); iSER RDMA-Writes to the
+/// Read STag and chains the response SEND.
+pub struct PutData {
+    pub itt: Itt,
+    pub lun: Lun,
+    pub buf: IoBuf,
+    /// Bytes of `buf` to transfer (the residual is already in `response`).
+    pub len: u32,
+    /// A SCSI Response PDU; its StatSN is already assigned.
+    pub response: Pdu,
+    /// Sequence numbers for Data-In PDUs that do not carry status.
+    pub sn: SnState,
+}
+
+/// Get_Data (RFC 5047 §3.3): fetch solicited write data `[offset, offset+len)` of task `itt`
+/// into `buf` at the same offsets. TCP sends R2Ts and collects Data-Out PDUs; iSER issues
+/// RDMA Reads from the Write STag.
+pub struct GetData {
+    pub itt: Itt,
+    pub lun: Lun,
+    pub buf: IoBuf,
+    pub offset: u32,
+    pub len: u32,
+    pub sn: SnState,
+}
+
+/// What a datamover reports (RFC 5047's notifications).
+pub enum DmEvent {
+    /// Control_Notify: a control-type PDU arrived (everything but solicited Data-Out).
+    Control(Pdu),
+    /// Data_Completion_Notify: the data asked for with Get_Data is in `buf`.
+    DataReady { itt: Itt, buf: IoBuf },
+    /// Solicited data could not be obtained (bad DataSN or offset, digest error, RDMA error):
+    /// the command fails with CHECK CONDITION; the connection goes on.
+    DataFailed { itt: Itt, buf: IoBuf, reason: &'static str },
+    /// Send a Reject quoting this header (a datamover-level protocol error on a data PDU).
+    Reject { header: [u8; 48], reason: u8 },
+    /// Connection_Terminate_Notify: the connection is gone (peer closed, fatal error).
+    Terminated(String),
+}
+
+/// Negotiated values a datamover needs (Notice_Key_Values, RFC 5047 §3.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatamoverParams {
+    /// Largest data segment the initiator accepts (its MaxRecvDataSegmentLength, or
+    /// InitiatorRecvDataSegmentLength on iSER).
+    pub initiator_max_recv_data_segment_length: u32,
+    /// Largest data segment the target accepts.
+    pub target_max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub max_outstanding_r2t: u32,
+    pub header_digest: bool,
+    pub data_digest: bool,
+}
+
+impl Default for DatamoverParams {
+    fn default() -> Self {
+        DatamoverParams {
+            initiator_max_recv_data_segment_length: 8192,
+            target_max_recv_data_segment_length: 8192,
+            max_burst_length: 262144,
+            first_burst_length: 65536,
+            max_outstanding_r2t: 1,
+            header_digest: false,
+            data_digest: false,
+        }
+    }
+}
+
+/// The RFC 5047 primitives riser uses. One instance per connection, owned by one reactor.
+pub trait Datamover {
+    /// Send_Control: a control-type PDU.
+    fn send_control(&mut self, pdu: Pdu);
+    /// Put_Data, then the response.
+    fn put_data(&mut self, req: PutData);
+    /// Get_Data.
+    fn get_data(&mut self, req: GetData);
+    /// Notice_Key_Values: called once at the switch to full-feature phase.
+    fn notice_key_values(&mut self, params: DatamoverParams);
+    /// Deallocate_Task_Resources: forget task `itt` (aborted); returns its buffer, if the
+    /// datamover held one, so nothing leaks.
+    fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf>;
+    /// Connection_Terminate: flush what is queued (best effort) and close.
+    fn connection_terminate(&mut self);
+    /// Makes progress (receive, send, complete); appends events; returns work done.
+    fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize;
+    /// Whether everything queued has been handed to the transport.
+    fn idle(&self) -> bool;
+}

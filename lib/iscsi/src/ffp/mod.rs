@@ -1,0 +1,10 @@
+//! Full-feature phase: the sans-IO connection state machine and the Datamover trait.
+
+pub mod datamover;
+pub mod session;
+
+pub use datamover::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
+pub use session::{
+    fixed_sense, Action, Ffp, FfpConfig, Residual, ScsiDone, ScsiRequest, TextResponder,
+    STATUS_CHECK_CONDITION, STATUS_GOOD,
+};

@@ -1,0 +1,931 @@
+//! The full-feature phase of one connection (RFC 7143 §4, §11), sans-IO.
+//!
+//! [`Ffp`] takes received PDUs, datamover events, SCSI completions and the time, and
+//! returns [`Action`]s for the connection driver: PDUs to send, Put_Data / Get_Data requests
+//! for the datamover, SCSI commands to execute, aborts, and the end of the connection.
+//! It owns the CmdSN window, StatSN, the task table, NOP-In keep-alives, Text, Logout and
+//! task management. Error recovery level 0: a protocol error ends the connection.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use riser_bdev::IoBuf;
+
+use super::datamover::{GetData, PutData, SnState};
+use crate::pdu::{
+    logout, response, tmf, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason,
+    ScsiCommand, ScsiResponse, TaskMgmtResponse, TextResponse, BHS_LEN,
+};
+use crate::serial::{Itt, Sn, Ttt};
+use crate::text::{encode_pairs, Pairs, TextAssembler};
+
+/// SCSI status GOOD / CHECK CONDITION (SAM-5).
+pub const STATUS_GOOD: u8 = 0x00;
+pub const STATUS_CHECK_CONDITION: u8 = 0x02;
+
+/// Negotiated and configured values the full-feature phase runs with.
+#[derive(Clone, Debug)]
+pub struct FfpConfig {
+    pub cid: u16,
+    /// Commands the target accepts at once (the CmdSN window).
+    pub queue_depth: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+    /// Largest data segment the initiator accepts.
+    pub initiator_mrdsl: u32,
+    /// Largest data segment the target accepts (the datamover enforces it on receive).
+    pub target_mrdsl: u32,
+    /// Send a NOP-In ping after this much silence (zero: never).
+    pub nop_in_interval: Duration,
+    /// Drop the connection when a ping stays unanswered this long.
+    pub nop_timeout: Duration,
+    /// Discovery sessions accept only Text (SendTargets), NOP and Logout.
+    pub discovery: bool,
+    /// Largest write (EDTL) accepted; larger ones get CHECK CONDITION.
+    pub largest_write: u32,
+}
+
+impl Default for FfpConfig {
+    fn default() -> Self {
+        FfpConfig {
+            cid: 0,
+            queue_depth: 64,
+            immediate_data: true,
+            initial_r2t: true,
+            first_burst_length: 65536,
+            max_burst_length: 262144,
+            initiator_mrdsl: 8192,
+            target_mrdsl: 8192,
+            nop_in_interval: Duration::from_secs(30),
+            nop_timeout: Duration::from_secs(60),
+            discovery: false,
+            largest_write: 16 << 20,
+        }
+    }
+}
+
+/// How the transferred length differs from the Expected Data Transfer Length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Residual {
+    #[default]
+    None,
+    /// The command wanted more than EDTL; this many bytes were not transferred.
+    Overflow(u32),
+    /// The command transferred this many bytes fewer than EDTL.
+    Underflow(u32),
+}
+
+/// A SCSI command for the SCSI layer (the I_T_L nexus is the driver's business).
+pub struct ScsiRequest {
+    pub itt: Itt,
+    pub lun: Lun,
+    /// The CDB, 16 bytes or longer with an Extended CDB AHS.
+    pub cdb: Vec<u8>,
+    pub edtl: u32,
+    pub read: bool,
+    pub write: bool,
+    pub attr: u8,
+    /// Write data (EDTL bytes, `data_out_len` of them received).
+    pub data_out: Option<IoBuf>,
+    pub data_out_len: u32,
+}
+
+/// A finished SCSI command.
+pub struct ScsiDone {
+    pub itt: Itt,
+    pub status: u8,
+    /// Sense data (fixed format), empty when none.
+    pub sense: Vec<u8>,
+    /// Read data: the first `data_in_len` bytes go to the initiator.
+    pub data_in: Option<IoBuf>,
+    pub data_in_len: u32,
+    pub residual: Residual,
+    /// The write buffer given with the request, returned for reuse.
+    pub data_out: Option<IoBuf>,
+}
+
+/// What the connection driver must do.
+pub enum Action {
+    /// Send_Control.
+    Send(Pdu),
+    PutData(PutData),
+    GetData(GetData),
+    Execute(ScsiRequest),
+    /// Abort a task in the SCSI layer (its completion must be dropped) and free the
+    /// datamover's resources for it (Deallocate_Task_Resources).
+    Abort { itt: Itt, lun: Lun },
+    /// Reset a LUN for every session (LUN RESET) or the whole target (warm/cold reset).
+    ResetLun(Lun),
+    ResetTarget,
+    /// Flush what is queued and close the connection. `logout`: a clean logout.
+    Close { reason: String, logout: bool },
+}
+
+/// Answers Text requests in full-feature phase (SendTargets).
+pub trait TextResponder {
+    /// The key=value pairs answering `request` (e.g. SendTargets=All).
+    fn respond(&mut self, request: &Pairs) -> Pairs;
+}
+
+/// Where a task is.
+enum TaskState {
+    /// Collecting unsolicited data (immediate data done; Data-Out with TTT 0xffffffff).
+    Unsolicited,
+    /// Solicited data requested from the datamover.
+    Fetching,
+    /// In the SCSI layer.
+    Executing,
+}
+
+struct Task {
+    lun: Lun,
+    cmd: ScsiCommand,
+    cdb: Vec<u8>,
+    state: TaskState,
+    buf: Option<IoBuf>,
+    /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
+    received: u32,
+    /// Unsolicited bytes the initiator may still send.
+    unsolicited_expected: u32,
+    next_data_sn: Sn,
+}
+
+/// The full-feature phase of one connection.
+pub struct Ffp {
+    cfg: FfpConfig,
+    exp_cmd_sn: Sn,
+    max_cmd_sn: Sn,
+    stat_sn: Sn,
+    tasks: HashMap<Itt, Task>,
+    /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN.
+    held: BTreeMap<u32, Pdu>,
+    text: TextAssembler,
+    text_out: Option<(Itt, Vec<u8>)>,
+    next_ttt: u32,
+    actions: VecDeque<Action>,
+    last_rx: Instant,
+    ping: Option<(Ttt, Instant)>,
+    closing: bool,
+    responder: Option<Box<dyn TextResponder>>,
+}
+
+impl Ffp {
+    /// Starts full-feature phase after a successful login: `exp_cmd_sn` is the CmdSN of the
+    /// next command, `stat_sn` the next StatSN to send.
+    pub fn new(cfg: FfpConfig, exp_cmd_sn: Sn, stat_sn: Sn, now: Instant) -> Ffp {
+        let qd = cfg.queue_depth.max(1);
+        Ffp {
+            max_cmd_sn: exp_cmd_sn.add(qd - 1),
+            exp_cmd_sn,
+            stat_sn,
+            cfg,
+            tasks: HashMap::new(),
+            held: BTreeMap::new(),
+            text: TextAssembler::default(),
+            text_out: None,
+            next_ttt: 1,
+            actions: VecDeque::new(),
+            last_rx: now,
+            ping: None,
+            closing: false,
+            responder: None,
+        }
+    }
+
+    /// Who answers SendTargets in this session.
+    pub fn set_responder(&mut self, r: Box<dyn TextResponder>) {
+        self.responder = Some(r);
+    }
+
+    pub fn config(&self) -> &FfpConfig {
+        &self.cfg
+    }
+
+    /// Sequence numbers without advancing StatSN (R2T, Data-In without status, NOP-In pings).
+    pub fn sn(&self) -> SnState {
+        SnState { stat_sn: self.stat_sn, exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn }
+    }
+
+    /// Takes a StatSN for a status-carrying PDU.
+    fn next_stat_sn(&mut self) -> SnState {
+        let s = self.sn();
+        self.stat_sn = self.stat_sn.next();
+        s
+    }
+
+    pub fn active_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// The next action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    fn close(&mut self, reason: impl Into<String>, logout: bool) {
+        if !self.closing {
+            self.closing = true;
+            self.actions.push_back(Action::Close { reason: reason.into(), logout });
+        }
+    }
+
+    fn reject(&mut self, header: &[u8; BHS_LEN], reason: RejectReason) {
+        let s = self.sn();
+        let pdu = Pdu::with_data(
+            Op::Reject(Reject {
+                reason: reason as u8,
+                stat_sn: s.stat_sn,
+                exp_cmd_sn: s.exp_cmd_sn,
+                max_cmd_sn: s.max_cmd_sn,
+                data_sn_or_r2t_sn: Sn(0),
+            }),
+            header.to_vec(),
+        );
+        // A Reject takes a StatSN (RFC 7143 §11.17).
+        self.stat_sn = self.stat_sn.next();
+        self.actions.push_back(Action::Send(pdu));
+    }
+
+    /// Rejects a PDU given its decoded header.
+    pub fn reject_pdu(&mut self, bhs: &Bhs, reason: RejectReason) {
+        self.reject(&bhs.to_bytes(), reason);
+    }
+
+    /// Rejects a raw header (the datamover could not decode or accept it).
+    pub fn reject_raw(&mut self, header: &[u8; BHS_LEN], reason: u8) {
+        let r = match reason {
+            0x02 => RejectReason::DataDigestError,
+            0x05 => RejectReason::CommandNotSupported,
+            0x09 => RejectReason::InvalidPduField,
+            _ => RejectReason::ProtocolError,
+        };
+        self.reject(header, r);
+    }
+
+    /// A control-type PDU from the datamover (Control_Notify).
+    pub fn on_pdu(&mut self, pdu: Pdu, now: Instant) {
+        self.last_rx = now;
+        if self.closing {
+            return;
+        }
+        // ExpCmdSN / immediate rules apply to every initiator PDU with a CmdSN; Data-Out and
+        // SNACK have none (RFC 7143 §3.2.2.1).
+        match pdu.op() {
+            Op::DataOut(_) => return self.on_data_out(pdu),
+            Op::SnackRequest(_) => {
+                // ERL 0: SNACK is not supported (RFC 7143 §11.16).
+                return self.reject_pdu(&pdu.bhs, RejectReason::ProtocolError);
+            }
+            Op::Unknown(u) => {
+                let raw = u.raw;
+                return self.reject(&raw, RejectReason::CommandNotSupported);
+            }
+            Op::LoginRequest(_) => {
+                // A login in full-feature phase is a protocol error (RFC 7143 §6.3).
+                self.reject_pdu(&pdu.bhs, RejectReason::ProtocolError);
+                return self.close("Login Request in full-feature phase", false);
+            }
+            op if !is_initiator_op(op) => {
+                self.reject_pdu(&pdu.bhs, RejectReason::ProtocolError);
+                return self.close("target opcode received from the initiator", false);
+            }
+            _ => {}
+        }
+        let (immediate, cmd_sn) = match cmd_sn_of(pdu.op()) {
+            Some(v) => v,
+            None => return,
+        };
+        if immediate {
+            return self.dispatch(pdu);
+        }
+        // RFC 7143 §3.2.2.1: outside [ExpCmdSN, MaxCmdSN] is silently ignored.
+        if !cmd_sn.in_window(self.exp_cmd_sn, self.max_cmd_sn) {
+            log::debug!(
+                "dropping PDU with CmdSN {} outside the window [{}, {}]",
+                cmd_sn.get(),
+                self.exp_cmd_sn.get(),
+                self.max_cmd_sn.get()
+            );
+            return;
+        }
+        if cmd_sn != self.exp_cmd_sn {
+            // Ahead of a gap (several connections, or a lost PDU): hold it in order.
+            self.held.insert(cmd_sn.get(), pdu);
+            return;
+        }
+        self.advance_and_dispatch(pdu);
+        // Release commands that were waiting for this one.
+        while let Some(p) = self.held.remove(&self.exp_cmd_sn.get()) {
+            self.advance_and_dispatch(p);
+        }
+    }
+
+    fn advance_and_dispatch(&mut self, pdu: Pdu) {
+        self.exp_cmd_sn = self.exp_cmd_sn.next();
+        self.dispatch(pdu);
+    }
+
+    /// Opens one slot of the command window (a task or a non-task command finished).
+    fn slot_freed(&mut self) {
+        self.max_cmd_sn = self.max_cmd_sn.next();
+    }
+
+    fn dispatch(&mut self, pdu: Pdu) {
+        let immediate = cmd_sn_of(pdu.op()).map_or(true, |v| v.0);
+        let is_nop_or_logout_or_text =
+            matches!(pdu.op(), Op::NopOut(_) | Op::LogoutRequest(_) | Op::TextRequest(_));
+        if self.cfg.discovery && !is_nop_or_logout_or_text {
+            // RFC 7143 §4.3: discovery sessions carry Text, NOP and Logout only.
+            self.reject_pdu(&pdu.bhs, RejectReason::ProtocolError);
+            if !immediate {
+                self.slot_freed();
+            }
+            return;
+        }
+        let header = pdu.bhs.to_bytes();
+        let Pdu { bhs, ahs, data } = pdu;
+        match bhs.op {
+            Op::ScsiCommand(cmd) => self.on_scsi_command(cmd, &header, ahs, data),
+            Op::NopOut(n) => {
+                if !immediate {
+                    self.slot_freed();
+                }
+                if n.itt.is_reserved() {
+                    // The answer to our ping (RFC 7143 §11.18).
+                    if self.ping.map_or(false, |(t, _)| t == n.ttt) {
+                        self.ping = None;
+                    }
+                    return;
+                }
+                let mut echo = data;
+                echo.truncate(self.cfg.initiator_mrdsl as usize);
+                let s = self.next_stat_sn();
+                let pdu = Pdu::with_data(
+                    Op::NopIn(NopIn {
+                        lun: n.lun,
+                        itt: n.itt,
+                        ttt: Ttt::RESERVED,
+                        stat_sn: s.stat_sn,
+                        exp_cmd_sn: s.exp_cmd_sn,
+                        max_cmd_sn: s.max_cmd_sn,
+                    }),
+                    echo,
+                );
+                self.actions.push_back(Action::Send(pdu));
+            }
+            Op::TextRequest(t) => {
+                if !immediate {
+                    self.slot_freed();
+                }
+                self.on_text(t, data)
+            }
+            Op::LogoutRequest(l) => {
+                if !immediate {
+                    self.slot_freed();
+                }
+                let resp = match l.reason_code {
+                    logout::CLOSE_SESSION | logout::CLOSE_CONNECTION => logout::response::CLOSED_SUCCESSFULLY,
+                    // ERL 0 has no connection recovery.
+                    _ => logout::response::RECOVERY_NOT_SUPPORTED,
+                };
+                // Outstanding tasks of this connection end with it (RFC 7143 §11.14.1).
+                self.abort_all(None);
+                let s = self.next_stat_sn();
+                self.actions.push_back(Action::Send(Pdu::new(Op::LogoutResponse(LogoutResponse {
+                    response: resp,
+                    itt: l.itt,
+                    stat_sn: s.stat_sn,
+                    exp_cmd_sn: s.exp_cmd_sn,
+                    max_cmd_sn: s.max_cmd_sn,
+                    time2wait: 0,
+                    time2retain: 0,
+                }))));
+                if resp == logout::response::CLOSED_SUCCESSFULLY {
+                    self.close("logout", true);
+                }
+            }
+            Op::TaskMgmtRequest(t) => {
+                if !immediate {
+                    self.slot_freed();
+                }
+                self.on_tmf(t)
+            }
+            _ => {}
+        }
+    }
+
+    fn on_scsi_command(&mut self, cmd: ScsiCommand, header: &[u8; BHS_LEN], ahs: Vec<u8>, data: Vec<u8>) {
+        let immediate = cmd.immediate;
+        let release_slot = |s: &mut Ffp| {
+            if !immediate {
+                s.slot_freed()
+            }
+        };
+        if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() {
+            // RFC 7143 §11.17.1: a tag in use is "Task in progress"... treat as protocol error.
+            release_slot(self);
+            self.reject(header, RejectReason::InvalidPduField);
+            return;
+        }
+        let mut cdb = cmd.cdb.to_vec();
+        if !ahs.is_empty() {
+            match crate::pdu::ahs_segments(&ahs) {
+                Ok(segs) => {
+                    for seg in segs {
+                        if seg.ahs_type == 1 {
+                            // Extended CDB AHS: the CDB continues (RFC 7143 §11.2.2.3).
+                            cdb.extend_from_slice(seg.specific.get(1..).unwrap_or_default());
+                        }
+                    }
+                }
+                Err(_) => {
+                    release_slot(self);
+                    self.reject(header, RejectReason::InvalidPduField);
+                    return;
+                }
+            }
+        }
+        let edtl = cmd.expected_data_transfer_length;
+        let imm = data.len() as u32;
+        if imm > 0 && (!cmd.write || !self.cfg.immediate_data || imm > self.cfg.first_burst_length || imm > edtl) {
+            // Immediate data the session did not allow, or more than promised.
+            release_slot(self);
+            self.reject(header, RejectReason::ProtocolError);
+            return;
+        }
+        if cmd.write && edtl > self.cfg.largest_write {
+            release_slot(self);
+            self.respond_check(cmd.itt, immediate, sense_invalid_field_in_cdb(), edtl, false);
+            return;
+        }
+        let mut task = Task {
+            lun: cmd.lun,
+            cdb,
+            state: TaskState::Executing,
+            buf: None,
+            received: imm,
+            unsolicited_expected: 0,
+            next_data_sn: Sn(0),
+            cmd,
+        };
+        if task.cmd.write && edtl > 0 {
+            let mut buf: Vec<u8> = Vec::new();
+            if buf.try_reserve_exact(edtl as usize).is_err() {
+                release_slot(self);
+                self.respond_check(task.cmd.itt, immediate, sense_no_resources(), edtl, false);
+                return;
+            }
+            buf.resize(edtl as usize, 0);
+            buf[..data.len()].copy_from_slice(&data);
+            task.buf = Some(Box::new(buf));
+            // Unsolicited Data-Out may follow unless F is set or InitialR2T=Yes
+            // (RFC 7143 §13.10, §13.14).
+            if !self.cfg.initial_r2t && !task.cmd.final_bit {
+                let first_burst = self.cfg.first_burst_length.min(edtl);
+                task.unsolicited_expected = first_burst.saturating_sub(imm);
+            }
+            task.state = TaskState::Unsolicited;
+            let itt = task.cmd.itt;
+            self.tasks.insert(itt, task);
+            self.after_unsolicited(itt);
+        } else {
+            let itt = task.cmd.itt;
+            self.tasks.insert(itt, task);
+            self.execute(itt);
+        }
+    }
+
+    /// Moves a write on once its unsolicited data is in: fetch the rest, or execute.
+    fn after_unsolicited(&mut self, itt: Itt) {
+        let sn = self.sn();
+        let Some(t) = self.tasks.get_mut(&itt) else { return };
+        if t.unsolicited_expected > 0 {
+            return;
+        }
+        let edtl = t.cmd.expected_data_transfer_length;
+        if t.received < edtl {
+            if let Some(buf) = t.buf.take() {
+                t.state = TaskState::Fetching;
+                self.actions.push_back(Action::GetData(GetData {
+                    itt,
+                    lun: t.lun,
+                    buf,
+                    offset: t.received,
+                    len: edtl - t.received,
+                    sn,
+                }));
+                return;
+            }
+        }
+        self.execute(itt);
+    }
+
+    fn execute(&mut self, itt: Itt) {
+        let Some(t) = self.tasks.get_mut(&itt) else { return };
+        t.state = TaskState::Executing;
+        let data_out_len = if t.buf.is_some() { t.cmd.expected_data_transfer_length } else { 0 };
+        self.actions.push_back(Action::Execute(ScsiRequest {
+            itt,
+            lun: t.lun,
+            cdb: std::mem::take(&mut t.cdb),
+            edtl: t.cmd.expected_data_transfer_length,
+            read: t.cmd.read,
+            write: t.cmd.write,
+            attr: t.cmd.attr,
+            data_out: t.buf.take(),
+            data_out_len,
+        }));
+    }
+
+    fn on_data_out(&mut self, pdu: Pdu) {
+        let Op::DataOut(d) = pdu.op().clone() else { return };
+        let header = pdu.bhs.to_bytes();
+        let Some(t) = self.tasks.get_mut(&d.itt) else {
+            // Data for a task we do not know (aborted, or bogus): drop it quietly
+            // unless the tag is reserved, which is a protocol error.
+            if d.itt.is_reserved() {
+                self.reject(&header, RejectReason::InvalidPduField);
+            }
+            return;
+        };
+        if !d.ttt.is_reserved() || !matches!(t.state, TaskState::Unsolicited) || t.unsolicited_expected == 0 {
+            // Solicited data is the datamover's; unsolicited data beyond FirstBurstLength or
+            // for a task not expecting it is a protocol error (RFC 7143 §13.14).
+            return self.reject(&header, RejectReason::ProtocolError);
+        }
+        let len = pdu.data.len() as u32;
+        let edtl = t.cmd.expected_data_transfer_length;
+        let in_order = d.data_sn == t.next_data_sn && d.buffer_offset == t.received;
+        if !in_order || len > t.unsolicited_expected || d.buffer_offset.saturating_add(len) > edtl {
+            // ERL 0: the command fails, the connection lives.
+            let itt = d.itt;
+            let t = self.tasks.remove(&itt);
+            if let Some(t) = t {
+                self.respond_check(itt, t.cmd.immediate, sense_data_phase_error(), edtl, false);
+            }
+            return;
+        }
+        if let Some(buf) = t.buf.as_mut() {
+            let off = d.buffer_offset as usize;
+            if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
+                dst.copy_from_slice(&pdu.data);
+            }
+        }
+        t.received += len;
+        t.unsolicited_expected -= len;
+        t.next_data_sn = t.next_data_sn.next();
+        if d.final_bit || t.unsolicited_expected == 0 {
+            t.unsolicited_expected = 0;
+            self.after_unsolicited(d.itt);
+        }
+    }
+
+    /// Data_Completion_Notify for a Get_Data.
+    pub fn on_data_ready(&mut self, itt: Itt, buf: IoBuf) {
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.received = t.cmd.expected_data_transfer_length;
+            t.buf = Some(buf);
+            self.execute(itt);
+        }
+    }
+
+    /// Get_Data failed: the command ends with CHECK CONDITION.
+    pub fn on_data_failed(&mut self, itt: Itt, reason: &str) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            log::warn!("task {:#x}: write data failed: {reason}", itt.0);
+            self.respond_check(itt, t.cmd.immediate, sense_data_phase_error(), t.cmd.expected_data_transfer_length, false);
+        }
+    }
+
+    /// A SCSI completion.
+    pub fn on_scsi_done(&mut self, done: ScsiDone) {
+        let Some(t) = self.tasks.remove(&done.itt) else {
+            return; // aborted meanwhile
+        };
+        let immediate = t.cmd.immediate;
+        if !immediate {
+            self.slot_freed();
+        }
+        let (o, u, count) = match done.residual {
+            Residual::None => (false, false, 0),
+            Residual::Overflow(n) => (true, false, n),
+            Residual::Underflow(n) => (false, true, n),
+        };
+        let s = self.next_stat_sn();
+        let mut data = Vec::new();
+        if !done.sense.is_empty() {
+            // Sense data travels with a 2-byte length (RFC 7143 §11.4.7.2).
+            data.extend_from_slice(&(done.sense.len() as u16).to_be_bytes());
+            data.extend_from_slice(&done.sense);
+        }
+        let response = Pdu::with_data(
+            Op::ScsiResponse(ScsiResponse {
+                bidi_read_residual_overflow: false,
+                bidi_read_residual_underflow: false,
+                residual_overflow: o,
+                residual_underflow: u,
+                response: response::COMMAND_COMPLETED_AT_TARGET,
+                status: done.status,
+                itt: done.itt,
+                snack_tag: 0,
+                stat_sn: s.stat_sn,
+                exp_cmd_sn: s.exp_cmd_sn,
+                max_cmd_sn: s.max_cmd_sn,
+                exp_data_sn: Sn(0),
+                bidi_read_residual_count: 0,
+                residual_count: count,
+            }),
+            data,
+        );
+        match done.data_in {
+            Some(buf) if done.data_in_len > 0 && t.cmd.read => {
+                self.actions.push_back(Action::PutData(PutData {
+                    itt: done.itt,
+                    lun: t.lun,
+                    buf,
+                    len: done.data_in_len.min(t.cmd.expected_data_transfer_length),
+                    response,
+                    sn: s,
+                }))
+            }
+            _ => self.actions.push_back(Action::Send(response)),
+        }
+    }
+
+    /// A CHECK CONDITION response for a task that never reached the SCSI layer.
+    fn respond_check(&mut self, itt: Itt, immediate: bool, sense: Vec<u8>, edtl: u32, slot_already_freed: bool) {
+        if !immediate && !slot_already_freed {
+            self.slot_freed();
+        }
+        let s = self.next_stat_sn();
+        let mut data = (sense.len() as u16).to_be_bytes().to_vec();
+        data.extend_from_slice(&sense);
+        self.actions.push_back(Action::Send(Pdu::with_data(
+            Op::ScsiResponse(ScsiResponse {
+                bidi_read_residual_overflow: false,
+                bidi_read_residual_underflow: false,
+                residual_overflow: false,
+                residual_underflow: edtl > 0,
+                response: response::COMMAND_COMPLETED_AT_TARGET,
+                status: STATUS_CHECK_CONDITION,
+                itt,
+                snack_tag: 0,
+                stat_sn: s.stat_sn,
+                exp_cmd_sn: s.exp_cmd_sn,
+                max_cmd_sn: s.max_cmd_sn,
+                exp_data_sn: Sn(0),
+                bidi_read_residual_count: 0,
+                residual_count: edtl,
+            }),
+            data,
+        )));
+    }
+
+    fn on_text(&mut self, t: crate::pdu::TextRequest, data: Vec<u8>) {
+        // A continuation of our own long answer (RFC 7143 §11.10.4): empty request, our TTT.
+        if let Some((itt, rest)) = self.text_out.take() {
+            if itt == t.itt && data.is_empty() {
+                return self.send_text_segment(t.itt, t.lun, rest);
+            }
+        }
+        match self.text.push(&data, t.continue_bit) {
+            Ok(None) => {
+                // More request text follows: answer with an empty response (F=0), and a TTT
+                // that the initiator returns with the next part.
+                let s = self.next_stat_sn();
+                let ttt = self.alloc_ttt();
+                self.actions.push_back(Action::Send(Pdu::new(Op::TextResponse(TextResponse {
+                    final_bit: false,
+                    continue_bit: false,
+                    lun: t.lun,
+                    itt: t.itt,
+                    ttt,
+                    stat_sn: s.stat_sn,
+                    exp_cmd_sn: s.exp_cmd_sn,
+                    max_cmd_sn: s.max_cmd_sn,
+                }))));
+            }
+            Ok(Some(pairs)) => {
+                self.text.reset();
+                let answer = self.answer_text(&pairs);
+                self.send_text_segment(t.itt, t.lun, encode_pairs(&answer));
+            }
+            Err(e) => {
+                self.text.reset();
+                log::warn!("bad Text request: {e}");
+                self.reject_pdu(&Bhs { total_ahs_length: 0, data_segment_length: 0, op: Op::TextRequest(t) }, RejectReason::ProtocolError);
+            }
+        }
+    }
+
+    fn answer_text(&mut self, pairs: &Pairs) -> Pairs {
+        let (send_targets, others): (Pairs, Pairs) =
+            pairs.iter().cloned().partition(|(k, _)| k == "SendTargets");
+        let mut out = Pairs::new();
+        if !send_targets.is_empty() {
+            if let Some(r) = self.responder.as_mut() {
+                out.extend(r.respond(&send_targets));
+            }
+        }
+        // riser renegotiates nothing in full-feature phase (RFC 7143 §6.2: answer what we
+        // do not take part in with NotUnderstood).
+        out.extend(others.into_iter().map(|(k, _)| (k, "NotUnderstood".to_string())));
+        out
+    }
+
+    fn send_text_segment(&mut self, itt: Itt, lun: Lun, mut text: Vec<u8>) {
+        let max = self.cfg.initiator_mrdsl.max(512) as usize;
+        let more = text.len() > max;
+        let rest = if more { text.split_off(max) } else { Vec::new() };
+        let ttt = if more { self.alloc_ttt() } else { Ttt::RESERVED };
+        if more {
+            self.text_out = Some((itt, rest));
+        }
+        let s = self.next_stat_sn();
+        self.actions.push_back(Action::Send(Pdu::with_data(
+            Op::TextResponse(TextResponse {
+                final_bit: !more,
+                continue_bit: more,
+                lun,
+                itt,
+                ttt,
+                stat_sn: s.stat_sn,
+                exp_cmd_sn: s.exp_cmd_sn,
+                max_cmd_sn: s.max_cmd_sn,
+            }),
+            text,
+        )));
+    }
+
+    fn alloc_ttt(&mut self) -> Ttt {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == u32::MAX {
+            self.next_ttt = 1;
+        }
+        Ttt(t)
+    }
+
+    fn abort_all(&mut self, lun: Option<Lun>) {
+        let itts: Vec<Itt> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| lun.map_or(true, |l| t.lun == l))
+            .map(|(i, _)| *i)
+            .collect();
+        for itt in itts {
+            if let Some(t) = self.tasks.remove(&itt) {
+                if !t.cmd.immediate {
+                    self.slot_freed();
+                }
+                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+            }
+        }
+    }
+
+    fn on_tmf(&mut self, t: crate::pdu::TaskMgmtRequest) {
+        let function = t.function & 0x7f;
+        let resp = match function {
+            tmf::ABORT_TASK => {
+                let itt = t.referenced_task_tag;
+                match self.tasks.remove(&itt) {
+                    Some(task) => {
+                        if !task.cmd.immediate {
+                            self.slot_freed();
+                        }
+                        self.actions.push_back(Action::Abort { itt, lun: task.lun });
+                        tmf::response::FUNCTION_COMPLETE
+                    }
+                    // RFC 7143 §11.5.1: a task already completed (RefCmdSN before
+                    // ExpCmdSN) counts as done.
+                    None if t.ref_cmd_sn.lt(self.exp_cmd_sn) => tmf::response::FUNCTION_COMPLETE,
+                    None => tmf::response::TASK_DOES_NOT_EXIST,
+                }
+            }
+            tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET => {
+                self.abort_all(Some(t.lun));
+                tmf::response::FUNCTION_COMPLETE
+            }
+            tmf::LOGICAL_UNIT_RESET => {
+                self.abort_all(Some(t.lun));
+                self.actions.push_back(Action::ResetLun(t.lun));
+                tmf::response::FUNCTION_COMPLETE
+            }
+            tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
+                self.abort_all(None);
+                self.actions.push_back(Action::ResetTarget);
+                tmf::response::FUNCTION_COMPLETE
+            }
+            // QUERY TASK (9), QUERY TASK SET (10), QUERY ASYNC EVENT (12): SAM-5 answers
+            // FUNCTION SUCCEEDED (0x80 in iSCSI? RFC 7143 uses response 0 "function complete"
+            // when the task is not present and 0x80 is not defined; report presence by 0/1).
+            9 => {
+                if self.tasks.contains_key(&t.referenced_task_tag) {
+                    tmf::response::FUNCTION_COMPLETE
+                } else {
+                    tmf::response::TASK_DOES_NOT_EXIST
+                }
+            }
+            tmf::CLEAR_ACA | tmf::TASK_REASSIGN => tmf::response::FUNCTION_NOT_SUPPORTED,
+            _ => tmf::response::FUNCTION_REJECTED,
+        };
+        let s = self.next_stat_sn();
+        self.actions.push_back(Action::Send(Pdu::new(Op::TaskMgmtResponse(TaskMgmtResponse {
+            response: resp,
+            itt: t.itt,
+            stat_sn: s.stat_sn,
+            exp_cmd_sn: s.exp_cmd_sn,
+            max_cmd_sn: s.max_cmd_sn,
+        }))));
+        if function == tmf::TARGET_COLD_RESET {
+            self.close("target cold reset", false);
+        }
+    }
+
+    /// Timers: NOP-In pings on a silent connection and their timeout.
+    pub fn on_timer(&mut self, now: Instant) {
+        if self.closing || self.cfg.nop_in_interval.is_zero() {
+            return;
+        }
+        if let Some((_, sent)) = self.ping {
+            if now.duration_since(sent) >= self.cfg.nop_timeout {
+                self.close("NOP-In ping timed out", false);
+            }
+            return;
+        }
+        if now.duration_since(self.last_rx) >= self.cfg.nop_in_interval {
+            let ttt = self.alloc_ttt();
+            self.ping = Some((ttt, now));
+            let s = self.sn();
+            // A ping does not advance StatSN (RFC 7143 §11.19: StatSN is not advanced when
+            // ITT is 0xffffffff).
+            self.actions.push_back(Action::Send(Pdu::new(Op::NopIn(NopIn {
+                lun: Lun(0),
+                itt: Itt::RESERVED,
+                ttt,
+                stat_sn: s.stat_sn,
+                exp_cmd_sn: s.exp_cmd_sn,
+                max_cmd_sn: s.max_cmd_sn,
+            }))));
+        }
+    }
+}
+
+fn is_initiator_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::NopOut(_)
+            | Op::ScsiCommand(_)
+            | Op::TaskMgmtRequest(_)
+            | Op::LoginRequest(_)
+            | Op::TextRequest(_)
+            | Op::DataOut(_)
+            | Op::LogoutRequest(_)
+            | Op::SnackRequest(_)
+    )
+}
+
+/// (immediate, CmdSN) of a PDU that carries a CmdSN.
+fn cmd_sn_of(op: &Op) -> Option<(bool, Sn)> {
+    Some(match op {
+        Op::NopOut(n) => (n.immediate, n.cmd_sn),
+        Op::ScsiCommand(c) => (c.immediate, c.cmd_sn),
+        Op::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
+        Op::TextRequest(t) => (t.immediate, t.cmd_sn),
+        Op::LogoutRequest(l) => (l.immediate, l.cmd_sn),
+        _ => return None,
+    })
+}
+
+/// Fixed-format sense (SPC-4 §4.5.3) with key / ASC / ASCQ.
+pub fn fixed_sense(key: u8, asc: u8, ascq: u8) -> Vec<u8> {
+    let mut s = vec![0u8; 18];
+    s[0] = 0x70;
+    s[2] = key;
+    s[7] = 10;
+    s[12] = asc;
+    s[13] = ascq;
+    s
+}
+
+fn sense_invalid_field_in_cdb() -> Vec<u8> {
+    fixed_sense(0x05, 0x24, 0x00)
+}
+
+fn sense_no_resources() -> Vec<u8> {
+    // ABORTED COMMAND, INSUFFICIENT RESOURCES? use 0x55/0x03.
+    fixed_sense(0x0b, 0x55, 0x03)
+}
+
+fn sense_data_phase_error() -> Vec<u8> {
+    // ABORTED COMMAND, DATA PHASE ERROR (SPC-4: 0x4B/0x00), as iSCSI targets report
+    // a broken Data-Out sequence under ERL 0.
+    fixed_sense(0x0b, 0x4b, 0x00)
+}
+
