@@ -1,0 +1,249 @@
+//! Global iSCSI options: SPDK's `iscsi_set_options` / `iscsi_get_options` parameters, their
+//! defaults and ranges. Session-wide keys (FirstBurstLength, ImmediateData, ...) are the
+//! values the target offers in login negotiation (RFC 7143 §13).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::TargetError;
+
+/// Prefix put in front of target node names given without `iqn.`/`eui.`/`naa.`.
+pub const DEFAULT_NODE_BASE: &str = "iqn.2016-06.io.riser";
+/// Upper bound of `max_queue_depth` (SPDK's SPDK_ISCSI_MAX_QUEUE_DEPTH).
+pub const MAX_QUEUE_DEPTH_LIMIT: u32 = 256;
+/// FirstBurstLength may not be below 512 (RFC 7143 §13.14).
+pub const MIN_FIRST_BURST_LENGTH: u32 = 512;
+/// FirstBurstLength may not exceed MaxBurstLength (RFC 7143 §13.14); riser offers the default
+/// MaxBurstLength, 262144 (§13.13), which is also below the 2^24-1 limit of both keys.
+pub const MAX_BURST_LENGTH: u32 = 262_144;
+/// Most seconds between NOP-Ins (SPDK's MAX_NOPININTERVAL).
+pub const MAX_NOP_IN_INTERVAL: u32 = 60;
+/// DefaultTime2Wait and DefaultTime2Retain are 0..=3600 seconds (RFC 7143 §13.15, §13.16).
+pub const MAX_TIME2: u32 = 3600;
+
+/// The global options, as `iscsi_get_options` shows them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// SPDK's CHAP secret file. Accepted and shown so SPDK configs replay; riser has no CHAP
+    /// secrets yet, so it is not read.
+    pub auth_file: Option<String>,
+    pub node_base: String,
+    pub nop_timeout: u32,
+    pub nop_in_interval: u32,
+    /// Discovery-session CHAP policy.
+    pub disable_chap: bool,
+    pub require_chap: bool,
+    pub mutual_chap: bool,
+    pub chap_group: u32,
+    pub max_sessions: u32,
+    /// MaxConnections offered (RFC 7143 §13.2).
+    pub max_connections_per_session: u32,
+    pub max_queue_depth: u32,
+    pub default_time2wait: u32,
+    pub default_time2retain: u32,
+    pub first_burst_length: u32,
+    pub immediate_data: bool,
+    pub error_recovery_level: u32,
+    pub allow_duplicated_isid: bool,
+    pub max_large_datain_per_connection: u32,
+    /// MaxOutstandingR2T offered (RFC 7143 §13.17).
+    pub max_r2t_per_connection: u32,
+    /// SPDK's buffer pool sizes: accepted and shown; riser sizes its pools itself.
+    pub pdu_pool_size: u32,
+    pub immediate_data_pool_size: u32,
+    pub data_out_pool_size: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        // SPDK's defaults, so an SPDK script that sets nothing sees the same values.
+        Options {
+            auth_file: None,
+            node_base: DEFAULT_NODE_BASE.to_string(),
+            nop_timeout: 60,
+            nop_in_interval: 30,
+            disable_chap: false,
+            require_chap: false,
+            mutual_chap: false,
+            chap_group: 0,
+            max_sessions: 128,
+            max_connections_per_session: 2,
+            max_queue_depth: 64,
+            default_time2wait: 2,
+            default_time2retain: 20,
+            first_burst_length: 8192,
+            immediate_data: true,
+            error_recovery_level: 0,
+            allow_duplicated_isid: false,
+            max_large_datain_per_connection: 64,
+            max_r2t_per_connection: 4,
+            pdu_pool_size: 36864,
+            immediate_data_pool_size: 16384,
+            data_out_pool_size: 2048,
+        }
+    }
+}
+
+/// `iscsi_set_options` parameters: each one given replaces the current value.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionsUpdate {
+    pub auth_file: Option<String>,
+    pub node_base: Option<String>,
+    pub nop_timeout: Option<u32>,
+    pub nop_in_interval: Option<u32>,
+    pub disable_chap: Option<bool>,
+    pub require_chap: Option<bool>,
+    pub mutual_chap: Option<bool>,
+    pub chap_group: Option<u32>,
+    pub max_sessions: Option<u32>,
+    pub max_connections_per_session: Option<u32>,
+    pub max_queue_depth: Option<u32>,
+    pub default_time2wait: Option<u32>,
+    pub default_time2retain: Option<u32>,
+    pub first_burst_length: Option<u32>,
+    pub immediate_data: Option<bool>,
+    pub error_recovery_level: Option<u32>,
+    pub allow_duplicated_isid: Option<bool>,
+    pub max_large_datain_per_connection: Option<u32>,
+    pub max_r2t_per_connection: Option<u32>,
+    pub pdu_pool_size: Option<u32>,
+    pub immediate_data_pool_size: Option<u32>,
+    pub data_out_pool_size: Option<u32>,
+}
+
+fn in_range(field: &str, v: u32, lo: u32, hi: u32) -> Result<(), TargetError> {
+    if v < lo || v > hi {
+        return Err(TargetError::Invalid(format!("{field}: {v} is out of range ({lo}..={hi})")));
+    }
+    Ok(())
+}
+
+/// SPDK's rule for a CHAP policy (`iscsi_check_chap_params`): CHAP cannot be both disabled
+/// and required, and mutual CHAP needs CHAP.
+pub(crate) fn check_chap(disable: bool, require: bool, mutual: bool) -> Result<(), TargetError> {
+    if disable && require {
+        return Err(TargetError::Invalid(
+            "disable_chap and require_chap are mutually exclusive".into(),
+        ));
+    }
+    if mutual && !require {
+        return Err(TargetError::Invalid("mutual_chap requires require_chap".into()));
+    }
+    Ok(())
+}
+
+impl Options {
+    /// The options with `u` applied, validated; `self` is unchanged on error.
+    pub fn updated(&self, u: OptionsUpdate) -> Result<Options, TargetError> {
+        let mut o = self.clone();
+        if let Some(v) = u.auth_file {
+            o.auth_file = Some(v);
+        }
+        macro_rules! take {
+            ($($f:ident),*) => { $( if let Some(v) = u.$f { o.$f = v; } )* };
+        }
+        take!(
+            node_base, nop_timeout, nop_in_interval, disable_chap, require_chap, mutual_chap,
+            chap_group, max_sessions, max_connections_per_session, max_queue_depth,
+            default_time2wait, default_time2retain, first_burst_length, immediate_data,
+            error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
+            max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size
+        );
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// Checks every range (SPDK's `iscsi_opts_verify`, plus RFC 7143 limits).
+    pub fn validate(&self) -> Result<(), TargetError> {
+        crate::node::check_iscsi_name(&self.node_base)
+            .map_err(|e| TargetError::Invalid(format!("node_base: {e}")))?;
+        // MaxSessions and MaxConnections: TSIH and CID are 16-bit.
+        in_range("max_sessions", self.max_sessions, 1, 65535)?;
+        in_range("max_connections_per_session", self.max_connections_per_session, 1, 65535)?;
+        in_range("max_queue_depth", self.max_queue_depth, 1, MAX_QUEUE_DEPTH_LIMIT)?;
+        in_range("default_time2wait", self.default_time2wait, 0, MAX_TIME2)?;
+        in_range("default_time2retain", self.default_time2retain, 0, MAX_TIME2)?;
+        in_range("first_burst_length", self.first_burst_length, MIN_FIRST_BURST_LENGTH, MAX_BURST_LENGTH)?;
+        in_range("error_recovery_level", self.error_recovery_level, 0, 2)?;
+        in_range("nop_in_interval", self.nop_in_interval, 0, MAX_NOP_IN_INTERVAL)?;
+        in_range("max_large_datain_per_connection", self.max_large_datain_per_connection, 1, u32::MAX)?;
+        // MaxOutstandingR2T is 1..=65535 (RFC 7143 §13.17).
+        in_range("max_r2t_per_connection", self.max_r2t_per_connection, 1, 65535)?;
+        in_range("pdu_pool_size", self.pdu_pool_size, 1, u32::MAX)?;
+        in_range("immediate_data_pool_size", self.immediate_data_pool_size, 1, u32::MAX)?;
+        in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
+        check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
+        Ok(())
+    }
+
+    /// What `iscsi_get_options` returns (SPDK's `iscsi_opts_info_json`); also the params of
+    /// the `iscsi_set_options` call in save_config.
+    pub fn info_json(&self) -> Value {
+        let mut v = json!({
+            "node_base": self.node_base,
+            "max_sessions": self.max_sessions,
+            "max_connections_per_session": self.max_connections_per_session,
+            "max_queue_depth": self.max_queue_depth,
+            "default_time2wait": self.default_time2wait,
+            "default_time2retain": self.default_time2retain,
+            "first_burst_length": self.first_burst_length,
+            "immediate_data": self.immediate_data,
+            "allow_duplicated_isid": self.allow_duplicated_isid,
+            "error_recovery_level": self.error_recovery_level,
+            "nop_timeout": self.nop_timeout,
+            "nop_in_interval": self.nop_in_interval,
+            "disable_chap": self.disable_chap,
+            "require_chap": self.require_chap,
+            "mutual_chap": self.mutual_chap,
+            "chap_group": self.chap_group,
+            "max_large_datain_per_connection": self.max_large_datain_per_connection,
+            "max_r2t_per_connection": self.max_r2t_per_connection,
+            "pdu_pool_size": self.pdu_pool_size,
+            "immediate_data_pool_size": self.immediate_data_pool_size,
+            "data_out_pool_size": self.data_out_pool_size,
+        });
+        if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
+            m.insert("auth_file".into(), json!(f));
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_updates_validate() {
+        let d = Options::default();
+        assert_eq!(d.validate(), Ok(()));
+        let o = d
+            .updated(OptionsUpdate { first_burst_length: Some(65536), ..Default::default() })
+            .unwrap();
+        assert_eq!(o.first_burst_length, 65536);
+        assert_eq!(o.max_queue_depth, 64);
+        let e = d.updated(OptionsUpdate { first_burst_length: Some(511), ..Default::default() });
+        assert_eq!(
+            e,
+            Err(TargetError::Invalid("first_burst_length: 511 is out of range (512..=262144)".into()))
+        );
+        let e = d.updated(OptionsUpdate { first_burst_length: Some(1 << 24), ..Default::default() });
+        assert!(matches!(e, Err(TargetError::Invalid(m)) if m.starts_with("first_burst_length:")));
+        let e = d.updated(OptionsUpdate { require_chap: Some(true), disable_chap: Some(true), ..Default::default() });
+        assert!(matches!(e, Err(TargetError::Invalid(m)) if m.contains("mutually exclusive")));
+        let e = d.updated(OptionsUpdate { mutual_chap: Some(true), ..Default::default() });
+        assert!(matches!(e, Err(TargetError::Invalid(m)) if m.contains("mutual_chap")));
+        let e = d.updated(OptionsUpdate { node_base: Some("iqn.bad".into()), ..Default::default() });
+        assert!(matches!(e, Err(TargetError::Invalid(m)) if m.starts_with("node_base:")));
+    }
+
+    #[test]
+    fn info_json_shows_auth_file_only_when_set() {
+        let mut o = Options::default();
+        assert!(o.info_json().get("auth_file").is_none());
+        o.auth_file = Some("/etc/riser/auth.conf".into());
+        assert_eq!(o.info_json()["auth_file"], "/etc/riser/auth.conf");
+        assert_eq!(o.info_json()["node_base"], DEFAULT_NODE_BASE);
+    }
+}
