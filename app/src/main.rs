@@ -13,6 +13,7 @@ use clap::Parser;
 use riser_bdev::BdevRegistry;
 use riser_reactor::{parse_core_mask, PollMode, ReactorConfig, ReactorHandle, ReactorSet};
 use riser_rpc::{RpcRegistry, RpcServer};
+use riser_target::IscsiTarget;
 
 /// riser: a user-space, polled-mode iSCSI target with an iSER (RDMA) datamover.
 ///
@@ -60,7 +61,8 @@ fn parse_poll_mode(s: &str) -> Result<PollMode, String> {
 
 /// Everything the control plane owns. The data path holds only `Arc`s into it.
 pub struct App {
-    pub bdevs: Mutex<BdevRegistry>,
+    pub bdevs: Arc<Mutex<BdevRegistry>>,
+    pub target: Arc<IscsiTarget>,
     pub reactors: ReactorHandle,
 }
 
@@ -106,10 +108,13 @@ fn run(args: Args) -> Result<(), String> {
     })
     .map_err(|e| format!("cannot start reactors: {e}"))?;
 
-    let app = Arc::new(App { bdevs: Mutex::new(BdevRegistry::new()), reactors: reactors.handle() });
+    let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
+    let target = Arc::new(IscsiTarget::new(bdevs.clone()));
+    let app = Arc::new(App { bdevs, target: target.clone(), reactors: reactors.handle() });
     let mut registry = RpcRegistry::new();
     framework::register(&mut registry, &app);
     bdev_rpc::register(&mut registry, &app);
+    riser_target::rpc::register(&mut registry, target.clone());
     let registry = framework::finish(registry);
 
     if let Some(path) = &args.json {
