@@ -10,6 +10,7 @@
 //! Lock order: the target's lock, then the bdev registry's lock (never the other way round),
 //! then a node's own small lock. Hooks run with no lock held.
 
+pub mod conn;
 pub mod initiator_group;
 pub mod node;
 pub mod options;
@@ -550,7 +551,7 @@ impl IscsiTarget {
                 // Checked above: id < MAX_LUNS fits u16.
                 let id = *id as u16;
                 match bdevs.claim(bdev_name, &lun_owner(&name, id)) {
-                    Ok(bdev) => luns.push(Lun { id, bdev_name: bdev_name.clone(), bdev }),
+                    Ok(bdev) => luns.push(Lun::new(id, bdev_name, bdev, &name)),
                     Err(e) => {
                         for l in &luns {
                             bdevs.release(&l.bdev_name);
@@ -599,7 +600,11 @@ impl IscsiTarget {
                 .map_err(|e| claim_error("bdev_name", e))?;
             node.change(|st| {
                 let mut v = st.luns.to_vec();
-                v.push(Lun { id, bdev_name: bdev_name.to_string(), bdev });
+                // SPC-4 §6.33: the LUN inventory changed for every initiator of the node.
+                for l in &v {
+                    l.scsi.establish_ua_all(riser_scsi::Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+                }
+                v.push(Lun::new(id, bdev_name, bdev, node.name()));
                 v.sort_by_key(|l| l.id);
                 st.luns = v.into();
             });

@@ -22,12 +22,22 @@ pub const MAX_TARGET_MAPS: usize = 256;
 /// Longest alias (TargetAlias is a text value, RFC 7143 §13.6; SPDK caps the name at 255).
 pub const MAX_ALIAS_LEN: usize = 255;
 
-/// One LUN: its number, the bdev name it was created with, and the device.
+/// One LUN: its number, the bdev name it was created with, the device, and the SCSI
+/// logical unit over it (shared by every session, so reservations and unit attentions
+/// cross sessions).
 #[derive(Clone)]
 pub struct Lun {
     pub id: u16,
     pub bdev_name: String,
     pub bdev: Arc<dyn Bdev>,
+    pub scsi: Arc<riser_scsi::Lun>,
+}
+
+impl Lun {
+    pub fn new(id: u16, bdev_name: &str, bdev: Arc<dyn Bdev>, target_name: &str) -> Lun {
+        let cfg = riser_scsi::LunConfig { id: id as u64, target_name: target_name.to_string(), ..Default::default() };
+        Lun { id, bdev_name: bdev_name.to_string(), scsi: riser_scsi::Lun::new(cfg, bdev.clone()), bdev }
+    }
 }
 
 impl std::fmt::Debug for Lun {

@@ -1,0 +1,382 @@
+//! A logged-in connection on its reactor: the glue between the datamover, the iSCSI
+//! full-feature phase ([`Ffp`]) and the SCSI layer ([`LunChannel`]s).
+//!
+//! One poll: datamover events into the FFP, SCSI completions into the FFP, then the FFP's
+//! actions out to the datamover and the SCSI layer. Everything here belongs to one reactor.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use riser_iscsi::ffp::{Action, Datamover, DmEvent, Ffp, Residual, ScsiDone, ScsiRequest};
+use riser_iscsi::pdu::Lun as PduLun;
+use riser_reactor::{Ctx, PollStatus};
+use riser_scsi::{LunChannel, Nexus, ResetKind, ScsiResult, ScsiTask, TaskAttr};
+use serde_json::{json, Value};
+
+use crate::node::{Lun, TargetNode};
+
+/// What the control plane sees of a live connection (`iscsi_get_connections`), and the
+/// switch it uses to end it (session reinstatement, target deletion, shutdown).
+pub struct ConnInfo {
+    pub id: u64,
+    pub cid: u16,
+    pub tsih: u16,
+    pub isid: u64,
+    pub reactor: usize,
+    pub lcore: usize,
+    pub initiator_name: String,
+    pub initiator_addr: String,
+    pub target_addr: String,
+    pub target_node_name: String,
+    pub transport: &'static str,
+    /// Negotiated keys, as JSON.
+    pub params: Value,
+    /// Set to ask the connection to close.
+    pub kill: AtomicBool,
+    pub pdus_in: AtomicU64,
+    pub tasks_done: AtomicU64,
+}
+
+impl ConnInfo {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "cid": self.cid,
+            "tsih": self.tsih,
+            "isid": format!("0x{:012x}", self.isid),
+            "lcore_id": self.lcore,
+            "reactor": self.reactor,
+            "initiator_name": self.initiator_name,
+            "initiator_addr": self.initiator_addr,
+            "target_addr": self.target_addr,
+            "target_node_name": self.target_node_name,
+            "transport": self.transport,
+            "negotiated": self.params,
+            "pdus_in": self.pdus_in.load(Ordering::Relaxed),
+            "tasks_done": self.tasks_done.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Every live connection, for listing and for closing by session or node.
+#[derive(Default)]
+pub struct ConnRegistry {
+    conns: Mutex<HashMap<u64, Arc<ConnInfo>>>,
+    next_id: AtomicU64,
+}
+
+impl ConnRegistry {
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnInfo>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn add(&self, c: Arc<ConnInfo>) {
+        self.lock().insert(c.id, c);
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    pub fn list(&self) -> Vec<Arc<ConnInfo>> {
+        let mut v: Vec<_> = self.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// Asks every connection matching `pred` to close; returns how many.
+    pub fn kill_where(&self, pred: impl Fn(&ConnInfo) -> bool) -> usize {
+        let conns = self.lock();
+        let mut n = 0;
+        for c in conns.values().filter(|c| pred(c)) {
+            c.kill.store(true, Ordering::Release);
+            n += 1;
+        }
+        n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// How long a closing connection may take to flush before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How often timers (NOP-In) and config changes are checked.
+const TIMER_EVERY: Duration = Duration::from_millis(100);
+
+/// A connection in full-feature phase.
+pub struct Connection<D: Datamover> {
+    info: Arc<ConnInfo>,
+    registry: Arc<ConnRegistry>,
+    dm: D,
+    ffp: Ffp,
+    node: Option<Arc<TargetNode>>,
+    lun_gen: u64,
+    luns: Arc<[Lun]>,
+    channels: HashMap<u64, LunChannel>,
+    nexus: Arc<Nexus>,
+    events: Vec<DmEvent>,
+    results: Vec<ScsiResult>,
+    closing_since: Option<Instant>,
+    last_timer: Instant,
+    done: bool,
+}
+
+impl<D: Datamover> Connection<D> {
+    pub fn new(
+        info: Arc<ConnInfo>,
+        registry: Arc<ConnRegistry>,
+        dm: D,
+        ffp: Ffp,
+        node: Option<Arc<TargetNode>>,
+        nexus: Arc<Nexus>,
+        now: Instant,
+    ) -> Self {
+        let (lun_gen, luns) = match &node {
+            Some(n) => n.luns(),
+            None => (0, Arc::from(Vec::new())),
+        };
+        Connection {
+            info,
+            registry,
+            dm,
+            ffp,
+            node,
+            lun_gen,
+            luns,
+            channels: HashMap::new(),
+            nexus,
+            events: Vec::with_capacity(64),
+            results: Vec::with_capacity(64),
+            closing_since: None,
+            last_timer: now,
+            done: false,
+        }
+    }
+
+    pub fn info(&self) -> &Arc<ConnInfo> {
+        &self.info
+    }
+
+    /// Registers this connection as a poller on the current reactor.
+    pub fn start(self, ctx: &mut Ctx)
+    where
+        D: 'static,
+    {
+        self.registry.add(self.info.clone());
+        let mut conn = self;
+        ctx.add_poller(move |ctx| conn.poll(ctx.now()));
+    }
+
+    fn lun(&mut self, id: u64) -> Option<&mut LunChannel> {
+        if !self.channels.contains_key(&id) {
+            let l = self.luns.iter().find(|l| l.id as u64 == id)?;
+            self.channels.insert(id, LunChannel::new(l.scsi.clone()));
+        }
+        self.channels.get_mut(&id)
+    }
+
+    fn execute(&mut self, req: ScsiRequest) {
+        let lun_id = riser_scsi::target::decode_lun(&req.lun.0.to_be_bytes());
+        let mut task = ScsiTask::new(req.itt.0 as u64, lun_id, &req.cdb, req.edtl, self.nexus.clone());
+        task.read = req.read;
+        task.write = req.write;
+        task.data_out = req.data_out;
+        task.attr = match req.attr & 7 {
+            0 | 1 => TaskAttr::Simple,
+            2 => TaskAttr::Ordered,
+            3 => TaskAttr::HeadOfQueue,
+            _ => TaskAttr::Aca,
+        };
+        let cdb = task.cdb.clone();
+        if riser_scsi::target::is_target_level(&cdb) {
+            let ids: Vec<u64> = self.luns.iter().map(|l| l.id as u64).collect();
+            let addressed = self.luns.iter().find(|l| l.id as u64 == lun_id).map(|l| l.scsi.clone());
+            let r = riser_scsi::target::report_luns(&task, &ids, addressed.as_ref());
+            return self.complete(r);
+        }
+        match self.lun(lun_id) {
+            Some(ch) => ch.submit(task),
+            None => {
+                let r = riser_scsi::target::no_such_lun(&task);
+                self.complete(r)
+            }
+        }
+    }
+
+    fn complete(&mut self, r: ScsiResult) {
+        self.info.tasks_done.fetch_add(1, Ordering::Relaxed);
+        if r.aborted {
+            return;
+        }
+        let residual = match r.residual {
+            riser_scsi::Residual::None => Residual::None,
+            riser_scsi::Residual::Underflow(n) => Residual::Underflow(n),
+            riser_scsi::Residual::Overflow(n) => Residual::Overflow(n),
+        };
+        self.ffp.on_scsi_done(ScsiDone {
+            itt: riser_iscsi::serial::Itt(r.tag as u32),
+            status: r.status.code(),
+            sense: r.sense_bytes().to_vec(),
+            data_in_len: r.data_len as u32,
+            data_in: r.data_in,
+            residual,
+            data_out: None,
+        });
+    }
+
+    fn reset_lun(&mut self, lun: PduLun, kind: ResetKind) {
+        let id = riser_scsi::target::decode_lun(&lun.0.to_be_bytes());
+        if let Some(l) = self.luns.iter().find(|l| l.id as u64 == id) {
+            l.scsi.reset(kind);
+        }
+        if let Some(ch) = self.channels.get_mut(&id) {
+            ch.abort_all();
+        }
+    }
+
+    fn run_actions(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(a) = self.ffp.poll_action() {
+            n += 1;
+            match a {
+                Action::Send(p) => self.dm.send_control(p),
+                Action::PutData(p) => self.dm.put_data(p),
+                Action::GetData(g) => self.dm.get_data(g),
+                Action::Execute(req) => self.execute(req),
+                Action::Abort { itt, lun } => {
+                    let id = riser_scsi::target::decode_lun(&lun.0.to_be_bytes());
+                    let nexus = self.nexus.clone();
+                    if let Some(ch) = self.channels.get_mut(&id) {
+                        ch.abort_task(&nexus, itt.0 as u64);
+                    }
+                    let _ = self.dm.deallocate_task_resources(itt);
+                }
+                Action::ResetLun(lun) => self.reset_lun(lun, ResetKind::LunReset),
+                Action::ResetTarget => {
+                    for l in self.luns.iter() {
+                        l.scsi.reset(ResetKind::TargetWarmReset);
+                    }
+                    for ch in self.channels.values_mut() {
+                        ch.abort_all();
+                    }
+                }
+                Action::Close { reason, logout } => {
+                    if logout {
+                        log::info!("connection {} ({}): logged out", self.info.id, self.info.initiator_name);
+                    } else {
+                        log::warn!("connection {} ({}): closing: {reason}", self.info.id, self.info.initiator_name);
+                    }
+                    self.dm.connection_terminate();
+                    self.closing_since.get_or_insert(self.last_timer);
+                }
+            }
+        }
+        n
+    }
+
+    /// One pass; `Done` once the connection is gone and everything is freed.
+    pub fn poll(&mut self, now: Instant) -> PollStatus {
+        if self.done {
+            return PollStatus::Done;
+        }
+        let mut work = self.dm.poll(&mut self.events);
+        let mut terminated = None;
+        for ev in self.events.drain(..) {
+            match ev {
+                DmEvent::Control(pdu) => {
+                    self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    self.ffp.on_pdu(pdu, now)
+                }
+                DmEvent::DataReady { itt, buf } => self.ffp.on_data_ready(itt, buf),
+                DmEvent::DataFailed { itt, reason, .. } => self.ffp.on_data_failed(itt, reason),
+                DmEvent::Reject { header, reason } => self.ffp.reject_raw(&header, reason),
+                DmEvent::Terminated(why) => terminated = Some(why),
+            }
+        }
+        for ch in self.channels.values_mut() {
+            ch.poll(&mut self.results);
+        }
+        let results = std::mem::take(&mut self.results);
+        work += results.len();
+        let mut results = results;
+        for r in results.drain(..) {
+            self.complete(r);
+        }
+        self.results = results;
+        if now.duration_since(self.last_timer) >= TIMER_EVERY {
+            self.last_timer = now;
+            self.ffp.on_timer(now);
+            if self.info.kill.load(Ordering::Acquire) && self.closing_since.is_none() {
+                log::info!("connection {}: closed by the target (session reinstated, node deleted or shutdown)", self.info.id);
+                self.dm.connection_terminate();
+                self.closing_since = Some(now);
+            }
+            self.refresh_luns();
+        }
+        work += self.run_actions();
+        // Push out what the actions queued in this same pass.
+        if work > 0 {
+            work += self.dm.poll(&mut self.events);
+            for ev in self.events.drain(..) {
+                if let DmEvent::Terminated(why) = ev {
+                    terminated = Some(why);
+                }
+            }
+        }
+        let expired = self.closing_since.map_or(false, |t| now.duration_since(t) > CLOSE_GRACE);
+        if let Some(why) = terminated.or_else(|| expired.then(|| "close timed out".to_string())) {
+            self.teardown(&why);
+            return PollStatus::Done;
+        }
+        if work > 0 {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+
+    /// A node's LUN list changed (LUN added): pick up the new snapshot.
+    fn refresh_luns(&mut self) {
+        if let Some(node) = &self.node {
+            if node.generation() != self.lun_gen {
+                let (g, luns) = node.luns();
+                self.lun_gen = g;
+                self.luns = luns;
+            }
+        }
+    }
+
+    /// Frees everything: in-flight SCSI tasks are aborted (their completions dropped),
+    /// the datamover closes, the registry forgets the connection.
+    fn teardown(&mut self, why: &str) {
+        if !self.done {
+            self.done = true;
+            let nexus = self.nexus.clone();
+            for ch in self.channels.values_mut() {
+                ch.abort_nexus(&nexus);
+            }
+            self.dm.connection_terminate();
+            self.registry.remove(self.info.id);
+            log::info!(
+                "connection {} ({} from {}) ended: {why}",
+                self.info.id,
+                self.info.initiator_name,
+                self.info.initiator_addr
+            );
+        }
+    }
+}
+
+impl<D: Datamover> Drop for Connection<D> {
+    fn drop(&mut self) {
+        self.teardown("reactor shutting down");
+    }
+}
