@@ -97,6 +97,10 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
         ))
     });
     let a = app.clone();
+    reg.add("iscsi_get_connections", move |_: NoParams| {
+        Ok(Value::Array(a.server.connections().list().iter().map(|c| c.to_json()).collect()))
+    });
+    let a = app.clone();
     reg.add("framework_get_config", move |p: GetConfig| {
         subsystem_config(&a, &p.name)
             .map(Value::Array)

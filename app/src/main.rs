@@ -13,6 +13,7 @@ use clap::Parser;
 use riser_bdev::BdevRegistry;
 use riser_reactor::{parse_core_mask, PollMode, ReactorConfig, ReactorHandle, ReactorSet};
 use riser_rpc::{RpcRegistry, RpcServer};
+use riser_target::server::IscsiServer;
 use riser_target::IscsiTarget;
 
 /// riser: a user-space, polled-mode iSCSI target with an iSER (RDMA) datamover.
@@ -63,6 +64,7 @@ fn parse_poll_mode(s: &str) -> Result<PollMode, String> {
 pub struct App {
     pub bdevs: Arc<Mutex<BdevRegistry>>,
     pub target: Arc<IscsiTarget>,
+    pub server: Arc<IscsiServer>,
     pub reactors: ReactorHandle,
 }
 
@@ -110,7 +112,8 @@ fn run(args: Args) -> Result<(), String> {
 
     let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
     let target = Arc::new(IscsiTarget::new(bdevs.clone()));
-    let app = Arc::new(App { bdevs, target: target.clone(), reactors: reactors.handle() });
+    let server = IscsiServer::new(target.clone(), reactors.handle());
+    let app = Arc::new(App { bdevs, target: target.clone(), server: server.clone(), reactors: reactors.handle() });
     let mut registry = RpcRegistry::new();
     framework::register(&mut registry, &app);
     bdev_rpc::register(&mut registry, &app);
@@ -127,6 +130,8 @@ fn run(args: Args) -> Result<(), String> {
         log::info!("loaded the built-in default config");
     }
 
+    server.sync_listeners();
+
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     let mut signals = signals.map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let server = RpcServer::start(&args.rpc_socket, registry)
@@ -136,6 +141,7 @@ fn run(args: Args) -> Result<(), String> {
     let sig = signals.forever().next();
     log::info!("signal {}: shutting down", sig.unwrap_or(0));
     server.shutdown();
+    app.server.shutdown();
     reactors.shutdown();
     log::info!("riser stopped");
     Ok(())

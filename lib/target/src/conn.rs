@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use riser_iscsi::ffp::{Action, Datamover, DmEvent, Ffp, Residual, ScsiDone, ScsiRequest};
 use riser_iscsi::pdu::Lun as PduLun;
-use riser_reactor::{Ctx, PollStatus};
+use riser_reactor::{Ctx, PollStatus, ReactorHandle};
 use riser_scsi::{LunChannel, Nexus, ResetKind, ScsiResult, ScsiTask, TaskAttr};
 use serde_json::{json, Value};
 
@@ -60,14 +60,28 @@ impl ConnInfo {
     }
 }
 
+type GoneHook = Box<dyn Fn(&ConnInfo) + Send + Sync>;
+
 /// Every live connection, for listing and for closing by session or node.
 #[derive(Default)]
 pub struct ConnRegistry {
     conns: Mutex<HashMap<u64, Arc<ConnInfo>>>,
     next_id: AtomicU64,
+    reactors: Option<ReactorHandle>,
+    on_gone: Mutex<Option<GoneHook>>,
 }
 
 impl ConnRegistry {
+    /// A registry that keeps the reactors' load counters (connections per reactor) right.
+    pub fn with_reactors(reactors: ReactorHandle) -> Self {
+        ConnRegistry { reactors: Some(reactors), ..Default::default() }
+    }
+
+    /// Called (on the connection's reactor) after a connection is gone.
+    pub fn on_gone(&self, f: impl Fn(&ConnInfo) + Send + Sync + 'static) {
+        *self.on_gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    }
+
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -81,7 +95,15 @@ impl ConnRegistry {
     }
 
     pub fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+        let gone = self.lock().remove(&id);
+        if let Some(c) = gone {
+            if let Some(r) = &self.reactors {
+                r.add_load(c.reactor, -1);
+            }
+            if let Some(f) = self.on_gone.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                f(&c);
+            }
+        }
     }
 
     pub fn list(&self) -> Vec<Arc<ConnInfo>> {

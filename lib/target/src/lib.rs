@@ -11,6 +11,7 @@
 //! then a node's own small lock. Hooks run with no lock held.
 
 pub mod conn;
+pub mod server;
 pub mod initiator_group;
 pub mod node;
 pub mod options;

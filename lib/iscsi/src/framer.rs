@@ -1,0 +1,632 @@
+//! Incremental PDU reader for the TCP byte stream (RFC 7143 §11.1).
+//!
+//! Feed it whatever the socket gave ([`Framer::feed`]), then take complete PDUs out with
+//! [`Framer::next_pdu`] until it says `Ok(None)`. Lengths in a header are checked against
+//! the negotiated limits before a single byte of the data segment is waited for, and the
+//! buffer only ever holds bytes the peer actually sent: an attacker's DataSegmentLength
+//! never turns into an allocation.
+//!
+//! Digests are switched with [`Framer::set_digests`] between PDUs: the target calls it once
+//! it has sent the final Login Response, because digests start with the first PDU of
+//! full feature phase (RFC 7143 §13.1). iSER does not use this type: its PDUs arrive one per
+//! message ([`crate::pdu::Pdu::decode_message`]).
+
+use crate::digest;
+use crate::pdu::{
+    padded_len, raw_data_segment_len, raw_total_ahs_len, Bhs, Digests, Pdu, PduError, RejectReason,
+    BHS_LEN, DIGEST_LEN, MAX_AHS_LENGTH,
+};
+use thiserror::Error;
+
+/// MaxRecvDataSegmentLength in force during login (RFC 7143 §13.12: login PDUs carry at
+/// most 8192 bytes of data).
+pub const LOGIN_MAX_RECV_DATA_SEGMENT_LENGTH: usize = 8192;
+
+/// What the framer accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramerLimits {
+    /// The MaxRecvDataSegmentLength this side declared (RFC 7143 §13.12).
+    pub max_recv_data_segment_length: usize,
+    /// Largest AHS area accepted; at most 1020 bytes (TotalAHSLength is one byte of words).
+    pub max_ahs_length: usize,
+}
+
+impl FramerLimits {
+    /// Limits for the login phase.
+    pub const LOGIN: FramerLimits = FramerLimits {
+        max_recv_data_segment_length: LOGIN_MAX_RECV_DATA_SEGMENT_LENGTH,
+        max_ahs_length: MAX_AHS_LENGTH,
+    };
+}
+
+impl Default for FramerLimits {
+    fn default() -> Self {
+        FramerLimits::LOGIN
+    }
+}
+
+/// What the connection does about a framing error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorAction {
+    /// Send a Reject quoting the header and carry on; the PDU was consumed whole.
+    RejectAndContinue(RejectReason),
+    /// Send a Reject quoting the header, then drop the connection.
+    RejectAndDrop(RejectReason),
+    /// Drop the connection: the stream can no longer be trusted.
+    Drop,
+}
+
+/// A PDU that could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FrameError {
+    #[error("data segment of {len} bytes exceeds MaxRecvDataSegmentLength {max}")]
+    DataSegmentTooLong {
+        len: usize,
+        max: usize,
+        header: Box<[u8; BHS_LEN]>,
+    },
+    #[error("AHS of {len} bytes exceeds the limit of {max}")]
+    AhsTooLong {
+        len: usize,
+        max: usize,
+        header: Box<[u8; BHS_LEN]>,
+    },
+    #[error("header digest mismatch: computed {computed:#010x}, received {received:#010x}")]
+    HeaderDigest { computed: u32, received: u32 },
+    #[error("data digest mismatch: computed {computed:#010x}, received {received:#010x}")]
+    DataDigest {
+        computed: u32,
+        received: u32,
+        header: Box<[u8; BHS_LEN]>,
+    },
+    #[error("malformed header: {error}")]
+    Malformed {
+        error: PduError,
+        header: Box<[u8; BHS_LEN]>,
+    },
+    #[error("the stream failed earlier; the connection must be dropped")]
+    Failed,
+}
+
+impl FrameError {
+    /// The RFC's answer to each error.
+    pub fn action(&self) -> ErrorAction {
+        match self {
+            // RFC 7143 §7.8: a data digest error leaves framing intact: Reject
+            // (Data-Digest-Error), discard the PDU; for data PDUs the task then recovers
+            // (recovery R2T) or ends with CHECK CONDITION (ERL 0).
+            FrameError::DataDigest { .. } => {
+                ErrorAction::RejectAndContinue(RejectReason::DataDigestError)
+            }
+            // The whole PDU was read: the peer broke a header rule, not the framing.
+            FrameError::Malformed { .. } => {
+                ErrorAction::RejectAndContinue(RejectReason::ProtocolError)
+            }
+            // Lengths beyond what we declared are a protocol error (RFC 7143 §13.12); we
+            // refuse to read the segment, so the stream cannot be resynchronised.
+            FrameError::DataSegmentTooLong { .. } | FrameError::AhsTooLong { .. } => {
+                ErrorAction::RejectAndDrop(RejectReason::ProtocolError)
+            }
+            // RFC 7143 §7.8: after a header digest error the length fields cannot be
+            // trusted and there are no markers to find the next PDU: close the connection.
+            FrameError::HeaderDigest { .. } | FrameError::Failed => ErrorAction::Drop,
+        }
+    }
+
+    /// Whether more PDUs may follow on this connection.
+    pub fn connection_can_continue(&self) -> bool {
+        matches!(self.action(), ErrorAction::RejectAndContinue(_))
+    }
+
+    /// The raw header of the offending PDU, for the Reject data segment (RFC 7143 §11.17).
+    pub fn header(&self) -> Option<&[u8; BHS_LEN]> {
+        match self {
+            FrameError::DataSegmentTooLong { header, .. }
+            | FrameError::AhsTooLong { header, .. }
+            | FrameError::DataDigest { header, .. }
+            | FrameError::Malformed { header, .. } => Some(header),
+            FrameError::HeaderDigest { .. } | FrameError::Failed => None,
+        }
+    }
+}
+
+/// The byte-stream PDU reader.
+#[derive(Debug, Default)]
+pub struct Framer {
+    buf: Vec<u8>,
+    /// Start of unconsumed bytes in `buf`.
+    start: usize,
+    limits: FramerLimits,
+    digests: Digests,
+    failed: bool,
+}
+
+impl Framer {
+    /// A framer with login limits and no digests.
+    pub fn new() -> Framer {
+        Framer::default()
+    }
+
+    pub fn with_limits(limits: FramerLimits) -> Framer {
+        Framer {
+            limits,
+            ..Framer::default()
+        }
+    }
+
+    pub fn limits(&self) -> FramerLimits {
+        self.limits
+    }
+
+    /// New limits, effective from the next PDU (after login: the declared
+    /// MaxRecvDataSegmentLength).
+    pub fn set_limits(&mut self, limits: FramerLimits) {
+        self.limits = limits;
+    }
+
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    /// Digests for every PDU after the current one (RFC 7143 §13.1: from the first PDU of
+    /// full feature phase, after the final Login Response).
+    pub fn set_digests(&mut self, digests: Digests) {
+        self.digests = digests;
+    }
+
+    /// Append bytes received from the peer.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.failed {
+            return;
+        }
+        self.compact();
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes held and not yet returned as PDUs.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// How many more bytes would complete the next PDU, as far as is known now (at least 1
+    /// unless a PDU is ready). Lets a caller read exactly what is needed.
+    pub fn bytes_needed(&self) -> usize {
+        let have = self.buffered();
+        let Some(raw) = self
+            .pending()
+            .get(..BHS_LEN)
+            .and_then(|s| <&[u8; BHS_LEN]>::try_from(s).ok())
+        else {
+            return BHS_LEN - have;
+        };
+        let total = self.frame_len(raw);
+        total.saturating_sub(have)
+    }
+
+    fn pending(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 && (self.start == self.buf.len() || self.start >= 64 * 1024) {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    /// Header part on the wire: BHS, AHS, header digest.
+    fn header_len(&self, raw: &[u8; BHS_LEN]) -> usize {
+        BHS_LEN + raw_total_ahs_len(raw) + if self.digests.header { DIGEST_LEN } else { 0 }
+    }
+
+    /// Data part on the wire: data, padding, data digest (none without data).
+    fn data_len(&self, raw: &[u8; BHS_LEN]) -> usize {
+        let dsl = raw_data_segment_len(raw);
+        if dsl == 0 {
+            0
+        } else {
+            padded_len(dsl) + if self.digests.data { DIGEST_LEN } else { 0 }
+        }
+    }
+
+    fn frame_len(&self, raw: &[u8; BHS_LEN]) -> usize {
+        self.header_len(raw) + self.data_len(raw)
+    }
+
+    fn fail(&mut self, e: FrameError) -> Result<Option<Pdu>, FrameError> {
+        if !e.connection_can_continue() {
+            self.failed = true;
+            self.buf = Vec::new();
+            self.start = 0;
+        }
+        Err(e)
+    }
+
+    /// The next complete PDU, `Ok(None)` if more bytes are needed.
+    pub fn next_pdu(&mut self) -> Result<Option<Pdu>, FrameError> {
+        if self.failed {
+            return Err(FrameError::Failed);
+        }
+        let pending = self.pending();
+        let Some(raw) = pending
+            .get(..BHS_LEN)
+            .and_then(|s| <[u8; BHS_LEN]>::try_from(s).ok())
+        else {
+            return Ok(None);
+        };
+        let ahs_len = raw_total_ahs_len(&raw);
+        let dsl = raw_data_segment_len(&raw);
+        let header_len = self.header_len(&raw);
+        // The AHS is at most 1020 bytes, so waiting for it before checking the header
+        // digest is bounded; trust no length before the digest has been checked.
+        let Some(header) = pending.get(..header_len) else {
+            if ahs_len > self.limits.max_ahs_length && !self.digests.header {
+                let e = FrameError::AhsTooLong {
+                    len: ahs_len,
+                    max: self.limits.max_ahs_length,
+                    header: Box::new(raw),
+                };
+                return self.fail(e);
+            }
+            return Ok(None);
+        };
+        if self.digests.header {
+            let covered = header.get(..BHS_LEN + ahs_len).unwrap_or_default();
+            let computed = digest::crc32c(covered);
+            let received = wire_digest(header.get(BHS_LEN + ahs_len..));
+            if computed != received {
+                return self.fail(FrameError::HeaderDigest { computed, received });
+            }
+        }
+        if ahs_len > self.limits.max_ahs_length {
+            let e = FrameError::AhsTooLong {
+                len: ahs_len,
+                max: self.limits.max_ahs_length,
+                header: Box::new(raw),
+            };
+            return self.fail(e);
+        }
+        if dsl > self.limits.max_recv_data_segment_length {
+            let e = FrameError::DataSegmentTooLong {
+                len: dsl,
+                max: self.limits.max_recv_data_segment_length,
+                header: Box::new(raw),
+            };
+            return self.fail(e);
+        }
+        let total = header_len + self.data_len(&raw);
+        let Some(frame) = pending.get(..total) else {
+            return Ok(None);
+        };
+        let ahs = frame
+            .get(BHS_LEN..BHS_LEN + ahs_len)
+            .unwrap_or_default()
+            .to_vec();
+        let data_area = frame.get(header_len..).unwrap_or_default();
+        let data = data_area.get(..dsl).unwrap_or_default().to_vec();
+        let digest_check = if dsl > 0 && self.digests.data {
+            let padded = padded_len(dsl);
+            let computed = digest::crc32c(data_area.get(..padded).unwrap_or_default());
+            let received = wire_digest(data_area.get(padded..));
+            (computed != received).then_some((computed, received))
+        } else {
+            None
+        };
+        // The PDU is consumed whatever follows: the framing is intact.
+        self.start += total;
+        self.compact();
+        if let Some((computed, received)) = digest_check {
+            return Err(FrameError::DataDigest {
+                computed,
+                received,
+                header: Box::new(raw),
+            });
+        }
+        match Bhs::parse(&raw) {
+            Ok(bhs) => Ok(Some(Pdu { bhs, ahs, data })),
+            Err(error) => Err(FrameError::Malformed {
+                error,
+                header: Box::new(raw),
+            }),
+        }
+    }
+}
+
+fn wire_digest(b: Option<&[u8]>) -> u32 {
+    let bytes: [u8; 4] = b
+        .and_then(|s| s.get(..4))
+        .and_then(|s| s.try_into().ok())
+        .unwrap_or_default();
+    digest::from_wire(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pdu::{DataOut, Lun, NopOut, Op, TextRequest};
+    use crate::serial::{Itt, Sn, Ttt};
+
+    fn nop(itt: u32, data: &[u8]) -> Pdu {
+        Pdu::with_data(
+            Op::NopOut(NopOut {
+                immediate: true,
+                lun: Lun(0),
+                itt: Itt(itt),
+                ttt: Ttt::RESERVED,
+                cmd_sn: Sn(1),
+                exp_stat_sn: Sn(1),
+            }),
+            data.to_vec(),
+        )
+    }
+
+    fn data_out(len: usize) -> Pdu {
+        Pdu::with_data(
+            Op::DataOut(DataOut {
+                final_bit: true,
+                lun: Lun(0),
+                itt: Itt(9),
+                ttt: Ttt(3),
+                exp_stat_sn: Sn(1),
+                data_sn: Sn(0),
+                buffer_offset: 0,
+            }),
+            vec![0x5a; len],
+        )
+    }
+
+    fn norm(mut p: Pdu) -> Pdu {
+        p.bhs.data_segment_length = p.data.len() as u32;
+        p.bhs.total_ahs_length = (p.ahs.len() / 4) as u8;
+        p
+    }
+
+    fn stream(pdus: &[Pdu], d: Digests) -> Vec<u8> {
+        let mut v = Vec::new();
+        for p in pdus {
+            p.encode(d, &mut v).unwrap();
+        }
+        v
+    }
+
+    #[test]
+    fn byte_at_a_time_and_coalesced() {
+        for d in [
+            Digests::default(),
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let pdus = vec![nop(1, b"ping"), nop(2, b""), nop(3, b"odd"), data_out(4000)];
+            let bytes = stream(&pdus, d);
+            // one byte at a time
+            let mut f = Framer::new();
+            f.set_digests(d);
+            let mut got = Vec::new();
+            for b in &bytes {
+                f.feed(std::slice::from_ref(b));
+                while let Some(p) = f.next_pdu().unwrap() {
+                    got.push(p);
+                }
+            }
+            assert_eq!(got, pdus.iter().cloned().map(norm).collect::<Vec<_>>());
+            assert_eq!(f.buffered(), 0);
+            // all at once
+            let mut f = Framer::new();
+            f.set_digests(d);
+            f.feed(&bytes);
+            let mut got = Vec::new();
+            while let Some(p) = f.next_pdu().unwrap() {
+                got.push(p);
+            }
+            assert_eq!(got.len(), 4);
+            // odd splits
+            let mut f = Framer::new();
+            f.set_digests(d);
+            let mut got = 0;
+            for chunk in bytes.chunks(37) {
+                f.feed(chunk);
+                while f.next_pdu().unwrap().is_some() {
+                    got += 1;
+                }
+            }
+            assert_eq!(got, 4);
+        }
+    }
+
+    #[test]
+    fn bytes_needed_tracks_the_frame() {
+        let bytes = stream(&[nop(1, b"hello")], Digests::default());
+        let mut f = Framer::new();
+        assert_eq!(f.bytes_needed(), 48);
+        f.feed(&bytes[..10]);
+        assert_eq!(f.bytes_needed(), 38);
+        f.feed(&bytes[10..48]);
+        assert_eq!(f.bytes_needed(), 8);
+        assert!(f.next_pdu().unwrap().is_none());
+        f.feed(&bytes[48..]);
+        assert_eq!(f.bytes_needed(), 0);
+        assert!(f.next_pdu().unwrap().is_some());
+    }
+
+    #[test]
+    fn oversized_segment_is_refused_before_its_data_arrives() {
+        let mut hdr = nop(1, b"").bhs.to_bytes();
+        // DataSegmentLength = 16 MiB - 1, nothing behind it
+        hdr[5..8].copy_from_slice(&[0xff, 0xff, 0xff]);
+        let mut f = Framer::new();
+        f.feed(&hdr);
+        let e = f.next_pdu().unwrap_err();
+        assert!(matches!(
+            e,
+            FrameError::DataSegmentTooLong {
+                len: 0xff_ffff,
+                max: 8192,
+                ..
+            }
+        ));
+        assert_eq!(
+            e.action(),
+            ErrorAction::RejectAndDrop(RejectReason::ProtocolError)
+        );
+        assert_eq!(e.header(), Some(&hdr));
+        assert!(f.buf.capacity() < 4096);
+        assert_eq!(f.next_pdu(), Err(FrameError::Failed));
+        // the limit follows negotiation
+        let mut f = Framer::with_limits(FramerLimits {
+            max_recv_data_segment_length: 262144,
+            max_ahs_length: 0,
+        });
+        f.feed(&stream(&[data_out(100_000)], Digests::default()));
+        assert_eq!(f.next_pdu().unwrap().unwrap().data.len(), 100_000);
+    }
+
+    #[test]
+    fn ahs_over_the_cap() {
+        let mut p = nop(1, b"");
+        p.ahs = vec![0; 8];
+        let bytes = stream(&[p], Digests::default());
+        let mut f = Framer::with_limits(FramerLimits {
+            max_recv_data_segment_length: 8192,
+            max_ahs_length: 4,
+        });
+        f.feed(&bytes[..48]);
+        assert!(matches!(
+            f.next_pdu(),
+            Err(FrameError::AhsTooLong { len: 8, max: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn header_digest_error_is_fatal() {
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        let mut bytes = stream(&[nop(1, b"abcd"), nop(2, b"")], d);
+        bytes[20] ^= 1; // corrupt ITT of the first PDU
+        let mut f = Framer::new();
+        f.set_digests(d);
+        f.feed(&bytes);
+        let e = f.next_pdu().unwrap_err();
+        assert!(matches!(e, FrameError::HeaderDigest { .. }));
+        assert_eq!(e.action(), ErrorAction::Drop);
+        assert!(!e.connection_can_continue());
+        assert_eq!(f.next_pdu(), Err(FrameError::Failed));
+    }
+
+    #[test]
+    fn header_digest_checked_before_lengths() {
+        // a corrupted length must be reported as a digest error, not "too long"
+        let d = Digests {
+            header: true,
+            data: false,
+        };
+        let mut bytes = stream(&[nop(1, b"")], d);
+        bytes[5] = 0x7f;
+        let mut f = Framer::new();
+        f.set_digests(d);
+        f.feed(&bytes);
+        assert!(matches!(f.next_pdu(), Err(FrameError::HeaderDigest { .. })));
+    }
+
+    #[test]
+    fn data_digest_error_rejects_and_continues() {
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        let mut bytes = stream(&[data_out(100), nop(2, b"")], d);
+        bytes[48 + 4 + 10] ^= 0xff; // corrupt a data byte
+        let mut f = Framer::new();
+        f.set_digests(d);
+        f.feed(&bytes);
+        let e = f.next_pdu().unwrap_err();
+        assert!(matches!(e, FrameError::DataDigest { .. }));
+        assert_eq!(
+            e.action(),
+            ErrorAction::RejectAndContinue(RejectReason::DataDigestError)
+        );
+        assert_eq!(e.header().map(|h| h[0]), Some(0x05));
+        let next = f.next_pdu().unwrap().unwrap();
+        assert_eq!(next.itt(), Itt(2));
+    }
+
+    #[test]
+    fn digests_switch_between_pdus() {
+        // login PDU without digests, then a full-feature PDU with them
+        let mut bytes = stream(&[nop(1, b"x")], Digests::default());
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        bytes.extend(stream(&[nop(2, b"y")], d));
+        let mut f = Framer::new();
+        f.feed(&bytes);
+        assert_eq!(f.next_pdu().unwrap().unwrap().itt(), Itt(1));
+        f.set_digests(d);
+        assert_eq!(f.next_pdu().unwrap().unwrap().itt(), Itt(2));
+    }
+
+    #[test]
+    fn malformed_header_is_consumed_and_reported() {
+        let text = Pdu::with_data(
+            Op::TextRequest(TextRequest {
+                immediate: false,
+                final_bit: false,
+                continue_bit: true,
+                lun: Lun(0),
+                itt: Itt(4),
+                ttt: Ttt::RESERVED,
+                cmd_sn: Sn(1),
+                exp_stat_sn: Sn(1),
+            }),
+            b"a=b\0".to_vec(),
+        );
+        let mut bytes = stream(&[text, nop(5, b"")], Digests::default());
+        bytes[1] |= 0x80; // F with C
+        let mut f = Framer::new();
+        f.feed(&bytes);
+        let e = f.next_pdu().unwrap_err();
+        assert!(matches!(e, FrameError::Malformed { .. }));
+        assert!(e.connection_can_continue());
+        assert_eq!(f.next_pdu().unwrap().unwrap().itt(), Itt(5));
+    }
+
+    #[test]
+    fn truncated_bhs_waits() {
+        let mut f = Framer::new();
+        f.feed(&[0x01; 47]);
+        assert_eq!(f.next_pdu(), Ok(None));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut seed = 0x1234_5678u32;
+        for round in 0..200 {
+            let mut f = Framer::new();
+            if round % 2 == 0 {
+                f.set_digests(Digests {
+                    header: true,
+                    data: true,
+                });
+            }
+            for _ in 0..50 {
+                let mut chunk = [0u8; 61];
+                for b in chunk.iter_mut() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    *b = seed as u8;
+                }
+                f.feed(&chunk);
+                match f.next_pdu() {
+                    Ok(_) => {}
+                    Err(e) if e.connection_can_continue() => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1090 @@
+//! Login state machine tests: each is a scripted conversation, no sockets.
+
+use super::*;
+use crate::pdu::Opcode;
+use crate::text::parse_pairs;
+
+const INITIATOR: &str = "iqn.1994-05.com.redhat:client";
+const TARGET: &str = "iqn.2016-06.io.riser:disk1";
+
+type MakeAuthenticator = fn() -> Box<dyn Authenticator>;
+
+#[derive(Default)]
+struct Policy {
+    /// Authenticator to hand out for TARGET.
+    auth: Option<(bool, MakeAuthenticator)>,
+    redirect: bool,
+    decision: Option<SessionDecision>,
+    config: TargetConfig,
+    lookups: usize,
+}
+
+impl LoginPolicy for Policy {
+    fn lookup_target(&mut self, who: &LoginIdentity) -> TargetLookup {
+        self.lookups += 1;
+        if self.redirect {
+            return TargetLookup::Redirect {
+                target_address: "10.0.0.2:3260,1".into(),
+                permanent: false,
+            };
+        }
+        if who.target_name.as_deref() != Some(TARGET) {
+            return TargetLookup::Refused(LoginStatus::NOT_FOUND);
+        }
+        let auth = match self.auth {
+            None => AuthPolicy::None,
+            Some((true, make)) => AuthPolicy::Required(make()),
+            Some((false, make)) => AuthPolicy::Optional(make()),
+        };
+        TargetLookup::Found(TargetInfo {
+            name: TARGET.into(),
+            alias: Some("disk1".into()),
+            config: self.config.clone(),
+            auth,
+        })
+    }
+
+    fn session(
+        &mut self,
+        _who: &LoginIdentity,
+        _t: &TargetInfo,
+    ) -> Result<SessionDecision, LoginStatus> {
+        Ok(self
+            .decision
+            .clone()
+            .unwrap_or(SessionDecision::New { tsih: 7 }))
+    }
+}
+
+/// A toy method standing in for CHAP: expects CHAP_A, answers CHAP_C, then expects
+/// CHAP_N=ok.
+struct Toy {
+    step: u8,
+}
+
+impl Authenticator for Toy {
+    fn method(&self) -> &'static str {
+        "CHAP"
+    }
+
+    fn step(&mut self, keys: &[(String, String)], out: &mut Pairs) -> AuthStep {
+        let has = |k: &str, v: &str| keys.iter().any(|(a, b)| a == k && b == v);
+        match self.step {
+            0 if keys.is_empty() => AuthStep::Continue,
+            0 if has("CHAP_A", "5") => {
+                self.step = 1;
+                out.push(("CHAP_A".into(), "5".into()));
+                out.push(("CHAP_C".into(), "0x0102".into()));
+                AuthStep::Continue
+            }
+            1 if has("CHAP_N", "ok") => AuthStep::Success,
+            _ => AuthStep::Failure,
+        }
+    }
+}
+
+fn toy() -> Box<dyn Authenticator> {
+    Box::new(Toy { step: 0 })
+}
+
+struct Req {
+    t: bool,
+    c: bool,
+    csg: Stage,
+    nsg: Stage,
+    keys: Vec<u8>,
+}
+
+fn req(t: bool, csg: Stage, nsg: Stage, keys: &[(&str, &str)]) -> Req {
+    Req {
+        t,
+        c: false,
+        csg,
+        nsg,
+        keys: encode_pairs(keys),
+    }
+}
+
+fn pdu(r: Req) -> Pdu {
+    Pdu::with_data(
+        Op::LoginRequest(LoginRequest {
+            transit_bit: r.t,
+            continue_bit: r.c,
+            csg: r.csg,
+            nsg: r.nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: Isid([0x80, 0, 0, 0x12, 0x34, 0x56]),
+            tsih: 0,
+            itt: Itt(0x10),
+            cid: 0,
+            cmd_sn: Sn(100),
+            exp_stat_sn: Sn(0),
+        }),
+        r.keys,
+    )
+}
+
+const SEC: Stage = Stage::SecurityNegotiation;
+const OP: Stage = Stage::LoginOperationalNegotiation;
+const FFP: Stage = Stage::FullFeaturePhase;
+
+/// Everything the machine output after one PDU.
+#[derive(Debug, Default)]
+struct Out {
+    responses: Vec<(LoginResponse, Pairs)>,
+    allocate: usize,
+    complete: Option<Box<LoginOutcome>>,
+    failed: Option<LoginStatus>,
+    /// Order of outputs: 'A'llocate, 'R'esponse, 'C'omplete, 'F'ailed.
+    order: String,
+}
+
+fn run(login: &mut Login, policy: &mut Policy, p: Pdu) -> Out {
+    login.handle(&p, policy);
+    drain(login)
+}
+
+fn drain(login: &mut Login) -> Out {
+    let mut out = Out::default();
+    while let Some(o) = login.poll_output() {
+        match o {
+            LoginOutput::Transmit(p) => {
+                // every response encodes and decodes cleanly
+                let bytes = p.to_bytes(Default::default()).unwrap();
+                assert!(p.data.len() <= LOGIN_MAX_DATA_SEGMENT_LENGTH);
+                let back = crate::pdu::Bhs::parse_slice(&bytes).unwrap();
+                assert_eq!(back.opcode(), Some(Opcode::LoginResponse));
+                let Op::LoginResponse(r) = p.bhs.op else {
+                    panic!("not a login response")
+                };
+                // a C=1 piece may end inside a pair
+                let keys = if r.continue_bit {
+                    Vec::new()
+                } else {
+                    parse_pairs(&p.data).unwrap()
+                };
+                out.responses.push((r, keys));
+                out.order.push('R');
+            }
+            LoginOutput::Event(LoginEvent::AllocateDatamoverResources) => {
+                out.allocate += 1;
+                out.order.push('A');
+            }
+            LoginOutput::Event(LoginEvent::Complete(c)) => {
+                out.complete = Some(c);
+                out.order.push('C');
+            }
+            LoginOutput::Event(LoginEvent::Failed { status, .. }) => {
+                out.failed = Some(status);
+                out.order.push('F');
+            }
+        }
+    }
+    out
+}
+
+fn key<'a>(pairs: &'a Pairs, k: &str) -> Option<&'a str> {
+    pairs.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+}
+
+fn only_response(out: &Out) -> &(LoginResponse, Pairs) {
+    assert_eq!(out.responses.len(), 1, "{out:?}");
+    &out.responses[0]
+}
+
+#[test]
+fn discovery_in_one_pdu() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("SessionType", "Discovery"),
+                ("HeaderDigest", "None"),
+                ("DataDigest", "None"),
+                ("DefaultTime2Wait", "2"),
+                ("DefaultTime2Retain", "0"),
+                ("IFMarker", "No"),
+                ("OFMarker", "No"),
+                ("ErrorRecoveryLevel", "0"),
+                ("MaxRecvDataSegmentLength", "32768"),
+            ],
+        )),
+    );
+    assert_eq!(out.order, "ARC");
+    let (r, keys) = only_response(&out);
+    assert!(r.transit_bit && !r.continue_bit);
+    assert_eq!((r.csg, r.nsg), (OP, FFP));
+    assert_eq!(r.status, LoginStatus::SUCCESS);
+    assert_eq!(r.tsih, 7);
+    assert_eq!(r.itt, Itt(0x10));
+    assert_eq!(r.stat_sn, Sn(0));
+    assert_eq!(key(keys, "HeaderDigest"), Some("None"));
+    assert_eq!(key(keys, "MaxRecvDataSegmentLength"), Some("262144"));
+    assert_eq!(
+        key(keys, "TargetPortalGroupTag"),
+        None,
+        "only for normal sessions"
+    );
+    let c = out.complete.unwrap();
+    assert_eq!(c.identity.session_type, SessionType::Discovery);
+    assert_eq!(c.identity.target_name, None);
+    assert_eq!(c.connection.max_send_data_segment_length, 32768);
+    assert_eq!(c.stat_sn, Sn(1));
+    assert_eq!(policy.lookups, 0);
+    assert!(login.is_finished());
+}
+
+#[test]
+fn normal_session_two_stages() {
+    let mut login = Login::new(LoginContext {
+        initial_stat_sn: Sn(500),
+        ..LoginContext::default()
+    });
+    let mut policy = Policy::default();
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("InitiatorAlias", "client"),
+                ("TargetName", TARGET),
+                ("SessionType", "Normal"),
+                ("AuthMethod", "None"),
+            ],
+        )),
+    );
+    // resources only once the security stage is over: here, with the transit to OP
+    assert_eq!(out.order, "AR");
+    let (r, keys) = only_response(&out);
+    assert!(r.transit_bit);
+    assert_eq!((r.csg, r.nsg), (SEC, OP));
+    assert_eq!(r.tsih, 0, "TSIH only in the final response");
+    assert_eq!(r.stat_sn, Sn(500));
+    assert_eq!((r.exp_cmd_sn, r.max_cmd_sn), (Sn(100), Sn(100)));
+    assert_eq!(key(keys, "AuthMethod"), Some("None"));
+    assert_eq!(key(keys, "TargetPortalGroupTag"), Some("1"));
+    assert_eq!(key(keys, "TargetAlias"), Some("disk1"));
+    assert_eq!(
+        key(keys, "MaxRecvDataSegmentLength"),
+        None,
+        "no operational keys in a security-stage response"
+    );
+    assert_eq!(login.stage(), OP);
+
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[
+                ("HeaderDigest", "CRC32C,None"),
+                ("DataDigest", "None"),
+                ("MaxRecvDataSegmentLength", "262144"),
+                ("InitialR2T", "Yes"),
+                ("ImmediateData", "Yes"),
+                ("MaxBurstLength", "16776192"),
+                ("FirstBurstLength", "262144"),
+                ("MaxConnections", "1"),
+            ],
+        )),
+    );
+    assert_eq!(out.order, "RC");
+    let (r, keys) = only_response(&out);
+    assert!(r.transit_bit);
+    assert_eq!((r.csg, r.nsg), (OP, FFP));
+    assert_eq!(r.tsih, 7);
+    assert_eq!(r.stat_sn, Sn(501));
+    assert_eq!(r.exp_cmd_sn, Sn(100));
+    assert_eq!(r.max_cmd_sn, Sn(100 + 128 - 1));
+    assert_eq!(key(keys, "HeaderDigest"), Some("CRC32C"));
+    assert_eq!(key(keys, "MaxBurstLength"), Some("1048576"));
+    assert_eq!(key(keys, "MaxRecvDataSegmentLength"), Some("262144"));
+    let c = out.complete.unwrap();
+    assert_eq!(c.tsih(), 7);
+    assert_eq!(c.identity.initiator_name, INITIATOR);
+    assert_eq!(c.identity.initiator_alias.as_deref(), Some("client"));
+    assert_eq!(c.session.target_name.as_deref(), Some(TARGET));
+    assert!(c.connection.header_digest && !c.connection.data_digest);
+    assert_eq!(
+        c.connection.framer_limits().max_recv_data_segment_length,
+        262_144
+    );
+    assert_eq!(
+        (c.exp_cmd_sn, c.max_cmd_sn, c.stat_sn),
+        (Sn(100), Sn(227), Sn(502))
+    );
+    // nothing more happens
+    let out = run(&mut login, &mut policy, pdu(req(false, OP, OP, &[])));
+    assert!(out.order.is_empty());
+}
+
+#[test]
+fn keys_spanning_pdus_with_c_bit() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    let text = encode_pairs(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", TARGET),
+        ("SessionType", "Normal"),
+        ("MaxBurstLength", "65536"),
+    ]);
+    let (a, b) = text.split_at(20); // split inside "TargetName=..."
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: OP,
+            nsg: SEC,
+            keys: a.to_vec(),
+        }),
+    );
+    let (r, keys) = only_response(&out);
+    assert!(!r.transit_bit && !r.continue_bit && keys.is_empty());
+    assert_eq!(out.allocate, 0);
+    // C=1 with no data at all must be harmless
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: OP,
+            nsg: SEC,
+            keys: vec![],
+        }),
+    );
+    assert!(only_response(&out).1.is_empty());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: true,
+            c: false,
+            csg: OP,
+            nsg: FFP,
+            keys: b.to_vec(),
+        }),
+    );
+    assert_eq!(out.order, "ARC");
+    let (r, keys) = only_response(&out);
+    assert_eq!(r.stat_sn, Sn(2));
+    assert_eq!(key(keys, "MaxBurstLength"), Some("65536"));
+    assert_eq!(out.complete.unwrap().session.max_burst_length, 65536);
+}
+
+#[test]
+fn long_target_text_goes_out_with_c_bit() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    // 150 unknown keys: 150 NotUnderstood answers of ~78 bytes > 8192
+    let names: Vec<String> = (0..150)
+        .map(|i| format!("X-com.example.{i:03}.{}", "k".repeat(40)))
+        .collect();
+    let mut keys: Vec<(&str, &str)> = vec![("InitiatorName", INITIATOR), ("TargetName", TARGET)];
+    keys.extend(names.iter().map(|n| (n.as_str(), "1")));
+    let text = encode_pairs(&keys);
+    let (a, b) = text.split_at(6000);
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: OP,
+            nsg: SEC,
+            keys: a.to_vec(),
+        }),
+    );
+    assert_eq!(out.responses.len(), 1);
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: true,
+            c: false,
+            csg: OP,
+            nsg: FFP,
+            keys: b.to_vec(),
+        }),
+    );
+    let (r, _) = only_response(&out);
+    assert!(r.continue_bit && !r.transit_bit, "more text follows");
+    assert!(out.complete.is_none());
+    // the initiator fetches the rest with an empty request
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[])));
+    assert_eq!(out.order, "RC");
+    let (r, _) = only_response(&out);
+    assert!(r.transit_bit && !r.continue_bit);
+}
+
+#[test]
+fn unsupported_version() {
+    let mut login = Login::new(LoginContext::default());
+    let mut p = pdu(req(true, OP, FFP, &[("InitiatorName", INITIATOR)]));
+    if let Op::LoginRequest(r) = &mut p.bhs.op {
+        r.version_max = 2;
+        r.version_min = 1;
+    }
+    let out = run(&mut login, &mut Policy::default(), p);
+    assert_eq!(out.order, "RF");
+    assert_eq!(out.failed, Some(LoginStatus::UNSUPPORTED_VERSION));
+    assert_eq!(
+        only_response(&out).0.status,
+        LoginStatus::UNSUPPORTED_VERSION
+    );
+    assert_eq!(only_response(&out).0.version_max, 0);
+}
+
+#[test]
+fn target_not_found_and_missing_names() {
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut Policy::default(),
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[("InitiatorName", INITIATOR), ("TargetName", "iqn.nope")],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::NOT_FOUND));
+    assert_eq!(out.allocate, 0);
+    assert!(login.is_finished());
+
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut Policy::default(),
+        pdu(req(true, SEC, OP, &[("TargetName", TARGET)])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::MISSING_PARAMETER));
+
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut Policy::default(),
+        pdu(req(true, SEC, OP, &[("InitiatorName", INITIATOR)])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::MISSING_PARAMETER));
+
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut Policy::default(),
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[("InitiatorName", INITIATOR), ("SessionType", "Bogus")],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::SESSION_TYPE_NOT_SUPPORTED));
+}
+
+#[test]
+fn wrong_stage_transitions() {
+    let first = || {
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        ))
+    };
+    // first PDU in full feature phase
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut Policy::default(),
+        pdu(req(false, FFP, FFP, &[("InitiatorName", INITIATOR)])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    // CSG that is not the current stage
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    run(&mut login, &mut policy, first());
+    let out = run(&mut login, &mut policy, pdu(req(false, SEC, SEC, &[])));
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    // backwards
+    let mut login = Login::new(LoginContext::default());
+    run(&mut login, &mut policy, first());
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, SEC, &[])));
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    // reserved stage
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            Stage::Reserved,
+            &[("InitiatorName", INITIATOR)],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    // ISID changes mid-login
+    let mut login = Login::new(LoginContext::default());
+    run(&mut login, &mut policy, first());
+    let mut p = pdu(req(true, OP, FFP, &[]));
+    if let Op::LoginRequest(r) = &mut p.bhs.op {
+        r.isid = Isid([0; 6]);
+    }
+    let out = run(&mut login, &mut policy, p);
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+}
+
+#[test]
+fn scsi_command_during_login() {
+    use crate::pdu::{Lun, ScsiCommand};
+    let mut login = Login::new(LoginContext::default());
+    let cmd = Pdu::new(Op::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: true,
+        write: false,
+        attr: 1,
+        lun: Lun(0),
+        itt: Itt(0x99),
+        expected_data_transfer_length: 512,
+        cmd_sn: Sn(1),
+        exp_stat_sn: Sn(0),
+        cdb: [0; 16],
+    }));
+    let out = run(&mut login, &mut Policy::default(), cmd);
+    assert_eq!(out.failed, Some(LoginStatus::INVALID_DURING_LOGIN));
+    assert_eq!(only_response(&out).0.itt, Itt(0x99));
+}
+
+#[test]
+fn malformed_header_during_login() {
+    let mut login = Login::new(LoginContext::default());
+    let mut raw = [0u8; BHS_LEN];
+    raw[0] = 0x43;
+    raw[1] = 0xc0;
+    raw[19] = 5;
+    login.handle_malformed(&raw);
+    let out = drain(&mut login);
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    assert_eq!(only_response(&out).0.itt, Itt(5));
+}
+
+#[test]
+fn too_many_pdus_and_too_much_text() {
+    let ctx = LoginContext {
+        limits: LoginLimits {
+            max_pdus: 3,
+            ..LoginLimits::default()
+        },
+        ..LoginContext::default()
+    };
+    let mut login = Login::new(ctx);
+    let mut policy = Policy::default();
+    for _ in 0..3 {
+        let out = run(
+            &mut login,
+            &mut policy,
+            pdu(Req {
+                t: false,
+                c: true,
+                csg: SEC,
+                nsg: SEC,
+                keys: vec![],
+            }),
+        );
+        assert!(out.failed.is_none());
+    }
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: SEC,
+            nsg: SEC,
+            keys: vec![],
+        }),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+
+    let ctx = LoginContext {
+        limits: LoginLimits {
+            max_text_bytes: 10_000,
+            ..LoginLimits::default()
+        },
+        ..LoginContext::default()
+    };
+    let mut login = Login::new(ctx);
+    let chunk = vec![b'a'; 8192];
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: SEC,
+            nsg: SEC,
+            keys: chunk.clone(),
+        }),
+    );
+    assert!(out.failed.is_none());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(Req {
+            t: false,
+            c: true,
+            csg: SEC,
+            nsg: SEC,
+            keys: chunk,
+        }),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+}
+
+#[test]
+fn duplicate_key_fails_login() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            false,
+            OP,
+            OP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("MaxBurstLength", "65536"),
+            ],
+        )),
+    );
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, OP, FFP, &[("MaxBurstLength", "65536")])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+}
+
+#[test]
+fn redirect() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy {
+        redirect: true,
+        ..Policy::default()
+    };
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    assert_eq!(out.order, "RF");
+    let (r, keys) = only_response(&out);
+    assert_eq!(r.status, LoginStatus::TARGET_MOVED_TEMPORARILY);
+    assert_eq!(key(keys, "TargetAddress"), Some("10.0.0.2:3260,1"));
+}
+
+#[test]
+fn authentication_exchange() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy {
+        auth: Some((true, toy)),
+        ..Policy::default()
+    };
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            false,
+            SEC,
+            SEC,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "None,CHAP"),
+            ],
+        )),
+    );
+    let (r, keys) = only_response(&out);
+    assert!(!r.transit_bit);
+    assert_eq!(key(keys, "AuthMethod"), Some("CHAP"));
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(false, SEC, SEC, &[("CHAP_A", "5")])),
+    );
+    let (_, keys) = only_response(&out);
+    assert_eq!(key(keys, "CHAP_C"), Some("0x0102"));
+    assert_eq!(
+        out.allocate, 0,
+        "nothing allocated during the security stage"
+    );
+    // T=1 with the response: authentication succeeds and the login moves on
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, SEC, OP, &[("CHAP_N", "ok"), ("CHAP_R", "0xab")])),
+    );
+    assert_eq!(out.order, "AR");
+    assert!(only_response(&out).0.transit_bit);
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[])));
+    assert_eq!(out.order, "RC");
+    assert_eq!(
+        out.complete.unwrap().connection.auth_method.as_deref(),
+        Some("CHAP")
+    );
+}
+
+#[test]
+fn authentication_failures() {
+    // wrong response
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy {
+        auth: Some((true, toy)),
+        ..Policy::default()
+    };
+    run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            false,
+            SEC,
+            SEC,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "CHAP"),
+            ],
+        )),
+    );
+    run(
+        &mut login,
+        &mut policy,
+        pdu(req(false, SEC, SEC, &[("CHAP_A", "5")])),
+    );
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, SEC, OP, &[("CHAP_N", "bad")])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::AUTHENTICATION_FAILURE));
+    assert_eq!(out.allocate, 0);
+    // security stage skipped while required
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::AUTHENTICATION_FAILURE));
+    assert_eq!(out.allocate, 0);
+    // only None offered while required: AuthMethod=Reject, then no transit possible
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "None"),
+            ],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::AUTHENTICATION_FAILURE));
+    // CHAP keys without AuthMethod
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            false,
+            SEC,
+            SEC,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("CHAP_A", "5"),
+            ],
+        )),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    // optional auth: None is fine
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy {
+        auth: Some((false, toy)),
+        ..Policy::default()
+    };
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            FFP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "None"),
+            ],
+        )),
+    );
+    assert_eq!(out.order, "ARC");
+}
+
+#[test]
+fn iser_login() {
+    let ctx = LoginContext {
+        transport: Transport::Iser,
+        ..LoginContext::default()
+    };
+    let mut login = Login::new(ctx);
+    let mut policy = Policy::default();
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            SEC,
+            OP,
+            &[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "None"),
+            ],
+        )),
+    );
+    assert_eq!(out.order, "AR", "allocate once the security stage is left");
+    // Linux ib_iser sends RDMAExtensions=Yes in the operational stage
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[
+                ("RDMAExtensions", "Yes"),
+                ("HeaderDigest", "None"),
+                ("InitiatorRecvDataSegmentLength", "262144"),
+            ],
+        )),
+    );
+    assert_eq!(out.order, "RC");
+    let (_, keys) = only_response(&out);
+    assert_eq!(key(keys, "RDMAExtensions"), Some("Yes"));
+    let c = out.complete.unwrap();
+    assert!(c.session.rdma_extensions);
+    assert!(!c.connection.header_digest);
+    assert_eq!(c.connection.send_limit(true), 262_144);
+}
+
+#[test]
+fn iser_login_without_rdma_extensions_gets_an_offer() {
+    let ctx = LoginContext {
+        transport: Transport::Iser,
+        ..LoginContext::default()
+    };
+    let mut login = Login::new(ctx);
+    let mut policy = Policy::default();
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    assert_eq!(out.order, "AR");
+    let (r, keys) = only_response(&out);
+    assert!(!r.transit_bit, "waits for the answer");
+    assert_eq!(key(keys, "RDMAExtensions"), Some("Yes"));
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, OP, FFP, &[("RDMAExtensions", "Yes")])),
+    );
+    assert_eq!(out.order, "RC");
+    // answered No: the login fails
+    let mut login = Login::new(LoginContext {
+        transport: Transport::Iser,
+        ..LoginContext::default()
+    });
+    run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, OP, FFP, &[("RDMAExtensions", "No")])),
+    );
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+}
+
+#[test]
+fn added_connection_uses_the_session() {
+    let existing = SessionParams {
+        max_burst_length: 65536,
+        ..SessionParams::default()
+    };
+    let mut policy = Policy {
+        decision: Some(SessionDecision::AddConnection {
+            tsih: 3,
+            session: existing,
+            exp_cmd_sn: Sn(900),
+            max_cmd_sn: Sn(931),
+        }),
+        ..Policy::default()
+    };
+    let mut login = Login::new(LoginContext::default());
+    let mut p = pdu(req(
+        true,
+        OP,
+        FFP,
+        &[
+            ("InitiatorName", INITIATOR),
+            ("TargetName", TARGET),
+            ("MaxBurstLength", "4096"),
+            ("DataDigest", "None"),
+        ],
+    ));
+    if let Op::LoginRequest(r) = &mut p.bhs.op {
+        r.tsih = 3;
+        r.cid = 1;
+    }
+    let out = run(&mut login, &mut policy, p);
+    assert_eq!(out.order, "ARC");
+    let (r, keys) = only_response(&out);
+    assert_eq!(key(keys, "MaxBurstLength"), Some("Irrelevant"));
+    assert_eq!((r.tsih, r.exp_cmd_sn, r.max_cmd_sn), (3, Sn(900), Sn(931)));
+    let c = out.complete.unwrap();
+    assert_eq!(c.session.max_burst_length, 65536);
+    assert_eq!(c.identity.cid, 1);
+}
+
+#[test]
+fn target_offers_before_leaving_login() {
+    let mut policy = Policy {
+        config: TargetConfig {
+            immediate_data: false,
+            max_burst_length: 65536,
+            ..TargetConfig::default()
+        },
+        ..Policy::default()
+    };
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    let (r, keys) = only_response(&out);
+    assert!(!r.transit_bit);
+    assert_eq!(key(keys, "ImmediateData"), Some("No"));
+    assert_eq!(key(keys, "MaxBurstLength"), Some("65536"));
+    assert_eq!(
+        key(keys, "FirstBurstLength"),
+        None,
+        "65536 default already fits"
+    );
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("MaxBurstLength", "32768"), ("ImmediateData", "No")],
+        )),
+    );
+    assert_eq!(out.order, "RC");
+    let c = out.complete.unwrap();
+    assert_eq!(c.session.max_burst_length, 32768);
+    assert_eq!(c.session.first_burst_length, 32768);
+    assert!(!c.session.immediate_data);
+}
+
+#[test]
+fn random_login_pdus_never_panic() {
+    let mut seed = 0x9e37_79b9u32;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    let stages = [SEC, OP, Stage::Reserved, FFP];
+    let texts: [&[u8]; 6] = [
+        b"InitiatorName=iqn.x\0TargetName=iqn.2016-06.io.riser:disk1\0",
+        b"AuthMethod=None\0",
+        b"\0\0=\0",
+        b"CHAP_A=5\0",
+        b"MaxBurstLength=0x\0HeaderDigest=\0",
+        b"\xff\xfe",
+    ];
+    for _ in 0..500 {
+        let mut login = Login::new(LoginContext::default());
+        let mut policy = Policy::default();
+        for _ in 0..6 {
+            let r = next();
+            let t = r & 1 != 0;
+            let c = !t && r & 2 != 0;
+            let keys = texts[(r as usize >> 4) % texts.len()].to_vec();
+            let p = pdu(Req {
+                t,
+                c,
+                csg: stages[(r >> 8) as usize % 4],
+                nsg: stages[(r >> 10) as usize % 4],
+                keys,
+            });
+            login.handle(&p, &mut policy);
+            drain(&mut login);
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! A logical unit: identity, geometry and the state shared by every session and reactor
+//! (unit attentions, reservations, mode parameters, medium state).
+//!
+//! The data path reads two atomics ([`Lun::attn`] and the mode bits) and takes the mutex
+//! only when one says there is something to look at (a unit attention is pending, or a
+//! reservation exists): READ and WRITE never lock in the common case.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use riser_bdev::{Bdev, IoKind};
+
+use crate::lock::RangeLock;
+use crate::pr::PrState;
+use crate::sense::Asc;
+use crate::task::Nexus;
+use crate::xcopy::CopyResults;
+
+/// `attn` bit: some I_T nexus has a unit attention queued.
+pub(crate) const ATTN_UA: u32 = 1;
+/// `attn` bit: a persistent reservation or an SPC-2 reservation exists.
+pub(crate) const ATTN_RESERVED: u32 = 2;
+
+/// Mode bit: write cache enabled (caching mode page WCE).
+pub(crate) const MODE_WCE: u32 = 1;
+/// Mode bit: descriptor format sense data (control mode page D_SENSE).
+pub(crate) const MODE_DSENSE: u32 = 2;
+/// Mode bit: software write protect (control mode page SWP).
+pub(crate) const MODE_SWP: u32 = 4;
+/// Mode bit: the medium is ejected (removable LUNs only).
+pub(crate) const MODE_NO_MEDIUM: u32 = 8;
+
+/// How a LUN presents itself. `Default` gives riser's values; the control plane fills in
+/// the target name and LUN id.
+#[derive(Clone, Debug)]
+pub struct LunConfig {
+    pub id: u64,
+    /// iSCSI name of the target node that exports this LUN (VPD 0x83 SCSI target name).
+    pub target_name: String,
+    /// T10 vendor identification: 8 ASCII characters at most.
+    pub vendor: String,
+    /// Product identification: 16 ASCII characters at most (default: the bdev's product).
+    pub product: Option<String>,
+    /// Product revision level: 4 ASCII characters at most.
+    pub revision: String,
+    /// Unit serial number (VPD 0x80); default: the bdev UUID as 32 hex digits.
+    pub serial: Option<String>,
+    /// Report a removable medium (INQUIRY RMB): START STOP UNIT can eject and load it.
+    pub removable: bool,
+    /// Hardware write protect: every write fails with DATA PROTECT.
+    pub read_only: bool,
+    /// Thin provisioning (READ CAPACITY(16) LBPME, UNMAP, WRITE SAME with UNMAP); default:
+    /// when the device supports unmap.
+    pub thin_provisioning: Option<bool>,
+}
+
+impl Default for LunConfig {
+    fn default() -> Self {
+        LunConfig {
+            id: 0,
+            target_name: String::new(),
+            vendor: "RISER".into(),
+            product: None,
+            revision: "0001".into(),
+            serial: None,
+            removable: false,
+            read_only: false,
+            thin_provisioning: None,
+        }
+    }
+}
+
+/// Per-I_T-nexus state on one LUN.
+#[derive(Default, Debug)]
+pub(crate) struct NexusState {
+    /// Pending unit attentions, oldest first (SPC-4 5.14).
+    pub ua: Vec<Asc>,
+    /// PREVENT ALLOW MEDIUM REMOVAL: this nexus prevents removal (SBC-3 5.13).
+    pub prevent: bool,
+    /// The sense data of the last failed command, for REQUEST SENSE (not kept: iSCSI
+    /// uses autosense) — only unit attentions are reported there.
+    pub _reserved: (),
+}
+
+/// State shared by all nexuses, behind [`Lun::state`].
+#[derive(Default)]
+pub(crate) struct LunState {
+    pub nexuses: HashMap<Arc<str>, NexusState>,
+    pub pr: PrState,
+    /// SPC-2 RESERVE(6)/(10) holder.
+    pub spc2_holder: Option<Arc<str>>,
+    pub copies: CopyResults,
+}
+
+impl LunState {
+    /// The state of `key`, created with a POWER ON UA the first time the nexus is seen
+    /// (SPC-4 5.14: power on establishes a UA for every I_T nexus).
+    pub fn nexus(&mut self, key: &Arc<str>) -> &mut NexusState {
+        self.nexuses.entry(key.clone()).or_insert_with(|| NexusState {
+            ua: vec![Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET],
+            ..Default::default()
+        })
+    }
+
+    /// Queues `asc` for one nexus. A reset-class UA (29h) replaces everything queued,
+    /// other UAs are not repeated.
+    pub fn add_ua(&mut self, key: &Arc<str>, asc: Asc) {
+        let n = self.nexus(key);
+        push_ua(&mut n.ua, asc);
+    }
+
+    /// Queues `asc` for every known nexus, except `except`.
+    pub fn add_ua_all(&mut self, asc: Asc, except: Option<&Arc<str>>) {
+        for (k, n) in self.nexuses.iter_mut() {
+            if except.map_or(false, |e| e == k) {
+                continue;
+            }
+            push_ua(&mut n.ua, asc);
+        }
+    }
+
+    pub fn any_ua(&self) -> bool {
+        self.nexuses.values().any(|n| !n.ua.is_empty())
+    }
+
+    pub fn reserved(&self) -> bool {
+        self.spc2_holder.is_some() || self.pr.reservation.is_some()
+    }
+}
+
+fn push_ua(q: &mut Vec<Asc>, asc: Asc) {
+    if asc.asc() == 0x29 {
+        // A reset supersedes everything reported before it.
+        q.retain(|a| a.asc() == 0x29 && a.0 > asc.0);
+        if !q.contains(&asc) {
+            q.push(asc);
+        }
+        q.sort_by_key(|a| if a.asc() == 0x29 { 0 } else { 1 });
+        return;
+    }
+    if !q.contains(&asc) {
+        q.push(asc);
+    }
+}
+
+/// IEEE company id used in NAA designators. riser has no registered OUI; the value only
+/// has to be constant so that the designator stays unique through the UUID bits.
+pub const IEEE_COMPANY_ID: u32 = 0x00_00_00;
+
+/// NAA IEEE Registered Extended designator (SPC-4 7.8.6.6.6): NAA 6, the 24-bit company
+/// id, then 100 bits of vendor specific identifier taken from `uuid`.
+fn naa6(oui: u32, uuid: &[u8; 16]) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    // 4 bits NAA, 24 bits OUI, 4 bits of uuid: the first 32 bits.
+    let head: u32 = (0x6 << 28) | ((oui & 0xFF_FFFF) << 4) | (uuid[0] >> 4) as u32;
+    d[..4].copy_from_slice(&head.to_be_bytes());
+    // The remaining 96 bits: the uuid shifted by 4 bits.
+    for i in 4..16 {
+        d[i] = (uuid[i - 4] << 4) | (uuid[i - 3] >> 4);
+    }
+    d
+}
+
+/// A logical unit. Shared (`Arc<Lun>`) by every reactor; created on the control plane.
+pub struct Lun {
+    cfg: LunConfig,
+    bdev: Arc<dyn Bdev>,
+    block_size: u32,
+    num_blocks: u64,
+    thin: bool,
+    serial: String,
+    product: String,
+    /// NAA IEEE Registered Extended designator (type 6), 16 bytes, from the bdev UUID.
+    naa: [u8; 16],
+    pub(crate) attn: AtomicU32,
+    pub(crate) mode: AtomicU32,
+    pub(crate) state: Mutex<LunState>,
+    pub(crate) ranges: RangeLock,
+}
+
+/// Events that reset part of the LUN state (SAM-5 5.12, 6.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetKind {
+    /// LOGICAL UNIT RESET task management function.
+    LunReset,
+    /// TARGET WARM RESET.
+    TargetWarmReset,
+    /// TARGET COLD RESET.
+    TargetColdReset,
+}
+
+impl Lun {
+    pub fn new(cfg: LunConfig, bdev: Arc<dyn Bdev>) -> Arc<Lun> {
+        let info = bdev.info().clone();
+        let thin = cfg.thin_provisioning.unwrap_or(bdev.supports(IoKind::Unmap)) && bdev.supports(IoKind::Unmap);
+        let serial = cfg.serial.clone().unwrap_or_else(|| info.uuid.simple().to_string());
+        let product = cfg.product.clone().unwrap_or_else(|| info.product_name.to_string());
+        let naa = naa6(IEEE_COMPANY_ID, info.uuid.as_bytes());
+        let mode = MODE_WCE;
+        Arc::new(Lun {
+            block_size: info.block_size,
+            num_blocks: info.num_blocks,
+            thin,
+            serial,
+            product,
+            naa,
+            cfg,
+            bdev,
+            attn: AtomicU32::new(0),
+            mode: AtomicU32::new(mode),
+            state: Mutex::new(LunState::default()),
+            ranges: RangeLock::default(),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.cfg.id
+    }
+
+    pub fn config(&self) -> &LunConfig {
+        &self.cfg
+    }
+
+    pub fn bdev(&self) -> &Arc<dyn Bdev> {
+        &self.bdev
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+
+    pub fn thin_provisioned(&self) -> bool {
+        self.thin
+    }
+
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
+    pub fn product(&self) -> &str {
+        &self.product
+    }
+
+    pub(crate) fn naa(&self) -> &[u8; 16] {
+        &self.naa
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, LunState> {
+        // A panic while holding the lock leaves the state usable: take it anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Recomputes the fast-path flags from the state; call with the lock held, after any
+    /// change to unit attentions or reservations.
+    pub(crate) fn refresh_attn(&self, st: &LunState) {
+        let mut a = 0;
+        if st.any_ua() {
+            a |= ATTN_UA;
+        }
+        if st.reserved() {
+            a |= ATTN_RESERVED;
+        }
+        self.attn.store(a, Ordering::Release);
+    }
+
+    pub(crate) fn mode_bits(&self) -> u32 {
+        self.mode.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_mode_bit(&self, bit: u32, on: bool) {
+        if on {
+            self.mode.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.mode.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether sense data is returned in descriptor format (D_SENSE).
+    pub fn descriptor_sense(&self) -> bool {
+        self.mode_bits() & MODE_DSENSE != 0
+    }
+
+    /// Whether writes are refused (hardware or software write protect).
+    pub fn write_protected(&self) -> bool {
+        self.cfg.read_only || self.mode_bits() & MODE_SWP != 0
+    }
+
+    /// Queues a unit attention for every I_T nexus that has used this LUN, e.g.
+    /// REPORTED LUNS DATA HAS CHANGED (3F/0E) after the LUN map of the target changed, or
+    /// CAPACITY DATA HAS CHANGED.
+    pub fn establish_ua_all(&self, asc: Asc) {
+        let mut st = self.lock();
+        st.add_ua_all(asc, None);
+        self.refresh_attn(&st);
+    }
+
+    /// Queues a unit attention for one I_T nexus.
+    pub fn establish_ua(&self, nexus: &Nexus, asc: Asc) {
+        let mut st = self.lock();
+        st.add_ua(nexus.key(), asc);
+        self.refresh_attn(&st);
+    }
+
+    /// Unit attentions queued for `nexus` (oldest first); for tests and diagnostics.
+    pub fn pending_ua(&self, nexus: &Nexus) -> Vec<Asc> {
+        let st = self.lock();
+        st.nexuses.get(nexus.key()).map(|n| n.ua.clone()).unwrap_or_default()
+    }
+
+    /// The I_T nexus is gone (session closed or dropped): SPC-2 reservations it held are
+    /// released (SPC-2 5.5.1) and its medium removal prevention ends (SBC-3 5.13).
+    /// Persistent reservations stay (SPC-4 5.12).
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        let mut st = self.lock();
+        let key = nexus.key();
+        if st.spc2_holder.as_ref() == Some(key) {
+            st.spc2_holder = None;
+        }
+        // Its state goes with it (prevention ends, SBC-3 5.13; copy results are dropped);
+        // if the initiator port comes back it is a new nexus and sees POWER ON first.
+        st.nexuses.remove(key);
+        st.copies.by_list.retain(|(k, _), _| k != key);
+        self.refresh_attn(&st);
+    }
+
+    /// Applies the shared-state part of a reset (the iSCSI layer also aborts the tasks on
+    /// every reactor with [`LunChannel::abort_all`](crate::LunChannel::abort_all)): SPC-2
+    /// reservations are released, medium removal is allowed, mode parameters return to
+    /// their defaults on a cold reset, and every nexus gets a reset unit attention
+    /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4 5.12.?).
+    pub fn reset(&self, kind: ResetKind) {
+        let mut st = self.lock();
+        st.spc2_holder = None;
+        for n in st.nexuses.values_mut() {
+            n.prevent = false;
+        }
+        let asc = match kind {
+            ResetKind::LunReset => Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED,
+            ResetKind::TargetWarmReset => Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET,
+            ResetKind::TargetColdReset => Asc::POWER_ON_OCCURRED,
+        };
+        if kind == ResetKind::TargetColdReset {
+            // Power on: mode parameters back to defaults, medium loaded.
+            self.mode.store(MODE_WCE, Ordering::Release);
+        }
+        st.add_ua_all(asc, None);
+        self.refresh_attn(&st);
+    }
+
+    /// Whether any nexus prevents medium removal.
+    pub(crate) fn removal_prevented(st: &LunState) -> bool {
+        st.nexuses.values().any(|n| n.prevent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ua_queue_order() {
+        let mut q = vec![];
+        push_ua(&mut q, Asc::MODE_PARAMETERS_CHANGED);
+        push_ua(&mut q, Asc::MODE_PARAMETERS_CHANGED);
+        assert_eq!(q, vec![Asc::MODE_PARAMETERS_CHANGED]);
+        push_ua(&mut q, Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED);
+        assert_eq!(q, vec![Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED]);
+        push_ua(&mut q, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+        assert_eq!(q, vec![Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED, Asc::REPORTED_LUNS_DATA_HAS_CHANGED]);
+    }
+}
+
+impl Lun {
+    /// Drops a pending unit attention of `nexus` (e.g. REPORTED LUNS DATA HAS CHANGED once
+    /// REPORT LUNS ran).
+    pub fn clear_ua(&self, nexus: &Nexus, asc: Asc) {
+        if self.attn.load(Ordering::Acquire) & ATTN_UA == 0 {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(n) = st.nexuses.get_mut(nexus.key()) {
+            n.ua.retain(|a| *a != asc);
+        }
+        self.refresh_attn(&st);
+    }
+}

@@ -1,0 +1,490 @@
+//! Persistent reservations (SPC-4 5.12, 6.15, 6.16) and SPC-2 RESERVE/RELEASE (SPC-2 7.21,
+//! 7.23), and the conflict rules every command is checked against.
+
+use std::sync::Arc;
+
+use crate::cdb::{get_be64, put_be16, put_be32, put_be64, Cdb};
+use crate::lun::{Lun, LunState};
+use crate::sense::{Asc, CmdError, CmdResult};
+use crate::task::Nexus;
+
+/// Persistent reservation types (SPC-4 table 170).
+pub mod pr_type {
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 3;
+    pub const WRITE_EXCLUSIVE_RO: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_RO: u8 = 6;
+    pub const WRITE_EXCLUSIVE_AR: u8 = 7;
+    pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
+}
+use pr_type::*;
+
+fn valid_type(t: u8) -> bool {
+    matches!(t, 1 | 3 | 5 | 6 | 7 | 8)
+}
+
+fn all_registrants(t: u8) -> bool {
+    t == WRITE_EXCLUSIVE_AR || t == EXCLUSIVE_ACCESS_AR
+}
+
+/// One registered I_T nexus.
+#[derive(Clone, Debug)]
+pub(crate) struct Registration {
+    pub key: u64,
+    pub nexus: Arc<str>,
+    pub transport_id: Vec<u8>,
+    pub rel_target_port: u16,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Reservation {
+    pub ty: u8,
+    /// The holder for non all-registrants types; for all-registrants types every
+    /// registrant holds it and this is the nexus that created it.
+    pub holder: Arc<str>,
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct PrState {
+    pub generation: u32,
+    pub regs: Vec<Registration>,
+    pub reservation: Option<Reservation>,
+}
+
+impl PrState {
+    fn reg(&self, nexus: &Arc<str>) -> Option<&Registration> {
+        self.regs.iter().find(|r| &r.nexus == nexus)
+    }
+
+    fn is_holder(&self, nexus: &Arc<str>) -> bool {
+        match &self.reservation {
+            Some(r) if all_registrants(r.ty) => self.reg(nexus).is_some(),
+            Some(r) => &r.holder == nexus,
+            None => false,
+        }
+    }
+
+    /// Removes the registration of `nexus`, releasing the reservation when the holder goes
+    /// away (SPC-4 5.12.11.2.3). Returns whether the reservation was released and its type.
+    fn unregister(&mut self, nexus: &Arc<str>) -> Option<u8> {
+        self.regs.retain(|r| &r.nexus != nexus);
+        let released = match &self.reservation {
+            Some(r) if all_registrants(r.ty) => self.regs.is_empty(),
+            Some(r) => &r.holder == nexus,
+            None => false,
+        };
+        if released {
+            self.reservation.take().map(|r| r.ty)
+        } else {
+            None
+        }
+    }
+}
+
+/// How reservations affect a command (SPC-4 table 54, SBC-3 table 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrClass {
+    /// Allowed in the presence of any reservation.
+    Allowed,
+    /// Reads medium or state: conflicts with Exclusive Access types.
+    Read,
+    /// Changes medium or state: conflicts with every type.
+    Write,
+    /// MODE SENSE and friends: allowed under Write Exclusive, conflict under Exclusive
+    /// Access (SPC-4 table 54), and conflict under an SPC-2 reservation.
+    ReadState,
+    /// PERSISTENT RESERVE IN/OUT: never conflicts with persistent reservations; OUT
+    /// conflicts with an SPC-2 reservation held by another nexus.
+    Pr,
+    /// RESERVE / RELEASE (6/10): see SPC-4 5.12.3.
+    Spc2,
+    /// TEST UNIT READY, START STOP UNIT (start)...: allowed under persistent reservations,
+    /// conflict under an SPC-2 reservation of another nexus (SPC-2 5.5.1).
+    AllowedPr,
+}
+
+/// Whether `class` from `nexus` conflicts with the current reservations.
+pub(crate) fn conflicts(st: &LunState, nexus: &Arc<str>, class: PrClass) -> bool {
+    if let Some(h) = &st.spc2_holder {
+        if h != nexus {
+            // SPC-2 reservations: everything but a short list conflicts (SPC-2 5.5.1).
+            return !matches!(class, PrClass::Allowed | PrClass::Spc2);
+        }
+    }
+    let Some(res) = &st.pr.reservation else { return false };
+    if st.pr.is_holder(nexus) {
+        return false;
+    }
+    let registered = st.pr.reg(nexus).is_some();
+    let exclusive_access = matches!(res.ty, EXCLUSIVE_ACCESS | EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR);
+    let registrants_may_access = matches!(
+        res.ty,
+        WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
+    );
+    if registrants_may_access && registered {
+        return false;
+    }
+    match class {
+        PrClass::Allowed | PrClass::Pr | PrClass::AllowedPr => false,
+        PrClass::Spc2 => true,
+        PrClass::Read | PrClass::ReadState => exclusive_access,
+        PrClass::Write => true,
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// PERSISTENT RESERVE IN
+
+/// PERSISTENT RESERVE IN (SPC-4 6.15): builds the parameter data.
+pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
+    let st = lun.lock();
+    let pr = &st.pr;
+    match cdb.service_action() {
+        0x00 => {
+            // READ KEYS
+            let mut v = vec![0u8; 8 + 8 * pr.regs.len()];
+            put_be32(&mut v, 0, pr.generation);
+            put_be32(&mut v, 4, (8 * pr.regs.len()) as u32);
+            for (i, r) in pr.regs.iter().enumerate() {
+                put_be64(&mut v, 8 + 8 * i, r.key);
+            }
+            Ok(v)
+        }
+        0x01 => {
+            // READ RESERVATION
+            let mut v = vec![0u8; 8];
+            put_be32(&mut v, 0, pr.generation);
+            if let Some(res) = &pr.reservation {
+                v.resize(24, 0);
+                put_be32(&mut v, 4, 16);
+                // For all-registrants types the key is zero (SPC-4 6.15.3.3).
+                let key = if all_registrants(res.ty) {
+                    0
+                } else {
+                    pr.reg(&res.holder).map_or(0, |r| r.key)
+                };
+                put_be64(&mut v, 8, key);
+                v[21] = res.ty & 0x0F; // scope 0 (LU)
+            }
+            Ok(v)
+        }
+        0x02 => {
+            // REPORT CAPABILITIES (SPC-4 6.15.4)
+            let mut v = vec![0u8; 8];
+            put_be16(&mut v, 0, 8);
+            v[2] = 0x10; // CRH: RESERVE/RELEASE handled per SPC-4 5.12.3
+            v[3] = 0x80 | (0x1 << 4); // TMV, ALLOW COMMANDS = 001b
+            // Supported types: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+            v[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
+            v[5] = 0x01;
+            Ok(v)
+        }
+        0x03 => {
+            // READ FULL STATUS (SPC-4 6.15.5)
+            let mut v = vec![0u8; 8];
+            put_be32(&mut v, 0, pr.generation);
+            for r in &pr.regs {
+                let mut d = vec![0u8; 24];
+                put_be64(&mut d, 0, r.key);
+                if let Some(res) = &pr.reservation {
+                    if all_registrants(res.ty) || res.holder == r.nexus {
+                        d[12] |= 0x01; // R_HOLDER
+                        d[13] = res.ty & 0x0F;
+                    }
+                }
+                put_be16(&mut d, 18, r.rel_target_port);
+                put_be32(&mut d, 20, r.transport_id.len() as u32);
+                d.extend_from_slice(&r.transport_id);
+                v.extend_from_slice(&d);
+            }
+            let n = (v.len() - 8) as u32;
+            put_be32(&mut v, 4, n);
+            Ok(v)
+        }
+        _ => Err(CmdError::invalid_cdb(1, Some(4))),
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// PERSISTENT RESERVE OUT
+
+/// PERSISTENT RESERVE OUT (SPC-4 6.16) with its parameter list `param`.
+pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdResult<()> {
+    let sa = cdb.service_action();
+    let scope = cdb.u8(2) >> 4;
+    let ty = cdb.u8(2) & 0x0F;
+    let len = cdb.be32(5) as usize;
+    if sa > 0x07 || sa == 0x07 {
+        // REGISTER AND MOVE and REPLACE LOST RESERVATION are not supported.
+        return Err(CmdError::invalid_cdb(1, Some(4)));
+    }
+    if len != 24 {
+        return Err(CmdError::param_list_length());
+    }
+    if param.len() < 24 {
+        return Err(CmdError::param_list_length());
+    }
+    let key = get_be64(param, 0);
+    let sark = get_be64(param, 8);
+    let flags = param[20];
+    if flags & 0x08 != 0 {
+        // SPEC_I_PT is not supported (REPORT CAPABILITIES SIP_C = 0).
+        return Err(CmdError::invalid_param(20, Some(3)));
+    }
+    if flags & 0x04 != 0 {
+        // ALL_TG_PT is not supported (ATP_C = 0).
+        return Err(CmdError::invalid_param(20, Some(2)));
+    }
+    if flags & 0x01 != 0 {
+        // APTPL: persist through power loss is not supported (PTPL_C = 0).
+        return Err(CmdError::invalid_param(20, Some(0)));
+    }
+    let me = nexus.key();
+    let mut guard = lun.lock();
+    let st = &mut *guard;
+    if let Some(h) = &st.spc2_holder {
+        if h != me {
+            return Err(CmdError::reservation_conflict());
+        }
+    }
+    let r = pr_out_locked(st, nexus, sa, scope, ty, key, sark);
+    lun.refresh_attn(st);
+    r
+}
+
+fn pr_out_locked(
+    st: &mut LunState,
+    nexus: &Nexus,
+    sa: u8,
+    scope: u8,
+    ty: u8,
+    key: u64,
+    sark: u64,
+) -> CmdResult<()> {
+    let me = nexus.key().clone();
+    let my_key = st.pr.reg(&me).map(|r| r.key);
+    match sa {
+        0x00 | 0x06 => {
+            // REGISTER / REGISTER AND IGNORE EXISTING KEY (SPC-4 5.12.7)
+            let ignore = sa == 0x06;
+            match my_key {
+                None => {
+                    if !ignore && key != 0 {
+                        return Err(CmdError::reservation_conflict());
+                    }
+                    if sark != 0 {
+                        st.pr.regs.push(Registration {
+                            key: sark,
+                            nexus: me.clone(),
+                            transport_id: nexus.transport_id(),
+                            rel_target_port: nexus.rel_target_port,
+                        });
+                        st.pr.generation = st.pr.generation.wrapping_add(1);
+                    }
+                }
+                Some(k) => {
+                    if !ignore && key != k {
+                        return Err(CmdError::reservation_conflict());
+                    }
+                    if sark == 0 {
+                        if let Some(ty) = st.pr.unregister(&me) {
+                            released_ua(st, ty, &me);
+                        }
+                    } else if let Some(r) = st.pr.regs.iter_mut().find(|r| r.nexus == me) {
+                        r.key = sark;
+                    }
+                    st.pr.generation = st.pr.generation.wrapping_add(1);
+                }
+            }
+            Ok(())
+        }
+        0x01 => {
+            // RESERVE (SPC-4 5.12.9)
+            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            if k != key {
+                return Err(CmdError::reservation_conflict());
+            }
+            if scope != 0 {
+                return Err(CmdError::invalid_cdb(2, Some(4)));
+            }
+            if !valid_type(ty) {
+                return Err(CmdError::invalid_cdb(2, Some(0)));
+            }
+            match &st.pr.reservation {
+                Some(res) => {
+                    if st.pr.is_holder(&me) && res.ty == ty {
+                        Ok(())
+                    } else {
+                        Err(CmdError::reservation_conflict())
+                    }
+                }
+                None => {
+                    st.pr.reservation = Some(Reservation { ty, holder: me });
+                    Ok(())
+                }
+            }
+        }
+        0x02 => {
+            // RELEASE (SPC-4 5.12.11.2)
+            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            if k != key {
+                return Err(CmdError::reservation_conflict());
+            }
+            let Some(res) = st.pr.reservation.clone() else { return Ok(()) };
+            if !st.pr.is_holder(&me) {
+                return Ok(());
+            }
+            if scope != 0 || ty != res.ty {
+                return Err(CmdError::illegal(Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION));
+            }
+            st.pr.reservation = None;
+            released_ua(st, res.ty, &me);
+            Ok(())
+        }
+        0x03 => {
+            // CLEAR (SPC-4 5.12.11.3)
+            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            if k != key {
+                return Err(CmdError::reservation_conflict());
+            }
+            let others: Vec<Arc<str>> =
+                st.pr.regs.iter().filter(|r| r.nexus != me).map(|r| r.nexus.clone()).collect();
+            st.pr.regs.clear();
+            st.pr.reservation = None;
+            st.pr.generation = st.pr.generation.wrapping_add(1);
+            for n in others {
+                st.add_ua(&n, Asc::RESERVATIONS_PREEMPTED);
+            }
+            Ok(())
+        }
+        0x04 | 0x05 => preempt(st, &me, my_key, key, sark, scope, ty),
+        _ => Err(CmdError::invalid_cdb(1, Some(4))),
+    }
+}
+
+/// UA RESERVATIONS RELEASED for the other registrants when a registrants-only or
+/// all-registrants reservation goes away (SPC-4 5.12.11.2.2).
+fn released_ua(st: &mut LunState, ty: u8, me: &Arc<str>) {
+    if matches!(ty, WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR) {
+        let others: Vec<Arc<str>> =
+            st.pr.regs.iter().filter(|r| &r.nexus != me).map(|r| r.nexus.clone()).collect();
+        for n in others {
+            st.add_ua(&n, Asc::RESERVATIONS_RELEASED);
+        }
+    }
+}
+
+/// PREEMPT / PREEMPT AND ABORT (SPC-4 5.12.11.4). Tasks of preempted nexuses are not
+/// aborted here (the iSCSI layer owns them).
+fn preempt(
+    st: &mut LunState,
+    me: &Arc<str>,
+    my_key: Option<u64>,
+    key: u64,
+    sark: u64,
+    scope: u8,
+    ty: u8,
+) -> CmdResult<()> {
+    let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+    if k != key {
+        return Err(CmdError::reservation_conflict());
+    }
+    let res = st.pr.reservation.clone();
+    let preempts_holder = match &res {
+        None => false,
+        Some(r) if all_registrants(r.ty) => sark == 0,
+        Some(r) => st.pr.reg(&r.holder).map_or(false, |h| h.key == sark),
+    };
+    if preempts_holder {
+        if scope != 0 {
+            return Err(CmdError::invalid_cdb(2, Some(4)));
+        }
+        if !valid_type(ty) {
+            return Err(CmdError::invalid_cdb(2, Some(0)));
+        }
+    }
+    if sark == 0 && !preempts_holder {
+        return Err(CmdError::invalid_param(8, None));
+    }
+    // Registrations to remove: those with SARK (all but ours when SARK is zero under an
+    // all-registrants reservation). The preempting nexus keeps its own (SPC-4 5.12.11.4).
+    let victims: Vec<Arc<str>> = st
+        .pr
+        .regs
+        .iter()
+        .filter(|r| &r.nexus != me && (sark == 0 || r.key == sark))
+        .map(|r| r.nexus.clone())
+        .collect();
+    if victims.is_empty() && !preempts_holder {
+        return Err(CmdError::reservation_conflict());
+    }
+    st.pr.regs.retain(|r| !victims.contains(&r.nexus));
+    if preempts_holder {
+        let old = res.as_ref().map(|r| r.ty);
+        st.pr.reservation = Some(Reservation { ty, holder: me.clone() });
+        // Remaining registrants see their reservation change type (SPC-4 5.12.11.4.3).
+        if old != Some(ty) {
+            let others: Vec<Arc<str>> = st
+                .pr
+                .regs
+                .iter()
+                .filter(|r| &r.nexus != me)
+                .map(|r| r.nexus.clone())
+                .collect();
+            for n in others {
+                st.add_ua(&n, Asc::RESERVATIONS_RELEASED);
+            }
+        }
+    }
+    for v in &victims {
+        st.add_ua(v, Asc::REGISTRATIONS_PREEMPTED);
+    }
+    st.pr.generation = st.pr.generation.wrapping_add(1);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------
+// SPC-2 RESERVE / RELEASE
+
+/// RESERVE(6)/(10) (SPC-2 7.21): the whole LU for this nexus. Third-party and extent
+/// reservations are not supported.
+pub(crate) fn reserve(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
+    if cdb.opcode() == crate::cdb::op::RESERVE10 && cdb.u8(1) & 0x12 != 0 {
+        // 3RDPTY / LONGID
+        return Err(CmdError::invalid_cdb(1, Some(4)));
+    }
+    if cdb.opcode() == crate::cdb::op::RESERVE6 && cdb.u8(1) & 0x01 != 0 {
+        // EXTENT
+        return Err(CmdError::invalid_cdb(1, Some(0)));
+    }
+    let mut st = lun.lock();
+    // With persistent reservations in use RESERVE conflicts (SPC-4 5.12.3).
+    if !st.pr.regs.is_empty() || st.pr.reservation.is_some() {
+        return Err(CmdError::reservation_conflict());
+    }
+    match &st.spc2_holder {
+        Some(h) if h != nexus.key() => Err(CmdError::reservation_conflict()),
+        _ => {
+            st.spc2_holder = Some(nexus.key().clone());
+            lun.refresh_attn(&st);
+            Ok(())
+        }
+    }
+}
+
+/// RELEASE(6)/(10) (SPC-2 7.23): releasing someone else's (or no) reservation succeeds
+/// without effect.
+pub(crate) fn release(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
+    if cdb.opcode() == crate::cdb::op::RELEASE10 && cdb.u8(1) & 0x12 != 0 {
+        return Err(CmdError::invalid_cdb(1, Some(4)));
+    }
+    let mut st = lun.lock();
+    if !st.pr.regs.is_empty() || st.pr.reservation.is_some() {
+        return Err(CmdError::reservation_conflict());
+    }
+    if st.spc2_holder.as_ref() == Some(nexus.key()) {
+        st.spc2_holder = None;
+        lun.refresh_attn(&st);
+    }
+    Ok(())
+}

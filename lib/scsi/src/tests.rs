@@ -1,0 +1,791 @@
+//! End-to-end tests: CDBs as an initiator sends them, through a [`LunChannel`], against a
+//! real malloc bdev.
+
+use std::sync::Arc;
+
+use riser_bdev::{BdevRegistry, IoBuf};
+
+use crate::cdb::op;
+use crate::target;
+use crate::{Lun, LunChannel, LunConfig, Nexus, Residual, ScsiResult, ScsiTask, Status};
+
+pub(crate) const BS: usize = 512;
+pub(crate) const BLOCKS: u64 = 8192;
+
+pub(crate) struct Env {
+    pub lun: Arc<Lun>,
+    pub ch: LunChannel,
+    pub a: Arc<Nexus>,
+    pub b: Arc<Nexus>,
+    next_tag: u64,
+}
+
+pub(crate) fn env_with(cfg: LunConfig) -> Env {
+    let mut reg = BdevRegistry::new();
+    let name = reg.create_malloc(None, BLOCKS, BS as u32, None).unwrap();
+    let bdev = reg.get(&name).unwrap();
+    let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..cfg }, bdev);
+    let ch = LunChannel::new(lun.clone());
+    let a = Arc::new(Nexus::new("iqn.2024-01.test:init1", 0x23d0_0000_0001, "iqn.2024-01.test:tgt", 1));
+    let b = Arc::new(Nexus::new("iqn.2024-01.test:init2", 0x23d0_0000_0002, "iqn.2024-01.test:tgt", 1));
+    let mut e = Env { lun, ch, a, b, next_tag: 1 };
+    // Consume the power-on unit attentions, as initiators do after login.
+    let (a, b) = (e.a.clone(), e.b.clone());
+    let r = e.run(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense_triplet(), Some((6, 0x29, 0x00)));
+    e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.run(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.ok(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e
+}
+
+pub(crate) fn env() -> Env {
+    env_with(LunConfig::default())
+}
+
+impl Env {
+    pub fn task(&mut self, n: &Arc<Nexus>, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>) -> ScsiTask {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let mut t = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
+        t.write = data.is_some();
+        t.read = data.is_none() && edtl > 0;
+        t.data_out = data.map(|d| Box::new(d) as IoBuf);
+        t
+    }
+
+    /// Submits and polls until the result comes back.
+    pub fn run(&mut self, n: &Arc<Nexus>, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>) -> ScsiResult {
+        let t = self.task(n, cdb, edtl, data);
+        let tag = t.tag;
+        self.ch.submit(t);
+        let mut out = Vec::new();
+        for _ in 0..1_000_000 {
+            self.ch.poll(&mut out);
+            if let Some(p) = out.iter().position(|r| r.tag == tag) {
+                return out.swap_remove(p);
+            }
+        }
+        panic!("task {tag} never completed");
+    }
+
+    pub fn ok(&mut self, n: &Arc<Nexus>, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>) -> Vec<u8> {
+        let r = self.run(n, cdb, edtl, data);
+        assert_eq!(r.status, Status::Good, "{cdb:02x?}: {r:?}");
+        r.data().to_vec()
+    }
+
+    /// Expects CHECK CONDITION with (key, asc, ascq).
+    pub fn check(&mut self, n: &Arc<Nexus>, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>, k: (u8, u8, u8)) {
+        let r = self.run(n, cdb, edtl, data);
+        assert_eq!(r.status, Status::CheckCondition, "{cdb:02x?}: {r:?}");
+        assert_eq!(r.sense_triplet(), Some(k), "{cdb:02x?}: {r:?}");
+    }
+
+    pub fn conflict(&mut self, n: &Arc<Nexus>, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>) {
+        let r = self.run(n, cdb, edtl, data);
+        assert_eq!(r.status, Status::ReservationConflict, "{cdb:02x?}: {r:?}");
+    }
+
+    pub fn write16(&mut self, n: &Arc<Nexus>, lba: u64, data: Vec<u8>) -> ScsiResult {
+        let blocks = (data.len() / BS) as u32;
+        let c = rw16(op::WRITE16, lba, blocks, 0);
+        let len = data.len() as u32;
+        self.run(n, &c, len, Some(data))
+    }
+
+    pub fn read16(&mut self, n: &Arc<Nexus>, lba: u64, blocks: u32) -> Vec<u8> {
+        let c = rw16(op::READ16, lba, blocks, 0);
+        self.ok(n, &c, blocks * BS as u32, None)
+    }
+}
+
+pub(crate) fn rw10(opc: u8, lba: u32, blocks: u16, flags: u8) -> Vec<u8> {
+    let mut c = vec![opc, flags, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub(crate) fn rw12(opc: u8, lba: u32, blocks: u32, flags: u8) -> Vec<u8> {
+    let mut c = vec![opc, flags, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[6..10].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub(crate) fn rw16(opc: u8, lba: u64, blocks: u32, flags: u8) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = opc;
+    c[1] = flags;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub(crate) fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+const ILLEGAL_FIELD: (u8, u8, u8) = (5, 0x24, 0);
+const LBA_OOR: (u8, u8, u8) = (5, 0x21, 0);
+
+// ----------------------------------------------------------------------------------
+// INQUIRY, VPD, READ CAPACITY
+
+#[test]
+fn inquiry_standard_and_alloc_length() {
+    let mut e = env();
+    let a = e.a.clone();
+    let d = e.ok(&a, &[op::INQUIRY, 0, 0, 1, 4, 0], 260, None);
+    assert_eq!(d.len(), 96);
+    assert_eq!(d[0], 0);
+    assert_eq!(d[2], 6);
+    assert_eq!(d[3] & 0x0F, 2);
+    assert_eq!(d[4] as usize, d.len() - 5);
+    assert_eq!(&d[8..16], b"RISER   ");
+    assert!(d[7] & 0x02 != 0, "CmdQue");
+    assert_eq!(d[5] & 0x30, 0x10, "TPGS implicit");
+    let descs: Vec<u16> = (0..8).map(|i| u16::from_be_bytes([d[58 + 2 * i], d[59 + 2 * i]])).collect();
+    assert!(descs.contains(&0x04C0) && descs.contains(&0x0460));
+    // Every allocation length works and truncates.
+    for alloc in 0..=255u16 {
+        let r = e.run(&a, &[op::INQUIRY, 0, 0, (alloc >> 8) as u8, alloc as u8, 0], alloc as u32, None);
+        assert_eq!(r.status, Status::Good);
+        assert_eq!(r.data_len, (alloc as usize).min(96));
+        let want = if alloc > 96 { Residual::Underflow(alloc as u32 - 96) } else { Residual::None };
+        assert_eq!(r.residual, want);
+    }
+    // EVPD=0 with a page code; CMDDT.
+    e.check(&a, &[op::INQUIRY, 0, 0x80, 0, 255, 0], 255, None, ILLEGAL_FIELD);
+    e.check(&a, &[op::INQUIRY, 2, 0, 0, 255, 0], 255, None, ILLEGAL_FIELD);
+}
+
+#[test]
+fn vpd_pages() {
+    let mut e = env();
+    let a = e.a.clone();
+    let sup = e.ok(&a, &[op::INQUIRY, 1, 0, 0, 255, 0], 255, None);
+    let pages = sup[4..4 + sup[3] as usize].to_vec();
+    assert_eq!(pages, vec![0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]);
+    for p in pages {
+        let d = e.ok(&a, &[op::INQUIRY, 1, p, 0, 255, 0], 255, None);
+        assert_eq!(d[1], p);
+        assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize + 4, d.len(), "page {p:02x}");
+    }
+    e.check(&a, &[op::INQUIRY, 1, 0x99, 0, 255, 0], 255, None, ILLEGAL_FIELD);
+    // Serial number is the bdev UUID.
+    let sn = e.ok(&a, &[op::INQUIRY, 1, 0x80, 0, 255, 0], 255, None);
+    assert_eq!(&sn[4..], e.lun.bdev().info().uuid.simple().to_string().as_bytes());
+    // Device identification: NAA 6 first, then T10, port designators, names.
+    let di = e.ok(&a, &[op::INQUIRY, 1, 0x83, 0, 255, 0], 255, None);
+    let mut off = 4;
+    let mut types = vec![];
+    while off < di.len() {
+        let ty = di[off + 1] & 0x0F;
+        let assoc = (di[off + 1] >> 4) & 3;
+        let len = di[off + 3] as usize;
+        if ty == 3 {
+            assert_eq!(di[off + 4] >> 4, 6);
+            assert_eq!(len, 16);
+        }
+        if ty == 4 {
+            assert_eq!(u16::from_be_bytes([di[off + 6], di[off + 7]]), 1);
+        }
+        if ty == 8 && assoc == 2 {
+            assert!(di[off + 4..off + 4 + len].starts_with(b"iqn.2024-01.test:tgt\0"));
+        }
+        types.push((ty, assoc));
+        off += 4 + len;
+    }
+    assert_eq!(off, di.len());
+    for t in [(3, 0), (1, 0), (4, 1), (5, 1), (8, 1), (8, 2)] {
+        assert!(types.contains(&t), "{t:?} in {types:?}");
+    }
+    // Block limits: SBC-3 length, unmap limits when thin.
+    let bl = e.ok(&a, &[op::INQUIRY, 1, 0xB0, 0, 255, 0], 255, None);
+    assert_eq!(bl[3], 0x3C);
+    assert!(u32::from_be_bytes(bl[20..24].try_into().unwrap()) > 0);
+    let lbp = e.ok(&a, &[op::INQUIRY, 1, 0xB2, 0, 255, 0], 255, None);
+    assert_eq!(lbp[5] & 0xE4, 0xE4, "LBPU LBPWS LBPWS10 LBPRZ");
+    let bdc = e.ok(&a, &[op::INQUIRY, 1, 0xB1, 0, 255, 0], 255, None);
+    assert_eq!(u16::from_be_bytes([bdc[4], bdc[5]]), 1);
+}
+
+#[test]
+fn read_capacity() {
+    let mut e = env();
+    let a = e.a.clone();
+    let d = e.ok(&a, &[op::READ_CAPACITY10, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, None);
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()) as u64, BLOCKS - 1);
+    assert_eq!(u32::from_be_bytes(d[4..8].try_into().unwrap()), BS as u32);
+    let mut c = vec![0u8; 16];
+    c[0] = op::SERVICE_ACTION_IN16;
+    c[1] = op::SAI_READ_CAPACITY16;
+    c[13] = 32;
+    let d = e.ok(&a, &c, 32, None);
+    assert_eq!(d.len(), 32);
+    assert_eq!(u64::from_be_bytes(d[0..8].try_into().unwrap()), BLOCKS - 1);
+    assert_eq!(d[14] & 0xC0, 0xC0, "LBPME LBPRZ");
+    // Allocation length 15: truncated.
+    c[13] = 15;
+    assert_eq!(e.ok(&a, &c, 15, None).len(), 15);
+    // LBA without PMI.
+    e.check(&a, &[op::READ_CAPACITY10, 0, 0, 0, 0, 1, 0, 0, 0, 0], 8, None, ILLEGAL_FIELD);
+    // Unknown SERVICE ACTION IN(16) service action.
+    c[1] = 0x1F;
+    e.check(&a, &c, 32, None, ILLEGAL_FIELD);
+}
+
+// ----------------------------------------------------------------------------------
+// READ / WRITE
+
+#[test]
+fn write_then_read_back_all_sizes() {
+    let mut e = env();
+    let a = e.a.clone();
+    let data = pattern(8 * BS, 7);
+    let r = e.write16(&a, 100, data.clone());
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(e.read16(&a, 100, 8), data);
+    let d10 = e.ok(&a, &rw10(op::READ10, 100, 8, 0), 8 * BS as u32, None);
+    assert_eq!(d10, data);
+    let d12 = e.ok(&a, &rw12(op::READ12, 102, 2, 0), 2 * BS as u32, None);
+    assert_eq!(d12, &data[2 * BS..4 * BS]);
+    // WRITE(10) with DPO and FUA, READ(6).
+    let d2 = pattern(2 * BS, 99);
+    e.ok(&a, &rw10(op::WRITE10, 5, 2, 0x18), 2 * BS as u32, Some(d2.clone()));
+    let d6 = e.ok(&a, &[op::READ6, 0, 0, 5, 2, 0], 2 * BS as u32, None);
+    assert_eq!(d6, d2);
+    // WRITE(12), WRITE(6).
+    e.ok(&a, &rw12(op::WRITE12, 7, 1, 0), BS as u32, Some(vec![0x11; BS]));
+    e.ok(&a, &[op::WRITE6, 0, 0, 8, 1, 0], BS as u32, Some(vec![0x22; BS]));
+    let d = e.read16(&a, 7, 2);
+    assert!(d[..BS].iter().all(|&x| x == 0x11) && d[BS..].iter().all(|&x| x == 0x22));
+    // READ(6) with transfer length 0 reads 256 blocks.
+    let r = e.run(&a, &[op::READ6, 0, 0, 0, 0, 0], 256 * BS as u32, None);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(r.data_len, 256 * BS);
+}
+
+#[test]
+fn out_of_range_and_protect_fields() {
+    let mut e = env();
+    let a = e.a.clone();
+    let last = (BLOCKS - 1) as u32;
+    e.ok(&a, &rw10(op::READ10, last, 1, 0), BS as u32, None);
+    e.check(&a, &rw10(op::READ10, last, 2, 0), 2 * BS as u32, None, LBA_OOR);
+    e.check(&a, &rw10(op::READ10, last + 2, 0, 0), 0, None, LBA_OOR);
+    e.check(&a, &rw10(op::READ10, u32::MAX, 1, 0), BS as u32, None, LBA_OOR);
+    e.check(&a, &rw16(op::READ16, u64::MAX, 1, 0), BS as u32, None, LBA_OOR);
+    e.check(&a, &rw16(op::WRITE16, BLOCKS, 1, 0), BS as u32, Some(vec![0; BS]), LBA_OOR);
+    e.ok(&a, &rw10(op::READ10, 0, 0, 0), 0, None);
+    // RDPROTECT / WRPROTECT without protection information.
+    for p in 1..8u8 {
+        e.check(&a, &rw10(op::READ10, 0, 1, p << 5), BS as u32, None, ILLEGAL_FIELD);
+        e.check(&a, &rw16(op::WRITE16, 0, 1, p << 5), BS as u32, Some(vec![0; BS]), ILLEGAL_FIELD);
+    }
+    // Beyond MAXIMUM TRANSFER LENGTH.
+    let max = (crate::MAX_TRANSFER_BYTES / BS as u64) as u32;
+    e.check(&a, &rw16(op::READ16, 0, max + 1, 0), 0, None, ILLEGAL_FIELD);
+    // Unknown opcode.
+    e.check(&a, &[0xC0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0, None, (5, 0x20, 0));
+}
+
+#[test]
+fn read_residuals() {
+    let mut e = env();
+    let a = e.a.clone();
+    let bs = BS as u32;
+    let c = rw10(op::READ10, 0, 1, 0);
+    let r = e.run(&a, &c, 0, None);
+    assert_eq!((r.status, r.residual, r.data_len), (Status::Good, Residual::Overflow(bs), 0));
+    let r = e.run(&a, &c, 10000, None);
+    assert_eq!((r.status, r.residual, r.data_len), (Status::Good, Residual::Underflow(10000 - bs), BS));
+    let r = e.run(&a, &c, 200, None);
+    assert_eq!((r.status, r.residual, r.data_len), (Status::Good, Residual::Overflow(bs - 200), 200));
+    let r = e.run(&a, &rw10(op::READ10, 0, 2, 0), bs, None);
+    assert_eq!((r.status, r.residual, r.data_len), (Status::Good, Residual::Overflow(bs), BS));
+    // A READ flagged as a write with data: the data is ignored.
+    let mut t = e.task(&a, &c, bs, Some(vec![1; BS]));
+    t.read = false;
+    e.ch.submit(t);
+    let mut out = vec![];
+    while out.is_empty() {
+        e.ch.poll(&mut out);
+    }
+    assert_eq!(out[0].status, Status::Good);
+}
+
+#[test]
+fn write_residuals_write_only_what_arrived() {
+    let mut e = env();
+    let a = e.a.clone();
+    let bs = BS as u32;
+    let c1 = rw10(op::WRITE10, 0, 1, 0);
+    let r = e.run(&a, &c1, 0, None);
+    assert_eq!((r.status, r.residual), (Status::Good, Residual::Overflow(bs)));
+    let r = e.run(&a, &c1, 10000, Some(vec![1; 10000]));
+    assert_eq!((r.status, r.residual), (Status::Good, Residual::Underflow(10000 - bs)));
+    let r = e.run(&a, &c1, 200, Some(vec![1; 200]));
+    assert_eq!(r.residual, Residual::Overflow(bs - 200));
+    // EDTL 2 blocks for a 1-block write: only one block written.
+    e.write16(&a, 0, vec![b'a'; 2 * BS]);
+    let r = e.run(&a, &c1, 2 * bs, Some(vec![b'b'; 2 * BS]));
+    assert_eq!((r.status, r.residual), (Status::Good, Residual::Underflow(bs)));
+    let d = e.read16(&a, 0, 2);
+    assert!(d[..BS].iter().all(|&x| x == b'b') && d[BS..].iter().all(|&x| x == b'a'));
+    // EDTL 1 block for a 2-block write: only EDTL written.
+    e.write16(&a, 0, vec![b'a'; 2 * BS]);
+    let r = e.run(&a, &rw10(op::WRITE10, 0, 2, 0), bs, Some(vec![b'b'; BS]));
+    assert_eq!((r.status, r.residual), (Status::Good, Residual::Overflow(bs)));
+    let d = e.read16(&a, 0, 2);
+    assert!(d[..BS].iter().all(|&x| x == b'b') && d[BS..].iter().all(|&x| x == b'a'));
+}
+
+// ----------------------------------------------------------------------------------
+// Target level, TUR, REQUEST SENSE, unit attentions
+
+#[test]
+fn report_luns_and_missing_lun() {
+    let e = env();
+    let a = e.a.clone();
+    let mut c = vec![0u8; 12];
+    c[0] = op::REPORT_LUNS;
+    c[9] = 255;
+    let t = ScsiTask::new(1, 0, &c, 255, a.clone());
+    let r = target::report_luns(&t, &[0, 3, 300], Some(&e.lun));
+    assert_eq!(r.status, Status::Good);
+    let d = r.data();
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 24);
+    assert_eq!(&d[8..16], &[0; 8]);
+    assert_eq!(&d[16..24], &[0, 3, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&d[24..32], &[0x41, 0x2C, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(r.residual, Residual::Underflow(255 - 32));
+    // Allocation length below 16.
+    c[9] = 8;
+    let t = ScsiTask::new(1, 0, &c, 8, a.clone());
+    assert_eq!(target::report_luns(&t, &[0], None).status, Status::CheckCondition);
+    // A LUN that does not exist.
+    let t = ScsiTask::new(2, 9, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, a.clone());
+    let r = target::no_such_lun(&t);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(r.data()[0], 0x7F);
+    let t = ScsiTask::new(3, 9, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, a.clone());
+    let r = target::no_such_lun(&t);
+    assert_eq!(r.sense_triplet(), Some((5, 0x25, 0)));
+    let t = ScsiTask::new(4, 9, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, a);
+    let r = target::no_such_lun(&t);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!((r.data()[2], r.data()[12]), (5, 0x25));
+}
+
+#[test]
+fn unit_attentions_and_request_sense() {
+    let mut e = env();
+    let (a, b) = (e.a.clone(), e.b.clone());
+    // A new nexus sees POWER ON first, but INQUIRY is not held up by it.
+    let c = Arc::new(Nexus::new("iqn.2024-01.test:init3", 3, "iqn.2024-01.test:tgt", 1));
+    e.ok(&c, &[op::INQUIRY, 0, 0, 0, 36, 0], 36, None);
+    let s = e.ok(&c, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, None);
+    assert_eq!((s[2], s[12], s[13]), (6, 0x29, 0));
+    let s = e.ok(&c, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, None);
+    assert_eq!((s[2], s[12]), (0, 0));
+    // Descriptor format.
+    let s = e.ok(&c, &[op::REQUEST_SENSE, 1, 0, 0, 18, 0], 18, None);
+    assert_eq!(s[0], 0x72);
+    // LUN reset: everybody gets 29/03 once.
+    e.lun.reset(crate::ResetKind::LunReset);
+    e.check(&a, &rw10(op::READ10, 0, 1, 0), BS as u32, None, (6, 0x29, 3));
+    e.ok(&a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
+    e.check(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None, (6, 0x29, 3));
+    e.ok(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    // REPORTED LUNS DATA HAS CHANGED is cleared by REPORT LUNS.
+    e.lun.establish_ua_all(crate::Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+    e.check(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None, (6, 0x3F, 0x0E));
+    let mut rl = vec![0u8; 12];
+    rl[0] = op::REPORT_LUNS;
+    rl[9] = 64;
+    e.ok(&b, &rl, 64, None);
+    e.ok(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+}
+
+// ----------------------------------------------------------------------------------
+// Multi-step commands
+
+fn caw(lba: u64, blocks: u8) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op::COMPARE_AND_WRITE;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = blocks;
+    c
+}
+
+#[test]
+fn compare_and_write_success_and_miscompare() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.write16(&a, 10, vec![b'A'; 2 * BS]);
+    // Success: compare 'A', write 'B'.
+    let mut d = vec![b'A'; 2 * BS];
+    d.extend(vec![b'B'; 2 * BS]);
+    e.ok(&a, &caw(10, 2), 4 * BS as u32, Some(d));
+    assert!(e.read16(&a, 10, 2).iter().all(|&x| x == b'B'));
+    // Miscompare: byte 27 from the end of the verify data differs; nothing written.
+    let mut d = vec![b'B'; 2 * BS];
+    d[2 * BS - 27] = b'C';
+    d.extend(vec![b'Z'; 2 * BS]);
+    let r = e.run(&a, &caw(10, 2), 4 * BS as u32, Some(d));
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense_triplet(), Some((0x0E, 0x1D, 0)));
+    let s = r.sense_bytes();
+    assert_eq!(s[0], 0xF0, "VALID: the information field holds the offset");
+    assert_eq!(u32::from_be_bytes(s[3..7].try_into().unwrap()) as usize, 2 * BS - 27);
+    assert!(e.read16(&a, 10, 2).iter().all(|&x| x == b'B'));
+    // Data-out size must be exactly 2 x blocks.
+    e.check(&a, &caw(10, 1), 4 * BS as u32, Some(vec![0; 4 * BS]), ILLEGAL_FIELD);
+    e.check(&a, &caw(10, 3), 4 * BS as u32, Some(vec![0; 4 * BS]), ILLEGAL_FIELD);
+    // Beyond the limit and beyond the end.
+    e.check(&a, &caw(BLOCKS - 1, 2), 4 * BS as u32, Some(vec![0; 4 * BS]), LBA_OOR);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_reactors() {
+    // Several "reactors" increment a counter in block 0 with read + COMPARE AND WRITE,
+    // retrying on miscompare, while plain writes hit a neighbouring block: no increment
+    // may be lost.
+    let e = env();
+    let lun = e.lun.clone();
+    let threads = 4;
+    let per = 200u64;
+    let mut hs = vec![];
+    for t in 0..threads {
+        let lun = lun.clone();
+        hs.push(std::thread::spawn(move || {
+            let n = Arc::new(Nexus::new("iqn.2024-01.test:mt", 100 + t, "iqn.2024-01.test:tgt", 1));
+            let mut ch = LunChannel::new(lun);
+            let mut tag = 0u64;
+            let mut run = |ch: &mut LunChannel, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>| {
+                tag += 1;
+                let mut task = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
+                task.data_out = data.map(|d| Box::new(d) as IoBuf);
+                ch.submit(task);
+                let mut out = vec![];
+                loop {
+                    ch.poll(&mut out);
+                    if let Some(r) = out.pop() {
+                        return r;
+                    }
+                    std::thread::yield_now();
+                }
+            };
+            run(&mut ch, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None); // power-on UA
+            let mut done = 0;
+            while done < per {
+                let r = run(&mut ch, &rw16(op::READ16, 0, 1, 0), BS as u32, None);
+                let cur = r.data().to_vec();
+                let v = u64::from_le_bytes(cur[..8].try_into().unwrap());
+                let mut next = cur.clone();
+                next[..8].copy_from_slice(&(v + 1).to_le_bytes());
+                let mut d = cur;
+                d.extend(next);
+                let r = run(&mut ch, &caw(0, 1), 2 * BS as u32, Some(d));
+                match r.status {
+                    Status::Good => done += 1,
+                    Status::CheckCondition => assert_eq!(r.sense_triplet(), Some((0x0E, 0x1D, 0))),
+                    s => panic!("{s:?}"),
+                }
+                // A plain write to block 1 from the same reactor.
+                let r = run(&mut ch, &rw16(op::WRITE16, 1, 1, 0), BS as u32, Some(vec![t as u8; BS]));
+                assert_eq!(r.status, Status::Good);
+            }
+        }));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    let mut e = e;
+    let a = e.a.clone();
+    let d = e.read16(&a, 0, 1);
+    assert_eq!(u64::from_le_bytes(d[..8].try_into().unwrap()), threads * per);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn write_same_unmap_and_zero_blocks() {
+    let mut e = env();
+    let a = e.a.clone();
+    let ws10 = |lba: u32, n: u16, flags: u8| rw10(op::WRITE_SAME10, lba, n, flags);
+    // Repeat one block.
+    let blk = pattern(BS, 3);
+    e.ok(&a, &ws10(20, 5, 0), BS as u32, Some(blk.clone()));
+    let d = e.read16(&a, 20, 5);
+    for c in d.chunks(BS) {
+        assert_eq!(c, &blk[..]);
+    }
+    // A large WRITE SAME (several chunks).
+    let n = 4000u16;
+    e.ok(&a, &ws10(1000, n, 0), BS as u32, Some(blk.clone()));
+    let d = e.read16(&a, 1000, n as u32);
+    assert!(d.chunks(BS).all(|c| c == &blk[..]));
+    // UNMAP bit: deallocated, reads zeros even though the block was not zero.
+    e.ok(&a, &ws10(20, 5, 0x08), BS as u32, Some(vec![0xFF; BS]));
+    assert!(e.read16(&a, 20, 5).iter().all(|&x| x == 0));
+    // Number of blocks 0: up to the end of the medium.
+    e.write16(&a, BLOCKS - 3, vec![7; 3 * BS]);
+    e.ok(&a, &ws10((BLOCKS - 2) as u32, 0, 0x08), BS as u32, Some(vec![0; BS]));
+    let d = e.read16(&a, BLOCKS - 3, 3);
+    assert!(d[..BS].iter().all(|&x| x == 7) && d[BS..].iter().all(|&x| x == 0));
+    e.check(&a, &ws10((BLOCKS + 1) as u32, 0, 0), BS as u32, Some(vec![0; BS]), LBA_OOR);
+    e.check(&a, &ws10(u32::MAX, 0, 0), BS as u32, Some(vec![0; BS]), LBA_OOR);
+    // Wrong data-out size.
+    e.check(&a, &ws10(0, 1, 0x08), (BS / 2) as u32, Some(vec![0; BS / 2]), (5, 0x1A, 0));
+    e.check(&a, &ws10(0, 1, 0x08), 2 * BS as u32, Some(vec![0; 2 * BS]), (5, 0x1A, 0));
+    // WRPROTECT, ANCHOR.
+    e.check(&a, &ws10(0, 1, 0x20), BS as u32, Some(vec![0; BS]), ILLEGAL_FIELD);
+    e.check(&a, &ws10(0, 1, 0x10), BS as u32, Some(vec![0; BS]), ILLEGAL_FIELD);
+    // WRITE SAME(16) with NDOB: zeros without a data block.
+    e.write16(&a, 50, vec![9; BS]);
+    e.ok(&a, &rw16(op::WRITE_SAME16, 50, 1, 0x01), 0, None);
+    assert!(e.read16(&a, 50, 1).iter().all(|&x| x == 0));
+}
+
+fn unmap_cdb(len: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = op::UNMAP;
+    c[7..9].copy_from_slice(&len.to_be_bytes());
+    c
+}
+
+fn unmap_list(descs: &[(u64, u32)]) -> Vec<u8> {
+    let mut p = vec![0u8; 8 + 16 * descs.len()];
+    p[0..2].copy_from_slice(&((6 + 16 * descs.len()) as u16).to_be_bytes());
+    p[2..4].copy_from_slice(&((16 * descs.len()) as u16).to_be_bytes());
+    for (i, (lba, n)) in descs.iter().enumerate() {
+        p[8 + 16 * i..16 + 16 * i].copy_from_slice(&lba.to_be_bytes());
+        p[16 + 16 * i..20 + 16 * i].copy_from_slice(&n.to_be_bytes());
+    }
+    p
+}
+
+#[test]
+fn unmap_descriptors_and_lba_status() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.write16(&a, 0, vec![b'a'; 64 * BS]);
+    let p = unmap_list(&[(2, 3), (10, 1), (0, 0), (BLOCKS, 0)]);
+    e.ok(&a, &unmap_cdb(p.len() as u16), p.len() as u32, Some(p));
+    let d = e.read16(&a, 0, 12);
+    for (i, c) in d.chunks(BS).enumerate() {
+        let zero = (2..5).contains(&i) || i == 10;
+        assert_eq!(c.iter().all(|&x| x == 0), zero, "block {i}");
+        assert_eq!(c.iter().all(|&x| x == b'a'), !zero, "block {i}");
+    }
+    // No descriptors, zero length.
+    let p = unmap_list(&[]);
+    e.ok(&a, &unmap_cdb(8), 8, Some(p));
+    e.ok(&a, &unmap_cdb(0), 0, None);
+    // Out of range, short list.
+    let p = unmap_list(&[(BLOCKS - 1, 2)]);
+    e.check(&a, &unmap_cdb(p.len() as u16), p.len() as u32, Some(p), LBA_OOR);
+    e.check(&a, &unmap_cdb(4), 4, Some(vec![0; 4]), (5, 0x1A, 0));
+    // GET LBA STATUS: blocks 2..5 deallocated, 5 mapped.
+    let mut c = vec![0u8; 16];
+    c[0] = op::SERVICE_ACTION_IN16;
+    c[1] = op::SAI_GET_LBA_STATUS;
+    c[2..10].copy_from_slice(&2u64.to_be_bytes());
+    c[13] = 24;
+    let d = e.ok(&a, &c, 24, None);
+    assert_eq!(u64::from_be_bytes(d[8..16].try_into().unwrap()), 2);
+    assert_eq!(u32::from_be_bytes(d[16..20].try_into().unwrap()), 3);
+    assert_eq!(d[20], 1);
+    c[2..10].copy_from_slice(&5u64.to_be_bytes());
+    let d = e.ok(&a, &c, 24, None);
+    assert_eq!(u64::from_be_bytes(d[8..16].try_into().unwrap()), 5);
+    assert_eq!(d[20], 0);
+    c[2..10].copy_from_slice(&(BLOCKS + 1).to_be_bytes());
+    e.check(&a, &c, 24, None, LBA_OOR);
+}
+
+#[test]
+fn verify_writeverify_orwrite_prefetch_sync() {
+    let mut e = env();
+    let a = e.a.clone();
+    let data = pattern(4 * BS, 11);
+    e.write16(&a, 30, data.clone());
+    // VERIFY BYTCHK=1 match and mismatch.
+    e.ok(&a, &rw10(op::VERIFY10, 30, 4, 0x02), 4 * BS as u32, Some(data.clone()));
+    let mut bad = data.clone();
+    bad[700] ^= 0x58;
+    let r = e.run(&a, &rw16(op::VERIFY16, 30, 4, 0x02), 4 * BS as u32, Some(bad.clone()));
+    assert_eq!(r.sense_triplet(), Some((0x0E, 0x1D, 0)));
+    // BYTCHK=0: no data, no compare.
+    e.ok(&a, &rw12(op::VERIFY12, 30, 4, 0x10), 0, None);
+    e.check(&a, &rw10(op::VERIFY10, (BLOCKS - 1) as u32, 2, 0), 0, None, LBA_OOR);
+    e.check(&a, &rw10(op::VERIFY10, 0, 1, 0x20), 0, None, ILLEGAL_FIELD);
+    // WRITE AND VERIFY.
+    let d2 = pattern(2 * BS, 77);
+    e.ok(&a, &rw10(op::WRITE_VERIFY10, 40, 2, 0x02), 2 * BS as u32, Some(d2.clone()));
+    assert_eq!(e.read16(&a, 40, 2), d2);
+    e.ok(&a, &rw16(op::WRITE_VERIFY16, 42, 1, 0x10), BS as u32, Some(vec![5; BS]));
+    // ORWRITE.
+    e.write16(&a, 50, vec![0xA0; BS]);
+    e.ok(&a, &rw16(op::ORWRITE16, 50, 1, 0), BS as u32, Some(vec![0x05; BS]));
+    assert!(e.read16(&a, 50, 1).iter().all(|&x| x == 0xA5));
+    // PRE-FETCH: CONDITION MET; SYNCHRONIZE CACHE.
+    let r = e.run(&a, &rw10(op::PRE_FETCH10, 0, 1, 0x02), 0, None);
+    assert_eq!(r.status, Status::ConditionMet);
+    e.check(&a, &rw16(op::PRE_FETCH16, BLOCKS, 1, 0), 0, None, LBA_OOR);
+    e.ok(&a, &rw10(op::SYNCHRONIZE_CACHE10, 0, 0, 0), 0, None);
+    e.ok(&a, &rw16(op::SYNCHRONIZE_CACHE16, 10, 10, 0x02), 0, None);
+    e.check(&a, &rw16(op::SYNCHRONIZE_CACHE16, BLOCKS, 10, 0), 0, None, LBA_OOR);
+    // WRITE ATOMIC(16).
+    let mut c = vec![0u8; 16];
+    c[0] = op::WRITE_ATOMIC16;
+    c[2..10].copy_from_slice(&60u64.to_be_bytes());
+    c[12..14].copy_from_slice(&2u16.to_be_bytes());
+    e.ok(&a, &c, 2 * BS as u32, Some(vec![0x3C; 2 * BS]));
+    assert!(e.read16(&a, 60, 2).iter().all(|&x| x == 0x3C));
+}
+
+// ----------------------------------------------------------------------------------
+// MODE SENSE / MODE SELECT
+
+#[test]
+fn mode_sense_and_select_round_trip() {
+    let mut e = env();
+    let (a, b) = (e.a.clone(), e.b.clone());
+    let all = e.ok(&a, &[op::MODE_SENSE6, 0, 0x3F, 0, 255, 0], 255, None);
+    assert_eq!(all[0] as usize, all.len() - 1);
+    assert_eq!(all[2] & 0x10, 0x10, "DPOFUA");
+    assert_eq!(all[3], 8, "block descriptor");
+    let pages: Vec<u8> = {
+        let mut v = vec![];
+        let mut off = 4 + 8;
+        while off < all.len() {
+            v.push(all[off] & 0x3F);
+            off += all[off + 1] as usize + 2;
+        }
+        v
+    };
+    assert_eq!(pages, vec![0x08, 0x0A, 0x1C]);
+    // Residuals: 4 bytes requested, no overflow.
+    let r = e.run(&a, &[op::MODE_SENSE6, 0, 0x3F, 0, 4, 0], 4, None);
+    assert_eq!((r.data_len, r.residual), (4, Residual::None));
+    // Saved values are not supported; unknown page.
+    e.check(&a, &[op::MODE_SENSE6, 0, 0xC8, 0, 255, 0], 255, None, (5, 0x39, 0));
+    e.check(&a, &[op::MODE_SENSE6, 0, 0x19, 0, 255, 0], 255, None, ILLEGAL_FIELD);
+    // MODE SENSE(10) with LLBAA and DBD.
+    let d = e.ok(&a, &[op::MODE_SENSE10, 0x10, 0x08, 0, 0, 0, 0, 0, 255, 0], 255, None);
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 16);
+    let d = e.ok(&a, &[op::MODE_SENSE10, 0x08, 0x08, 0, 0, 0, 0, 0, 255, 0], 255, None);
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 0);
+    assert_eq!(d[8], 0x08);
+    assert_eq!(d[10] & 0x04, 0x04, "WCE on by default");
+    // Changeable values show WCE, D_SENSE and SWP.
+    let ch = e.ok(&a, &[op::MODE_SENSE6, 0x08, 0x4A, 0, 255, 0], 255, None);
+    assert_eq!((ch[4 + 2], ch[4 + 4]), (0x04, 0x08));
+    // Turn WCE off with MODE SELECT(6) of the current caching page.
+    let cur = e.ok(&a, &[op::MODE_SENSE6, 0x08, 0x08, 0, 255, 0], 255, None);
+    let mut page = cur[4..].to_vec();
+    page[2] &= !0x04;
+    let mut p = vec![0, 0, 0, 0];
+    p.extend(page.clone());
+    e.ok(&a, &[op::MODE_SELECT6, 0x10, 0, 0, p.len() as u8, 0], p.len() as u32, Some(p.clone()));
+    let cur = e.ok(&a, &[op::MODE_SENSE6, 0x08, 0x08, 0, 255, 0], 255, None);
+    assert_eq!(cur[6] & 0x04, 0);
+    // The other nexus hears about it.
+    e.check(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None, (6, 0x2A, 0x01));
+    // Changing a field that is not changeable, SP, a short list.
+    let mut bad = p.clone();
+    bad[4 + 2] |= 0x01; // RCD
+    e.check(&a, &[op::MODE_SELECT6, 0x10, 0, 0, bad.len() as u8, 0], bad.len() as u32, Some(bad), (5, 0x26, 0));
+    e.check(&a, &[op::MODE_SELECT6, 0x11, 0, 0, p.len() as u8, 0], p.len() as u32, Some(p.clone()), ILLEGAL_FIELD);
+    e.check(&a, &[op::MODE_SELECT6, 0x10, 0, 0, 3, 0], 3, Some(vec![0; 3]), (5, 0x1A, 0));
+    // D_SENSE: descriptor sense data from now on.
+    let cur = e.ok(&a, &[op::MODE_SENSE6, 0x08, 0x0A, 0, 255, 0], 255, None);
+    let mut p = vec![0, 0, 0, 0];
+    p.extend(cur[4..].to_vec());
+    p[4 + 2] |= 0x04;
+    e.ok(&a, &[op::MODE_SELECT6, 0x10, 0, 0, p.len() as u8, 0], p.len() as u32, Some(p.clone()));
+    let r = e.run(&a, &rw16(op::READ16, u64::MAX, 1, 0), BS as u32, None);
+    assert_eq!(r.sense_bytes()[0], 0x72);
+    assert_eq!(r.sense_triplet(), Some(LBA_OOR));
+    // SWP: writes fail with DATA PROTECT, reads work, WP shows in MODE SENSE.
+    p[4 + 2] &= !0x04;
+    p[4 + 4] |= 0x08;
+    e.ok(&a, &[op::MODE_SELECT6, 0x10, 0, 0, p.len() as u8, 0], p.len() as u32, Some(p.clone()));
+    e.ok(&a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
+    e.check(&a, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]), (7, 0x27, 0x02));
+    let ms = e.ok(&a, &[op::MODE_SENSE6, 0, 0x3F, 0, 255, 0], 255, None);
+    assert_eq!(ms[2] & 0x80, 0x80);
+    p[4 + 4] &= !0x08;
+    e.ok(&a, &[op::MODE_SELECT6, 0x10, 0, 0, p.len() as u8, 0], p.len() as u32, Some(p));
+    e.ok(&a, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
+}
+
+// ----------------------------------------------------------------------------------
+// REPORT SUPPORTED OPERATION CODES
+
+#[test]
+fn supported_opcodes_match_what_is_accepted() {
+    let mut e = env();
+    let a = e.a.clone();
+    let mut c = vec![0u8; 12];
+    c[0] = op::MAINTENANCE_IN;
+    c[1] = op::MI_REPORT_SUPPORTED_OPCODES;
+    c[6..10].copy_from_slice(&65535u32.to_be_bytes());
+    let d = e.ok(&a, &c, 65535, None);
+    let n = u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize;
+    assert_eq!(n + 4, d.len());
+    let mut listed = vec![];
+    for desc in d[4..].chunks(8) {
+        let sa = if desc[5] & 1 != 0 { Some(u16::from_be_bytes([desc[2], desc[3]]) as u8) } else { None };
+        listed.push((desc[0], sa, u16::from_be_bytes([desc[6], desc[7]])));
+    }
+    // Every listed command is accepted (never INVALID COMMAND OPERATION CODE or an
+    // invalid service action), and its one-command report agrees.
+    for &(opc, sa, len) in &listed {
+        let mut cdb = vec![0u8; len as usize];
+        cdb[0] = opc;
+        if let Some(s) = sa {
+            cdb[1] = s;
+        }
+        let r = e.run(&a, &cdb, 0, None);
+        if r.status == Status::CheckCondition {
+            let (k, asc, _) = r.sense_triplet().unwrap();
+            assert!(!(k == 5 && asc == 0x20), "{opc:02x}/{sa:?} rejected as invalid opcode");
+            // Unknown service actions point at byte 1.
+            assert!(!(k == 5 && asc == 0x24 && sa.is_some() && r.sense_bytes()[17] == 1 && r.sense_bytes()[15] & 0x80 != 0),
+                "{opc:02x}/{sa:?} rejected as invalid service action");
+        }
+        let mut one = c.clone();
+        one[2] = if sa.is_some() { 2 } else { 1 };
+        one[3] = opc;
+        one[4..6].copy_from_slice(&(sa.unwrap_or(0) as u16).to_be_bytes());
+        let d = e.ok(&a, &one, 65535, None);
+        assert_eq!(d[1] & 7, 3, "{opc:02x} supported");
+        assert_eq!(u16::from_be_bytes([d[2], d[3]]), len);
+        assert_eq!(d[4], opc);
+        // The other reporting option is refused.
+        one[2] = if sa.is_some() { 1 } else { 2 };
+        e.check(&a, &one, 65535, None, ILLEGAL_FIELD);
+    }
+    // Every other opcode is rejected as such.
+    for opc in 0..=255u8 {
+        if listed.iter().any(|l| l.0 == opc) {
+            continue;
+        }
+        let len = crate::cdb::cdb_len(opc).unwrap_or(16);
+        let mut cdb = vec![0u8; len];
+        cdb[0] = opc;
+        e.check(&a, &cdb, 0, None, (5, 0x20, 0));
+    }
+    // With timeouts descriptors.
+    c[2] = 0x80;
+    let d = e.ok(&a, &c, 65535, None);
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize, listed.len() * 20);
+    assert!(d[4..].chunks(20).all(|x| x[5] & 2 != 0 && u16::from_be_bytes([x[8], x[9]]) == 0x0A));
+}
