@@ -169,7 +169,10 @@ pub struct Negotiator {
     auth_methods: Vec<String>,
     /// Offers sent and not yet answered.
     awaiting: Vec<Offer>,
-    offers_made: bool,
+    /// Offers whose answer is optional (RFC 7143 §6.2.2): an answer is taken silently.
+    optional: Vec<Offer>,
+    /// Keys the target has offered in this login.
+    offered: Vec<&'static str>,
     mrdsl_declared: bool,
 }
 
@@ -208,7 +211,8 @@ impl Negotiator {
             seen: HashSet::new(),
             auth_methods: vec!["None".to_string()],
             awaiting: Vec::new(),
-            offers_made: false,
+            optional: Vec::new(),
+            offered: Vec::new(),
             mrdsl_declared: false,
         }
     }
@@ -243,6 +247,7 @@ impl Negotiator {
     pub fn begin_text_negotiation(&mut self) {
         self.seen.clear();
         self.awaiting.clear();
+        self.optional.clear();
     }
 
     /// Answer one complete key list (all PDUs of a C sequence). CHAP_* keys and
@@ -265,6 +270,12 @@ impl Negotiator {
                 self.awaiting.remove(i);
                 self.seen.insert(def.name.to_string());
                 self.take_answer(def, value);
+                continue;
+            }
+            if let Some(i) = self.optional.iter().position(|o| o.key == def.name) {
+                // An answer we did not need; the offer already decided the outcome.
+                self.optional.remove(i);
+                self.seen.insert(def.name.to_string());
                 continue;
             }
             if !self.seen.insert(def.name.to_string()) && !REDECLARABLE.contains(&def.name) {
@@ -312,21 +323,20 @@ impl Negotiator {
     }
 
     /// Keys the target offers because the initiator did not, and the default would be wrong
-    /// for the target. Call when the initiator asks to leave operational negotiation; each
-    /// key is offered once. Offers whose outcome the offer itself decides (AND with No,
+    /// for the target. Call each time the initiator asks to leave operational negotiation;
+    /// each key is offered at most once. Offers whose outcome the offer itself decides (AND with No,
     /// RFC 7143 §6.2.2) take effect at once; the others wait for [`Self::awaiting_answers`].
     pub fn offers(&mut self) -> Pairs {
         let mut out: Pairs = Vec::new();
-        if self.offers_made {
-            return out;
-        }
-        self.offers_made = true;
         let normal_leading = self.session.session_type == SessionType::Normal && self.leading;
-        let unseen = |s: &Self, k: &str| !s.seen.contains(k);
+        let unseen = |s: &Self, k: &str| !s.seen.contains(k) && !s.offered.contains(&k);
         if normal_leading {
             if !self.config.immediate_data && unseen(self, "ImmediateData") {
                 // AND with No: decided by the offer, the answer is optional.
                 self.session.immediate_data = false;
+                self.optional.push(Offer {
+                    key: "ImmediateData",
+                });
                 out.push(("ImmediateData".into(), "No".into()));
             }
             if self.config.max_burst_length < self.session.max_burst_length
@@ -368,6 +378,13 @@ impl Negotiator {
                     self.awaiting.push(Offer { key });
                     out.push((key.into(), "CRC32C".into()));
                 }
+            }
+        }
+        // Each key once; a later call may still add keys that an answer made necessary
+        // (MaxBurstLength answered below the default FirstBurstLength).
+        for (key, _) in &out {
+            if let Some(def) = lookup(key) {
+                self.offered.push(def.name);
             }
         }
         out

@@ -549,7 +549,7 @@ pub fn lookup(name: &str) -> Option<&'static KeyDef> {
     KEYS.iter().find(|k| k.name == name)
 }
 
-/// Private or public extension keys (`X-...`, `X#...`, RFC 7143 §6.1, §13.5?): riser
+/// Private or public extension keys (`X-...`, `X#...`, RFC 7143 §6.1): riser
 /// implements none, so they are answered `NotUnderstood`.
 pub fn is_extension_key(name: &str) -> bool {
     name.starts_with("X-") || name.starts_with("X#")

@@ -17,7 +17,7 @@ pub const MAX_KEY_NAME_LEN: usize = 63;
 /// Longest value unless a key says otherwise (RFC 7143 §6.1).
 pub const MAX_VALUE_LEN: usize = 255;
 /// Longest value for keys carrying large binary values: CHAP challenge and response
-/// (RFC 7143 §13.? large-binary-value, §12.1.3).
+/// (RFC 7143 §6.1 large-binary-value, §12.1.3).
 pub const MAX_LARGE_VALUE_LEN: usize = 8192;
 /// Default cap on the text of one negotiation step, summed over its C=1 PDUs.
 pub const DEFAULT_MAX_TEXT_BYTES: usize = 64 * 1024;
@@ -204,7 +204,7 @@ impl TextOutbox {
 
 // ---- values ----------------------------------------------------------------------------
 
-/// Value errors: the key is then answered with `Reject` (RFC 7143 §6.2.1? / §6.1).
+/// Value errors: the key is then answered with `Reject` (RFC 7143 §6.2).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ValueError {
     #[error("not a number: {0}")]

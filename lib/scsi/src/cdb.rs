@@ -150,7 +150,10 @@ impl Cdb {
 
 /// Big-endian helpers for building and parsing data buffers.
 pub fn get_be16(b: &[u8], i: usize) -> u16 {
-    u16::from_be_bytes([b.get(i).copied().unwrap_or(0), b.get(i + 1).copied().unwrap_or(0)])
+    u16::from_be_bytes([
+        b.get(i).copied().unwrap_or(0),
+        b.get(i + 1).copied().unwrap_or(0),
+    ])
 }
 
 pub fn get_be32(b: &[u8], i: usize) -> u32 {

@@ -105,7 +105,7 @@ fn name_string(s: &str) -> Vec<u8> {
     let mut b = s.as_bytes().to_vec();
     b.truncate(251);
     b.push(0);
-    while b.len() % 4 != 0 {
+    while b.len() & 3 != 0 {
         b.push(0);
     }
     b
@@ -134,7 +134,14 @@ pub(crate) fn device_identification(lun: &Lun, nexus: Option<&Nexus>) -> Vec<u8>
         designator(&mut v, true, 3, 1, 8, &name_string(&n.target_port()));
         designator(&mut v, true, 3, 2, 8, &name_string(&n.target_name));
     } else if !lun.config().target_name.is_empty() {
-        designator(&mut v, true, 3, 2, 8, &name_string(&lun.config().target_name));
+        designator(
+            &mut v,
+            true,
+            3,
+            2,
+            8,
+            &name_string(&lun.config().target_name),
+        );
     }
     v
 }
@@ -148,7 +155,13 @@ fn block_limits(lun: &Lun) -> Vec<u8> {
     put_be16(&mut b, 2, 1); // OPTIMAL TRANSFER LENGTH GRANULARITY
     let max_xfer = max_transfer_blocks(lun).min(u32::MAX as u64) as u32;
     put_be32(&mut b, 4, max_xfer); // MAXIMUM TRANSFER LENGTH
-    put_be32(&mut b, 8, max_xfer.min(128 << 10 >> lun.block_size().trailing_zeros()).max(1)); // OPTIMAL
+    put_be32(
+        &mut b,
+        8,
+        max_xfer
+            .min(128 << 10 >> lun.block_size().trailing_zeros())
+            .max(1),
+    ); // OPTIMAL
     put_be32(&mut b, 12, max_xfer); // MAXIMUM PREFETCH LENGTH
     if lun.thin_provisioned() {
         put_be32(&mut b, 16, MAX_UNMAP_LBA_COUNT as u32);
@@ -189,7 +202,15 @@ pub(crate) fn read_capacity10(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
     }
     let mut d = vec![0u8; 8];
     let last = lun.num_blocks() - 1;
-    put_be32(&mut d, 0, if last > 0xFFFF_FFFE { 0xFFFF_FFFF } else { last as u32 });
+    put_be32(
+        &mut d,
+        0,
+        if last > 0xFFFF_FFFE {
+            0xFFFF_FFFF
+        } else {
+            last as u32
+        },
+    );
     put_be32(&mut d, 4, lun.block_size());
     Ok(d)
 }
@@ -208,4 +229,3 @@ pub(crate) fn read_capacity16(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
     }
     Ok(d)
 }
-

@@ -69,12 +69,18 @@ impl RangeLock {
 
     pub fn register_counter(&self) -> Arc<FastCounter> {
         let c = Arc::new(FastCounter::default());
-        self.counters.lock().unwrap_or_else(|e| e.into_inner()).push(c.clone());
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(c.clone());
         c
     }
 
     pub fn unregister_counter(&self, c: &Arc<FastCounter>) {
-        self.counters.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !Arc::ptr_eq(x, c));
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| !Arc::ptr_eq(x, c));
     }
 
     /// Admits a write of the given ranges (`(lba, blocks)`).
@@ -95,10 +101,18 @@ impl RangeLock {
         for &(s, n) in ranges {
             t.next_id += 1;
             let id = t.next_id;
-            t.entries.push(Entry { start: s, end: s.saturating_add(n.max(1)), exclusive: false, id });
+            t.entries.push(Entry {
+                start: s,
+                end: s.saturating_add(n.max(1)),
+                exclusive: false,
+                id,
+            });
             ids.push(id);
         }
-        WriteAdmission::Registered(RangeGrant { ids, exclusive: false })
+        WriteAdmission::Registered(RangeGrant {
+            ids,
+            exclusive: false,
+        })
     }
 
     /// Ends a fast-path write.
@@ -136,8 +150,16 @@ impl RangeLock {
         }
         t.next_id += 1;
         let id = t.next_id;
-        t.entries.push(Entry { start: lba, end, exclusive: true, id });
-        Some(RangeGrant { ids: vec![id], exclusive: true })
+        t.entries.push(Entry {
+            start: lba,
+            end,
+            exclusive: true,
+            id,
+        });
+        Some(RangeGrant {
+            ids: vec![id],
+            exclusive: true,
+        })
     }
 
     pub fn release(&self, g: RangeGrant) {

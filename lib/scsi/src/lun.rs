@@ -78,9 +78,6 @@ pub(crate) struct NexusState {
     pub ua: Vec<Asc>,
     /// PREVENT ALLOW MEDIUM REMOVAL: this nexus prevents removal (SBC-3 5.13).
     pub prevent: bool,
-    /// The sense data of the last failed command, for REQUEST SENSE (not kept: iSCSI
-    /// uses autosense) — only unit attentions are reported there.
-    pub _reserved: (),
 }
 
 /// State shared by all nexuses, behind [`Lun::state`].
@@ -97,10 +94,12 @@ impl LunState {
     /// The state of `key`, created with a POWER ON UA the first time the nexus is seen
     /// (SPC-4 5.14: power on establishes a UA for every I_T nexus).
     pub fn nexus(&mut self, key: &Arc<str>) -> &mut NexusState {
-        self.nexuses.entry(key.clone()).or_insert_with(|| NexusState {
-            ua: vec![Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET],
-            ..Default::default()
-        })
+        self.nexuses
+            .entry(key.clone())
+            .or_insert_with(|| NexusState {
+                ua: vec![Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET],
+                ..Default::default()
+            })
     }
 
     /// Queues `asc` for one nexus. A reset-class UA (29h) replaces everything queued,
@@ -113,7 +112,7 @@ impl LunState {
     /// Queues `asc` for every known nexus, except `except`.
     pub fn add_ua_all(&mut self, asc: Asc, except: Option<&Arc<str>>) {
         for (k, n) in self.nexuses.iter_mut() {
-            if except.map_or(false, |e| e == k) {
+            if except.is_some_and(|e| e == k) {
                 continue;
             }
             push_ua(&mut n.ua, asc);
@@ -177,6 +176,8 @@ pub struct Lun {
     pub(crate) mode: AtomicU32,
     pub(crate) state: Mutex<LunState>,
     pub(crate) ranges: RangeLock,
+    /// LUN numbers of the target this LUN belongs to, for REPORT LUNS.
+    target_luns: Mutex<Vec<u64>>,
 }
 
 /// Events that reset part of the LUN state (SAM-5 5.12, 6.3).
@@ -193,9 +194,18 @@ pub enum ResetKind {
 impl Lun {
     pub fn new(cfg: LunConfig, bdev: Arc<dyn Bdev>) -> Arc<Lun> {
         let info = bdev.info().clone();
-        let thin = cfg.thin_provisioning.unwrap_or(bdev.supports(IoKind::Unmap)) && bdev.supports(IoKind::Unmap);
-        let serial = cfg.serial.clone().unwrap_or_else(|| info.uuid.simple().to_string());
-        let product = cfg.product.clone().unwrap_or_else(|| info.product_name.to_string());
+        let thin = cfg
+            .thin_provisioning
+            .unwrap_or(bdev.supports(IoKind::Unmap))
+            && bdev.supports(IoKind::Unmap);
+        let serial = cfg
+            .serial
+            .clone()
+            .unwrap_or_else(|| info.uuid.simple().to_string());
+        let product = cfg
+            .product
+            .clone()
+            .unwrap_or_else(|| info.product_name.to_string());
         let naa = naa6(IEEE_COMPANY_ID, info.uuid.as_bytes());
         let mode = MODE_WCE;
         Arc::new(Lun {
@@ -211,6 +221,7 @@ impl Lun {
             mode: AtomicU32::new(mode),
             state: Mutex::new(LunState::default()),
             ranges: RangeLock::default(),
+            target_luns: Mutex::new(Vec::new()),
         })
     }
 
@@ -309,7 +320,10 @@ impl Lun {
     /// Unit attentions queued for `nexus` (oldest first); for tests and diagnostics.
     pub fn pending_ua(&self, nexus: &Nexus) -> Vec<Asc> {
         let st = self.lock();
-        st.nexuses.get(nexus.key()).map(|n| n.ua.clone()).unwrap_or_default()
+        st.nexuses
+            .get(nexus.key())
+            .map(|n| n.ua.clone())
+            .unwrap_or_default()
     }
 
     /// The I_T nexus is gone (session closed or dropped): SPC-2 reservations it held are
@@ -358,6 +372,49 @@ impl Lun {
     }
 }
 
+impl Lun {
+    /// Tells the LUN which LUN numbers its target exports (for REPORT LUNS through a
+    /// [`LunChannel`](crate::LunChannel)). When the set changes after it was first given,
+    /// every nexus gets REPORTED LUNS DATA HAS CHANGED (SPC-4 6.33, SAM-5 5.14).
+    pub fn set_target_luns(&self, luns: &[u64]) {
+        let mut ids = luns.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let changed = {
+            let mut cur = self.target_luns.lock().unwrap_or_else(|e| e.into_inner());
+            let changed = !cur.is_empty() && *cur != ids;
+            *cur = ids;
+            changed
+        };
+        if changed {
+            self.establish_ua_all(Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+        }
+    }
+
+    /// The target's LUN numbers (this LUN's own number until told otherwise).
+    pub fn target_luns(&self) -> Vec<u64> {
+        let cur = self.target_luns.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.is_empty() {
+            vec![self.cfg.id]
+        } else {
+            cur.clone()
+        }
+    }
+
+    /// Drops a pending unit attention of `nexus` (e.g. REPORTED LUNS DATA HAS CHANGED once
+    /// REPORT LUNS ran).
+    pub fn clear_ua(&self, nexus: &Nexus, asc: Asc) {
+        if self.attn.load(Ordering::Acquire) & ATTN_UA == 0 {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(n) = st.nexuses.get_mut(nexus.key()) {
+            n.ua.retain(|a| *a != asc);
+        }
+        self.refresh_attn(&st);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,21 +428,12 @@ mod tests {
         push_ua(&mut q, Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED);
         assert_eq!(q, vec![Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED]);
         push_ua(&mut q, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
-        assert_eq!(q, vec![Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED, Asc::REPORTED_LUNS_DATA_HAS_CHANGED]);
-    }
-}
-
-impl Lun {
-    /// Drops a pending unit attention of `nexus` (e.g. REPORTED LUNS DATA HAS CHANGED once
-    /// REPORT LUNS ran).
-    pub fn clear_ua(&self, nexus: &Nexus, asc: Asc) {
-        if self.attn.load(Ordering::Acquire) & ATTN_UA == 0 {
-            return;
-        }
-        let mut st = self.lock();
-        if let Some(n) = st.nexuses.get_mut(nexus.key()) {
-            n.ua.retain(|a| *a != asc);
-        }
-        self.refresh_attn(&st);
+        assert_eq!(
+            q,
+            vec![
+                Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED,
+                Asc::REPORTED_LUNS_DATA_HAS_CHANGED
+            ]
+        );
     }
 }

@@ -143,7 +143,11 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         // SP: saved pages are not supported (SPC-4 6.11).
         return Err(CmdError::invalid_cdb(1, Some(0)));
     }
-    let len = if ten { cdb.be16(7) as usize } else { cdb.u8(4) as usize };
+    let len = if ten {
+        cdb.be16(7) as usize
+    } else {
+        cdb.u8(4) as usize
+    };
     if len == 0 {
         return Ok(()); // nothing to change (SPC-4 6.11)
     }
@@ -152,7 +156,11 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         return Err(CmdError::param_list_length());
     }
     let p = &p[..len];
-    let bdl = if ten { get_be16(p, 6) as usize } else { p[3] as usize };
+    let bdl = if ten {
+        get_be16(p, 6) as usize
+    } else {
+        p[3] as usize
+    };
     let long = ten && p[4] & 0x01 != 0;
     let mut off = hdr;
     if bdl > 0 {
@@ -167,7 +175,11 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         } else {
             (get_be32(d, 0) as u64, get_be32(d, 4) & 0xFF_FFFF)
         };
-        let cur = if long { lun.num_blocks() } else { lun.num_blocks().min(0xFFFF_FFFF) };
+        let cur = if long {
+            lun.num_blocks()
+        } else {
+            lun.num_blocks().min(0xFFFF_FFFF)
+        };
         if (nblk != 0 && nblk != cur) || blen != lun.block_size() {
             return Err(CmdError::invalid_param(off as u16, None));
         }

@@ -36,112 +36,505 @@ const W: u8 = F_MEDIUM | F_WRITE;
 
 /// Every implemented command, sorted by opcode and service action.
 pub(crate) static COMMANDS: &[CmdDesc] = &[
-    cmd!(op::TEST_UNIT_READY, None, "TEST UNIT READY", AllowedPr, M, [0x00, 0, 0, 0, 0, 0]),
-    cmd!(op::REQUEST_SENSE, None, "REQUEST SENSE", Allowed, F_NO_UA, [0x03, 0x01, 0, 0, 0xFF, 0]),
-    cmd!(op::READ6, None, "READ(6)", Read, M, [0x08, 0x1F, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::WRITE6, None, "WRITE(6)", Write, W, [0x0A, 0x1F, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::INQUIRY, None, "INQUIRY", Allowed, F_NO_UA, [0x12, 0x01, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::MODE_SELECT6, None, "MODE SELECT(6)", Write, 0, [0x15, 0x11, 0, 0, 0xFF, 0]),
-    cmd!(op::RESERVE6, None, "RESERVE(6)", Spc2, 0, [0x16, 0, 0, 0, 0, 0]),
-    cmd!(op::RELEASE6, None, "RELEASE(6)", Spc2, 0, [0x17, 0, 0, 0, 0, 0]),
-    cmd!(op::MODE_SENSE6, None, "MODE SENSE(6)", ReadState, 0, [0x1A, 0x08, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::START_STOP_UNIT, None, "START STOP UNIT", Write, 0, [0x1B, 0x01, 0, 0x0F, 0xF7, 0]),
-    cmd!(op::PREVENT_ALLOW, None, "PREVENT ALLOW MEDIUM REMOVAL", Write, 0, [0x1E, 0, 0, 0, 0x03, 0]),
-    cmd!(op::READ_CAPACITY10, None, "READ CAPACITY(10)", Allowed, M,
-        [0x25, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0]),
-    cmd!(op::READ10, None, "READ(10)", Read, M,
-        [0x28, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::WRITE10, None, "WRITE(10)", Write, W,
-        [0x2A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::WRITE_VERIFY10, None, "WRITE AND VERIFY(10)", Write, W,
-        [0x2E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::VERIFY10, None, "VERIFY(10)", Read, M,
-        [0x2F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::PRE_FETCH10, None, "PRE-FETCH(10)", Read, M,
-        [0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::SYNCHRONIZE_CACHE10, None, "SYNCHRONIZE CACHE(10)", Write, M,
-        [0x35, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::READ_DEFECT_DATA10, None, "READ DEFECT DATA(10)", Read, M,
-        [0x37, 0, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::WRITE_SAME10, None, "WRITE SAME(10)", Write, W,
-        [0x41, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::UNMAP, None, "UNMAP", Write, W, [0x42, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0]),
-    cmd!(op::MODE_SELECT10, None, "MODE SELECT(10)", Write, 0, [0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::RESERVE10, None, "RESERVE(10)", Spc2, 0, [0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-    cmd!(op::RELEASE10, None, "RELEASE(10)", Spc2, 0, [0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-    cmd!(op::MODE_SENSE10, None, "MODE SENSE(10)", ReadState, 0,
-        [0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_IN, Some(0x00), "PERSISTENT RESERVE IN: READ KEYS", Pr, 0,
-        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_IN, Some(0x01), "PERSISTENT RESERVE IN: READ RESERVATION", Pr, 0,
-        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_IN, Some(0x02), "PERSISTENT RESERVE IN: REPORT CAPABILITIES", Pr, 0,
-        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_IN, Some(0x03), "PERSISTENT RESERVE IN: READ FULL STATUS", Pr, 0,
-        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x00), "PERSISTENT RESERVE OUT: REGISTER", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x01), "PERSISTENT RESERVE OUT: RESERVE", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x02), "PERSISTENT RESERVE OUT: RELEASE", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x03), "PERSISTENT RESERVE OUT: CLEAR", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x04), "PERSISTENT RESERVE OUT: PREEMPT", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x05), "PERSISTENT RESERVE OUT: PREEMPT AND ABORT", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::PERSISTENT_RESERVE_OUT, Some(0x06),
-        "PERSISTENT RESERVE OUT: REGISTER AND IGNORE EXISTING KEY", Pr, 0,
-        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]),
-    cmd!(op::EXTENDED_COPY, Some(0x00), "EXTENDED COPY(LID1)", Write, W,
-        [0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::RECEIVE_COPY_RESULTS, Some(op::RCR_COPY_STATUS), "RECEIVE COPY RESULTS: COPY STATUS",
-        Read, 0, [0x84, 0, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::RECEIVE_COPY_RESULTS, Some(op::RCR_OPERATING_PARAMETERS),
-        "RECEIVE COPY RESULTS: OPERATING PARAMETERS", Read, 0,
-        [0x84, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::READ16, None, "READ(16)", Read, M,
-        [0x88, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::COMPARE_AND_WRITE, None, "COMPARE AND WRITE", Write, W,
-        [0x89, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE16, None, "WRITE(16)", Write, W,
-        [0x8A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::ORWRITE16, None, "ORWRITE(16)", Write, W,
-        [0x8B, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE_VERIFY16, None, "WRITE AND VERIFY(16)", Write, W,
-        [0x8E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::VERIFY16, None, "VERIFY(16)", Read, M,
-        [0x8F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::PRE_FETCH16, None, "PRE-FETCH(16)", Read, M,
-        [0x90, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::SYNCHRONIZE_CACHE16, None, "SYNCHRONIZE CACHE(16)", Write, M,
-        [0x91, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE_SAME16, None, "WRITE SAME(16)", Write, W,
-        [0x93, 0xF9, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE_ATOMIC16, None, "WRITE ATOMIC(16)", Write, W,
-        [0x9C, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::SERVICE_ACTION_IN16, Some(op::SAI_READ_CAPACITY16), "READ CAPACITY(16)", Allowed, M,
-        [0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0]),
-    cmd!(op::SERVICE_ACTION_IN16, Some(op::SAI_GET_LBA_STATUS), "GET LBA STATUS", Read, M,
-        [0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::REPORT_LUNS, None, "REPORT LUNS", Allowed, F_NO_UA,
-        [0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::MAINTENANCE_IN, Some(op::MI_REPORT_TARGET_PORT_GROUPS), "REPORT TARGET PORT GROUPS",
-        Allowed, 0, [0xA3, 0xE0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::MAINTENANCE_IN, Some(op::MI_REPORT_SUPPORTED_OPCODES),
-        "REPORT SUPPORTED OPERATION CODES", Allowed, 0,
-        [0xA3, 0, 0x87, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
-    cmd!(op::READ12, None, "READ(12)", Read, M,
-        [0xA8, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE12, None, "WRITE(12)", Write, W,
-        [0xAA, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::WRITE_VERIFY12, None, "WRITE AND VERIFY(12)", Write, W,
-        [0xAE, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::VERIFY12, None, "VERIFY(12)", Read, M,
-        [0xAF, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]),
-    cmd!(op::READ_DEFECT_DATA12, None, "READ DEFECT DATA(12)", Read, M,
-        [0xB7, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]),
+    cmd!(
+        op::TEST_UNIT_READY,
+        None,
+        "TEST UNIT READY",
+        AllowedPr,
+        M,
+        [0x00, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::REQUEST_SENSE,
+        None,
+        "REQUEST SENSE",
+        Allowed,
+        F_NO_UA,
+        [0x03, 0x01, 0, 0, 0xFF, 0]
+    ),
+    cmd!(
+        op::READ6,
+        None,
+        "READ(6)",
+        Read,
+        M,
+        [0x08, 0x1F, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::WRITE6,
+        None,
+        "WRITE(6)",
+        Write,
+        W,
+        [0x0A, 0x1F, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::INQUIRY,
+        None,
+        "INQUIRY",
+        Allowed,
+        F_NO_UA,
+        [0x12, 0x01, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::MODE_SELECT6,
+        None,
+        "MODE SELECT(6)",
+        Write,
+        0,
+        [0x15, 0x11, 0, 0, 0xFF, 0]
+    ),
+    cmd!(
+        op::RESERVE6,
+        None,
+        "RESERVE(6)",
+        Spc2,
+        0,
+        [0x16, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::RELEASE6,
+        None,
+        "RELEASE(6)",
+        Spc2,
+        0,
+        [0x17, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::MODE_SENSE6,
+        None,
+        "MODE SENSE(6)",
+        ReadState,
+        0,
+        [0x1A, 0x08, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::START_STOP_UNIT,
+        None,
+        "START STOP UNIT",
+        Write,
+        0,
+        [0x1B, 0x01, 0, 0x0F, 0xF7, 0]
+    ),
+    cmd!(
+        op::PREVENT_ALLOW,
+        None,
+        "PREVENT ALLOW MEDIUM REMOVAL",
+        Write,
+        0,
+        [0x1E, 0, 0, 0, 0x03, 0]
+    ),
+    cmd!(
+        op::READ_CAPACITY10,
+        None,
+        "READ CAPACITY(10)",
+        Allowed,
+        M,
+        [0x25, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0]
+    ),
+    cmd!(
+        op::READ10,
+        None,
+        "READ(10)",
+        Read,
+        M,
+        [0x28, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::WRITE10,
+        None,
+        "WRITE(10)",
+        Write,
+        W,
+        [0x2A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::WRITE_VERIFY10,
+        None,
+        "WRITE AND VERIFY(10)",
+        Write,
+        W,
+        [0x2E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::VERIFY10,
+        None,
+        "VERIFY(10)",
+        Read,
+        M,
+        [0x2F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PRE_FETCH10,
+        None,
+        "PRE-FETCH(10)",
+        Read,
+        M,
+        [0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::SYNCHRONIZE_CACHE10,
+        None,
+        "SYNCHRONIZE CACHE(10)",
+        Write,
+        M,
+        [0x35, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::READ_DEFECT_DATA10,
+        None,
+        "READ DEFECT DATA(10)",
+        Read,
+        M,
+        [0x37, 0, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::WRITE_SAME10,
+        None,
+        "WRITE SAME(10)",
+        Write,
+        W,
+        [0x41, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::UNMAP,
+        None,
+        "UNMAP",
+        Write,
+        W,
+        [0x42, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::MODE_SELECT10,
+        None,
+        "MODE SELECT(10)",
+        Write,
+        0,
+        [0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::RESERVE10,
+        None,
+        "RESERVE(10)",
+        Spc2,
+        0,
+        [0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::RELEASE10,
+        None,
+        "RELEASE(10)",
+        Spc2,
+        0,
+        [0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::MODE_SENSE10,
+        None,
+        "MODE SENSE(10)",
+        ReadState,
+        0,
+        [0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_IN,
+        Some(0x00),
+        "PERSISTENT RESERVE IN: READ KEYS",
+        Pr,
+        0,
+        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_IN,
+        Some(0x01),
+        "PERSISTENT RESERVE IN: READ RESERVATION",
+        Pr,
+        0,
+        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_IN,
+        Some(0x02),
+        "PERSISTENT RESERVE IN: REPORT CAPABILITIES",
+        Pr,
+        0,
+        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_IN,
+        Some(0x03),
+        "PERSISTENT RESERVE IN: READ FULL STATUS",
+        Pr,
+        0,
+        [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x00),
+        "PERSISTENT RESERVE OUT: REGISTER",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x01),
+        "PERSISTENT RESERVE OUT: RESERVE",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x02),
+        "PERSISTENT RESERVE OUT: RELEASE",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x03),
+        "PERSISTENT RESERVE OUT: CLEAR",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x04),
+        "PERSISTENT RESERVE OUT: PREEMPT",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x05),
+        "PERSISTENT RESERVE OUT: PREEMPT AND ABORT",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x06),
+        "PERSISTENT RESERVE OUT: REGISTER AND IGNORE EXISTING KEY",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::EXTENDED_COPY,
+        Some(0x00),
+        "EXTENDED COPY(LID1)",
+        Write,
+        W,
+        [0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::RECEIVE_COPY_RESULTS,
+        Some(op::RCR_COPY_STATUS),
+        "RECEIVE COPY RESULTS: COPY STATUS",
+        Read,
+        0,
+        [0x84, 0, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::RECEIVE_COPY_RESULTS,
+        Some(op::RCR_OPERATING_PARAMETERS),
+        "RECEIVE COPY RESULTS: OPERATING PARAMETERS",
+        Read,
+        0,
+        [0x84, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::READ16,
+        None,
+        "READ(16)",
+        Read,
+        M,
+        [
+            0x88, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::COMPARE_AND_WRITE,
+        None,
+        "COMPARE AND WRITE",
+        Write,
+        W,
+        [0x89, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::WRITE16,
+        None,
+        "WRITE(16)",
+        Write,
+        W,
+        [
+            0x8A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::ORWRITE16,
+        None,
+        "ORWRITE(16)",
+        Write,
+        W,
+        [
+            0x8B, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::WRITE_VERIFY16,
+        None,
+        "WRITE AND VERIFY(16)",
+        Write,
+        W,
+        [
+            0x8E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::VERIFY16,
+        None,
+        "VERIFY(16)",
+        Read,
+        M,
+        [
+            0x8F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::PRE_FETCH16,
+        None,
+        "PRE-FETCH(16)",
+        Read,
+        M,
+        [
+            0x90, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::SYNCHRONIZE_CACHE16,
+        None,
+        "SYNCHRONIZE CACHE(16)",
+        Write,
+        M,
+        [
+            0x91, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::WRITE_SAME16,
+        None,
+        "WRITE SAME(16)",
+        Write,
+        W,
+        [
+            0x93, 0xF9, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+            0x1F, 0
+        ]
+    ),
+    cmd!(
+        op::WRITE_ATOMIC16,
+        None,
+        "WRITE ATOMIC(16)",
+        Write,
+        W,
+        [0x9C, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0xFF, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::SERVICE_ACTION_IN16,
+        Some(op::SAI_READ_CAPACITY16),
+        "READ CAPACITY(16)",
+        Allowed,
+        M,
+        [
+            0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01,
+            0
+        ]
+    ),
+    cmd!(
+        op::SERVICE_ACTION_IN16,
+        Some(op::SAI_GET_LBA_STATUS),
+        "GET LBA STATUS",
+        Read,
+        M,
+        [0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::REPORT_LUNS,
+        None,
+        "REPORT LUNS",
+        Allowed,
+        F_NO_UA,
+        [0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::MAINTENANCE_IN,
+        Some(op::MI_REPORT_TARGET_PORT_GROUPS),
+        "REPORT TARGET PORT GROUPS",
+        Allowed,
+        0,
+        [0xA3, 0xE0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::MAINTENANCE_IN,
+        Some(op::MI_REPORT_SUPPORTED_OPCODES),
+        "REPORT SUPPORTED OPERATION CODES",
+        Allowed,
+        0,
+        [0xA3, 0, 0x87, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
+    cmd!(
+        op::READ12,
+        None,
+        "READ(12)",
+        Read,
+        M,
+        [0xA8, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::WRITE12,
+        None,
+        "WRITE(12)",
+        Write,
+        W,
+        [0xAA, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::WRITE_VERIFY12,
+        None,
+        "WRITE AND VERIFY(12)",
+        Write,
+        W,
+        [0xAE, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::VERIFY12,
+        None,
+        "VERIFY(12)",
+        Read,
+        M,
+        [0xAF, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
+    ),
+    cmd!(
+        op::READ_DEFECT_DATA12,
+        None,
+        "READ DEFECT DATA(12)",
+        Read,
+        M,
+        [0xB7, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
+    ),
 ];
 
 /// The name of the command in `cdb` (e.g. "READ(10)"), for logs; `None` if riser does
@@ -152,31 +545,46 @@ pub fn command_name(cdb: &Cdb) -> Option<&'static str> {
 
 /// Whether `opcode` is one whose commands are distinguished by a service action.
 pub(crate) fn has_service_actions(opcode: u8) -> bool {
-    COMMANDS.iter().any(|c| c.opcode == opcode && c.sa.is_some())
+    COMMANDS
+        .iter()
+        .any(|c| c.opcode == opcode && c.sa.is_some())
+}
+
+/// For each opcode, the index of its first entry in [`COMMANDS`] (or `u8::MAX`): lookup is
+/// one load on the data path instead of a scan.
+fn index() -> &'static [u8; 256] {
+    static INDEX: std::sync::OnceLock<[u8; 256]> = std::sync::OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut ix = [u8::MAX; 256];
+        for (i, c) in COMMANDS.iter().enumerate().rev() {
+            ix[c.opcode as usize] = i as u8;
+        }
+        ix
+    })
 }
 
 /// The descriptor of the command in `cdb`, or INVALID COMMAND OPERATION CODE (or
 /// INVALID FIELD IN CDB for an unknown service action of a known opcode).
 pub(crate) fn lookup(cdb: &Cdb) -> CmdResult<&'static CmdDesc> {
     let opc = cdb.opcode();
+    let first = index()[opc as usize];
+    if first == u8::MAX {
+        return Err(CmdError::invalid_opcode());
+    }
     let sa = cdb.service_action();
-    let mut known_opcode = false;
-    for c in COMMANDS {
+    for c in &COMMANDS[first as usize..] {
         if c.opcode != opc {
-            continue;
+            break;
         }
-        known_opcode = true;
         match c.sa {
             None => return Ok(c),
             Some(s) if s == sa => return Ok(c),
             Some(_) => {}
         }
     }
-    if known_opcode {
-        Err(CmdError::invalid_cdb(1, Some(4)))
-    } else {
-        Err(CmdError::invalid_opcode())
-    }
+    // A known opcode with a service action riser does not implement (SPC-4 4.2.5.?):
+    // the field pointer names byte 1, as initiators expect for "not supported".
+    Err(CmdError::invalid_cdb(1, Some(4)))
 }
 
 /// The usage data of `c` with its service action filled in.
@@ -271,9 +679,15 @@ mod tests {
             let b = (w[1].opcode, w[1].sa.unwrap_or(0));
             assert!(a < b, "{} before {}", w[0].name, w[1].name);
         }
+        assert!(COMMANDS.len() < 255);
         for c in COMMANDS {
             assert_eq!(c.usage[0], c.opcode, "{}", c.name);
-            assert_eq!(Some(c.usage.len()), crate::cdb::cdb_len(c.opcode), "{}", c.name);
+            assert_eq!(
+                Some(c.usage.len()),
+                crate::cdb::cdb_len(c.opcode),
+                "{}",
+                c.name
+            );
             if c.sa.is_some() {
                 assert_eq!(c.usage[1] & 0x1F, 0, "{}", c.name);
             }

@@ -108,15 +108,21 @@ pub(crate) fn conflicts(st: &LunState, nexus: &Arc<str>, class: PrClass) -> bool
     if let Some(h) = &st.spc2_holder {
         if h != nexus {
             // SPC-2 reservations: everything but a short list conflicts (SPC-2 5.5.1).
-            return !matches!(class, PrClass::Allowed | PrClass::Spc2);
+            // PERSISTENT RESERVE OUT is refused by pr_out itself; IN only reads.
+            return !matches!(class, PrClass::Allowed | PrClass::Spc2 | PrClass::Pr);
         }
     }
-    let Some(res) = &st.pr.reservation else { return false };
+    let Some(res) = &st.pr.reservation else {
+        return false;
+    };
     if st.pr.is_holder(nexus) {
         return false;
     }
     let registered = st.pr.reg(nexus).is_some();
-    let exclusive_access = matches!(res.ty, EXCLUSIVE_ACCESS | EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR);
+    let exclusive_access = matches!(
+        res.ty,
+        EXCLUSIVE_ACCESS | EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR
+    );
     let registrants_may_access = matches!(
         res.ty,
         WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
@@ -174,7 +180,7 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
             put_be16(&mut v, 0, 8);
             v[2] = 0x10; // CRH: RESERVE/RELEASE handled per SPC-4 5.12.3
             v[3] = 0x80 | (0x1 << 4); // TMV, ALLOW COMMANDS = 001b
-            // Supported types: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+                                      // Supported types: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
             v[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
             v[5] = 0x01;
             Ok(v)
@@ -214,7 +220,7 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
     let scope = cdb.u8(2) >> 4;
     let ty = cdb.u8(2) & 0x0F;
     let len = cdb.be32(5) as usize;
-    if sa > 0x07 || sa == 0x07 {
+    if sa >= 0x07 {
         // REGISTER AND MOVE and REPLACE LOST RESERVATION are not supported.
         return Err(CmdError::invalid_cdb(1, Some(4)));
     }
@@ -300,7 +306,9 @@ fn pr_out_locked(
         }
         0x01 => {
             // RESERVE (SPC-4 5.12.9)
-            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            let Some(k) = my_key else {
+                return Err(CmdError::reservation_conflict());
+            };
             if k != key {
                 return Err(CmdError::reservation_conflict());
             }
@@ -326,16 +334,22 @@ fn pr_out_locked(
         }
         0x02 => {
             // RELEASE (SPC-4 5.12.11.2)
-            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            let Some(k) = my_key else {
+                return Err(CmdError::reservation_conflict());
+            };
             if k != key {
                 return Err(CmdError::reservation_conflict());
             }
-            let Some(res) = st.pr.reservation.clone() else { return Ok(()) };
+            let Some(res) = st.pr.reservation.clone() else {
+                return Ok(());
+            };
             if !st.pr.is_holder(&me) {
                 return Ok(());
             }
             if scope != 0 || ty != res.ty {
-                return Err(CmdError::illegal(Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION));
+                return Err(CmdError::illegal(
+                    Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION,
+                ));
             }
             st.pr.reservation = None;
             released_ua(st, res.ty, &me);
@@ -343,12 +357,19 @@ fn pr_out_locked(
         }
         0x03 => {
             // CLEAR (SPC-4 5.12.11.3)
-            let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+            let Some(k) = my_key else {
+                return Err(CmdError::reservation_conflict());
+            };
             if k != key {
                 return Err(CmdError::reservation_conflict());
             }
-            let others: Vec<Arc<str>> =
-                st.pr.regs.iter().filter(|r| r.nexus != me).map(|r| r.nexus.clone()).collect();
+            let others: Vec<Arc<str>> = st
+                .pr
+                .regs
+                .iter()
+                .filter(|r| r.nexus != me)
+                .map(|r| r.nexus.clone())
+                .collect();
             st.pr.regs.clear();
             st.pr.reservation = None;
             st.pr.generation = st.pr.generation.wrapping_add(1);
@@ -365,9 +386,17 @@ fn pr_out_locked(
 /// UA RESERVATIONS RELEASED for the other registrants when a registrants-only or
 /// all-registrants reservation goes away (SPC-4 5.12.11.2.2).
 fn released_ua(st: &mut LunState, ty: u8, me: &Arc<str>) {
-    if matches!(ty, WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR) {
-        let others: Vec<Arc<str>> =
-            st.pr.regs.iter().filter(|r| &r.nexus != me).map(|r| r.nexus.clone()).collect();
+    if matches!(
+        ty,
+        WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
+    ) {
+        let others: Vec<Arc<str>> = st
+            .pr
+            .regs
+            .iter()
+            .filter(|r| &r.nexus != me)
+            .map(|r| r.nexus.clone())
+            .collect();
         for n in others {
             st.add_ua(&n, Asc::RESERVATIONS_RELEASED);
         }
@@ -385,7 +414,9 @@ fn preempt(
     scope: u8,
     ty: u8,
 ) -> CmdResult<()> {
-    let Some(k) = my_key else { return Err(CmdError::reservation_conflict()) };
+    let Some(k) = my_key else {
+        return Err(CmdError::reservation_conflict());
+    };
     if k != key {
         return Err(CmdError::reservation_conflict());
     }
@@ -393,7 +424,7 @@ fn preempt(
     let preempts_holder = match &res {
         None => false,
         Some(r) if all_registrants(r.ty) => sark == 0,
-        Some(r) => st.pr.reg(&r.holder).map_or(false, |h| h.key == sark),
+        Some(r) => st.pr.reg(&r.holder).is_some_and(|h| h.key == sark),
     };
     if preempts_holder {
         if scope != 0 {
@@ -421,7 +452,10 @@ fn preempt(
     st.pr.regs.retain(|r| !victims.contains(&r.nexus));
     if preempts_holder {
         let old = res.as_ref().map(|r| r.ty);
-        st.pr.reservation = Some(Reservation { ty, holder: me.clone() });
+        st.pr.reservation = Some(Reservation {
+            ty,
+            holder: me.clone(),
+        });
         // Remaining registrants see their reservation change type (SPC-4 5.12.11.4.3).
         if old != Some(ty) {
             let others: Vec<Arc<str>> = st

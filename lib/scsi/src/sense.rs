@@ -110,7 +110,11 @@ impl fmt::Debug for Asc {
 pub enum SenseSpecific {
     /// Field pointer for ILLEGAL REQUEST: `cdb` says whether the bad byte is in the CDB (else
     /// in the parameter list), `bit` the bit within it (when known).
-    Field { cdb: bool, byte: u16, bit: Option<u8> },
+    Field {
+        cdb: bool,
+        byte: u16,
+        bit: Option<u8>,
+    },
 }
 
 /// The sense data of one failed command, kept structured until it is encoded.
@@ -144,7 +148,12 @@ impl fmt::Debug for SenseBuf {
 
 impl Sense {
     pub const fn new(key: SenseKey, asc: Asc) -> Sense {
-        Sense { key, asc, info: None, specific: None }
+        Sense {
+            key,
+            asc,
+            info: None,
+            specific: None,
+        }
     }
 
     pub fn with_info(mut self, info: u64) -> Sense {
@@ -200,7 +209,10 @@ impl Sense {
             n += 8;
         }
         b[7] = (n - 8) as u8;
-        SenseBuf { len: n as u8, bytes: b }
+        SenseBuf {
+            len: n as u8,
+            bytes: b,
+        }
     }
 
     pub fn encode(&self, descriptor: bool) -> SenseBuf {
@@ -221,7 +233,10 @@ pub struct CmdError {
 
 impl CmdError {
     pub const fn check(key: SenseKey, asc: Asc) -> CmdError {
-        CmdError { status: Status::CheckCondition, sense: Some(Sense::new(key, asc)) }
+        CmdError {
+            status: Status::CheckCondition,
+            sense: Some(Sense::new(key, asc)),
+        }
     }
 
     pub const fn illegal(asc: Asc) -> CmdError {
@@ -231,15 +246,32 @@ impl CmdError {
     /// ILLEGAL REQUEST, INVALID FIELD IN CDB, pointing at `byte` (and `bit`) of the CDB.
     pub fn invalid_cdb(byte: u16, bit: Option<u8>) -> CmdError {
         let mut s = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
-        s.specific = Some(SenseSpecific::Field { cdb: true, byte, bit });
-        CmdError { status: Status::CheckCondition, sense: Some(s) }
+        s.specific = Some(SenseSpecific::Field {
+            cdb: true,
+            byte,
+            bit,
+        });
+        CmdError {
+            status: Status::CheckCondition,
+            sense: Some(s),
+        }
     }
 
     /// ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST, pointing at `byte` of the list.
     pub fn invalid_param(byte: u16, bit: Option<u8>) -> CmdError {
-        let mut s = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_PARAMETER_LIST);
-        s.specific = Some(SenseSpecific::Field { cdb: false, byte, bit });
-        CmdError { status: Status::CheckCondition, sense: Some(s) }
+        let mut s = Sense::new(
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        s.specific = Some(SenseSpecific::Field {
+            cdb: false,
+            byte,
+            bit,
+        });
+        CmdError {
+            status: Status::CheckCondition,
+            sense: Some(s),
+        }
     }
 
     pub const fn invalid_opcode() -> CmdError {
@@ -255,7 +287,10 @@ impl CmdError {
     }
 
     pub const fn reservation_conflict() -> CmdError {
-        CmdError { status: Status::ReservationConflict, sense: None }
+        CmdError {
+            status: Status::ReservationConflict,
+            sense: None,
+        }
     }
 
     pub const fn write_protected() -> CmdError {
@@ -267,7 +302,9 @@ impl CmdError {
     pub fn miscompare(offset: u64) -> CmdError {
         CmdError {
             status: Status::CheckCondition,
-            sense: Some(Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_info(offset)),
+            sense: Some(
+                Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_info(offset),
+            ),
         }
     }
 

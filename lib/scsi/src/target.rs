@@ -38,14 +38,18 @@ pub fn decode_lun(b: &[u8; 8]) -> u64 {
 /// truncation. SELECT REPORT 0, 1 and 2 all list the same (riser has no well-known LUNs).
 pub fn report_luns_data(cdb: &Cdb, luns: &[u64]) -> CmdResult<Vec<u8>> {
     let select = cdb.u8(2);
-    if !matches!(select, 0x00 | 0x01 | 0x02) {
+    if select > 0x02 {
         return Err(CmdError::invalid_cdb(2, None));
     }
     // SPC-4 6.33: an allocation length below 16 is an error.
     if cdb.be32(6) < 16 {
         return Err(CmdError::invalid_cdb(6, None));
     }
-    let mut ids: Vec<u64> = if select == 0x01 { Vec::new() } else { luns.to_vec() };
+    let mut ids: Vec<u64> = if select == 0x01 {
+        Vec::new()
+    } else {
+        luns.to_vec()
+    };
     ids.sort_unstable();
     ids.dedup();
     let mut v = vec![0u8; 8 + 8 * ids.len()];
@@ -65,7 +69,11 @@ fn data_result(task: &ScsiTask, mut v: Vec<u8>, alloc: usize) -> ScsiResult {
         tag: task.tag,
         status: Status::Good,
         sense: None,
-        data_in: if n > 0 { Some(Box::new(v) as IoBuf) } else { None },
+        data_in: if n > 0 {
+            Some(Box::new(v) as IoBuf)
+        } else {
+            None
+        },
         data_len: n,
         residual,
         aborted: false,

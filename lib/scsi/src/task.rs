@@ -61,8 +61,11 @@ impl Nexus {
         target_port_group: u16,
     ) -> Nexus {
         let isid = isid & 0xFFFF_FFFF_FFFF;
-        let key: Arc<str> =
-            format!("{},i,0x{:012x}|{},t,0x{:04x}", initiator_name, isid, target_name, tpgt).into();
+        let key: Arc<str> = format!(
+            "{},i,0x{:012x}|{},t,0x{:04x}",
+            initiator_name, isid, target_name, tpgt
+        )
+        .into();
         Nexus {
             id: NEXT_NEXUS_ID.fetch_add(1, Ordering::Relaxed),
             initiator_name: initiator_name.to_string(),
@@ -133,7 +136,10 @@ impl fmt::Debug for ScsiTask {
             .field("edtl", &self.edtl)
             .field("read", &self.read)
             .field("write", &self.write)
-            .field("data_out", &self.data_out.as_ref().map(|b| b.as_slice().len()))
+            .field(
+                "data_out",
+                &self.data_out.as_ref().map(|b| b.as_slice().len()),
+            )
             .field("nexus", &self.nexus.key())
             .finish()
     }

@@ -97,7 +97,9 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
     while off < tgt_end {
         let code = p[off];
         if code != TGT_IDENT {
-            return Err(CmdError::illegal(Asc::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE));
+            return Err(CmdError::illegal(
+                Asc::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE,
+            ));
         }
         if off + TGT_DESC_LEN > tgt_end {
             return Err(CmdError::param_list_length());
@@ -119,7 +121,9 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
         }
         let code = p[off];
         if code != SEG_BLOCK_TO_BLOCK {
-            return Err(CmdError::illegal(Asc::UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE_CODE));
+            return Err(CmdError::illegal(
+                Asc::UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE_CODE,
+            ));
         }
         let dlen = get_be16(p, off + 2) as usize + 4;
         if dlen != 0x1C {
@@ -157,11 +161,19 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
             return Err(copy_aborted(Asc::NO_ADDITIONAL_SENSE));
         }
         if n > 0 {
-            segments.push(Segment { src, dst, blocks: n });
+            segments.push(Segment {
+                src,
+                dst,
+                blocks: n,
+            });
         }
         off += dlen;
     }
-    Ok(Some(CopyPlan { list_id, discard: usage == 0x03, segments }))
+    Ok(Some(CopyPlan {
+        list_id,
+        discard: usage == 0x03,
+        segments,
+    }))
 }
 
 /// Checks one identification CSCD descriptor (SPC-4 6.4.5.2): it must name this LU (one
@@ -172,7 +184,8 @@ fn check_target(lun: &Lun, d: &[u8], off: usize) -> CmdResult<Result<(), CmdErro
     let lu_id_type = d[1] >> 6;
     let nul = d[1] & 0x20 != 0;
     let pdt = d[1] & 0x1F;
-    if lu_id_type == 0x03 {
+    if lu_id_type != 0 {
+        // 01b (proxy token) needs ROD tokens riser does not have; 10b and 11b are reserved.
         return Err(CmdError::invalid_param(off as u16 + 1, Some(6)));
     }
     if nul {
@@ -193,7 +206,11 @@ fn check_target(lun: &Lun, d: &[u8], off: usize) -> CmdResult<Result<(), CmdErro
         let oty = ours[i + 1] & 0x0F;
         let olen = ours[i + 3] as usize;
         let assoc = (ours[i + 1] >> 4) & 0x03;
-        if i + 4 + olen <= ours.len() && assoc == 0 && oty == ty && &ours[i + 4..i + 4 + olen] == value {
+        if i + 4 + olen <= ours.len()
+            && assoc == 0
+            && oty == ty
+            && &ours[i + 4..i + 4 + olen] == value
+        {
             found = true;
         }
         i += 4 + olen;
@@ -262,7 +279,7 @@ pub(crate) fn third_party_copy_vpd() -> Vec<u8> {
     }
     let mut body = vec![list.len() as u8];
     body.extend(list);
-    while body.len() % 4 != 0 {
+    while body.len() & 3 != 0 {
         body.push(0);
     }
     v.extend_from_slice(&[0x00, 0x01]);

@@ -1043,7 +1043,21 @@ fn target_offers_before_leaving_login() {
             &[("MaxBurstLength", "32768"), ("ImmediateData", "No")],
         )),
     );
+    // MaxBurstLength came back below the default FirstBurstLength: offer that too;
+    // the answers themselves are not answered again
+    let (r, keys) = only_response(&out);
+    assert!(!r.transit_bit);
+    assert_eq!(
+        keys,
+        &vec![("FirstBurstLength".to_string(), "32768".to_string())]
+    );
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, OP, FFP, &[("FirstBurstLength", "32768")])),
+    );
     assert_eq!(out.order, "RC");
+    assert!(only_response(&out).1.is_empty());
     let c = out.complete.unwrap();
     assert_eq!(c.session.max_burst_length, 32768);
     assert_eq!(c.session.first_burst_length, 32768);
@@ -1087,4 +1101,43 @@ fn random_login_pdus_never_panic() {
             drain(&mut login);
         }
     }
+}
+
+#[test]
+fn reinstatement_is_passed_through() {
+    let mut policy = Policy {
+        decision: Some(SessionDecision::Reinstate {
+            tsih: 9,
+            old_tsih: 4,
+        }),
+        ..Policy::default()
+    };
+    let mut login = Login::new(LoginContext::default());
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(
+            true,
+            OP,
+            FFP,
+            &[("InitiatorName", INITIATOR), ("TargetName", TARGET)],
+        )),
+    );
+    assert_eq!(only_response(&out).0.tsih, 9);
+    let c = out.complete.unwrap();
+    assert_eq!(
+        c.decision,
+        SessionDecision::Reinstate {
+            tsih: 9,
+            old_tsih: 4
+        }
+    );
+    assert!(!c.negotiator.awaiting_answers());
+}
+
+#[test]
+fn login_moves_between_threads() {
+    fn is_send<T: Send>() {}
+    is_send::<Login>();
+    is_send::<LoginOutcome>();
 }

@@ -1,0 +1,452 @@
+//! Command handlers of the executor: decode and validate a CDB and its data, then answer
+//! directly (emulated commands) or describe the block-level job (SBC-3 commands).
+
+use riser_bdev::{IoBuf, IoKind};
+
+use super::*;
+
+impl LunChannel {
+    /// REQUEST SENSE (SPC-4 6.29): reports (and clears) a pending unit attention, or
+    /// NO SENSE; a removable LUN without medium reports NOT READY.
+    pub(super) fn request_sense(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
+        let desc = ctx.cdb.u8(1) & 0x01 != 0;
+        let lun = ctx.lun;
+        let mut sense = Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE);
+        {
+            let mut st = lun.lock();
+            let n = st.nexus(ctx.nexus.key());
+            if !n.ua.is_empty() {
+                let asc = n.ua.remove(0);
+                sense = Sense::new(SenseKey::UnitAttention, asc);
+            } else if lun.mode_bits() & MODE_NO_MEDIUM != 0 {
+                sense = Sense::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
+            }
+            lun.refresh_attn(&st);
+        }
+        let b = sense.encode(desc);
+        Ok(Action::Data(b.as_slice().to_vec(), ctx.cdb.u8(4) as usize))
+    }
+
+    /// START STOP UNIT (SBC-3 5.25): riser's medium is always spinning. A power condition
+    /// other than 0 is accepted and changes nothing (START and LOEJ are then ignored).
+    /// LOEJ ejects (START=0) or loads (START=1) a removable medium unless an I_T nexus
+    /// prevents removal (SBC-3 5.13); a fixed medium cannot be ejected.
+    pub(super) fn start_stop(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
+        let cdb = ctx.cdb;
+        let lun = ctx.lun;
+        let pc = cdb.u8(4) >> 4;
+        let loej = cdb.u8(4) & 0x02 != 0;
+        let start = cdb.u8(4) & 0x01 != 0;
+        if pc != 0 || !loej {
+            return Ok(Action::Good);
+        }
+        if !lun.config().removable {
+            return Err(CmdError::invalid_cdb(4, Some(1)));
+        }
+        let st = lun.lock();
+        if Lun::removal_prevented(&st) {
+            return Err(CmdError::illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+        }
+        lun.set_mode_bit(MODE_NO_MEDIUM, !start);
+        Ok(Action::Good)
+    }
+
+    pub(super) fn read(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        ctx.xfer = b.blocks * bs;
+        rw::check_protect(&b)?;
+        rw::check_transfer(lun, &cdb, b.blocks)?;
+        rw::check_range(lun, b.lba, b.blocks)?;
+        // Only what fits in EDTL is transferred (RFC 7143 11.4.5.2: the rest is residual).
+        let want = (ctx.edtl as u64).min(b.blocks * bs);
+        let blocks = want.div_ceil(bs);
+        if blocks == 0 {
+            return Ok(Action::Good);
+        }
+        Ok(Action::Job(
+            Need::None,
+            Job::Read {
+                lba: b.lba,
+                blocks,
+                ret_len: want as usize,
+            },
+        ))
+    }
+
+    /// WRITE (6/10/12/16), WRITE ATOMIC (16) and WRITE AND VERIFY (10/12/16).
+    pub(super) fn write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        ctx.xfer = b.blocks * bs;
+        rw::check_protect(&b)?;
+        rw::check_transfer(lun, &cdb, b.blocks)?;
+        rw::check_range(lun, b.lba, b.blocks)?;
+        let verify = matches!(
+            cdb.opcode(),
+            op::WRITE_VERIFY10 | op::WRITE_VERIFY12 | op::WRITE_VERIFY16
+        );
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        // Whole blocks of data received (EDTL may be shorter than the transfer length).
+        let avail = data_out
+            .as_ref()
+            .map_or(0, |d| d.as_slice().len() as u64)
+            .min(ctx.edtl as u64);
+        let blocks = b.blocks.min(avail / bs);
+        if blocks == 0 {
+            return Ok(Action::Good);
+        }
+        let buf = self.exact(data_out, (blocks * bs) as usize);
+        let atomic = cdb.opcode() == op::WRITE_ATOMIC16;
+        let need = if atomic {
+            Need::Exclusive(b.lba, blocks)
+        } else {
+            Need::Shared(vec![(b.lba, blocks)])
+        };
+        if verify {
+            let check = b.flags & 0x02 != 0;
+            return Ok(Action::Job(
+                need,
+                Job::WriteVerify {
+                    lba: b.lba,
+                    blocks,
+                    buf: Some(buf),
+                    written: None,
+                    check,
+                },
+            ));
+        }
+        Ok(Action::Job(
+            need,
+            Job::Write {
+                lba: b.lba,
+                blocks,
+                buf: Some(buf),
+            },
+        ))
+    }
+
+    /// A buffer of exactly `len` bytes holding the start of `data` (zero-copy when the
+    /// initiator's buffer already has that size).
+    pub(super) fn exact(&mut self, data: Option<IoBuf>, len: usize) -> IoBuf {
+        match data {
+            Some(d) if d.as_slice().len() == len => d,
+            Some(d) => {
+                let mut b = self.buf(len);
+                let n = len.min(d.as_slice().len());
+                b.as_mut_slice()[..n].copy_from_slice(&d.as_slice()[..n]);
+                b
+            }
+            None => self.buf(len),
+        }
+    }
+
+    /// VERIFY (10/12/16) (SBC-3 5.26-5.28).
+    pub(super) fn verify(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        let bytchk = (b.flags >> 1) & 0x03;
+        ctx.xfer = match bytchk {
+            0 => 0,
+            1 => b.blocks * bs,
+            3 if b.blocks > 0 => bs,
+            _ => 0,
+        };
+        rw::check_protect(&b)?;
+        if bytchk == 2 {
+            return Err(CmdError::invalid_cdb(1, Some(1)));
+        }
+        rw::check_transfer(lun, &cdb, b.blocks)?;
+        rw::check_range(lun, b.lba, b.blocks)?;
+        if bytchk == 0 || b.blocks == 0 {
+            // Medium verification: RAM has nothing to verify.
+            return Ok(Action::Good);
+        }
+        let need_len = ctx.xfer as usize;
+        let have = data_out
+            .as_ref()
+            .map_or(0, |d| d.as_slice().len())
+            .min(ctx.edtl as usize);
+        if have < need_len {
+            // The data to compare with did not all arrive.
+            return Err(CmdError::param_list_length());
+        }
+        let expect = self.exact(data_out, need_len);
+        Ok(Action::Job(
+            Need::None,
+            Job::Compare {
+                lba: b.lba,
+                blocks: b.blocks,
+                expect,
+                repeat_block: bytchk == 3,
+            },
+        ))
+    }
+
+    /// WRITE SAME (10/16) (SBC-3 5.41, 5.42). NUMBER OF LOGICAL BLOCKS 0 means "to the end
+    /// of the medium" (WSNZ=0); with UNMAP set the blocks are deallocated (and read back
+    /// as zeros, LBPRZ) whatever the data block holds.
+    pub(super) fn write_same(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        let unmap = b.flags & 0x08 != 0;
+        let anchor = b.flags & 0x10 != 0;
+        let ndob = cdb.opcode() == op::WRITE_SAME16 && b.flags & 0x01 != 0;
+        let len_byte = if cdb.opcode() == op::WRITE_SAME10 {
+            7
+        } else {
+            10
+        };
+        ctx.xfer = if ndob { 0 } else { bs };
+        rw::check_protect(&b)?;
+        if anchor {
+            // ANCHOR requires ANC_SUP, which riser does not report (SBC-3 5.41).
+            return Err(CmdError::invalid_cdb(1, Some(4)));
+        }
+        if unmap && !lun.thin_provisioned() {
+            return Err(CmdError::invalid_cdb(1, Some(3)));
+        }
+        rw::check_range(lun, b.lba, b.blocks)?;
+        let blocks = if b.blocks == 0 {
+            lun.num_blocks() - b.lba
+        } else {
+            b.blocks
+        };
+        if blocks > MAX_WRITE_SAME_BLOCKS {
+            return Err(CmdError::invalid_cdb(len_byte, None));
+        }
+        // Exactly one logical block of data (none with NDOB).
+        let got = data_out
+            .as_ref()
+            .map_or(0, |d| d.as_slice().len() as u64)
+            .min(ctx.edtl as u64);
+        if !ndob && (ctx.edtl as u64 != bs || got < bs) {
+            return Err(CmdError::param_list_length());
+        }
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        if blocks == 0 {
+            return Ok(Action::Good);
+        }
+        let need = Need::Shared(vec![(b.lba, blocks)]);
+        if unmap {
+            return Ok(Action::Job(
+                need,
+                Job::Unmap {
+                    ranges: vec![(b.lba, blocks)],
+                },
+            ));
+        }
+        let pattern: Vec<u8> = match &data_out {
+            Some(d) if !ndob => d.as_slice()[..bs as usize].to_vec(),
+            _ => vec![0u8; bs as usize],
+        };
+        if pattern.iter().all(|&x| x == 0) && lun.bdev().supports(IoKind::WriteZeroes) {
+            return Ok(Action::Job(need, Job::WriteZeroes { lba: b.lba, blocks }));
+        }
+        Ok(Action::Job(
+            need,
+            Job::WriteSame {
+                next: b.lba,
+                end: b.lba + blocks,
+                pattern,
+                buf: None,
+            },
+        ))
+    }
+
+    /// UNMAP (SBC-3 5.28) with its parameter list.
+    pub(super) fn unmap(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let len = cdb.be16(7) as usize;
+        ctx.xfer = len as u64;
+        if !lun.thin_provisioned() {
+            return Err(CmdError::invalid_opcode());
+        }
+        if cdb.u8(1) & 0x01 != 0 {
+            return Err(CmdError::invalid_cdb(1, Some(0))); // ANCHOR without ANC_SUP
+        }
+        if len == 0 {
+            return Ok(Action::Good);
+        }
+        if len < 8 {
+            return Err(CmdError::param_list_length());
+        }
+        let p = param(&data_out, len as u64, ctx.edtl);
+        if p.len() < len {
+            return Err(CmdError::param_list_length());
+        }
+        let data_len = get_be16(p, 0) as usize;
+        let bd_len = get_be16(p, 2) as usize;
+        if data_len + 2 > len || bd_len + 8 > len || (bd_len > 0 && data_len < bd_len + 6) {
+            return Err(CmdError::param_list_length());
+        }
+        let n = bd_len / 16;
+        if n > MAX_UNMAP_DESCRIPTORS {
+            return Err(CmdError::invalid_param(2, None));
+        }
+        let mut ranges = Vec::with_capacity(n);
+        for i in 0..n {
+            let d = &p[8 + 16 * i..];
+            let lba = get_be64(d, 0);
+            let cnt = get_be32(d, 8) as u64;
+            if cnt > MAX_UNMAP_LBA_COUNT {
+                return Err(CmdError::invalid_param((8 + 16 * i + 8) as u16, None));
+            }
+            rw::check_range(lun, lba, cnt)?;
+            if cnt > 0 {
+                ranges.push((lba, cnt));
+            }
+        }
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        if ranges.is_empty() {
+            return Ok(Action::Good);
+        }
+        Ok(Action::Job(
+            Need::Shared(ranges.clone()),
+            Job::Unmap { ranges },
+        ))
+    }
+
+    /// COMPARE AND WRITE (SBC-3 5.2): atomic against every other write to the range.
+    pub(super) fn compare_and_write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        ctx.xfer = 2 * b.blocks * bs;
+        rw::check_protect(&b)?;
+        if b.blocks > MAX_CAW_BLOCKS {
+            return Err(CmdError::invalid_cdb(13, None));
+        }
+        rw::check_range(lun, b.lba, b.blocks)?;
+        if b.blocks == 0 {
+            return Ok(Action::Good);
+        }
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        let need_len = (2 * b.blocks * bs) as usize;
+        let have = data_out
+            .as_ref()
+            .map_or(0, |d| d.as_slice().len())
+            .min(ctx.edtl as usize);
+        if have < need_len || (ctx.edtl as usize) != need_len {
+            // SBC-3 5.2: the Data-Out buffer holds exactly 2 x NUMBER OF LOGICAL BLOCKS.
+            return Err(CmdError::invalid_cdb(13, None));
+        }
+        let data = self.exact(data_out, need_len);
+        Ok(Action::Job(
+            Need::Exclusive(b.lba, b.blocks),
+            Job::CompareAndWrite {
+                lba: b.lba,
+                blocks: b.blocks,
+                data,
+                writing: false,
+            },
+        ))
+    }
+
+    /// ORWRITE (16) (SBC-3 5.9): read, OR the data in, write; atomic like COMPARE AND WRITE.
+    pub(super) fn orwrite(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let b = rw::decode(&cdb);
+        let bs = lun.block_size() as u64;
+        ctx.xfer = b.blocks * bs;
+        rw::check_protect(&b)?;
+        rw::check_transfer(lun, &cdb, b.blocks)?;
+        rw::check_range(lun, b.lba, b.blocks)?;
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        let avail = data_out
+            .as_ref()
+            .map_or(0, |d| d.as_slice().len() as u64)
+            .min(ctx.edtl as u64);
+        let blocks = b.blocks.min(avail / bs);
+        if blocks == 0 {
+            return Ok(Action::Good);
+        }
+        let data = self.exact(data_out, (blocks * bs) as usize);
+        Ok(Action::Job(
+            Need::Exclusive(b.lba, blocks),
+            Job::OrWrite {
+                lba: b.lba,
+                blocks,
+                data,
+                writing: false,
+            },
+        ))
+    }
+
+    /// GET LBA STATUS (SBC-3 5.5): blocks that read as zeros are reported deallocated
+    /// (LBPRZ: an unmapped block reads as zeros, and a zeroed block is as good as
+    /// unmapped).
+    pub(super) fn get_lba_status(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let lba = cdb.be64(2);
+        let alloc = cdb.be32(10) as usize;
+        if lba >= lun.num_blocks() {
+            return Err(CmdError::lba_out_of_range());
+        }
+        // Examine a bounded window from the starting LBA: SBC-3 5.5 lets the device server
+        // describe fewer blocks than remain; the initiator asks again from the next LBA.
+        let window = (LBA_STATUS_WINDOW_BYTES / lun.block_size() as u64)
+            .max(1)
+            .min(lun.num_blocks() - lba);
+        ctx.xfer = alloc as u64;
+        Ok(Action::Job(
+            Need::None,
+            Job::LbaStatus {
+                lba,
+                blocks: window,
+                alloc,
+            },
+        ))
+    }
+}

@@ -1,0 +1,94 @@
+//! Small helpers of the executor: parameter lists, reservation classes, and the data of
+//! a few emulated commands.
+
+use riser_bdev::IoBuf;
+
+use super::Action;
+use crate::cdb::{op, put_be16, put_be32, put_be64, Cdb};
+use crate::opcodes::CmdDesc;
+use crate::pr::PrClass;
+use crate::sense::CmdResult;
+use crate::task::Nexus;
+
+/// Bytes GET LBA STATUS examines per command.
+pub(super) const LBA_STATUS_WINDOW_BYTES: u64 = 1 << 20;
+
+/// The parameter list of a command: the data-out bytes, cut to the CDB's parameter list
+/// length and to EDTL.
+pub(super) fn param(data_out: &Option<IoBuf>, len: u64, edtl: u32) -> &[u8] {
+    let d = data_out.as_ref().map_or(&[][..], |d| d.as_slice());
+    let n = (d.len() as u64).min(len).min(edtl as u64) as usize;
+    &d[..n]
+}
+
+/// How `d` interacts with reservations, refined by CDB fields where SPC/SBC say so.
+pub(super) fn class_of(d: &CmdDesc, cdb: &Cdb) -> PrClass {
+    match cdb.opcode() {
+        // PREVENT ALLOW MEDIUM REMOVAL with PREVENT=0 is allowed (SBC-3 table 13).
+        op::PREVENT_ALLOW if cdb.u8(4) & 0x03 == 0 => PrClass::AllowedPr,
+        // START STOP UNIT with START=1 and no power condition is allowed.
+        op::START_STOP_UNIT if cdb.u8(4) & 0xF1 == 0x01 => PrClass::AllowedPr,
+        _ => d.pr,
+    }
+}
+
+/// GET LBA STATUS parameter data (SBC-3 5.5.2) for the blocks in `data` from `lba`.
+pub(super) fn lba_status_data(lba: u64, data: &[u8], bs: usize) -> Vec<u8> {
+    let mut v = vec![0u8; 8];
+    let mut runs: Vec<(u64, u64, u8)> = Vec::new();
+    for (i, blk) in data.chunks(bs).enumerate() {
+        // Provisioning status: 0 mapped, 1 deallocated.
+        let st = if blk.iter().all(|&b| b == 0) { 1 } else { 0 };
+        match runs.last_mut() {
+            Some(r) if r.2 == st => r.1 += 1,
+            _ => runs.push((lba + i as u64, 1, st)),
+        }
+    }
+    for (start, n, st) in runs {
+        let mut d = [0u8; 16];
+        put_be64(&mut d, 0, start);
+        put_be32(&mut d, 8, n.min(u32::MAX as u64) as u32);
+        d[12] = st;
+        v.extend_from_slice(&d);
+    }
+    let n = (v.len() - 4) as u32;
+    put_be32(&mut v, 0, n);
+    v
+}
+
+/// READ DEFECT DATA (10/12) (SBC-3 5.11, 5.12): an empty list in the requested format.
+pub(super) fn read_defect_data(cdb: &Cdb) -> Action {
+    let ten = cdb.opcode() == op::READ_DEFECT_DATA10;
+    let (flags, alloc) = if ten {
+        (cdb.u8(2), cdb.be16(7) as usize)
+    } else {
+        (cdb.u8(1), cdb.be32(6) as usize)
+    };
+    let v = if ten {
+        vec![0, flags & 0x1F, 0, 0]
+    } else {
+        vec![0, flags & 0x1F, 0, 0, 0, 0, 0, 0]
+    };
+    Action::Data(v, alloc)
+}
+
+/// REPORT TARGET PORT GROUPS (SPC-4 6.36): one group, active/optimized, holding the
+/// nexus's target port.
+pub(super) fn report_target_port_groups(nexus: &Nexus, cdb: &Cdb) -> CmdResult<Vec<u8>> {
+    let ext = cdb.u8(1) >> 5 == 0x01;
+    let mut v = vec![0u8; if ext { 8 } else { 4 }];
+    if ext {
+        v[4] = 0x10; // FORMAT TYPE 001b
+    }
+    let mut g = [0u8; 12];
+    g[0] = 0x80; // PREF, asymmetric access state 0: active/optimized
+    g[1] = 0x01; // AO_SUP
+    put_be16(&mut g, 2, nexus.target_port_group);
+    g[7] = 1; // target port count
+
+    put_be16(&mut g, 10, nexus.rel_target_port);
+    v.extend_from_slice(&g);
+    let n = (v.len() - 4) as u32;
+    put_be32(&mut v, 0, n);
+    Ok(v)
+}
