@@ -160,6 +160,7 @@ impl TcpDatamover {
                     buffer_offset: s.next_offset,
                     desired_data_transfer_length: len,
                 })));
+                log::trace!("R2T itt {:#x} ttt {:#x} offset {} len {len}", itt.0, ttt.0, s.next_offset);
                 s.r2ts.push(R2tState { ttt, offset: s.next_offset, len, received: 0, next_data_sn: Sn(0) });
                 s.r2t_sn = s.r2t_sn.next();
                 s.next_offset += len;
@@ -180,6 +181,7 @@ impl TcpDatamover {
             return;
         };
         let len = pdu.data.len() as u32;
+        log::trace!("Data-Out itt {:#x} ttt {:#x} DataSN {} offset {} len {len} F {}", itt.0, d.ttt.0, d.data_sn.get(), d.buffer_offset, d.final_bit);
         let Some(ri) = s.r2ts.iter().position(|r| r.ttt == d.ttt) else {
             events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: 0x09 });
             return;

@@ -346,12 +346,8 @@ impl<D: Datamover> Connection<D> {
         work += self.run_actions();
         // Push out what the actions queued in this same pass.
         if work > 0 {
+            // Events this produces (newly received PDUs) wait in `events` for the next pass.
             work += self.dm.poll(&mut self.events);
-            for ev in self.events.drain(..) {
-                if let DmEvent::Terminated(why) = ev {
-                    terminated = Some(why);
-                }
-            }
         }
         let expired = self.closing_since.map_or(false, |t| now.duration_since(t) > CLOSE_GRACE);
         if let Some(why) = terminated.or_else(|| expired.then(|| "close timed out".to_string())) {
@@ -384,6 +380,11 @@ impl<D: Datamover> Connection<D> {
             let nexus = self.nexus.clone();
             for ch in self.channels.values_mut() {
                 ch.abort_nexus(&nexus);
+                ch.forget_nexus(&nexus);
+            }
+            // The I_T nexus is gone: SPC-2 reservations and PREVENT held by it end.
+            for l in self.luns.iter() {
+                l.scsi.nexus_lost(&nexus);
             }
             self.dm.connection_terminate();
             self.registry.remove(self.info.id);

@@ -601,12 +601,14 @@ impl IscsiTarget {
                 .map_err(|e| claim_error("bdev_name", e))?;
             node.change(|st| {
                 let mut v = st.luns.to_vec();
-                // SPC-4 §6.33: the LUN inventory changed for every initiator of the node.
-                for l in &v {
-                    l.scsi.establish_ua_all(riser_scsi::Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
-                }
                 v.push(Lun::new(id, bdev_name, bdev, node.name()));
                 v.sort_by_key(|l| l.id);
+                // Every LUN learns the new inventory; those that existed raise REPORTED
+                // LUNS DATA HAS CHANGED for every initiator (SPC-4 §6.33).
+                let ids: Vec<u64> = v.iter().map(|l| l.id as u64).collect();
+                for l in &v {
+                    l.scsi.set_target_luns(&ids);
+                }
                 st.luns = v.into();
             });
             log::info!("iSCSI target node {}: LUN {id} is bdev {bdev_name}", node.name());

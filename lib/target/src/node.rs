@@ -128,7 +128,16 @@ impl TargetNode {
             data_digest: init.data_digest,
             generation: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
-            state: Mutex::new(NodeState { luns: luns.into(), maps }),
+            state: Mutex::new(NodeState {
+                luns: {
+                    let ids: Vec<u64> = luns.iter().map(|l| l.id as u64).collect();
+                    for l in &luns {
+                        l.scsi.set_target_luns(&ids);
+                    }
+                    luns.into()
+                },
+                maps,
+            }),
         }
     }
 

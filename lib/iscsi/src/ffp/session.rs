@@ -270,6 +270,7 @@ impl Ffp {
 
     /// A control-type PDU from the datamover (Control_Notify).
     pub fn on_pdu(&mut self, pdu: Pdu, now: Instant) {
+        log::trace!("rx {:?} itt {:#x} data {} (ExpCmdSN {}, MaxCmdSN {})", pdu.opcode(), pdu.itt().0, pdu.data.len(), self.exp_cmd_sn.get(), self.max_cmd_sn.get());
         self.last_rx = now;
         if self.closing {
             return;
