@@ -303,3 +303,58 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
         other => panic!("expected a JSON-RPC error, got {other:?}"),
     }
 }
+
+pub mod iscsi;
+
+/// A TCP port free on 127.0.0.1 right now (tests run in parallel: each target gets its own).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+impl Riser {
+    /// Configures, over JSON-RPC, an iSCSI target `iqn.2016-06.io.riser:NAME` on
+    /// 127.0.0.1:`port` with one malloc LUN per entry of `lun_mib` (LUN ids 0, 1, ...),
+    /// open to any initiator. Returns the target's IQN.
+    pub fn add_iscsi_target(&self, name: &str, port: u16, lun_mib: &[u64]) -> String {
+        let call = |m: &str, p: Value| {
+            self.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\nriser log:\n{}", self.log()))
+        };
+        let mut luns = Vec::new();
+        for (i, mib) in lun_mib.iter().enumerate() {
+            let bdev = format!("{name}_m{i}");
+            call("bdev_malloc_create", json!({"name": bdev, "num_blocks": mib * 2048, "block_size": 512}));
+            luns.push(json!({"bdev_name": bdev, "lun_id": i}));
+        }
+        if self.call("iscsi_get_portal_groups", None).map(|v| v.as_array().map_or(0, |a| a.len())).unwrap_or(0) == 0 {
+            call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": port.to_string()}]}));
+            call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
+        }
+        call(
+            "iscsi_create_target_node",
+            json!({"name": name, "alias_name": name, "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}], "luns": luns, "queue_depth": 64}),
+        );
+        // The listener starts on the RPC thread; wait until it accepts.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "riser did not listen on port {port}:\n{}", self.log());
+            thread::sleep(Duration::from_millis(20));
+        }
+        format!("iqn.2016-06.io.riser:{name}")
+    }
+
+    /// Resident memory of the daemon in KiB (from /proc), for leak checks.
+    pub fn rss_kib(&self) -> u64 {
+        let Some(pid) = self.pid() else { return 0 };
+        fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+}

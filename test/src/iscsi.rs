@@ -1,0 +1,341 @@
+//! A small, deliberately low-level iSCSI initiator for tests: it speaks the wire format
+//! through riser-iscsi's codec, so tests can send well-formed traffic and also exactly the
+//! malformed traffic they want (truncated headers, bad digests, oversized segments).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use riser_iscsi::framer::{Framer, FramerLimits};
+use riser_iscsi::pdu::{
+    Bhs, Digests, Isid, LoginRequest, Lun, NopOut, Op, Pdu, ScsiCommand, Stage, TextRequest, BHS_LEN,
+};
+use riser_iscsi::serial::{Itt, Sn, Ttt};
+use riser_iscsi::text::{encode_pairs, parse_pairs, Pairs};
+
+pub const INITIATOR: &str = "iqn.2024-01.io.riser.test:initiator";
+
+/// A connection speaking iSCSI (or deliberately not).
+pub struct Client {
+    pub sock: TcpStream,
+    framer: Framer,
+    pub digests: Digests,
+    pub cmd_sn: Sn,
+    pub exp_stat_sn: Sn,
+    next_itt: u32,
+    isid: [u8; 6],
+}
+
+impl Client {
+    pub fn connect(port: u16) -> Client {
+        let sock = TcpStream::connect(("127.0.0.1", port)).expect("connect to riser");
+        sock.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        sock.set_nodelay(true).ok();
+        let mut framer = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 1 << 20, max_ahs_length: 1020 });
+        framer.set_digests(Digests::default());
+        let pid = std::process::id();
+        Client {
+            sock,
+            framer,
+            digests: Digests::default(),
+            cmd_sn: Sn(1),
+            exp_stat_sn: Sn(0),
+            next_itt: 1,
+            isid: [0x80, 0, 0, (pid >> 8) as u8, pid as u8, rand_byte()],
+        }
+    }
+
+    pub fn itt(&mut self) -> Itt {
+        self.next_itt += 1;
+        Itt(self.next_itt)
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.sock.write_all(bytes)
+    }
+
+    pub fn send(&mut self, pdu: &Pdu) -> std::io::Result<()> {
+        let bytes = pdu.to_bytes(self.digests).expect("encode");
+        self.sock.write_all(&bytes)
+    }
+
+    /// The next PDU, or None when the target closed the connection (or timed out).
+    pub fn recv(&mut self) -> Option<Pdu> {
+        let mut buf = [0u8; 65536];
+        loop {
+            match self.framer.next_pdu() {
+                Ok(Some(p)) => {
+                    if let Some(sn) = stat_sn_of(&p) {
+                        self.exp_stat_sn = sn.next();
+                    }
+                    return Some(p);
+                }
+                Ok(None) => {}
+                Err(e) => panic!("target sent something unparsable: {e}"),
+            }
+            match self.sock.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.framer.feed(&buf[..n]),
+            }
+        }
+    }
+
+    /// Waits until the target closes the connection; false if it stays open `within`.
+    pub fn closed_within(&mut self, within: Duration) -> bool {
+        self.sock.set_read_timeout(Some(within)).ok();
+        let mut buf = [0u8; 4096];
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            match self.sock.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                    return false
+                }
+                Err(_) => return true,
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+        }
+    }
+
+    pub fn login_request(&mut self, csg: Stage, nsg: Stage, transit: bool, keys: &[(&str, &str)]) -> Pdu {
+        let itt = self.itt();
+        Pdu::with_data(
+            Op::LoginRequest(LoginRequest {
+                transit_bit: transit,
+                continue_bit: false,
+                csg,
+                nsg,
+                version_max: 0,
+                version_min: 0,
+                isid: Isid(self.isid),
+                tsih: 0,
+                itt,
+                cid: 1,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            }),
+            encode_pairs(keys),
+        )
+    }
+
+    /// A full login (security stage skipped) with extra operational keys; returns the keys
+    /// the target answered, or the login status on failure.
+    pub fn login(&mut self, target: &str, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
+        // Digests start after login (RFC 7143 §13.1).
+        let digests = std::mem::take(&mut self.digests);
+        let mut keys: Vec<(&str, &str)> = vec![
+            ("InitiatorName", INITIATOR),
+            ("TargetName", target),
+            ("SessionType", "Normal"),
+            ("AuthMethod", "None"),
+        ];
+        let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, true, &keys);
+        self.send(&req).expect("send login");
+        let resp = self.recv().ok_or((0xff, 0xff))?;
+        let Op::LoginResponse(r) = &resp.bhs.op else { panic!("expected a Login Response") };
+        if r.status.class != 0 {
+            return Err((r.status.class, r.status.detail));
+        }
+        let mut answered = parse_pairs(&resp.data).unwrap_or_default();
+        keys = vec![
+            ("HeaderDigest", if digests.header { "CRC32C" } else { "None" }),
+            ("DataDigest", if digests.data { "CRC32C" } else { "None" }),
+            ("ImmediateData", "Yes"),
+            ("InitialR2T", "Yes"),
+            ("MaxRecvDataSegmentLength", "262144"),
+        ];
+        keys.extend_from_slice(extra);
+        let mut req = self.login_request(Stage::LoginOperationalNegotiation, Stage::FullFeaturePhase, true, &keys);
+        loop {
+            self.send(&req).expect("send login");
+            let resp = self.recv().ok_or((0xff, 0xff))?;
+            let Op::LoginResponse(r) = &resp.bhs.op else { panic!("expected a Login Response") };
+            if r.status.class != 0 {
+                return Err((r.status.class, r.status.detail));
+            }
+            let got = parse_pairs(&resp.data).unwrap_or_default();
+            answered.extend(got.iter().cloned());
+            if r.transit_bit && r.nsg == Stage::FullFeaturePhase {
+                self.cmd_sn = r.exp_cmd_sn;
+                break;
+            }
+            // The target offered keys of its own (RFC 7143 §6.2): accept its values.
+            let offers: Vec<(String, String)> =
+                got.into_iter().filter(|(k, _)| !keys.iter().any(|(s, _)| s == k)).collect();
+            let offers: Vec<(&str, &str)> = offers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            req = self.login_request(Stage::LoginOperationalNegotiation, Stage::FullFeaturePhase, true, &offers);
+        }
+        self.digests = digests;
+        self.framer.set_digests(digests);
+        Ok(answered)
+    }
+
+    pub fn scsi_command(&mut self, cdb: &[u8], read: bool, write: bool, edtl: u32, data: Vec<u8>) -> Pdu {
+        let itt = self.itt();
+        let mut c = [0u8; 16];
+        c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
+        let pdu = Pdu::with_data(
+            Op::ScsiCommand(ScsiCommand {
+                immediate: false,
+                final_bit: true,
+                read,
+                write,
+                attr: 1,
+                lun: Lun(0),
+                itt,
+                expected_data_transfer_length: edtl,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+                cdb: c,
+            }),
+            data,
+        );
+        self.cmd_sn = self.cmd_sn.next();
+        pdu
+    }
+
+    /// WRITE(10) of `data` (whole 512-byte blocks, sent as immediate data) at `lba`;
+    /// returns the SCSI status.
+    pub fn write10(&mut self, lba: u32, data: &[u8]) -> Option<u8> {
+        let blocks = (data.len() / 512) as u16;
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x2a;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let pdu = self.scsi_command(&cdb, false, true, data.len() as u32, data.to_vec());
+        self.send(&pdu).ok()?;
+        self.wait_status()
+    }
+
+    /// READ(10); returns (status, data).
+    pub fn read10(&mut self, lba: u32, blocks: u16) -> Option<(u8, Vec<u8>)> {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let pdu = self.scsi_command(&cdb, true, false, blocks as u32 * 512, Vec::new());
+        self.send(&pdu).ok()?;
+        let mut data = Vec::new();
+        loop {
+            let p = self.recv()?;
+            match p.bhs.op {
+                Op::DataIn(d) => {
+                    let off = d.buffer_offset as usize;
+                    if data.len() < off + p.data.len() {
+                        data.resize(off + p.data.len(), 0);
+                    }
+                    data[off..off + p.data.len()].copy_from_slice(&p.data);
+                    if d.status_present {
+                        return Some((d.status, data));
+                    }
+                }
+                Op::ScsiResponse(r) => return Some((r.status, data)),
+                _ => {}
+            }
+        }
+    }
+
+    /// TEST UNIT READY until GOOD (a new I_T nexus first sees a POWER ON unit attention);
+    /// returns whether the unit became ready.
+    pub fn clear_unit_attentions(&mut self) -> bool {
+        for _ in 0..8 {
+            let pdu = self.scsi_command(&[0u8; 6], false, false, 0, Vec::new());
+            if self.send(&pdu).is_err() {
+                return false;
+            }
+            match self.wait_status() {
+                Some(0) => return true,
+                Some(_) => continue,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    fn wait_status(&mut self) -> Option<u8> {
+        loop {
+            let p = self.recv()?;
+            match p.bhs.op {
+                Op::ScsiResponse(r) => return Some(r.status),
+                Op::DataIn(d) if d.status_present => return Some(d.status),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn nop(&mut self, ping: &[u8]) -> Option<Vec<u8>> {
+        let itt = self.itt();
+        let pdu = Pdu::with_data(
+            Op::NopOut(NopOut { immediate: true, lun: Lun(0), itt, ttt: Ttt::RESERVED, cmd_sn: self.cmd_sn, exp_stat_sn: self.exp_stat_sn }),
+            ping.to_vec(),
+        );
+        self.send(&pdu).ok()?;
+        loop {
+            let p = self.recv()?;
+            if let Op::NopIn(n) = &p.bhs.op {
+                if n.itt == itt {
+                    return Some(p.data);
+                }
+            }
+        }
+    }
+
+    pub fn text(&mut self, continue_bit: bool, data: &[u8]) -> Pdu {
+        let itt = self.itt();
+        Pdu::with_data(
+            Op::TextRequest(TextRequest {
+                immediate: true,
+                final_bit: !continue_bit,
+                continue_bit,
+                lun: Lun(0),
+                itt,
+                ttt: Ttt::RESERVED,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            }),
+            data.to_vec(),
+        )
+    }
+}
+
+fn stat_sn_of(p: &Pdu) -> Option<Sn> {
+    Some(match &p.bhs.op {
+        Op::ScsiResponse(r) => r.stat_sn,
+        Op::NopIn(n) if !n.itt.is_reserved() => n.stat_sn,
+        Op::TextResponse(t) => t.stat_sn,
+        Op::LogoutResponse(l) => l.stat_sn,
+        Op::TaskMgmtResponse(t) => t.stat_sn,
+        Op::DataIn(d) if d.status_present => d.stat_sn,
+        _ => return None,
+    })
+}
+
+fn rand_byte() -> u8 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
+    (t ^ (t >> 8) ^ (t >> 16)) as u8
+}
+
+/// A raw 48-byte header with `opcode` and the given data segment length.
+pub fn raw_header(opcode: u8, data_len: u32, itt: u32) -> [u8; BHS_LEN] {
+    let mut h = [0u8; BHS_LEN];
+    h[0] = opcode;
+    h[1] = 0x80;
+    h[5..8].copy_from_slice(&data_len.to_be_bytes()[1..]);
+    h[16..20].copy_from_slice(&itt.to_be_bytes());
+    h
+}
+
+/// Whether a PDU is a Reject, and its reason.
+pub fn reject_reason(p: &Pdu) -> Option<u8> {
+    match &p.bhs.op {
+        Op::Reject(r) => Some(r.reason),
+        _ => None,
+    }
+}
+
+pub fn parse_header(h: &[u8; BHS_LEN]) -> Bhs {
+    Bhs::parse(h).expect("valid header")
+}
