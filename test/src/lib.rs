@@ -157,8 +157,11 @@ impl Riser {
         let out = File::create(&log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
         let err = out.try_clone().unwrap_or_else(|e| panic!("cannot dup the log file: {e}"));
         // Adaptive polling and one core: tests share a 2-core machine with each other.
+        let mask: &[&str] = if extra.contains(&"-m") { &[] } else { &["-m", "0x1"] };
         let child = Command::new(bin("riser"))
-            .args(["--poll-mode", "adaptive", "-m", "0x1", "-r"])
+            .args(["--poll-mode", "adaptive"])
+            .args(mask)
+            .arg("-r")
             .arg(&sock)
             .args(extra)
             .stdin(Stdio::null())
