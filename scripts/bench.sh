@@ -10,3 +10,7 @@ for dev in null malloc; do
   echo "-- $dev"
   $perf bdev --bdev "$dev" --size-mib 1024 --bs 4096 --qd 128 --rw randread --time "$time" -m 0x1
 done
+
+echo
+echo "== iSCSI over TCP: riser vs tgt, 4 KiB random read, QD 32, null LUN, iscsi-perf (aim: riser >= 1.5x tgt) =="
+scripts/bench-iscsi.sh

@@ -11,7 +11,7 @@ for g in "${groups[@]}"; do
   case "$g" in
     build) pkgs+=(build-essential pkg-config) ;;
     test)  pkgs+=(build-essential pkg-config python3 libiscsi-bin sg3-utils) ;;
-    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt) ;;
+    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs) ;;
     *) echo "setup.sh: unknown group $g (build, test, bench, vm)" >&2; exit 2 ;;
