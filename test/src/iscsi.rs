@@ -23,7 +23,12 @@ pub struct Client {
     pub cmd_sn: Sn,
     pub exp_stat_sn: Sn,
     next_itt: u32,
-    isid: [u8; 6],
+    /// The ISID this client logs in with (copy it to another client to join or reinstate).
+    pub isid: [u8; 6],
+    /// 0 for a new session; a session's TSIH to add a connection to it (set after login).
+    pub tsih: u16,
+    /// The connection ID sent at login.
+    pub cid: u16,
 }
 
 impl Client {
@@ -42,6 +47,8 @@ impl Client {
             exp_stat_sn: Sn(0),
             next_itt: 1,
             isid: [0x80, 0, 0, (pid >> 8) as u8, pid as u8, rand_byte()],
+            tsih: 0,
+            cid: 1,
         }
     }
 
@@ -111,9 +118,9 @@ impl Client {
                 version_max: 0,
                 version_min: 0,
                 isid: Isid(self.isid),
-                tsih: 0,
+                tsih: self.tsih,
                 itt,
-                cid: 1,
+                cid: self.cid,
                 cmd_sn: self.cmd_sn,
                 exp_stat_sn: self.exp_stat_sn,
             }),
@@ -160,6 +167,7 @@ impl Client {
             answered.extend(got.iter().cloned());
             if r.transit_bit && r.nsg == Stage::FullFeaturePhase {
                 self.cmd_sn = r.exp_cmd_sn;
+                self.tsih = r.tsih;
                 break;
             }
             // The target offered keys of its own (RFC 7143 §6.2): accept its values.

@@ -101,3 +101,54 @@ fn sessions_spread_over_reactors() {
     assert_eq!(a.write10(100, &data), Some(0));
     assert_eq!(b.read10(100, 8).map(|(s, d)| (s, d == data)), Some((0, true)), "b sees a's write");
 }
+
+/// Two connections in one session (MC/S): they share the session's CmdSN window, see the
+/// same data, a third is refused (MaxConnections), and logging the session out closes both.
+#[test]
+fn multiple_connections_per_session() {
+    use riser_tests::iscsi::Client;
+    let riser = Riser::start_with(&["-m", "0x3", "--no-pin"]);
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("mcs", port, &[8]);
+    let mut a = Client::connect(port);
+    let keys = a.login(&iqn, &[("MaxConnections", "4")]).expect("leading login");
+    let max: u16 = keys.iter().find(|(k, _)| k == "MaxConnections").and_then(|(_, v)| v.parse().ok()).expect("MaxConnections answered");
+    assert_eq!(max, 2, "riser's default max_connections_per_session");
+    assert!(a.tsih != 0);
+    let mut b = Client::connect(port);
+    b.isid = a.isid;
+    b.tsih = a.tsih;
+    b.cid = 2;
+    b.login(&iqn, &[]).expect("second connection joins the session");
+    assert_eq!(b.tsih, a.tsih);
+    // One window: b continues where a's CmdSN is.
+    assert!(a.clear_unit_attentions());
+    b.cmd_sn = a.cmd_sn;
+    let data = vec![0xc3u8; 4096];
+    assert_eq!(b.write10(64, &data), Some(0), "a command on the second connection");
+    a.cmd_sn = b.cmd_sn;
+    assert_eq!(a.read10(64, 8).map(|(s, d)| (s, d == data)), Some((0, true)));
+    let conns = riser.call("iscsi_get_connections", None).unwrap();
+    let list = conns.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{conns}");
+    assert_eq!(list[0]["reactor"], list[1]["reactor"], "a session's connections share a reactor: {conns}");
+    // A third connection exceeds MaxConnections=2.
+    let mut c = Client::connect(port);
+    c.isid = a.isid;
+    c.tsih = a.tsih;
+    c.cid = 3;
+    assert_eq!(c.login(&iqn, &[]).err(), Some((2, 6)), "too many connections");
+    // Logout of the whole session (reason 0) on a closes b too.
+    let itt = a.itt();
+    let logout = riser_iscsi::pdu::Pdu::new(riser_iscsi::pdu::Op::LogoutRequest(riser_iscsi::pdu::LogoutRequest {
+        immediate: true,
+        reason_code: 0,
+        itt,
+        cid: 1,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: a.exp_stat_sn,
+    }));
+    a.send(&logout).unwrap();
+    assert!(matches!(a.recv().map(|p| p.bhs.op), Some(riser_iscsi::pdu::Op::LogoutResponse(_))));
+    assert!(b.closed_within(std::time::Duration::from_secs(5)), "the session's other connection closes");
+}

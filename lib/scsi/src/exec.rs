@@ -133,11 +133,14 @@ enum Job {
         data: IoBuf,
         writing: bool,
     },
-    /// GET LBA STATUS: read a window and report runs of zeroed (deallocated) blocks.
+    /// GET LBA STATUS: read window after window from the starting LBA and report runs of
+    /// zeroed (deallocated) blocks; `lba`/`blocks` is the window being read.
     LbaStatus {
         lba: u64,
         blocks: u64,
         alloc: usize,
+        runs: LbaRuns,
+        scanned: u64,
     },
     /// EXTENDED COPY: segments copied one chunk at a time (read, then write).
     Copy(CopyJob),
@@ -636,7 +639,7 @@ impl LunChannel {
     /// a write (or at the start), read the next chunk.
     fn copy_next(&mut self, slot: usize, buf: Option<IoBuf>) {
         let bs = self.lun.block_size() as u64;
-        let max_chunk = (inquiry::MAX_TRANSFER_BYTES / bs).max(1);
+        let max_chunk = (xcopy::COPY_CHUNK_BYTES / bs).max(1);
         let Some(o) = self.ops[slot].as_mut() else {
             return;
         };
@@ -809,14 +812,43 @@ impl LunChannel {
                 self.submit_io(slot, IoKind::Write, lba, blocks, Some(r));
             }
             Job::Copy(_) => self.copy_next(slot, buf),
-            Job::LbaStatus { lba, alloc, .. } => {
+            Job::LbaStatus {
+                lba,
+                blocks,
+                alloc,
+                runs,
+                scanned,
+            } => {
                 let Some(r) = buf else {
                     return self.fail(slot, CmdError::internal());
                 };
-                let v = lba_status_data(*lba, r.as_slice(), bs);
-                let alloc = *alloc;
-                let mut v = v;
-                v.truncate(alloc);
+                lba_status_scan(runs, *lba, r.as_slice(), bs);
+                *scanned += *blocks;
+                let next = *lba + *blocks;
+                // Descriptors that fit in the allocation length (8-byte header, 16 each).
+                let fit = (alloc.saturating_sub(8) / 16).max(1);
+                let cap = (LBA_STATUS_MAX_SCAN_BYTES / bs as u64).max(1);
+                let left = self.lun.num_blocks().saturating_sub(next);
+                if left > 0 && runs.len() <= fit && *scanned < cap {
+                    // Everything seen so far fits in what the initiator will get: the last
+                    // run may go on, so look further.
+                    let window = (LBA_STATUS_WINDOW_BYTES / bs as u64)
+                        .max(1)
+                        .min(left)
+                        .min(cap - *scanned);
+                    *lba = next;
+                    *blocks = window;
+                    let b = r;
+                    let b = if b.as_slice().len() == window as usize * bs {
+                        b
+                    } else {
+                        self.buf(window as usize * bs)
+                    };
+                    self.submit_io(slot, IoKind::Read, next, window, Some(b));
+                    return;
+                }
+                let mut v = lba_status_data(runs);
+                v.truncate(*alloc);
                 let n = v.len();
                 if let Some(o) = self.ops[slot].as_mut() {
                     o.xfer = n as u64;

@@ -10,8 +10,11 @@ use crate::task::Nexus;
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
 /// Largest READ/WRITE transfer in bytes: bounds the buffers a single command allocates
-/// (Block Limits MAXIMUM TRANSFER LENGTH, SBC-3 6.5.3).
-pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+/// (Block Limits MAXIMUM TRANSFER LENGTH, SBC-3 6.5.3; longer transfers are refused with
+/// INVALID FIELD IN CDB). 32 MiB is 65536 blocks of 512 bytes: initiators and test suites
+/// commonly issue single 32 MiB commands (a 4-byte transfer length of 65536 blocks),
+/// while it still caps what one command can make the target hold in memory.
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 /// MAXIMUM COMPARE AND WRITE LENGTH in blocks (Block Limits byte 5).
 pub const MAX_CAW_BLOCKS: u64 = 255;
 /// MAXIMUM UNMAP LBA COUNT and block descriptor count (Block Limits bytes 20..28).

@@ -38,6 +38,7 @@ mod mode;
 mod opcodes;
 mod pr;
 mod rw;
+mod sanitize;
 pub mod sense;
 pub mod target;
 mod task;

@@ -6,13 +6,14 @@
 //! reservation exists): READ and WRITE never lock in the common case.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, IoKind};
 
 use crate::lock::RangeLock;
 use crate::pr::PrState;
+use crate::sanitize::SanitizeState;
 use crate::sense::Asc;
 use crate::task::Nexus;
 use crate::xcopy::CopyResults;
@@ -21,6 +22,8 @@ use crate::xcopy::CopyResults;
 pub(crate) const ATTN_UA: u32 = 1;
 /// `attn` bit: a persistent reservation or an SPC-2 reservation exists.
 pub(crate) const ATTN_RESERVED: u32 = 2;
+/// `attn` bit: a sanitize operation is running or has failed (commands are gated).
+pub(crate) const ATTN_SANITIZE: u32 = 4;
 
 /// Mode bit: write cache enabled (caching mode page WCE).
 pub(crate) const MODE_WCE: u32 = 1;
@@ -53,6 +56,12 @@ pub struct LunConfig {
     /// Thin provisioning (READ CAPACITY(16) LBPME, UNMAP, WRITE SAME with UNMAP); default:
     /// when the device supports unmap.
     pub thin_provisioning: Option<bool>,
+    /// Offer SANITIZE OVERWRITE (SBC-3). Off by default: riser's LUNs present a
+    /// non-rotating, thin-provisioned medium, whose sanitize methods are BLOCK ERASE
+    /// (deallocate) and CRYPTOGRAPHIC ERASE; an overwrite would also map every block of a
+    /// thin LU. BLOCK ERASE, CRYPTOGRAPHIC ERASE and EXIT FAILURE MODE are always offered
+    /// (BLOCK ERASE on thin-provisioned LUNs).
+    pub sanitize_overwrite: bool,
 }
 
 impl Default for LunConfig {
@@ -67,6 +76,7 @@ impl Default for LunConfig {
             removable: false,
             read_only: false,
             thin_provisioning: None,
+            sanitize_overwrite: false,
         }
     }
 }
@@ -88,6 +98,9 @@ pub(crate) struct LunState {
     /// SPC-2 RESERVE(6)/(10) holder.
     pub spc2_holder: Option<Arc<str>>,
     pub copies: CopyResults,
+    /// SANITIZE: running, failed or idle (SBC-3 4.11). Not changed by resets or nexus
+    /// loss: a sanitize operation survives them.
+    pub sanitize: SanitizeState,
 }
 
 impl LunState {
@@ -176,6 +189,9 @@ pub struct Lun {
     pub(crate) mode: AtomicU32,
     pub(crate) state: Mutex<LunState>,
     pub(crate) ranges: RangeLock,
+    /// A running sanitize operation lost the executor that drove it (its connection
+    /// ended): the next executor to poll takes it over.
+    pub(crate) sanitize_orphan: AtomicBool,
     /// LUN numbers of the target this LUN belongs to, for REPORT LUNS.
     target_luns: Mutex<Vec<u64>>,
 }
@@ -221,6 +237,7 @@ impl Lun {
             mode: AtomicU32::new(mode),
             state: Mutex::new(LunState::default()),
             ranges: RangeLock::default(),
+            sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
         })
     }
@@ -275,6 +292,9 @@ impl Lun {
         }
         if st.reserved() {
             a |= ATTN_RESERVED;
+        }
+        if st.sanitize.active() {
+            a |= ATTN_SANITIZE;
         }
         self.attn.store(a, Ordering::Release);
     }

@@ -59,6 +59,7 @@ impl Asc {
 
     pub const NO_ADDITIONAL_SENSE: Asc = Asc::new(0x00, 0x00);
     pub const LUN_NOT_READY_MANUAL_INTERVENTION: Asc = Asc::new(0x04, 0x03);
+    pub const LUN_NOT_READY_SANITIZE_IN_PROGRESS: Asc = Asc::new(0x04, 0x1B);
     pub const WRITE_ERROR: Asc = Asc::new(0x0C, 0x00);
     pub const INVALID_FIELD_IN_INFORMATION_UNIT: Asc = Asc::new(0x0E, 0x03);
     pub const UNRECOVERED_READ_ERROR: Asc = Asc::new(0x11, 0x00);
@@ -90,6 +91,7 @@ impl Asc {
     pub const REGISTRATIONS_PREEMPTED: Asc = Asc::new(0x2A, 0x05);
     pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: Asc = Asc::new(0x2F, 0x00);
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Asc = Asc::new(0x39, 0x00);
+    pub const SANITIZE_COMMAND_FAILED: Asc = Asc::new(0x31, 0x03);
     pub const MEDIUM_NOT_PRESENT: Asc = Asc::new(0x3A, 0x00);
     pub const INQUIRY_DATA_HAS_CHANGED: Asc = Asc::new(0x3F, 0x03);
     pub const REPORTED_LUNS_DATA_HAS_CHANGED: Asc = Asc::new(0x3F, 0x0E);
@@ -115,6 +117,29 @@ pub enum SenseSpecific {
         byte: u16,
         bit: Option<u8>,
     },
+    /// PROGRESS INDICATION (SPC-4 4.5.2.4.4): the fraction done of a long operation, in
+    /// 1/65536ths, reported with NOT READY (e.g. a sanitize in progress).
+    Progress(u16),
+}
+
+impl SenseSpecific {
+    /// The three SENSE KEY SPECIFIC bytes, SKSV set.
+    fn bytes(self) -> [u8; 3] {
+        match self {
+            SenseSpecific::Field { cdb, byte, bit } => {
+                let b = byte.to_be_bytes();
+                [
+                    0x80 | if cdb { 0x40 } else { 0 } | bit.map_or(0, |x| 0x08 | (x & 7)),
+                    b[0],
+                    b[1],
+                ]
+            }
+            SenseSpecific::Progress(p) => {
+                let b = p.to_be_bytes();
+                [0x80, b[0], b[1]]
+            }
+        }
+    }
 }
 
 /// The sense data of one failed command, kept structured until it is encoded.
@@ -176,9 +201,8 @@ impl Sense {
         b[7] = 10; // additional sense length: bytes 8..18
         b[12] = self.asc.asc();
         b[13] = self.asc.ascq();
-        if let Some(SenseSpecific::Field { cdb, byte, bit }) = self.specific {
-            b[15] = 0x80 | if cdb { 0x40 } else { 0 } | bit.map_or(0, |x| 0x08 | (x & 7));
-            b[16..18].copy_from_slice(&byte.to_be_bytes());
+        if let Some(sks) = self.specific {
+            b[15..18].copy_from_slice(&sks.bytes());
         }
         SenseBuf { len: 18, bytes: b }
     }
@@ -200,12 +224,11 @@ impl Sense {
             b[n + 4..n + 12].copy_from_slice(&info.to_be_bytes());
             n += 12;
         }
-        if let Some(SenseSpecific::Field { cdb, byte, bit }) = self.specific {
+        if let Some(sks) = self.specific {
             // Sense key specific descriptor (type 2), 8 bytes.
             b[n] = 0x02;
             b[n + 1] = 0x06;
-            b[n + 4] = 0x80 | if cdb { 0x40 } else { 0 } | bit.map_or(0, |x| 0x08 | (x & 7));
-            b[n + 5..n + 7].copy_from_slice(&byte.to_be_bytes());
+            b[n + 4..n + 7].copy_from_slice(&sks.bytes());
             n += 8;
         }
         b[7] = (n - 8) as u8;
@@ -306,6 +329,24 @@ impl CmdError {
                 Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_info(offset),
             ),
         }
+    }
+
+    /// NOT READY, LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS with the progress made
+    /// (SBC-3 4.11: commands other than INQUIRY, REPORT LUNS and REQUEST SENSE are refused
+    /// while a sanitize operation runs).
+    pub fn sanitize_in_progress(progress: u16) -> CmdError {
+        let mut s = Sense::new(SenseKey::NotReady, Asc::LUN_NOT_READY_SANITIZE_IN_PROGRESS);
+        s.specific = Some(SenseSpecific::Progress(progress));
+        CmdError {
+            status: Status::CheckCondition,
+            sense: Some(s),
+        }
+    }
+
+    /// MEDIUM ERROR, SANITIZE COMMAND FAILED: the last sanitize operation did not complete,
+    /// so the medium may hold partly sanitized data (SBC-3 4.11).
+    pub const fn sanitize_failed() -> CmdError {
+        CmdError::check(SenseKey::MediumError, Asc::SANITIZE_COMMAND_FAILED)
     }
 
     pub const fn internal() -> CmdError {

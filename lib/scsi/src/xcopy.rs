@@ -18,6 +18,8 @@ pub(crate) const MAX_SEGMENT_DESCRIPTORS: usize = 16;
 pub(crate) const MAX_DESCRIPTOR_LIST_LENGTH: usize = 1024;
 /// Largest segment, in bytes.
 pub(crate) const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+/// Bytes moved per read/write step of a copy: the buffer one running copy holds.
+pub(crate) const COPY_CHUNK_BYTES: u64 = 8 << 20;
 
 const TGT_IDENT: u8 = 0xE4;
 const SEG_BLOCK_TO_BLOCK: u8 = 0x02;
@@ -108,7 +110,7 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
         if n_tgt > MAX_TARGET_DESCRIPTORS {
             return Err(CmdError::illegal(Asc::TOO_MANY_TARGET_DESCRIPTORS));
         }
-        targets_ok.push(check_target(lun, &p[off..off + TGT_DESC_LEN], off)?);
+        targets_ok.push(check_target(lun, &p[off..off + TGT_DESC_LEN]));
         off += TGT_DESC_LEN;
     }
     // Segment descriptors.
@@ -177,23 +179,22 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
 }
 
 /// Checks one identification CSCD descriptor (SPC-4 6.4.5.2): it must name this LU (one
-/// of its VPD 0x83 designators) as a block device of this block size. Descriptor-level
-/// errors are returned as `Ok(Err(..))` so that only descriptors a segment uses fail the
-/// command, as SPC-4 requires for unreachable copy targets.
-fn check_target(lun: &Lun, d: &[u8], off: usize) -> CmdResult<Result<(), CmdError>> {
-    let lu_id_type = d[1] >> 6;
+/// of its VPD 0x83 designators) as a block device of this block size. The verdict is kept
+/// per descriptor so that only descriptors a segment uses fail the command, as SPC-4
+/// requires for unreachable copy targets.
+fn check_target(lun: &Lun, d: &[u8]) -> Result<(), CmdError> {
+    // Byte 1 bits 7:6 (LU ID TYPE) are not examined: in SPC-4 the identification
+    // descriptor CSCD names its logical unit by the designator below, and the LU ID TYPE /
+    // LU IDENTIFIER pair of SPC-3 no longer applies to it (SPC-4 6.4.5.2). The field is
+    // ignored rather than refused so that SPC-4 copy managers' lists are accepted.
     let nul = d[1] & 0x20 != 0;
     let pdt = d[1] & 0x1F;
-    if lu_id_type != 0 {
-        // 01b (proxy token) needs ROD tokens riser does not have; 10b and 11b are reserved.
-        return Err(CmdError::invalid_param(off as u16 + 1, Some(6)));
-    }
     if nul {
         // A null device is not a copy target riser can reach.
-        return Ok(Err(unreachable()));
+        return Err(unreachable());
     }
     if pdt != 0 {
-        return Ok(Err(unreachable()));
+        return Err(unreachable());
     }
     // Designation descriptor at bytes 4..24: code set, association/type, length, value.
     let ty = d[5] & 0x0F;
@@ -216,13 +217,13 @@ fn check_target(lun: &Lun, d: &[u8], off: usize) -> CmdResult<Result<(), CmdErro
         i += 4 + olen;
     }
     if !found {
-        return Ok(Err(unreachable()));
+        return Err(unreachable());
     }
     let disk_bs = ((d[29] as u32) << 16) | ((d[30] as u32) << 8) | d[31] as u32;
     if disk_bs != lun.block_size() {
-        return Ok(Err(unreachable()));
+        return Err(unreachable());
     }
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// RECEIVE COPY RESULTS (SPC-4 6.18) for `nexus`.

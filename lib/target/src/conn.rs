@@ -290,7 +290,11 @@ impl<D: Datamover> Connection<D> {
                         ch.abort_all();
                     }
                 }
-                Action::Close { reason, logout } => {
+                Action::Close { reason, logout, whole_session } => {
+                    if whole_session {
+                        let (me, tsih) = (self.info.id, self.info.tsih);
+                        self.registry.kill_where(|c| c.tsih == tsih && c.id != me);
+                    }
                     if logout {
                         log::info!("connection {} ({}): logged out", self.info.id, self.info.initiator_name);
                     } else {
@@ -323,6 +327,8 @@ impl<D: Datamover> Connection<D> {
                 DmEvent::Terminated(why) => terminated = Some(why),
             }
         }
+        // Commands held for a CmdSN gap another connection of the session filled.
+        self.ffp.release_held();
         for ch in self.channels.values_mut() {
             ch.poll(&mut self.results);
         }

@@ -6,19 +6,21 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use riser_datamover::TcpDatamover;
-use riser_iscsi::ffp::{Datamover, DatamoverParams, Ffp, FfpConfig, TextResponder};
+use riser_iscsi::ffp::{CmdWindow, Datamover, DatamoverParams, Ffp, FfpConfig, TextResponder};
 use riser_iscsi::framer::{Framer, FramerLimits};
 use riser_iscsi::login::{
     AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutcome, LoginOutput, LoginPolicy,
     SessionDecision, TargetInfo, TargetLookup,
 };
 use riser_iscsi::negotiate::{DigestPolicy, TargetConfig, Transport};
-use riser_iscsi::params::SessionType;
+use riser_iscsi::params::{SessionParams, SessionType};
 use riser_iscsi::pdu::{Digests, LoginStatus};
 use riser_iscsi::text::Pairs;
 use riser_reactor::ReactorHandle;
@@ -41,7 +43,15 @@ struct Session {
     initiator_name: String,
     isid: u64,
     target_name: String,
+    /// Every connection of a session runs on this reactor (they share its CmdSN window).
+    reactor: usize,
+    /// The leading connection's negotiated session parameters, for connections that join.
+    params: Option<SessionParams>,
 }
+
+/// Per reactor: the CmdSN windows of the sessions living there, by TSIH.
+#[derive(Default)]
+struct SessionWindows(HashMap<u16, Weak<Cell<CmdWindow>>>);
 
 /// Everything the listeners and login threads share.
 pub struct IscsiServer {
@@ -320,7 +330,20 @@ impl IscsiServer {
         };
         let isid = isid_u64(&o.identity.isid.0);
         let target_name = s.target_name.clone().unwrap_or_default();
-        let reactor = self.reactors.least_loaded();
+        let tsih = o.tsih();
+        let joining = matches!(o.decision, SessionDecision::AddConnection { .. });
+        let reactor = {
+            let mut sessions = self.sessions();
+            match sessions.iter_mut().find(|s| s.tsih == tsih) {
+                Some(sess) => {
+                    if !joining {
+                        sess.params = Some(s.clone());
+                    }
+                    sess.reactor
+                }
+                None => self.reactors.least_loaded(),
+            }
+        };
         let lcore = self.reactors.stats().get(reactor).map_or(0, |s| s.core);
         let info = Arc::new(ConnInfo {
             id: self.conns.next_id(),
@@ -381,7 +404,22 @@ impl IscsiServer {
                 }
             };
             dm.notice_key_values(dm_params);
-            let mut ffp = Ffp::new(ffp_cfg, exp_cmd_sn, stat_sn, now);
+            let windows = ctx.local(SessionWindows::default);
+            windows.0.retain(|_, w| w.strong_count() > 0);
+            let mut ffp = if joining {
+                match windows.0.get(&tsih).and_then(Weak::upgrade) {
+                    Some(w) => Ffp::join(ffp_cfg, w, stat_sn, now),
+                    None => {
+                        log::warn!("connection {}: session {tsih} ended during login", info.id);
+                        ctx.handle().add_load(reactor, -1);
+                        return;
+                    }
+                }
+            } else {
+                let ffp = Ffp::new(ffp_cfg, exp_cmd_sn, stat_sn, now);
+                windows.0.insert(tsih, Rc::downgrade(&ffp.window()));
+                ffp
+            };
             ffp.set_responder(Box::new(responder));
             Connection::new(info, registry, dm, ffp, node, nexus, now).start(ctx);
         });
@@ -432,8 +470,7 @@ impl Policy<'_> {
         TargetConfig {
             first_burst_length: o.first_burst_length,
             immediate_data: o.immediate_data,
-            // One connection per session for now: the CmdSN window is per connection.
-            max_connections: 1,
+            max_connections: o.max_connections_per_session.clamp(1, 65535) as u16,
             max_outstanding_r2t: o.max_r2t_per_connection.clamp(1, 65535) as u16,
             default_time2wait: o.default_time2wait as u16,
             default_time2retain: o.default_time2retain as u16,
@@ -480,16 +517,10 @@ impl LoginPolicy for Policy<'_> {
     fn session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
         let isid = isid_u64(&who.isid.0);
         let server = self.server;
-        if who.tsih != 0 {
-            // Adding a connection to a session: riser runs one connection per session for
-            // now (MaxConnections=1), so this cannot be honoured.
-            return Err(if server.sessions().iter().any(|s| s.tsih == who.tsih) {
-                LoginStatus::TOO_MANY_CONNECTIONS
-            } else {
-                LoginStatus::SESSION_DOES_NOT_EXIST
-            });
-        }
         let opts = server.target.options();
+        if who.tsih != 0 {
+            return server.add_connection(who, isid, &target.name, opts.max_connections_per_session as usize);
+        }
         let mut sessions = server.sessions();
         let old = sessions
             .iter()
@@ -517,13 +548,57 @@ impl LoginPolicy for Policy<'_> {
             None => SessionDecision::New { tsih },
         };
         if who.session_type == SessionType::Normal {
-            sessions.push(Session { tsih, initiator_name: who.initiator_name.clone(), isid, target_name: target.name.clone() });
+            sessions.push(Session {
+                tsih,
+                initiator_name: who.initiator_name.clone(),
+                isid,
+                target_name: target.name.clone(),
+                reactor: server.reactors.least_loaded(),
+                params: None,
+            });
         }
         Ok(decision)
     }
 }
 
 impl IscsiServer {
+    /// A connection joins session `tsih` (RFC 7143 §6.3.3), or replaces the connection with
+    /// the same CID (connection reinstatement, §6.3.4).
+    fn add_connection(&self, who: &LoginIdentity, isid: u64, target: &str, max: usize) -> Result<SessionDecision, LoginStatus> {
+        let (reactor, params) = {
+            let sessions = self.sessions();
+            let Some(s) = sessions.iter().find(|s| s.tsih == who.tsih) else {
+                return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            };
+            if s.isid != isid || s.initiator_name != who.initiator_name || s.target_name != target {
+                return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            }
+            let Some(params) = s.params.clone() else {
+                // The leading connection has not reached full-feature phase yet.
+                return Err(LoginStatus::SERVICE_UNAVAILABLE);
+            };
+            (s.reactor, params)
+        };
+        let conns = self.conns.list();
+        let same_cid = conns.iter().any(|c| c.tsih == who.tsih && c.cid == who.cid);
+        let live = conns.iter().filter(|c| c.tsih == who.tsih).count();
+        if same_cid {
+            let n = self.conns.kill_where(|c| c.tsih == who.tsih && c.cid == who.cid);
+            log::info!("session {:#x}: connection {} reinstated ({n} closed)", who.tsih, who.cid);
+        } else if live >= max.max(1) {
+            return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+        }
+        // The window lives on the session's reactor: ask it.
+        let tsih = who.tsih;
+        let window = self
+            .reactors
+            .call(reactor, move |ctx| ctx.local(SessionWindows::default).0.get(&tsih).and_then(Weak::upgrade).map(|w| w.get()))
+            .ok()
+            .flatten()
+            .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
+        Ok(SessionDecision::AddConnection { tsih, session: params, exp_cmd_sn: window.exp_cmd_sn, max_cmd_sn: window.max_cmd_sn })
+    }
+
     /// Forgets a session once its last connection is gone.
     pub fn connection_gone(&self, tsih: u16) {
         if !self.conns.list().iter().any(|c| c.tsih == tsih) {

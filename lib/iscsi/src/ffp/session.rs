@@ -6,7 +6,9 @@
 //! It owns the CmdSN window, StatSN, the task table, NOP-In keep-alives, Text, Logout and
 //! task management. Error recovery level 0: a protocol error ends the connection.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use riser_bdev::IoBuf;
@@ -66,6 +68,16 @@ impl Default for FfpConfig {
     }
 }
 
+/// The CmdSN window of a session (RFC 7143 §3.2.2.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmdWindow {
+    pub exp_cmd_sn: Sn,
+    pub max_cmd_sn: Sn,
+}
+
+/// A session's window, shared by its connections on one reactor.
+pub type SharedWindow = Rc<Cell<CmdWindow>>;
+
 /// How the transferred length differs from the Expected Data Transfer Length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Residual {
@@ -119,8 +131,10 @@ pub enum Action {
     /// Reset a LUN for every session (LUN RESET) or the whole target (warm/cold reset).
     ResetLun(Lun),
     ResetTarget,
-    /// Flush what is queued and close the connection. `logout`: a clean logout.
-    Close { reason: String, logout: bool },
+    /// Flush what is queued and close the connection. `logout`: a clean logout;
+    /// `whole_session`: the initiator logged the whole session out, so the session's other
+    /// connections close too.
+    Close { reason: String, logout: bool, whole_session: bool },
 }
 
 /// Answers Text requests in full-feature phase (SendTargets).
@@ -155,8 +169,8 @@ struct Task {
 /// The full-feature phase of one connection.
 pub struct Ffp {
     cfg: FfpConfig,
-    exp_cmd_sn: Sn,
-    max_cmd_sn: Sn,
+    /// The session's CmdSN window, shared by all its connections (on one reactor).
+    window: SharedWindow,
     stat_sn: Sn,
     tasks: HashMap<Itt, Task>,
     /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN.
@@ -176,9 +190,15 @@ impl Ffp {
     /// next command, `stat_sn` the next StatSN to send.
     pub fn new(cfg: FfpConfig, exp_cmd_sn: Sn, stat_sn: Sn, now: Instant) -> Ffp {
         let qd = cfg.queue_depth.max(1);
+        let window = Rc::new(Cell::new(CmdWindow { exp_cmd_sn, max_cmd_sn: exp_cmd_sn.add(qd - 1) }));
+        Ffp::join(cfg, window, stat_sn, now)
+    }
+
+    /// A further connection of an existing session: it shares the session's CmdSN window
+    /// (RFC 7143 §3.2.2.1: one window per session, across connections).
+    pub fn join(cfg: FfpConfig, window: SharedWindow, stat_sn: Sn, now: Instant) -> Ffp {
         Ffp {
-            max_cmd_sn: exp_cmd_sn.add(qd - 1),
-            exp_cmd_sn,
+            window,
             stat_sn,
             cfg,
             tasks: HashMap::new(),
@@ -203,9 +223,30 @@ impl Ffp {
         &self.cfg
     }
 
+    /// The session's window, for connections that join it.
+    pub fn window(&self) -> SharedWindow {
+        self.window.clone()
+    }
+
+    fn exp(&self) -> Sn {
+        self.window.get().exp_cmd_sn
+    }
+
+    fn max(&self) -> Sn {
+        self.window.get().max_cmd_sn
+    }
+
+    /// Dispatches commands held for a gap that another connection of the session has
+    /// since filled. The driver calls it every poll; cheap when nothing is held.
+    pub fn release_held(&mut self) {
+        while let Some(p) = self.held.remove(&self.exp().get()) {
+            self.advance_and_dispatch(p);
+        }
+    }
+
     /// Sequence numbers without advancing StatSN (R2T, Data-In without status, NOP-In pings).
     pub fn sn(&self) -> SnState {
-        SnState { stat_sn: self.stat_sn, exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn }
+        SnState { stat_sn: self.stat_sn, exp_cmd_sn: self.exp(), max_cmd_sn: self.max() }
     }
 
     /// Takes a StatSN for a status-carrying PDU.
@@ -229,9 +270,13 @@ impl Ffp {
     }
 
     fn close(&mut self, reason: impl Into<String>, logout: bool) {
+        self.close_with(reason, logout, false)
+    }
+
+    fn close_with(&mut self, reason: impl Into<String>, logout: bool, whole_session: bool) {
         if !self.closing {
             self.closing = true;
-            self.actions.push_back(Action::Close { reason: reason.into(), logout });
+            self.actions.push_back(Action::Close { reason: reason.into(), logout, whole_session });
         }
     }
 
@@ -270,7 +315,7 @@ impl Ffp {
 
     /// A control-type PDU from the datamover (Control_Notify).
     pub fn on_pdu(&mut self, pdu: Pdu, now: Instant) {
-        log::trace!("rx {:?} itt {:#x} data {} (ExpCmdSN {}, MaxCmdSN {})", pdu.opcode(), pdu.itt().0, pdu.data.len(), self.exp_cmd_sn.get(), self.max_cmd_sn.get());
+        log::trace!("rx {:?} itt {:#x} data {} (ExpCmdSN {}, MaxCmdSN {})", pdu.opcode(), pdu.itt().0, pdu.data.len(), self.exp().get(), self.max().get());
         self.last_rx = now;
         if self.closing {
             return;
@@ -306,35 +351,37 @@ impl Ffp {
             return self.dispatch(pdu);
         }
         // RFC 7143 §3.2.2.1: outside [ExpCmdSN, MaxCmdSN] is silently ignored.
-        if !cmd_sn.in_window(self.exp_cmd_sn, self.max_cmd_sn) {
+        if !cmd_sn.in_window(self.exp(), self.max()) {
             log::debug!(
                 "dropping PDU with CmdSN {} outside the window [{}, {}]",
                 cmd_sn.get(),
-                self.exp_cmd_sn.get(),
-                self.max_cmd_sn.get()
+                self.exp().get(),
+                self.max().get()
             );
             return;
         }
-        if cmd_sn != self.exp_cmd_sn {
+        if cmd_sn != self.exp() {
             // Ahead of a gap (several connections, or a lost PDU): hold it in order.
             self.held.insert(cmd_sn.get(), pdu);
             return;
         }
         self.advance_and_dispatch(pdu);
         // Release commands that were waiting for this one.
-        while let Some(p) = self.held.remove(&self.exp_cmd_sn.get()) {
-            self.advance_and_dispatch(p);
-        }
+        self.release_held();
     }
 
     fn advance_and_dispatch(&mut self, pdu: Pdu) {
-        self.exp_cmd_sn = self.exp_cmd_sn.next();
+        let mut w = self.window.get();
+        w.exp_cmd_sn = w.exp_cmd_sn.next();
+        self.window.set(w);
         self.dispatch(pdu);
     }
 
     /// Opens one slot of the command window (a task or a non-task command finished).
     fn slot_freed(&mut self) {
-        self.max_cmd_sn = self.max_cmd_sn.next();
+        let mut w = self.window.get();
+        w.max_cmd_sn = w.max_cmd_sn.next();
+        self.window.set(w);
     }
 
     fn dispatch(&mut self, pdu: Pdu) {
@@ -408,7 +455,7 @@ impl Ffp {
                     time2retain: 0,
                 }))));
                 if resp == logout::response::CLOSED_SUCCESSFULLY {
-                    self.close("logout", true);
+                    self.close_with("logout", true, l.reason_code == logout::CLOSE_SESSION);
                 }
             }
             Op::TaskMgmtRequest(t) => {
@@ -805,7 +852,7 @@ impl Ffp {
                     }
                     // RFC 7143 §11.5.1: a task already completed (RefCmdSN before
                     // ExpCmdSN) counts as done.
-                    None if t.ref_cmd_sn.lt(self.exp_cmd_sn) => tmf::response::FUNCTION_COMPLETE,
+                    None if t.ref_cmd_sn.lt(self.exp()) => tmf::response::FUNCTION_COMPLETE,
                     None => tmf::response::TASK_DOES_NOT_EXIST,
                 }
             }
@@ -996,6 +1043,10 @@ mod tests {
     #[test]
     fn out_of_window_commands_are_dropped_and_gaps_held() {
         let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+        // A second connection of the same session shares the window.
+        let mut g = Ffp::join(FfpConfig { queue_depth: 4, ..Default::default() }, f.window(), Sn(0), now);
+        g.on_pdu(Pdu::new(Op::ScsiCommand(cmd(9, 12, false, false, 0))), now);
+        assert!(drain(&mut g).is_empty(), "CmdSN 12 waits for 10 and 11");
         f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 20, false, false, 0))), now);
         f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 9, false, false, 0))), now);
         assert!(drain(&mut f).is_empty(), "out-of-window CmdSNs must be ignored");
@@ -1012,6 +1063,9 @@ mod tests {
             .collect();
         assert_eq!(itts, vec![Itt(4), Itt(3)]);
         assert_eq!(f.sn().exp_cmd_sn, Sn(12));
+        g.release_held();
+        assert!(matches!(drain(&mut g).as_slice(), [Action::Execute(r)] if r.itt == Itt(9)));
+        assert_eq!(f.sn().exp_cmd_sn, Sn(13), "both connections see one window");
     }
 
     #[test]
@@ -1118,7 +1172,7 @@ mod tests {
         f.on_pdu(Pdu::new(Op::LogoutRequest(l)), now);
         let a = drain(&mut f);
         assert!(matches!(sent(&a[0]).bhs.op, Op::LogoutResponse(_)));
-        assert!(matches!(a[1], Action::Close { logout: true, .. }));
+        assert!(matches!(a[1], Action::Close { logout: true, whole_session: true, .. }));
     }
 
     #[test]

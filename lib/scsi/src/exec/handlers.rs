@@ -358,19 +358,27 @@ impl LunChannel {
             return Err(CmdError::invalid_cdb(13, None));
         }
         rw::check_range(lun, b.lba, b.blocks)?;
+        let need_len = (2 * b.blocks * bs) as usize;
+        if (ctx.edtl as usize) != need_len {
+            // SBC-3 5.2: the Data-Out buffer holds exactly the verify and the write instance
+            // (2 x NUMBER OF LOGICAL BLOCKS). An expected transfer length that disagrees
+            // means the CDB does not describe the data sent: typically a count above 255
+            // that wrapped in the one-byte field, which must not be taken as "0 blocks, do
+            // nothing". This is checked before the zero-length case for that reason.
+            return Err(CmdError::invalid_cdb(13, None));
+        }
         if b.blocks == 0 {
             return Ok(Action::Good);
         }
         if wp {
             return Err(CmdError::write_protected());
         }
-        let need_len = (2 * b.blocks * bs) as usize;
         let have = data_out
             .as_ref()
             .map_or(0, |d| d.as_slice().len())
             .min(ctx.edtl as usize);
-        if have < need_len || (ctx.edtl as usize) != need_len {
-            // SBC-3 5.2: the Data-Out buffer holds exactly 2 x NUMBER OF LOGICAL BLOCKS.
+        if have < need_len {
+            // The Data-Out did not all arrive (the iSCSI layer delivers EDTL bytes).
             return Err(CmdError::invalid_cdb(13, None));
         }
         let data = self.exact(data_out, need_len);
@@ -434,8 +442,8 @@ impl LunChannel {
         if lba >= lun.num_blocks() {
             return Err(CmdError::lba_out_of_range());
         }
-        // Examine a bounded window from the starting LBA: SBC-3 5.5 lets the device server
-        // describe fewer blocks than remain; the initiator asks again from the next LBA.
+        // Read one window at a time from the starting LBA (see LBA_STATUS_MAX_SCAN_BYTES
+        // for how far the scan goes).
         let window = (LBA_STATUS_WINDOW_BYTES / lun.block_size() as u64)
             .max(1)
             .min(lun.num_blocks() - lba);
@@ -446,6 +454,8 @@ impl LunChannel {
                 lba,
                 blocks: window,
                 alloc,
+                runs: Vec::new(),
+                scanned: 0,
             },
         ))
     }

@@ -10,8 +10,14 @@ use crate::pr::PrClass;
 use crate::sense::CmdResult;
 use crate::task::Nexus;
 
-/// Bytes GET LBA STATUS examines per command.
+/// Bytes GET LBA STATUS reads per step.
 pub(super) const LBA_STATUS_WINDOW_BYTES: u64 = 1 << 20;
+/// Bytes one GET LBA STATUS examines at most. SBC-3 5.5 lets the device server describe
+/// fewer blocks than remain (the initiator asks again from the next LBA); scanning on while
+/// the descriptors still fit lets a medium that is all one state (e.g. right after a
+/// SANITIZE or a full UNMAP) be reported in a single descriptor, without reading an
+/// arbitrarily large device for one command.
+pub(super) const LBA_STATUS_MAX_SCAN_BYTES: u64 = 128 << 20;
 
 /// The parameter list of a command: the data-out bytes, cut to the CDB's parameter list
 /// length and to EDTL.
@@ -32,24 +38,40 @@ pub(super) fn class_of(d: &CmdDesc, cdb: &Cdb) -> PrClass {
     }
 }
 
-/// GET LBA STATUS parameter data (SBC-3 5.5.2) for the blocks in `data` from `lba`.
-pub(super) fn lba_status_data(lba: u64, data: &[u8], bs: usize) -> Vec<u8> {
-    let mut v = vec![0u8; 8];
-    let mut runs: Vec<(u64, u64, u8)> = Vec::new();
+/// Runs of provisioning status for GET LBA STATUS: `(start, blocks, status)`, status 0
+/// mapped, 1 deallocated (SBC-3 5.5.2, table 30).
+pub(super) type LbaRuns = Vec<(u64, u64, u8)>;
+
+/// Adds the blocks in `data` (starting at `lba`) to `runs`. With LBPRZ a deallocated block
+/// reads as zeros, and a block of zeros is as good as deallocated, so zeros are reported
+/// deallocated.
+pub(super) fn lba_status_scan(runs: &mut LbaRuns, lba: u64, data: &[u8], bs: usize) {
     for (i, blk) in data.chunks(bs).enumerate() {
-        // Provisioning status: 0 mapped, 1 deallocated.
         let st = if blk.iter().all(|&b| b == 0) { 1 } else { 0 };
         match runs.last_mut() {
-            Some(r) if r.2 == st => r.1 += 1,
+            Some(r) if r.2 == st && r.0 + r.1 == lba + i as u64 => r.1 += 1,
             _ => runs.push((lba + i as u64, 1, st)),
         }
     }
-    for (start, n, st) in runs {
-        let mut d = [0u8; 16];
-        put_be64(&mut d, 0, start);
-        put_be32(&mut d, 8, n.min(u32::MAX as u64) as u32);
-        d[12] = st;
-        v.extend_from_slice(&d);
+}
+
+/// GET LBA STATUS parameter data (SBC-3 5.5.2) for `runs`, before allocation-length
+/// truncation. A descriptor's count is 32 bits: longer runs are split.
+pub(super) fn lba_status_data(runs: &[(u64, u64, u8)]) -> Vec<u8> {
+    let mut v = vec![0u8; 8];
+    for &(start, n, st) in runs {
+        let mut start = start;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(u32::MAX as u64);
+            let mut d = [0u8; 16];
+            put_be64(&mut d, 0, start);
+            put_be32(&mut d, 8, k as u32);
+            d[12] = st;
+            v.extend_from_slice(&d);
+            start += k;
+            left -= k;
+        }
     }
     let n = (v.len() - 4) as u32;
     put_be32(&mut v, 0, n);
