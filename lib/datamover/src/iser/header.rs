@@ -1,0 +1,174 @@
+//! The iSER header: 28 bytes in front of every control-type PDU (RFC 7145 §9.1), and the
+//! Hello / HelloReply messages (§9.2, §9.3; iWARP only, never required on IB/RoCE).
+
+use thiserror::Error;
+
+pub const ISER_HDR_LEN: usize = 28;
+/// Opcode nibble (byte 0, high 4 bits).
+pub const OP_CONTROL: u8 = 0x1;
+pub const OP_HELLO: u8 = 0x2;
+pub const OP_HELLO_REPLY: u8 = 0x3;
+/// Byte 0 flag: the Write STag / Base Offset are valid (the target may RDMA-Read).
+pub const FLAG_WSV: u8 = 0x08;
+/// Byte 0 flag: the Read STag / Base Offset are valid (the target may RDMA-Write).
+pub const FLAG_RSV: u8 = 0x04;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum IserHeaderError {
+    #[error("message of {0} bytes is shorter than the 28-byte iSER header")]
+    Short(usize),
+    #[error("unknown iSER opcode {0:#x}")]
+    UnknownOpcode(u8),
+}
+
+/// A tagged buffer the initiator advertised: STag (rkey) and base offset (virtual address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TaggedBuffer {
+    pub stag: u32,
+    pub base_offset: u64,
+}
+
+/// What an iSER header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IserHeader {
+    /// A control-type PDU follows; the tagged buffers are present when their flags are set.
+    Control { write: Option<TaggedBuffer>, read: Option<TaggedBuffer> },
+    /// Hello (initiator → target): version range and the initiator's IRD.
+    Hello { max_ver: u8, min_ver: u8, ird: u16 },
+    /// HelloReply (target → initiator).
+    HelloReply { reject: bool, max_ver: u8, cur_ver: u8, ord: u16 },
+}
+
+impl IserHeader {
+    /// Parses the first 28 bytes of a received message.
+    pub fn parse(msg: &[u8]) -> Result<IserHeader, IserHeaderError> {
+        let h: &[u8; ISER_HDR_LEN] = msg
+            .get(..ISER_HDR_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(IserHeaderError::Short(msg.len()))?;
+        let be32 = |o: usize| u32::from_be_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let be64 = |o: usize| ((be32(o) as u64) << 32) | be32(o + 4) as u64;
+        match h[0] >> 4 {
+            OP_CONTROL => Ok(IserHeader::Control {
+                write: (h[0] & FLAG_WSV != 0).then(|| TaggedBuffer { stag: be32(4), base_offset: be64(8) }),
+                read: (h[0] & FLAG_RSV != 0).then(|| TaggedBuffer { stag: be32(16), base_offset: be64(20) }),
+            }),
+            OP_HELLO => Ok(IserHeader::Hello { max_ver: h[1] >> 4, min_ver: h[1] & 0x0f, ird: u16::from_be_bytes([h[2], h[3]]) }),
+            OP_HELLO_REPLY => Ok(IserHeader::HelloReply {
+                reject: h[0] & 1 != 0,
+                max_ver: h[1] >> 4,
+                cur_ver: h[1] & 0x0f,
+                ord: u16::from_be_bytes([h[2], h[3]]),
+            }),
+            op => Err(IserHeaderError::UnknownOpcode(op)),
+        }
+    }
+
+    /// Writes the header into `out[..28]`.
+    pub fn write(&self, out: &mut [u8; ISER_HDR_LEN]) {
+        out.fill(0);
+        match *self {
+            IserHeader::Control { write, read } => {
+                out[0] = OP_CONTROL << 4;
+                if let Some(w) = write {
+                    out[0] |= FLAG_WSV;
+                    out[4..8].copy_from_slice(&w.stag.to_be_bytes());
+                    out[8..16].copy_from_slice(&w.base_offset.to_be_bytes());
+                }
+                if let Some(r) = read {
+                    out[0] |= FLAG_RSV;
+                    out[16..20].copy_from_slice(&r.stag.to_be_bytes());
+                    out[20..28].copy_from_slice(&r.base_offset.to_be_bytes());
+                }
+            }
+            IserHeader::Hello { max_ver, min_ver, ird } => {
+                out[0] = OP_HELLO << 4;
+                out[1] = (max_ver << 4) | (min_ver & 0x0f);
+                out[2..4].copy_from_slice(&ird.to_be_bytes());
+            }
+            IserHeader::HelloReply { reject, max_ver, cur_ver, ord } => {
+                out[0] = (OP_HELLO_REPLY << 4) | reject as u8;
+                out[1] = (max_ver << 4) | (cur_ver & 0x0f);
+                out[2..4].copy_from_slice(&ord.to_be_bytes());
+            }
+        }
+    }
+
+    /// The header the target puts on everything it sends: control, no tagged buffers.
+    pub const TARGET_CONTROL: [u8; ISER_HDR_LEN] = {
+        let mut h = [0u8; ISER_HDR_LEN];
+        h[0] = OP_CONTROL << 4;
+        h
+    };
+}
+
+/// The private data of the RDMA CM connect request and reply (iser_cm_hdr, as Linux and
+/// libiscsi use it): one flags byte and three reserved bytes.
+pub mod cm {
+    /// Zero-based virtual addresses are not supported by the sender.
+    pub const ZBVA_NOT_SUPPORTED: u8 = 0x80;
+    /// The sender does not support Send with Invalidate.
+    pub const SEND_W_INV_NOT_SUPPORTED: u8 = 0x40;
+
+    /// The flags byte of the peer's private data (0 when absent: both supported).
+    pub fn flags(private_data: &[u8]) -> u8 {
+        private_data.first().copied().unwrap_or(0)
+    }
+
+    /// Private data for our accept.
+    pub fn reply(send_with_invalidate: bool) -> [u8; 4] {
+        let mut f = ZBVA_NOT_SUPPORTED;
+        if !send_with_invalidate {
+            f |= SEND_W_INV_NOT_SUPPORTED;
+        }
+        [f, 0, 0, 0]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_header_round_trips_with_and_without_stags() {
+        let h = IserHeader::Control {
+            write: Some(TaggedBuffer { stag: 0x1234_5678, base_offset: 0x0000_7f00_dead_b000 }),
+            read: None,
+        };
+        let mut b = [0u8; ISER_HDR_LEN];
+        h.write(&mut b);
+        assert_eq!(b[0], 0x18);
+        assert_eq!(&b[4..8], &[0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(IserHeader::parse(&b).unwrap(), h);
+        let r = IserHeader::Control { write: None, read: Some(TaggedBuffer { stag: 7, base_offset: 9 }) };
+        r.write(&mut b);
+        assert_eq!(b[0], 0x14);
+        assert_eq!(IserHeader::parse(&b).unwrap(), r);
+        assert_eq!(IserHeader::parse(&IserHeader::TARGET_CONTROL).unwrap(), IserHeader::Control { write: None, read: None });
+    }
+
+    #[test]
+    fn stags_are_ignored_unless_flagged() {
+        let mut b = [0xffu8; ISER_HDR_LEN];
+        b[0] = 0x10;
+        assert_eq!(IserHeader::parse(&b).unwrap(), IserHeader::Control { write: None, read: None });
+    }
+
+    #[test]
+    fn hello_and_errors() {
+        let h = IserHeader::Hello { max_ver: 1, min_ver: 1, ird: 16 };
+        let mut b = [0u8; ISER_HDR_LEN];
+        h.write(&mut b);
+        assert_eq!(IserHeader::parse(&b).unwrap(), h);
+        let r = IserHeader::HelloReply { reject: true, max_ver: 1, cur_ver: 1, ord: 4 };
+        r.write(&mut b);
+        assert_eq!(b[0], 0x31);
+        assert_eq!(IserHeader::parse(&b).unwrap(), r);
+        assert_eq!(IserHeader::parse(&b[..10]), Err(IserHeaderError::Short(10)));
+        b[0] = 0x70;
+        assert_eq!(IserHeader::parse(&b), Err(IserHeaderError::UnknownOpcode(7)));
+        assert_eq!(cm::flags(&[]), 0);
+        assert_eq!(cm::reply(false)[0], 0xc0);
+        assert_eq!(cm::reply(true)[0], 0x80);
+    }
+}

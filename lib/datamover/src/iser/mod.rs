@@ -1,0 +1,7 @@
+//! The iSER datamover (RFC 7145): control-type PDUs in RC SENDs behind a 28-byte header,
+//! read data by RDMA Write to the initiator's Read STag, write data by RDMA Read from its
+//! Write STag. The header codec is here; the verbs-driven datamover builds on `bindings/`.
+
+pub mod header;
+
+pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};
