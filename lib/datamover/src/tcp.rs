@@ -465,3 +465,150 @@ impl Datamover for TcpDatamover {
         self.tx.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::pdu::{DataOut, ScsiResponse};
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    fn pair() -> (TcpDatamover, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (TcpDatamover::new(s, &[]).unwrap(), c)
+    }
+
+    fn read_pdus(c: &mut TcpStream, framer: &mut Framer, n: usize) -> Vec<Pdu> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        while out.len() < n {
+            if let Some(p) = framer.next_pdu().unwrap() {
+                out.push(p);
+                continue;
+            }
+            let k = c.read(&mut buf).unwrap();
+            assert!(k > 0, "closed early");
+            framer.feed(&buf[..k]);
+        }
+        out
+    }
+
+    fn response(status: u8, sense: bool) -> Pdu {
+        Pdu::with_data(
+            Op::ScsiResponse(ScsiResponse {
+                bidi_read_residual_overflow: false,
+                bidi_read_residual_underflow: false,
+                residual_overflow: false,
+                residual_underflow: true,
+                response: 0,
+                status,
+                itt: Itt(5),
+                snack_tag: 0,
+                stat_sn: Sn(77),
+                exp_cmd_sn: Sn(3),
+                max_cmd_sn: Sn(9),
+                exp_data_sn: Sn(0),
+                bidi_read_residual_count: 0,
+                residual_count: 512,
+            }),
+            if sense { vec![0, 2, 0x70, 0] } else { Vec::new() },
+        )
+    }
+
+    #[test]
+    fn put_data_cuts_data_in_and_folds_good_status() {
+        let (mut dm, mut c) = pair();
+        dm.notice_key_values(DatamoverParams { initiator_max_recv_data_segment_length: 4096, data_digest: true, header_digest: true, ..Default::default() });
+        let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: Box::new(data.clone()), len: 10000, response: response(0, false), sn: SnState::default() });
+        let mut ev = Vec::new();
+        while !dm.idle() {
+            dm.poll(&mut ev);
+        }
+        let mut f = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 1020 });
+        f.set_digests(Digests { header: true, data: true });
+        let pdus = read_pdus(&mut c, &mut f, 3);
+        let mut got = Vec::new();
+        for (i, p) in pdus.iter().enumerate() {
+            let Op::DataIn(d) = &p.bhs.op else { panic!("expected Data-In") };
+            assert_eq!(d.data_sn, Sn(i as u32));
+            assert_eq!(d.buffer_offset as usize, got.len());
+            assert_eq!(d.status_present, i == 2, "status only in the last Data-In");
+            got.extend_from_slice(&p.data);
+        }
+        let Op::DataIn(last) = &pdus[2].bhs.op else { unreachable!() };
+        assert!(last.final_bit && last.residual_underflow && last.residual_count == 512 && last.stat_sn == Sn(77));
+        assert_eq!(got, data);
+        // With sense data the response travels separately, after the data.
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: Box::new(vec![1u8; 100]), len: 100, response: response(2, true), sn: SnState::default() });
+        while !dm.idle() {
+            dm.poll(&mut ev);
+        }
+        let pdus = read_pdus(&mut c, &mut f, 2);
+        assert!(matches!(&pdus[0].bhs.op, Op::DataIn(d) if !d.status_present));
+        assert!(matches!(&pdus[1].bhs.op, Op::ScsiResponse(r) if r.status == 2 && r.exp_data_sn == Sn(1)));
+    }
+
+    #[test]
+    fn get_data_solicits_with_r2t_and_fails_bad_datasn() {
+        let (mut dm, mut c) = pair();
+        dm.notice_key_values(DatamoverParams { max_burst_length: 4096, max_outstanding_r2t: 1, target_max_recv_data_segment_length: 8192, ..Default::default() });
+        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: Box::new(vec![0u8; 8192]), offset: 0, len: 8192, sn: SnState::default() });
+        let mut ev = Vec::new();
+        let mut f = Framer::new();
+        let answer = |c: &mut TcpStream, ttt: Ttt, sn: u32, off: u32, fill: u8| {
+            let p = Pdu::with_data(
+                Op::DataOut(DataOut { final_bit: true, lun: Lun(0), itt: Itt(9), ttt, exp_stat_sn: Sn(0), data_sn: Sn(sn), buffer_offset: off }),
+                vec![fill; 4096],
+            );
+            c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();
+        };
+        for (burst, fill) in [(0u32, 1u8), (4096, 2)] {
+            while !dm.idle() {
+                dm.poll(&mut ev);
+            }
+            let r2t = read_pdus(&mut c, &mut f, 1).remove(0);
+            let Op::R2t(r) = r2t.bhs.op else { panic!("expected R2T") };
+            assert_eq!((r.buffer_offset, r.desired_data_transfer_length), (burst, 4096), "one burst at a time");
+            answer(&mut c, r.ttt, 0, burst, fill);
+            if burst == 0 {
+                // Poll until the next R2T is on the wire.
+                c.set_nonblocking(true).unwrap();
+                let t0 = Instant::now();
+                while c.peek(&mut [0u8; 1]).is_err() && t0.elapsed() < Duration::from_secs(5) {
+                    dm.poll(&mut ev);
+                }
+                c.set_nonblocking(false).unwrap();
+            }
+        }
+        let t0 = Instant::now();
+        while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) && t0.elapsed() < Duration::from_secs(5) {
+            dm.poll(&mut ev);
+        }
+        let Some(DmEvent::DataReady { itt, buf }) = std::mem::take(&mut ev).into_iter().find(|e| matches!(e, DmEvent::DataReady { .. })) else { panic!("no DataReady") };
+        assert_eq!(itt, Itt(9));
+        assert!(buf.as_slice()[..4096].iter().all(|&b| b == 1) && buf.as_slice()[4096..].iter().all(|&b| b == 2));
+
+        // A Data-Out with the wrong DataSN fails the task, not the connection.
+        dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: Box::new(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });
+        while !dm.idle() {
+            dm.poll(&mut ev);
+        }
+        let r2t = read_pdus(&mut c, &mut f, 1).remove(0);
+        let Op::R2t(r) = r2t.bhs.op else { panic!("expected R2T") };
+        let p = Pdu::with_data(
+            Op::DataOut(DataOut { final_bit: true, lun: Lun(0), itt: Itt(10), ttt: r.ttt, exp_stat_sn: Sn(0), data_sn: Sn(5), buffer_offset: 0 }),
+            vec![0u8; 4096],
+        );
+        c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();
+        let mut ev = Vec::new();
+        let t0 = Instant::now();
+        while ev.is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            dm.poll(&mut ev);
+        }
+        assert!(matches!(ev.as_slice(), [DmEvent::DataFailed { itt: Itt(10), .. }]));
+    }
+}
