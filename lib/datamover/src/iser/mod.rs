@@ -2,6 +2,7 @@
 //! read data by RDMA Write to the initiator's Read STag, write data by RDMA Read from its
 //! Write STag. The header codec is here; the verbs-driven datamover builds on `bindings/`.
 
+pub mod conn;
 pub mod header;
 
 pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};

@@ -1,0 +1,774 @@
+//! The iSER datamover of one connection in full-feature phase (RFC 7145 §7, §9).
+//!
+//! It is written against [`IserQp`], the few verbs it needs (post receive, post a chain of
+//! sends / RDMA operations with one doorbell, poll the completion queue), so the protocol
+//! logic is unit-tested with an in-memory queue pair and runs on real verbs through
+//! `bindings/`. Memory comes from three pools carved from large buffers registered once
+//! (no registration on the data path): the receive ring, the send buffers, and data
+//! chunks for RDMA Write / RDMA Read.
+//!
+//! * Put_Data: the read data is copied into data chunks and RDMA-Written to the
+//!   initiator's Read STag, chained with the SCSI Response SEND; only the SEND is signaled
+//!   (RC completes in order, so its completion frees the chunks too).
+//! * Get_Data: RDMA Reads from the Write STag into data chunks, at most the negotiated
+//!   initiator depth outstanding (the rest waits in a queue, never fails), copied into the
+//!   task's buffer as they complete.
+//! * Every received PDU's buffer is reposted as soon as the PDU is decoded.
+
+use std::collections::{HashMap, VecDeque};
+
+use riser_bdev::IoBuf;
+use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
+use riser_iscsi::pdu::{Op, Pdu, BHS_LEN};
+use riser_iscsi::serial::Itt;
+
+use super::header::{IserHeader, TaggedBuffer, ISER_HDR_LEN};
+
+/// A local buffer for a work request: address, length, local key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// What a send-queue work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    /// SEND with Invalidate of the initiator's STag (both sides allowed it).
+    SendInvalidate(u32),
+    RdmaWrite { remote_addr: u64, rkey: u32 },
+    RdmaRead { remote_addr: u64, rkey: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sge: Sge,
+    pub signaled: bool,
+}
+
+/// A completion, reduced to what the datamover needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    /// None: success. Some(flushed): an error; flushed = the QP was already in error.
+    pub error: Option<bool>,
+    pub byte_len: u32,
+}
+
+/// The verbs the datamover uses on its queue pair.
+pub trait IserQp {
+    fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), String>;
+    /// Posts `wrs` as one chain (one doorbell).
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String>;
+    /// Appends up to `max` completions.
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
+    /// Moves the QP to the error state (flushes everything outstanding) and disconnects.
+    fn disconnect(&mut self);
+}
+
+/// A pool of fixed-size slots in one registered region.
+pub struct Pool {
+    mem: Box<[u8]>,
+    slot: usize,
+    free: Vec<u32>,
+    lkey: u32,
+}
+
+impl Pool {
+    /// `count` slots of `slot` bytes. Register [`Pool::region`] and set the key with
+    /// [`Pool::set_lkey`] before use on real verbs.
+    pub fn new(count: usize, slot: usize) -> Pool {
+        Pool { mem: vec![0u8; count * slot].into_boxed_slice(), slot, free: (0..count as u32).rev().collect(), lkey: 0 }
+    }
+
+    pub fn region(&mut self) -> &mut [u8] {
+        &mut self.mem
+    }
+
+    pub fn set_lkey(&mut self, lkey: u32) {
+        self.lkey = lkey;
+    }
+
+    pub fn slot_size(&self) -> usize {
+        self.slot
+    }
+
+    fn alloc(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    fn release(&mut self, i: u32) {
+        self.free.push(i);
+    }
+
+    fn bytes(&self, i: u32) -> &[u8] {
+        let s = i as usize * self.slot;
+        self.mem.get(s..s + self.slot).unwrap_or_default()
+    }
+
+    fn bytes_mut(&mut self, i: u32) -> &mut [u8] {
+        let s = i as usize * self.slot;
+        self.mem.get_mut(s..s + self.slot).unwrap_or_default()
+    }
+
+    fn sge(&self, i: u32, len: usize) -> Sge {
+        Sge { addr: self.mem.as_ptr() as u64 + (i as usize * self.slot) as u64, len: len as u32, lkey: self.lkey }
+    }
+
+    pub fn count(&self) -> usize {
+        self.mem.len() / self.slot.max(1)
+    }
+}
+
+/// Sizes of a connection's resources, from the negotiated keys.
+#[derive(Clone, Copy, Debug)]
+pub struct IserConfig {
+    /// Receive buffers: the CmdSN window plus room for immediate PDUs (NOP-Out, TMF,
+    /// Logout, Text) and unsolicited Data-Out.
+    pub recv_slots: usize,
+    /// TargetRecvDataSegmentLength: the largest data segment a received PDU may carry.
+    pub target_recv_data_segment_length: usize,
+    pub send_slots: usize,
+    /// Largest data segment of a PDU the target sends.
+    pub initiator_recv_data_segment_length: usize,
+    /// RDMA Reads outstanding at once (the initiator depth from the CM exchange).
+    pub max_rdma_reads: u32,
+    pub data_chunk: usize,
+    pub data_chunks: usize,
+}
+
+impl Default for IserConfig {
+    fn default() -> Self {
+        IserConfig {
+            recv_slots: 160,
+            target_recv_data_segment_length: 8192,
+            send_slots: 160,
+            initiator_recv_data_segment_length: 8192,
+            max_rdma_reads: 16,
+            data_chunk: 128 * 1024,
+            data_chunks: 256,
+        }
+    }
+}
+
+const KIND_RECV: u64 = 1 << 56;
+const KIND_SEND: u64 = 2 << 56;
+const KIND_READ: u64 = 3 << 56;
+const KIND_MASK: u64 = 0xff << 56;
+
+/// A send waiting for a send slot or data chunks.
+enum Pending {
+    Control(Pdu),
+    Put(PutData),
+}
+
+/// A Get_Data in progress.
+struct Fetch {
+    buf: IoBuf,
+    /// Chunks still to complete.
+    outstanding: usize,
+    failed: bool,
+}
+
+/// One RDMA Read not yet posted, or in flight.
+#[derive(Clone, Copy)]
+struct ReadJob {
+    itt: Itt,
+    remote_addr: u64,
+    rkey: u32,
+    /// Where in the task's buffer the bytes go.
+    buf_offset: usize,
+    len: usize,
+}
+
+/// The iSER datamover of one connection.
+pub struct IserDatamover<Q: IserQp> {
+    qp: Q,
+    cfg: IserConfig,
+    recv: Pool,
+    send: Pool,
+    data: Pool,
+    /// The tagged buffers each SCSI Command advertised, by ITT.
+    tags: HashMap<Itt, (Option<TaggedBuffer>, Option<TaggedBuffer>)>,
+    /// Data chunks to free when a send slot's SEND completes.
+    send_chunks: HashMap<u32, Vec<u32>>,
+    pending: VecDeque<Pending>,
+    fetches: HashMap<Itt, Fetch>,
+    read_queue: VecDeque<ReadJob>,
+    /// In-flight reads by data chunk.
+    reads: HashMap<u32, ReadJob>,
+    wcs: Vec<Completion>,
+    terminating: bool,
+    dead: bool,
+}
+
+impl<Q: IserQp> IserDatamover<Q> {
+    /// Takes a connected QP whose memory pools are registered (`pools` = recv, send, data
+    /// from [`IserDatamover::pools`]) and posts the whole receive ring (RFC 7145: before the
+    /// final Login Response is sent).
+    pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, String> {
+        let (recv, send, data) = pools;
+        let mut dm = IserDatamover {
+            qp,
+            cfg,
+            recv,
+            send,
+            data,
+            tags: HashMap::new(),
+            send_chunks: HashMap::new(),
+            pending: VecDeque::new(),
+            fetches: HashMap::new(),
+            read_queue: VecDeque::new(),
+            reads: HashMap::new(),
+            wcs: Vec::with_capacity(32),
+            terminating: false,
+            dead: false,
+        };
+        for i in 0..dm.recv.count() as u32 {
+            let sge = dm.recv.sge(i, dm.recv.slot_size());
+            dm.qp.post_recv(KIND_RECV | i as u64, sge)?;
+        }
+        // All receive slots are owned by the QP from here on.
+        dm.recv.free.clear();
+        Ok(dm)
+    }
+
+    /// The three pools a connection needs, unregistered, sized from `cfg`.
+    pub fn pools(cfg: &IserConfig) -> (Pool, Pool, Pool) {
+        (
+            Pool::new(cfg.recv_slots, ISER_HDR_LEN + BHS_LEN + 1020 + cfg.target_recv_data_segment_length),
+            Pool::new(cfg.send_slots, ISER_HDR_LEN + BHS_LEN + cfg.initiator_recv_data_segment_length.max(256)),
+            Pool::new(cfg.data_chunks, cfg.data_chunk),
+        )
+    }
+
+    pub fn qp_mut(&mut self) -> &mut Q {
+        &mut self.qp
+    }
+
+    fn fail(&mut self, why: String, events: &mut Vec<DmEvent>) {
+        if !self.dead {
+            self.dead = true;
+            self.qp.disconnect();
+            events.push(DmEvent::Terminated(why));
+        }
+    }
+
+    /// Builds the SEND of a control PDU into a send slot; None when no slot is free.
+    fn stage_control(&mut self, pdu: &Pdu) -> Option<Result<(u32, Sge), String>> {
+        let slot = self.send.alloc()?;
+        let mut msg = Vec::with_capacity(ISER_HDR_LEN + BHS_LEN + pdu.data.len());
+        msg.extend_from_slice(&IserHeader::TARGET_CONTROL);
+        if let Err(e) = pdu.encode_message(&mut msg) {
+            self.send.release(slot);
+            return Some(Err(format!("cannot encode {:?}: {e}", pdu.opcode())));
+        }
+        let room = self.send.slot_size();
+        if msg.len() > room {
+            // Full-feature PDUs to the initiator stay small (sense data, NOP echo); a larger
+            // one is cut to what the initiator accepts rather than overrunning its buffer.
+            msg.truncate(room);
+        }
+        let n = msg.len();
+        self.send.bytes_mut(slot)[..n].copy_from_slice(&msg);
+        Some(Ok((slot, self.send.sge(slot, n))))
+    }
+
+    /// Tries to send one pending item; false when resources are short (it stays queued).
+    fn try_send(&mut self, item: Pending, events: &mut Vec<DmEvent>) -> Result<(), Pending> {
+        match item {
+            Pending::Control(pdu) => match self.stage_control(&pdu) {
+                None => Err(Pending::Control(pdu)),
+                Some(Err(e)) => {
+                    log::error!("iSER: {e}");
+                    Ok(())
+                }
+                Some(Ok((slot, sge))) => {
+                    let wr = SendWr { wr_id: KIND_SEND | slot as u64, op: SendOp::Send, sge, signaled: true };
+                    if let Err(e) = self.qp.post_send(&[wr]) {
+                        self.fail(format!("post send failed: {e}"), events);
+                    }
+                    Ok(())
+                }
+            },
+            Pending::Put(put) => {
+                let len = (put.len as usize).min(put.buf.as_slice().len());
+                let chunk = self.data.slot_size();
+                let needed = len.div_ceil(chunk);
+                let Some(&(_, Some(read))) = self.tags.get(&put.itt) else {
+                    // A read without a Read STag: nothing can be written; the response
+                    // (with its residual) still goes out.
+                    log::warn!("iSER: task {:#x} has data but no Read STag", put.itt.0);
+                    return self.try_send(Pending::Control(put.response), events);
+                };
+                if self.data.free.len() < needed || self.send.free.is_empty() {
+                    return Err(Pending::Put(put));
+                }
+                let mut wrs = Vec::with_capacity(needed + 1);
+                let mut chunks = Vec::with_capacity(needed);
+                let mut off = 0;
+                while off < len {
+                    let n = (len - off).min(chunk);
+                    let Some(c) = self.data.alloc() else { break };
+                    self.data.bytes_mut(c)[..n].copy_from_slice(&put.buf.as_slice()[off..off + n]);
+                    wrs.push(SendWr {
+                        wr_id: 0,
+                        op: SendOp::RdmaWrite { remote_addr: read.base_offset + off as u64, rkey: read.stag },
+                        sge: self.data.sge(c, n),
+                        signaled: false,
+                    });
+                    chunks.push(c);
+                    off += n;
+                }
+                let Some(Ok((slot, sge))) = self.stage_control(&put.response) else {
+                    for c in chunks {
+                        self.data.release(c);
+                    }
+                    return Err(Pending::Put(put));
+                };
+                wrs.push(SendWr { wr_id: KIND_SEND | slot as u64, op: SendOp::Send, sge, signaled: true });
+                self.send_chunks.insert(slot, chunks);
+                self.tags.remove(&put.itt);
+                if let Err(e) = self.qp.post_send(&wrs) {
+                    self.fail(format!("post RDMA Write chain failed: {e}"), events);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn flush_pending(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.pending.pop_front() {
+            match self.try_send(item, events) {
+                Ok(()) => n += 1,
+                Err(item) => {
+                    self.pending.push_front(item);
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Posts queued RDMA Reads while the initiator depth and data chunks allow.
+    fn start_reads(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut wrs = Vec::new();
+        while (self.reads.len() + wrs.len()) < self.cfg.max_rdma_reads.max(1) as usize {
+            let Some(job) = self.read_queue.front().copied() else { break };
+            let Some(c) = self.data.alloc() else { break };
+            self.read_queue.pop_front();
+            wrs.push(SendWr {
+                wr_id: KIND_READ | c as u64,
+                op: SendOp::RdmaRead { remote_addr: job.remote_addr, rkey: job.rkey },
+                sge: self.data.sge(c, job.len),
+                signaled: true,
+            });
+            self.reads.insert(c, job);
+        }
+        if !wrs.is_empty() {
+            if let Err(e) = self.qp.post_send(&wrs) {
+                self.fail(format!("post RDMA Read failed: {e}"), events);
+            }
+        }
+        wrs.len()
+    }
+
+    fn on_recv(&mut self, slot: u32, len: usize, events: &mut Vec<DmEvent>) {
+        let msg = self.recv.bytes(slot).get(..len).unwrap_or_default();
+        match IserHeader::parse(msg) {
+            Ok(IserHeader::Control { write, read }) => {
+                match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
+                    Ok(pdu) => {
+                        if let Op::ScsiCommand(c) = pdu.op() {
+                            self.tags.insert(c.itt, (write, read));
+                        }
+                        events.push(DmEvent::Control(pdu));
+                    }
+                    Err(e) => {
+                        log::warn!("iSER: malformed PDU: {e}");
+                        let mut h = [0u8; BHS_LEN];
+                        let n = msg.len().saturating_sub(ISER_HDR_LEN).min(BHS_LEN);
+                        h[..n].copy_from_slice(&msg[ISER_HDR_LEN..ISER_HDR_LEN + n]);
+                        events.push(DmEvent::Reject { header: h, reason: 0x04 });
+                    }
+                }
+            }
+            Ok(IserHeader::Hello { .. }) => {
+                // iWARP's Hello: IB/RoCE initiators never send it; answer as RFC 7145 §5.1
+                // asks so an iWARP-style peer is not left waiting.
+                let mut h = [0u8; ISER_HDR_LEN];
+                IserHeader::HelloReply { reject: false, max_ver: 1, cur_ver: 1, ord: self.cfg.max_rdma_reads as u16 }.write(&mut h);
+                if let Some(s) = self.send.alloc() {
+                    self.send.bytes_mut(s)[..ISER_HDR_LEN].copy_from_slice(&h);
+                    let wr = SendWr { wr_id: KIND_SEND | s as u64, op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
+                    let _ = self.qp.post_send(&[wr]);
+                }
+            }
+            Ok(IserHeader::HelloReply { .. }) | Err(_) => {
+                log::warn!("iSER: unexpected message ({len} bytes); closing");
+                self.fail("protocol error: bad iSER header".into(), events);
+                return;
+            }
+        }
+        // The PDU was copied out: give the buffer back to the QP at once.
+        let sge = self.recv.sge(slot, self.recv.slot_size());
+        if let Err(e) = self.qp.post_recv(KIND_RECV | slot as u64, sge) {
+            self.fail(format!("repost receive failed: {e}"), events);
+        }
+    }
+
+    fn on_read_done(&mut self, chunk: u32, ok: bool, events: &mut Vec<DmEvent>) {
+        let Some(job) = self.reads.remove(&chunk) else { return };
+        if let Some(f) = self.fetches.get_mut(&job.itt) {
+            if ok {
+                let src = &self.data.bytes(chunk)[..job.len];
+                if let Some(dst) = f.buf.as_mut_slice().get_mut(job.buf_offset..job.buf_offset + job.len) {
+                    dst.copy_from_slice(src);
+                }
+            } else {
+                f.failed = true;
+            }
+            f.outstanding -= 1;
+            if f.outstanding == 0 {
+                if let Some(f) = self.fetches.remove(&job.itt) {
+                    if f.failed {
+                        events.push(DmEvent::DataFailed { itt: job.itt, buf: f.buf, reason: "RDMA Read failed" });
+                    } else {
+                        events.push(DmEvent::DataReady { itt: job.itt, buf: f.buf });
+                    }
+                }
+            }
+        }
+        self.data.release(chunk);
+    }
+}
+
+impl<Q: IserQp> Datamover for IserDatamover<Q> {
+    fn send_control(&mut self, pdu: Pdu) {
+        if let Op::ScsiResponse(r) = pdu.op() {
+            self.tags.remove(&r.itt);
+        }
+        self.pending.push_back(Pending::Control(pdu));
+    }
+
+    fn put_data(&mut self, req: PutData) {
+        self.pending.push_back(Pending::Put(req));
+    }
+
+    fn get_data(&mut self, req: GetData) {
+        let GetData { itt, buf, offset, len, .. } = req;
+        let write = self.tags.get(&itt).and_then(|t| t.0);
+        let Some(write) = write else {
+            // No Write STag: the initiator cannot be asked for data.
+            self.fetches.insert(itt, Fetch { buf, outstanding: 1, failed: true });
+            self.read_queue.push_back(ReadJob { itt, remote_addr: 0, rkey: 0, buf_offset: 0, len: 0 });
+            return;
+        };
+        let chunk = self.data.slot_size();
+        let total = len as usize;
+        let n = total.div_ceil(chunk).max(1);
+        self.fetches.insert(itt, Fetch { buf, outstanding: n, failed: false });
+        // RFC 7145 §7.3.5 and what Linux does: the Write STag's base offset already points
+        // past the unsolicited data, so solicited byte `offset` is at the base offset.
+        let mut done = 0;
+        while done < total {
+            let l = (total - done).min(chunk);
+            self.read_queue.push_back(ReadJob {
+                itt,
+                remote_addr: write.base_offset + done as u64,
+                rkey: write.stag,
+                buf_offset: offset as usize + done,
+                len: l,
+            });
+            done += l;
+        }
+    }
+
+    fn notice_key_values(&mut self, params: DatamoverParams) {
+        // Sizes were fixed when the pools were built; keep the initiator's receive limit.
+        self.cfg.initiator_recv_data_segment_length = params.initiator_max_recv_data_segment_length as usize;
+    }
+
+    fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
+        self.tags.remove(&itt);
+        self.read_queue.retain(|j| j.itt != itt);
+        // In-flight reads finish into the void (their chunks are freed on completion).
+        self.fetches.remove(&itt).map(|f| f.buf)
+    }
+
+    fn connection_terminate(&mut self) {
+        self.terminating = true;
+    }
+
+    fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        if self.dead {
+            return 0;
+        }
+        let mut work = 0;
+        // Requests for a task without a Write STag fail here, uniformly.
+        while let Some(j) = self.read_queue.front().copied() {
+            if j.len != 0 {
+                break;
+            }
+            self.read_queue.pop_front();
+            if let Some(f) = self.fetches.remove(&j.itt) {
+                events.push(DmEvent::DataFailed { itt: j.itt, buf: f.buf, reason: "no Write STag" });
+            }
+        }
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let n = self.qp.poll(&mut wcs, 32);
+        work += n;
+        for wc in wcs.iter().copied() {
+            let idx = (wc.wr_id & !KIND_MASK) as u32;
+            if let Some(flushed) = wc.error {
+                if flushed {
+                    continue;
+                }
+                self.fail(format!("completion error on work request {:#x}", wc.wr_id), events);
+                break;
+            }
+            match wc.wr_id & KIND_MASK {
+                KIND_RECV => self.on_recv(idx, wc.byte_len as usize, events),
+                KIND_SEND => {
+                    self.send.release(idx);
+                    if let Some(chunks) = self.send_chunks.remove(&idx) {
+                        for c in chunks {
+                            self.data.release(c);
+                        }
+                    }
+                }
+                KIND_READ => self.on_read_done(idx, true, events),
+                _ => {}
+            }
+        }
+        self.wcs = wcs;
+        if self.dead {
+            return work;
+        }
+        work += self.start_reads(events);
+        work += self.flush_pending(events);
+        if self.terminating && self.pending.is_empty() && self.send.free.len() == self.send.count() {
+            self.dead = true;
+            self.qp.disconnect();
+            events.push(DmEvent::Terminated("connection closed".into()));
+            work += 1;
+        }
+        work
+    }
+
+    fn idle(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::pdu::{Lun, ScsiCommand, ScsiResponse};
+    use riser_iscsi::serial::Sn;
+    use riser_iscsi::ffp::SnState;
+
+    /// An in-memory "initiator" at the other end of the QP: it owns a read buffer and a
+    /// write buffer (registered as STags 0x11 / 0x22). Work requests are only recorded;
+    /// [`wire`] carries them out against the datamover's pools.
+    #[derive(Default)]
+    struct FakeQp {
+        recvs: VecDeque<(u64, Sge)>,
+        done: VecDeque<Completion>,
+        queued: Vec<SendWr>,
+        sent: Vec<Vec<u8>>,
+        read_buf: Vec<u8>,
+        write_buf: Vec<u8>,
+        chains: Vec<usize>,
+        disconnected: bool,
+    }
+
+    impl IserQp for FakeQp {
+        fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), String> {
+            self.recvs.push_back((wr_id, sge));
+            Ok(())
+        }
+        fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
+            self.chains.push(wrs.len());
+            self.queued.extend_from_slice(wrs);
+            Ok(())
+        }
+        fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+            let n = self.done.len().min(max);
+            out.extend(self.done.drain(..n));
+            n
+        }
+        fn disconnect(&mut self) {
+            self.disconnected = true;
+        }
+    }
+
+    /// The bytes an SGE names, found in whichever pool holds them.
+    fn local(d: &mut IserDatamover<FakeQp>, sge: Sge) -> &mut [u8] {
+        for pool in [&mut d.recv, &mut d.send, &mut d.data] {
+            let base = pool.mem.as_ptr() as u64;
+            if sge.addr >= base && sge.addr + sge.len as u64 <= base + pool.mem.len() as u64 {
+                let o = (sge.addr - base) as usize;
+                return &mut pool.mem[o..o + sge.len as usize];
+            }
+        }
+        panic!("SGE {sge:?} outside every registered pool");
+    }
+
+    /// The "wire": executes queued work requests in order and completes the signaled ones.
+    fn wire(d: &mut IserDatamover<FakeQp>) {
+        for wr in std::mem::take(&mut d.qp.queued) {
+            let bytes = local(d, wr.sge).to_vec();
+            match wr.op {
+                SendOp::Send | SendOp::SendInvalidate(_) => d.qp.sent.push(bytes),
+                SendOp::RdmaWrite { remote_addr, rkey } => {
+                    assert_eq!(rkey, 0x11);
+                    let o = remote_addr as usize;
+                    d.qp.read_buf[o..o + bytes.len()].copy_from_slice(&bytes);
+                }
+                SendOp::RdmaRead { remote_addr, rkey } => {
+                    assert_eq!(rkey, 0x22);
+                    let o = remote_addr as usize;
+                    let src = d.qp.write_buf[o..o + bytes.len()].to_vec();
+                    local(d, wr.sge).copy_from_slice(&src);
+                }
+            }
+            if wr.signaled {
+                d.qp.done.push_back(Completion { wr_id: wr.wr_id, error: None, byte_len: wr.sge.len });
+            }
+        }
+    }
+
+    /// The initiator SENDs `msg` into the next posted receive.
+    fn deliver(d: &mut IserDatamover<FakeQp>, msg: &[u8]) {
+        let (wr_id, sge) = d.qp.recvs.pop_front().expect("a posted receive (else RNR)");
+        local(d, sge)[..msg.len()].copy_from_slice(msg);
+        d.qp.done.push_back(Completion { wr_id, error: None, byte_len: msg.len() as u32 });
+    }
+
+    fn dm(cfg: IserConfig) -> IserDatamover<FakeQp> {
+        let qp = FakeQp { read_buf: vec![0; 1 << 20], write_buf: (0..1 << 20).map(|i| (i * 7) as u8).collect(), ..Default::default() };
+        let pools = IserDatamover::<FakeQp>::pools(&cfg);
+        IserDatamover::new(qp, cfg, pools).unwrap()
+    }
+
+    fn command(itt: u32, read: bool, write: bool, edtl: u32, imm: Vec<u8>) -> Vec<u8> {
+        let h = IserHeader::Control {
+            write: write.then_some(TaggedBuffer { stag: 0x22, base_offset: 0 }),
+            read: read.then_some(TaggedBuffer { stag: 0x11, base_offset: 0 }),
+        };
+        let mut msg = [0u8; ISER_HDR_LEN].to_vec();
+        let mut hb = [0u8; ISER_HDR_LEN];
+        h.write(&mut hb);
+        msg.copy_from_slice(&hb);
+        let pdu = Pdu::with_data(
+            Op::ScsiCommand(ScsiCommand {
+                immediate: false,
+                final_bit: true,
+                read,
+                write,
+                attr: 1,
+                lun: Lun(0),
+                itt: Itt(itt),
+                expected_data_transfer_length: edtl,
+                cmd_sn: Sn(1),
+                exp_stat_sn: Sn(0),
+                cdb: [0; 16],
+            }),
+            imm,
+        );
+        pdu.encode_message(&mut msg).unwrap();
+        msg
+    }
+
+    fn response(itt: u32) -> Pdu {
+        Pdu::new(Op::ScsiResponse(ScsiResponse {
+            bidi_read_residual_overflow: false,
+            bidi_read_residual_underflow: false,
+            residual_overflow: false,
+            residual_underflow: false,
+            response: 0,
+            status: 0,
+            itt: Itt(itt),
+            snack_tag: 0,
+            stat_sn: Sn(5),
+            exp_cmd_sn: Sn(2),
+            max_cmd_sn: Sn(9),
+            exp_data_sn: Sn(0),
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        }))
+    }
+
+    #[test]
+    fn read_is_rdma_written_and_chained_with_the_response() {
+        let mut d = dm(IserConfig { data_chunk: 64 * 1024, ..Default::default() });
+        assert_eq!(d.qp.recvs.len(), IserConfig::default().recv_slots, "the whole ring is posted up front");
+        deliver(&mut d, &command(1, true, false, 200_000, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(matches!(ev.as_slice(), [DmEvent::Control(p)] if matches!(p.op(), Op::ScsiCommand(_))));
+        assert_eq!(d.qp.recvs.len(), IserConfig::default().recv_slots, "receive reposted at once");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: Box::new(data.clone()), len: 200_000, response: response(1), sn: SnState::default() });
+        d.poll(&mut ev);
+        wire(&mut d);
+        assert_eq!(d.qp.chains, vec![5], "4 RDMA Writes and the SEND in one post");
+        assert_eq!(&d.qp.read_buf[..200_000], &data[..]);
+        let sent = &d.qp.sent[0];
+        assert_eq!(sent[0], 0x10, "target header: control, no STags");
+        assert!(matches!(Pdu::decode_message(&sent[ISER_HDR_LEN..], 8192).unwrap().op(), Op::ScsiResponse(_)));
+        d.poll(&mut ev);
+        assert_eq!(d.data.free.len(), d.data.count(), "chunks freed by the SEND completion");
+        assert_eq!(d.send.free.len(), d.send.count());
+    }
+
+    #[test]
+    fn write_is_rdma_read_within_the_initiator_depth() {
+        let mut d = dm(IserConfig { data_chunk: 4096, max_rdma_reads: 2, ..Default::default() });
+        deliver(&mut d, &command(2, false, true, 8192 + 20_000, vec![9u8; 8192]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        ev.clear();
+        d.get_data(GetData { itt: Itt(2), lun: Lun(0), buf: Box::new(vec![0u8; 28_192]), offset: 8192, len: 20_000, sn: SnState::default() });
+        let mut rounds = 0;
+        while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
+            d.poll(&mut ev);
+            assert!(d.reads.len() <= 2, "never more reads in flight than the initiator depth");
+            wire(&mut d);
+            rounds += 1;
+            assert!(rounds < 50);
+        }
+        let Some(DmEvent::DataReady { buf, .. }) = ev.pop() else { unreachable!() };
+        let want: Vec<u8> = (0..20_000usize).map(|i| (i * 7) as u8).collect();
+        assert_eq!(&buf.as_slice()[8192..], &want[..], "solicited data starts at the Write STag's base");
+        assert!(d.qp.chains.iter().all(|&n| n <= 2));
+    }
+
+    #[test]
+    fn completion_error_terminates_and_bad_header_closes() {
+        let mut d = dm(IserConfig::default());
+        d.qp.done.push_back(Completion { wr_id: KIND_SEND, error: Some(false), byte_len: 0 });
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(matches!(ev.as_slice(), [DmEvent::Terminated(_)]));
+        assert!(d.qp.disconnected);
+        let mut d = dm(IserConfig::default());
+        deliver(&mut d, &[0x70; 40]);
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(matches!(ev.as_slice(), [DmEvent::Terminated(_)]));
+        // Flush errors after that are quiet.
+        let mut d = dm(IserConfig::default());
+        d.qp.done.push_back(Completion { wr_id: KIND_RECV, error: Some(true), byte_len: 0 });
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(ev.is_empty());
+    }
+}
