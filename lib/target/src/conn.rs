@@ -206,6 +206,9 @@ impl<D: Datamover> Connection<D> {
     }
 
     fn execute(&mut self, req: ScsiRequest) {
+        // One atomic load per command: a LUN added a moment ago is visible to the very
+        // command that sees its REPORTED LUNS DATA HAS CHANGED unit attention.
+        self.refresh_luns();
         let lun_id = riser_scsi::target::decode_lun(&req.lun.0.to_be_bytes());
         let mut task = ScsiTask::new(req.itt.0 as u64, lun_id, &req.cdb, req.edtl, self.nexus.clone());
         task.read = req.read;

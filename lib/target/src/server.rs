@@ -119,7 +119,9 @@ impl IscsiServer {
                 continue;
             }
             for p in &pg.portals {
-                if !p.iser {
+                if p.iser {
+                    log::warn!("portal group {}: iSER portal {} not served yet (no iSER datamover in this build)", pg.tag, p.addr);
+                } else {
                     want.insert(p.addr, pg.tag as u16);
                 }
             }

@@ -4,6 +4,8 @@
 //! Adding a method: a variant in [`Cmd`] (its doc comment is the `--help` line), an args
 //! struct deriving `Args` + `Serialize` whose fields are the JSON params, and one line in
 //! [`Cmd::into_action`]. Methods without a subcommand still work through the raw mode.
+//! rpc.py's list arguments (`'Malloc0:0 Malloc1:1'`, one quoted argument) are parsed by a
+//! clap value parser into a [`List`], so bad syntax is a usage error before anything is sent.
 //!
 //! Exit status: 0 success, 1 RPC error or connection failure, 2 usage error.
 
@@ -73,6 +75,44 @@ enum Cmd {
     SaveConfig(SaveConfig),
     /// Replay a configuration made by save_config
     LoadConfig(LoadConfig),
+    /// Set global iSCSI options (flags as in rpc.py; only those given change)
+    IscsiSetOptions(IscsiSetOptions),
+    /// Show the global iSCSI options
+    IscsiGetOptions,
+    /// Create a portal group: TAG 'HOST:PORT ...' (a portal HOST:PORT@iser is an iSER one)
+    IscsiCreatePortalGroup(IscsiCreatePortalGroup),
+    /// Start listening on the portals of a portal group created with --wait
+    IscsiStartPortalGroup(IscsiTag),
+    /// Delete a portal group
+    IscsiDeletePortalGroup(IscsiTag),
+    /// List the portal groups
+    IscsiGetPortalGroups,
+    /// Create an initiator group: TAG 'INITIATORS' 'NETMASKS'
+    IscsiCreateInitiatorGroup(IscsiCreateInitiatorGroup),
+    /// Add initiators and/or netmasks to an initiator group
+    IscsiInitiatorGroupAddInitiators(IscsiChangeInitiatorGroup),
+    /// Remove initiators and/or netmasks from an initiator group
+    IscsiInitiatorGroupRemoveInitiators(IscsiChangeInitiatorGroup),
+    /// Delete an initiator group
+    IscsiDeleteInitiatorGroup(IscsiTag),
+    /// List the initiator groups
+    IscsiGetInitiatorGroups,
+    /// Create a target node: NAME ALIAS 'BDEV:LUN ...' 'PG:IG ...' QUEUE_DEPTH
+    IscsiCreateTargetNode(IscsiCreateTargetNode),
+    /// Add a LUN to a target node (live sessions get a REPORTED LUNS DATA HAS CHANGED unit attention)
+    IscsiTargetNodeAddLun(IscsiTargetNodeAddLun),
+    /// Map a target node to more portal group / initiator group pairs: NAME 'PG:IG ...'
+    IscsiTargetNodeAddPgIgMaps(IscsiNodeMaps),
+    /// Unmap portal group / initiator group pairs from a target node: NAME 'PG:IG ...'
+    IscsiTargetNodeRemovePgIgMaps(IscsiNodeMaps),
+    /// Delete a target node (its sessions are closed, its bdevs released)
+    IscsiDeleteTargetNode(IscsiNodeName),
+    /// List the target nodes
+    IscsiGetTargetNodes,
+    /// List the live iSCSI connections
+    IscsiGetConnections,
+    /// Show iSCSI connection counts by state
+    IscsiGetStats,
     /// Call any method with optional JSON params
     Call(Call),
     /// Any other method name: METHOD ['{JSON params}']
@@ -165,6 +205,373 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+// ---- iSCSI ------------------------------------------------------------------------------
+
+/// Splits an rpc.py-style list argument: items separated by whitespace (rpc.py's form,
+/// `'a b'`) and/or commas (`a,b`). Empty items are dropped, so `''` is an empty list.
+fn split_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(|c: char| c.is_whitespace() || c == ',').filter(|t| !t.is_empty())
+}
+
+/// A list argument parsed into items: one command-line argument, sent as a JSON array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+struct List<T>(Vec<T>);
+
+/// A portal group / initiator group tag: a whole number (the server checks its range).
+fn parse_tag(s: &str) -> Result<u32, String> {
+    s.trim().parse::<u32>().map_err(|_| format!("{s:?} is not a tag (a whole number, 1 or more)"))
+}
+
+/// One portal of `iscsi_create_portal_group`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+struct PortalArg {
+    host: String,
+    /// A string, as rpc.py sends it.
+    port: String,
+    #[serde(skip_serializing_if = "is_false")]
+    iser: bool,
+    /// rpc.py's old `@CPUMASK` suffix, accepted and ignored (with a warning) as rpc.py does.
+    #[serde(skip)]
+    ignored_cpumask: Option<String>,
+}
+
+/// `HOST:PORT`, `[IPv6]:PORT`, with an optional `@iser` suffix (riser's extension: an iSER
+/// portal). The port is after the last colon, as rpc.py splits it; an IPv6 host must be in
+/// brackets so that split is not ambiguous.
+fn parse_portal(item: &str) -> Result<PortalArg, String> {
+    let (addr, suffix) = match item.split_once('@') {
+        Some((a, s)) => (a, Some(s)),
+        None => (item, None),
+    };
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("portal {item:?} is not HOST:PORT (e.g. 127.0.0.1:3260 or [::1]:3260)"))?;
+    if host.is_empty() {
+        return Err(format!("portal {item:?} has no host (e.g. 127.0.0.1:3260 or [::1]:3260)"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(format!("portal {item:?}: an IPv6 host must be in brackets, e.g. [::1]:3260"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err(format!("portal {item:?}: {port:?} is not a port number (1..=65535)")),
+    }
+    let (iser, ignored_cpumask) = match suffix {
+        None => (false, None),
+        Some(s) if s.eq_ignore_ascii_case("iser") => (true, None),
+        Some("") => return Err(format!("portal {item:?}: nothing after '@' (only @iser is known)")),
+        // rpc.py's HOST:PORT@CPUMASK: a mask is a number (0x3, 3) or a list ([0,1]).
+        Some(s) if s.starts_with("0x") || s.starts_with('[') || s.bytes().all(|b| b.is_ascii_digit()) => {
+            (false, Some(s.to_string()))
+        }
+        Some(s) => return Err(format!("portal {item:?}: unknown suffix @{s} (only @iser is known)")),
+    };
+    Ok(PortalArg { host: host.to_string(), port: port.to_string(), iser, ignored_cpumask })
+}
+
+/// A list of portals: `'HOST:PORT HOST:PORT'` or `HOST:PORT,HOST:PORT`.
+fn parse_portals(s: &str) -> Result<List<PortalArg>, String> {
+    split_list(s).map(parse_portal).collect::<Result<_, _>>().map(List)
+}
+
+/// One LUN of `iscsi_create_target_node`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+struct LunArg {
+    bdev_name: String,
+    lun_id: u32,
+}
+
+/// `'BDEV:LUN BDEV:LUN'` (rpc.py's form); the LUN id is after the last colon.
+fn parse_luns(s: &str) -> Result<List<LunArg>, String> {
+    split_list(s)
+        .map(|item| {
+            let (bdev, id) =
+                item.rsplit_once(':').ok_or_else(|| format!("LUN {item:?} is not BDEV:LUN_ID (e.g. Malloc0:0)"))?;
+            if bdev.is_empty() {
+                return Err(format!("LUN {item:?} has no bdev name (BDEV:LUN_ID, e.g. Malloc0:0)"));
+            }
+            let lun_id = id
+                .parse::<u32>()
+                .map_err(|_| format!("LUN {item:?}: {id:?} is not a LUN id (a whole number, 0 or more)"))?;
+            Ok(LunArg { bdev_name: bdev.to_string(), lun_id })
+        })
+        .collect::<Result<_, _>>()
+        .map(List)
+}
+
+/// One portal group / initiator group pair of a target node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+struct PgIgArg {
+    pg_tag: u32,
+    ig_tag: u32,
+}
+
+/// `'PG:IG PG:IG'` (rpc.py's form), e.g. `'1:1 2:1'`.
+fn parse_pg_ig_maps(s: &str) -> Result<List<PgIgArg>, String> {
+    split_list(s)
+        .map(|item| {
+            let bad = || format!("map {item:?} is not PG_TAG:IG_TAG (two whole numbers, e.g. 1:1)");
+            let (pg, ig) = item.split_once(':').ok_or_else(bad)?;
+            Ok(PgIgArg { pg_tag: pg.parse().map_err(|_| bad())?, ig_tag: ig.parse().map_err(|_| bad())? })
+        })
+        .collect::<Result<_, _>>()
+        .map(List)
+}
+
+/// `'A B'` as a list of words (initiator names, netmasks).
+fn parse_words(s: &str) -> Result<List<String>, String> {
+    Ok(List(split_list(s).map(str::to_string).collect()))
+}
+
+#[derive(Args, Debug)]
+struct IscsiSetOptions {
+    /// Path of the CHAP secret file
+    #[arg(short = 'f', long)]
+    auth_file: Option<String>,
+    /// Prefix of target node names given without iqn./eui./naa.
+    #[arg(short = 'b', long)]
+    node_base: Option<String>,
+    /// Seconds an initiator has to answer a NOP-In
+    #[arg(short = 'o', long)]
+    nop_timeout: Option<u32>,
+    /// Seconds between NOP-Ins sent by the target
+    #[arg(short = 'n', long)]
+    nop_in_interval: Option<u32>,
+    /// No CHAP for discovery sessions (exclusive with --require-chap)
+    #[arg(short = 'd', long, conflicts_with = "require_chap")]
+    disable_chap: bool,
+    /// CHAP required for discovery sessions (exclusive with --disable-chap)
+    #[arg(short = 'r', long)]
+    require_chap: bool,
+    /// Mutual CHAP for discovery sessions
+    #[arg(short = 'm', long)]
+    mutual_chap: bool,
+    /// Authentication group of discovery sessions
+    #[arg(short = 'g', long)]
+    chap_group: Option<u32>,
+    /// Most sessions in the target
+    #[arg(short = 'a', long)]
+    max_sessions: Option<u32>,
+    /// Most outstanding commands per queue
+    #[arg(short = 'q', long)]
+    max_queue_depth: Option<u32>,
+    /// MaxConnections offered
+    #[arg(short = 'c', long)]
+    max_connections_per_session: Option<u32>,
+    /// DefaultTime2Wait offered
+    #[arg(short = 'w', long)]
+    default_time2wait: Option<u32>,
+    /// DefaultTime2Retain offered
+    #[arg(short = 'v', long)]
+    default_time2retain: Option<u32>,
+    /// FirstBurstLength offered
+    #[arg(short = 's', long)]
+    first_burst_length: Option<u32>,
+    /// ImmediateData=Yes offered
+    #[arg(short = 'i', long, conflicts_with = "no_immediate_data")]
+    immediate_data: bool,
+    /// ImmediateData=No offered (riser's addition; rpc.py can only turn it on)
+    #[arg(long)]
+    no_immediate_data: bool,
+    /// ErrorRecoveryLevel offered
+    #[arg(short = 'l', long)]
+    error_recovery_level: Option<u32>,
+    /// Allow an initiator several sessions with the same ISID
+    #[arg(short = 'p', long)]
+    allow_duplicated_isid: bool,
+    /// Most outstanding split reads per connection
+    #[arg(short = 'x', long)]
+    max_large_datain_per_connection: Option<u32>,
+    /// MaxOutstandingR2T offered
+    #[arg(short = 'k', long)]
+    max_r2t_per_connection: Option<u32>,
+    /// PDU pool size (accepted for SPDK compatibility)
+    #[arg(short = 'u', long)]
+    pdu_pool_size: Option<u32>,
+    /// Immediate data buffer pool size (accepted for SPDK compatibility)
+    #[arg(short = 'j', long)]
+    immediate_data_pool_size: Option<u32>,
+    /// Data-Out buffer pool size (accepted for SPDK compatibility)
+    #[arg(short = 'z', long)]
+    data_out_pool_size: Option<u32>,
+}
+
+impl IscsiSetOptions {
+    /// Only what was given is sent: each key present replaces the current value. Unlike
+    /// rpc.py, a given 0 is sent too (rpc.py drops it, so it cannot set e.g. an
+    /// error_recovery_level of 0).
+    fn params(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        let flag = |b: bool| b.then_some(Value::Bool(true));
+        put("auth_file", self.auth_file.clone().map(Value::String));
+        put("node_base", self.node_base.clone().map(Value::String));
+        put("nop_timeout", self.nop_timeout.map(Value::from));
+        put("nop_in_interval", self.nop_in_interval.map(Value::from));
+        put("disable_chap", flag(self.disable_chap));
+        put("require_chap", flag(self.require_chap));
+        put("mutual_chap", flag(self.mutual_chap));
+        put("chap_group", self.chap_group.map(Value::from));
+        put("max_sessions", self.max_sessions.map(Value::from));
+        put("max_queue_depth", self.max_queue_depth.map(Value::from));
+        put("max_connections_per_session", self.max_connections_per_session.map(Value::from));
+        put("default_time2wait", self.default_time2wait.map(Value::from));
+        put("default_time2retain", self.default_time2retain.map(Value::from));
+        put("first_burst_length", self.first_burst_length.map(Value::from));
+        let immediate = if self.no_immediate_data { Some(Value::Bool(false)) } else { flag(self.immediate_data) };
+        put("immediate_data", immediate);
+        put("error_recovery_level", self.error_recovery_level.map(Value::from));
+        put("allow_duplicated_isid", flag(self.allow_duplicated_isid));
+        put("max_large_datain_per_connection", self.max_large_datain_per_connection.map(Value::from));
+        put("max_r2t_per_connection", self.max_r2t_per_connection.map(Value::from));
+        put("pdu_pool_size", self.pdu_pool_size.map(Value::from));
+        put("immediate_data_pool_size", self.immediate_data_pool_size.map(Value::from));
+        put("data_out_pool_size", self.data_out_pool_size.map(Value::from));
+        Value::Object(m)
+    }
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiTag {
+    /// Group tag (a whole number, 1 or more)
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiCreatePortalGroup {
+    /// Portal group tag (a whole number, 1 or more)
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    // `help` rather than a doc comment: rustdoc would take [::1] for a link.
+    #[arg(
+        value_name = "HOST:PORT[@iser]",
+        required = true,
+        num_args = 1..,
+        value_parser = parse_portals,
+        help = "Portals, HOST:PORT separated by spaces or commas, IPv6 in brackets; a suffix @iser makes \
+                an iSER portal. E.g. '127.0.0.1:3260 [::1]:3260' or 192.0.2.1:3260@iser"
+    )]
+    #[serde(serialize_with = "flatten_lists")]
+    portals: Vec<List<PortalArg>>,
+    /// Private group: its portals are not returned by discovery (SendTargets)
+    #[arg(short = 'p', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    private: bool,
+    /// Do not listen until iscsi_start_portal_group
+    #[arg(short = 'w', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    wait: bool,
+}
+
+/// Several list arguments (`a b` given as two arguments, or `'a b'` as one) sent as one list.
+fn flatten_lists<S: serde::Serializer, T: Serialize>(lists: &[List<T>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(lists.iter().flat_map(|l| &l.0))
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiCreateInitiatorGroup {
+    /// Initiator group tag (a whole number, 1 or more)
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    /// Initiator names separated by spaces, e.g. 'ANY' or 'iqn.2016-06.io.spdk:host1 !iqn.2016-06.io.spdk:host2'
+    #[arg(value_name = "INITIATORS", value_parser = parse_words)]
+    initiators: List<String>,
+    #[arg(
+        value_name = "NETMASKS",
+        value_parser = parse_words,
+        help = "Netmasks separated by spaces, e.g. 'ANY' or '192.168.1.0/24 [::1]/128'"
+    )]
+    netmasks: List<String>,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiChangeInitiatorGroup {
+    /// Initiator group tag
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    /// Initiator names separated by spaces
+    #[arg(short = 'n', long, value_name = "INITIATORS", value_parser = parse_words)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    initiators: Option<List<String>>,
+    /// Netmasks separated by spaces
+    #[arg(short = 'm', long, value_name = "NETMASKS", value_parser = parse_words)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    netmasks: Option<List<String>>,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiCreateTargetNode {
+    /// Target node name: a full iqn./eui./naa. name, or a short one put after node_base
+    name: String,
+    /// Target alias
+    alias_name: String,
+    /// LUNs, BDEV:LUN_ID separated by spaces, e.g. 'Malloc0:0 Malloc1:1'
+    #[arg(value_name = "BDEV:LUN ...", value_parser = parse_luns)]
+    luns: List<LunArg>,
+    /// Portal group to initiator group maps, PG_TAG:IG_TAG separated by spaces, e.g. '1:1 2:1'
+    #[arg(value_name = "PG:IG ...", value_parser = parse_pg_ig_maps)]
+    pg_ig_maps: List<PgIgArg>,
+    /// Most outstanding commands per session
+    queue_depth: u32,
+    /// CHAP disabled for this node (exclusive with --require-chap)
+    #[arg(short = 'd', long, conflicts_with = "require_chap")]
+    #[serde(skip_serializing_if = "is_false")]
+    disable_chap: bool,
+    /// CHAP required for this node
+    #[arg(short = 'r', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    require_chap: bool,
+    /// Mutual (bidirectional) CHAP
+    #[arg(short = 'm', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    mutual_chap: bool,
+    /// Authentication group of this node
+    #[arg(short = 'g', long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chap_group: Option<u32>,
+    /// Require HeaderDigest=CRC32C
+    #[arg(short = 'H', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    header_digest: bool,
+    /// Require DataDigest=CRC32C
+    #[arg(short = 'D', long)]
+    #[serde(skip_serializing_if = "is_false")]
+    data_digest: bool,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiTargetNodeAddLun {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    name: String,
+    /// Bdev to export
+    bdev_name: String,
+    /// LUN id (the lowest free one when absent or -1)
+    #[arg(short = 'i', long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lun_id: Option<i64>,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiNodeMaps {
+    /// Target node name
+    name: String,
+    /// PG_TAG:IG_TAG pairs separated by spaces, e.g. '1:1 2:1'
+    #[arg(value_name = "PG:IG ...", value_parser = parse_pg_ig_maps)]
+    pg_ig_maps: List<PgIgArg>,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiNodeName {
+    /// Target node name, e.g. iqn.2016-06.io.riser:disk1
+    name: String,
+}
+
 /// What to do once the command line is understood.
 enum Action {
     /// One call: its result is printed.
@@ -188,6 +595,28 @@ impl Cmd {
             Cmd::BdevNullCreate(a) => Some(sized_bdev_params(Some(a.name), a.uuid, a.total_size, a.block_size)?),
             Cmd::BdevNullDelete(a) => to_params(&a)?,
             Cmd::BdevGetBdevs(a) => to_params(&a)?,
+            Cmd::IscsiGetOptions
+            | Cmd::IscsiGetPortalGroups
+            | Cmd::IscsiGetInitiatorGroups
+            | Cmd::IscsiGetTargetNodes
+            | Cmd::IscsiGetConnections
+            | Cmd::IscsiGetStats => None,
+            Cmd::IscsiSetOptions(a) => to_params(&a.params())?,
+            Cmd::IscsiCreatePortalGroup(a) => {
+                for p in a.portals.iter().flat_map(|l| &l.0) {
+                    if let Some(mask) = &p.ignored_cpumask {
+                        eprintln!("warning: {}:{}: a portal CPU mask (@{mask}) is no longer supported; ignoring it", p.host, p.port);
+                    }
+                }
+                to_params(&a)?
+            }
+            Cmd::IscsiStartPortalGroup(a) | Cmd::IscsiDeletePortalGroup(a) | Cmd::IscsiDeleteInitiatorGroup(a) => to_params(&a)?,
+            Cmd::IscsiCreateInitiatorGroup(a) => to_params(&a)?,
+            Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a)?,
+            Cmd::IscsiCreateTargetNode(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeAddLun(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => to_params(&a)?,
+            Cmd::IscsiDeleteTargetNode(a) => to_params(&a)?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
@@ -361,6 +790,265 @@ fn main() -> ExitCode {
                 _ => eprintln!("error: {e}"),
             }
             ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `riser-rpc ARGS..` would send: (method, params), or the usage error and its exit
+    /// status.
+    fn sent(args: &[&str]) -> Result<(String, Option<Value>), (String, i32)> {
+        let argv = std::iter::once("riser-rpc").chain(args.iter().copied());
+        let m = Cli::command().try_get_matches_from(argv).map_err(|e| (e.to_string(), e.exit_code()))?;
+        let cli = Cli::from_arg_matches(&m).map_err(|e| (e.to_string(), e.exit_code()))?;
+        match cli.cmd.into_action(m.subcommand_name().unwrap_or_default().to_string()) {
+            Ok(Action::Call(method, params)) => Ok((method, params)),
+            Ok(_) => panic!("{args:?}: not a plain call"),
+            Err(UsageError(msg)) => Err((msg, 2)),
+        }
+    }
+
+    fn params(args: &[&str]) -> Value {
+        let (method, p) = sent(args).unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+        assert_eq!(method, args[0]);
+        p.unwrap_or(Value::Null)
+    }
+
+    /// A usage error (exit 2) whose message contains `needle`.
+    fn refused(args: &[&str], needle: &str) {
+        match sent(args) {
+            Err((msg, code)) => {
+                assert_eq!(code, 2, "{args:?}: {msg}");
+                assert!(msg.contains(needle), "{args:?}: {msg:?} lacks {needle:?}");
+            }
+            Ok(p) => panic!("{args:?} was accepted: {p:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn list_splitting() {
+        let v = |s: &'static str| split_list(s).collect::<Vec<_>>();
+        assert_eq!(v("a b"), ["a", "b"]);
+        assert_eq!(v("  a \t b\n"), ["a", "b"]);
+        assert_eq!(v("a,b c, d"), ["a", "b", "c", "d"]);
+        assert!(v("").is_empty());
+        assert!(v(" , ").is_empty());
+    }
+
+    #[test]
+    fn portals_parse() {
+        let p = |host: &str, port: &str, iser: bool| PortalArg { host: host.into(), port: port.into(), iser, ignored_cpumask: None };
+        assert_eq!(parse_portals("127.0.0.1:3260"), Ok(List(vec![p("127.0.0.1", "3260", false)])));
+        assert_eq!(
+            parse_portals("127.0.0.1:3260 10.0.0.1:3261,[::1]:3260 192.0.2.1:3260@iser [fe80::1]:860@ISER"),
+            Ok(List(vec![
+                p("127.0.0.1", "3260", false),
+                p("10.0.0.1", "3261", false),
+                p("[::1]", "3260", false),
+                p("192.0.2.1", "3260", true),
+                p("[fe80::1]", "860", true),
+            ]))
+        );
+        // rpc.py's old CPU mask suffix is accepted and ignored.
+        let got = parse_portals("0.0.0.0:3260@0x3").unwrap();
+        assert_eq!((got.0[0].iser, got.0[0].ignored_cpumask.as_deref()), (false, Some("0x3")));
+        assert_eq!(parse_portals(""), Ok(List(vec![])));
+        for (bad, needle) in [
+            ("127.0.0.1", "is not HOST:PORT"),
+            (":3260", "has no host"),
+            ("127.0.0.1:", "is not a port number"),
+            ("127.0.0.1:x", "is not a port number"),
+            ("127.0.0.1:0", "is not a port number"),
+            ("127.0.0.1:65536", "is not a port number"),
+            ("::1:3260", "IPv6 host must be in brackets"),
+            ("127.0.0.1:3260@rdma", "unknown suffix @rdma"),
+            ("127.0.0.1:3260@", "nothing after '@'"),
+            ("1.2.3.4:3260 5.6.7.8", "\"5.6.7.8\""),
+        ] {
+            let e = parse_portals(bad).expect_err(bad);
+            assert!(e.contains(needle), "{bad}: {e:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn luns_and_maps_parse() {
+        let l = |b: &str, id: u32| LunArg { bdev_name: b.into(), lun_id: id };
+        assert_eq!(parse_luns("Malloc0:0 Malloc1:1"), Ok(List(vec![l("Malloc0", 0), l("Malloc1", 1)])));
+        assert_eq!(parse_luns(" Malloc5:2 "), Ok(List(vec![l("Malloc5", 2)])));
+        // The id is after the last colon.
+        assert_eq!(parse_luns("ns:a:7"), Ok(List(vec![l("ns:a", 7)])));
+        for (bad, needle) in [
+            ("Malloc0", "is not BDEV:LUN_ID"),
+            (":0", "has no bdev name"),
+            ("Malloc0:", "is not a LUN id"),
+            ("Malloc0:x", "is not a LUN id"),
+            ("Malloc0:-1", "is not a LUN id"),
+            ("Malloc0:0 Malloc1", "\"Malloc1\""),
+        ] {
+            let e = parse_luns(bad).expect_err(bad);
+            assert!(e.contains(needle), "{bad}: {e:?} lacks {needle:?}");
+        }
+
+        let m = |pg: u32, ig: u32| PgIgArg { pg_tag: pg, ig_tag: ig };
+        assert_eq!(parse_pg_ig_maps("1:1 2:2 2:1"), Ok(List(vec![m(1, 1), m(2, 2), m(2, 1)])));
+        assert_eq!(parse_pg_ig_maps("1:1,3:4"), Ok(List(vec![m(1, 1), m(3, 4)])));
+        for bad in ["1", "1:", ":1", "a:1", "1:b", "1:1:1", "1-1", "1:-1"] {
+            let e = parse_pg_ig_maps(bad).expect_err(bad);
+            assert!(e.contains("is not PG_TAG:IG_TAG"), "{bad}: {e:?}");
+        }
+
+        assert_eq!(parse_words("ANY"), Ok(List(vec!["ANY".to_string()])));
+        assert_eq!(
+            parse_words("iqn.2016-06.io.spdk:h1  !iqn.2016-06.io.spdk:h2"),
+            Ok(List(vec!["iqn.2016-06.io.spdk:h1".to_string(), "!iqn.2016-06.io.spdk:h2".to_string()]))
+        );
+        assert_eq!(parse_tag("7"), Ok(7));
+        assert!(parse_tag("x").unwrap_err().contains("is not a tag"));
+        assert!(parse_tag("-1").is_err());
+    }
+
+    #[test]
+    fn portal_group_commands() {
+        assert_eq!(
+            params(&["iscsi_create_portal_group", "1", "127.0.0.1:3260 [::1]:3261"]),
+            json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": "3260"}, {"host": "[::1]", "port": "3261"}]})
+        );
+        // Several arguments, commas, flags, @iser.
+        assert_eq!(
+            params(&["iscsi_create_portal_group", "-p", "2", "10.0.0.1:3260,10.0.0.2:3260", "192.0.2.1:3260@iser", "-w"]),
+            json!({"tag": 2, "portals": [
+                {"host": "10.0.0.1", "port": "3260"},
+                {"host": "10.0.0.2", "port": "3260"},
+                {"host": "192.0.2.1", "port": "3260", "iser": true}
+            ], "private": true, "wait": true})
+        );
+        assert_eq!(params(&["iscsi_start_portal_group", "3"]), json!({"tag": 3}));
+        assert_eq!(params(&["iscsi_delete_portal_group", "3"]), json!({"tag": 3}));
+        assert_eq!(params(&["iscsi_get_portal_groups"]), Value::Null);
+        refused(&["iscsi_create_portal_group", "x", "127.0.0.1:3260"], "is not a tag");
+        refused(&["iscsi_create_portal_group", "1", "127.0.0.1"], "is not HOST:PORT");
+        refused(&["iscsi_create_portal_group", "1"], "required");
+        refused(&["iscsi_delete_portal_group", "one"], "is not a tag");
+        refused(&["iscsi_get_portal_groups", "1"], "unexpected argument");
+    }
+
+    #[test]
+    fn initiator_group_commands() {
+        assert_eq!(
+            params(&["iscsi_create_initiator_group", "1", "ANY", "127.0.0.0/8 [::1]/128"]),
+            json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["127.0.0.0/8", "[::1]/128"]})
+        );
+        assert_eq!(
+            params(&["iscsi_initiator_group_add_initiators", "1", "-n", "iqn.a:x iqn.a:y", "-m", "10.0.0.0/8"]),
+            json!({"tag": 1, "initiators": ["iqn.a:x", "iqn.a:y"], "netmasks": ["10.0.0.0/8"]})
+        );
+        assert_eq!(
+            params(&["iscsi_initiator_group_remove_initiators", "1", "-m", "10.0.0.0/8"]),
+            json!({"tag": 1, "netmasks": ["10.0.0.0/8"]})
+        );
+        assert_eq!(
+            params(&["iscsi_initiator_group_remove_initiators", "4", "--initiators", "ANY"]),
+            json!({"tag": 4, "initiators": ["ANY"]})
+        );
+        assert_eq!(params(&["iscsi_delete_initiator_group", "2"]), json!({"tag": 2}));
+        assert_eq!(params(&["iscsi_get_initiator_groups"]), Value::Null);
+        refused(&["iscsi_create_initiator_group", "1", "ANY"], "required");
+        refused(&["iscsi_create_initiator_group", "1.5", "ANY", "ANY"], "is not a tag");
+    }
+
+    #[test]
+    fn target_node_commands() {
+        assert_eq!(
+            params(&["iscsi_create_target_node", "disk1", "Disk 1", "Malloc0:0 Malloc1:1", "1:1 2:1", "64"]),
+            json!({
+                "name": "disk1", "alias_name": "Disk 1",
+                "luns": [{"bdev_name": "Malloc0", "lun_id": 0}, {"bdev_name": "Malloc1", "lun_id": 1}],
+                "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}, {"pg_tag": 2, "ig_tag": 1}],
+                "queue_depth": 64
+            })
+        );
+        assert_eq!(
+            params(&["iscsi_create_target_node", "-r", "-m", "-g", "2", "-H", "-D", "n", "a", "M:0", "1:1", "8"]),
+            json!({
+                "name": "n", "alias_name": "a", "luns": [{"bdev_name": "M", "lun_id": 0}],
+                "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}], "queue_depth": 8,
+                "require_chap": true, "mutual_chap": true, "chap_group": 2, "header_digest": true, "data_digest": true
+            })
+        );
+        assert_eq!(params(&["iscsi_create_target_node", "n", "a", "M:0", "1:1", "8", "-d"])["disable_chap"], json!(true));
+        refused(&["iscsi_create_target_node", "n", "a", "Malloc0", "1:1", "8"], "is not BDEV:LUN_ID");
+        refused(&["iscsi_create_target_node", "n", "a", "M:0", "1-1", "8"], "is not PG_TAG:IG_TAG");
+        refused(&["iscsi_create_target_node", "n", "a", "M:0", "1:1", "deep"], "invalid value");
+        refused(&["iscsi_create_target_node", "n", "a", "M:0", "1:1"], "required");
+        refused(&["iscsi_create_target_node", "-d", "-r", "n", "a", "M:0", "1:1", "8"], "cannot be used with");
+
+        assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2"]), json!({"name": "disk1", "bdev_name": "Malloc2"}));
+        // LUN 0 is sent (rpc.py drops a 0), and -1 ("any") too.
+        assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "0"])["lun_id"], json!(0));
+        assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "-1"])["lun_id"], json!(-1));
+        assert_eq!(params(&["iscsi_target_node_add_lun", "-i", "5", "disk1", "Malloc2"])["lun_id"], json!(5));
+        refused(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "two"], "invalid value");
+
+        for m in ["iscsi_target_node_add_pg_ig_maps", "iscsi_target_node_remove_pg_ig_maps"] {
+            assert_eq!(
+                params(&[m, "iqn.2016-06.io.riser:disk1", "1:1 2:3"]),
+                json!({"name": "iqn.2016-06.io.riser:disk1", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}, {"pg_tag": 2, "ig_tag": 3}]})
+            );
+            refused(&[m, "d", "1:x"], "is not PG_TAG:IG_TAG");
+        }
+        assert_eq!(params(&["iscsi_delete_target_node", "d"]), json!({"name": "d"}));
+        assert_eq!(params(&["iscsi_get_target_nodes"]), Value::Null);
+    }
+
+    #[test]
+    fn options_and_getters() {
+        assert_eq!(params(&["iscsi_set_options"]), Value::Null);
+        assert_eq!(
+            params(&[
+                "iscsi_set_options", "-f", "/etc/auth", "-b", "iqn.2024-01.com.example", "-o", "10", "-n", "5", "-r", "-m",
+                "-g", "1", "-a", "16", "-q", "32", "-c", "4", "-w", "0", "-v", "30", "-s", "65536", "-i", "-l", "0", "-p",
+                "-x", "8", "-k", "2", "-u", "1024", "-j", "512", "-z", "256",
+            ]),
+            json!({
+                "auth_file": "/etc/auth", "node_base": "iqn.2024-01.com.example", "nop_timeout": 10, "nop_in_interval": 5,
+                "require_chap": true, "mutual_chap": true, "chap_group": 1, "max_sessions": 16, "max_queue_depth": 32,
+                "max_connections_per_session": 4, "default_time2wait": 0, "default_time2retain": 30,
+                "first_burst_length": 65536, "immediate_data": true, "error_recovery_level": 0,
+                "allow_duplicated_isid": true, "max_large_datain_per_connection": 8, "max_r2t_per_connection": 2,
+                "pdu_pool_size": 1024, "immediate_data_pool_size": 512, "data_out_pool_size": 256
+            })
+        );
+        assert_eq!(params(&["iscsi_set_options", "--no-immediate-data", "-d"]), json!({"disable_chap": true, "immediate_data": false}));
+        assert_eq!(params(&["iscsi_set_options", "--first-burst-length", "4096"]), json!({"first_burst_length": 4096}));
+        refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
+        refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");
+        refused(&["iscsi_set_options", "-q", "many"], "invalid value");
+        refused(&["iscsi_set_options", "-q", "-1"], "-1");
+        for m in ["iscsi_get_options", "iscsi_get_connections", "iscsi_get_stats"] {
+            assert_eq!(sent(&[m]), Ok((m.to_string(), None)));
+        }
+    }
+
+    #[test]
+    fn every_iscsi_subcommand_has_help() {
+        let cmd = Cli::command();
+        let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
+        assert_eq!(iscsi.len(), 19);
+        for c in iscsi {
+            assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
+            let e = sent(&[c.get_name(), "--help"]).expect_err("--help");
+            assert_eq!(e.1, 0, "{}: {}", c.get_name(), e.0);
+            for a in c.get_arguments().filter(|a| a.get_id() != "help") {
+                assert!(a.get_help().is_some(), "{} {}: no help", c.get_name(), a.get_id());
+            }
         }
     }
 }
