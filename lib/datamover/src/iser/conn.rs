@@ -70,27 +70,57 @@ pub trait IserQp {
     fn disconnect(&mut self);
 }
 
+/// Memory registered with the device (or plain memory in tests). Access is by copy: the
+/// device may read or write it at any time while a work request names it.
+pub trait RegisteredMemory: Send {
+    /// Address of the first byte as the device sees it (the SGE address).
+    fn base(&self) -> u64;
+    fn len(&self) -> usize;
+    fn lkey(&self) -> u32;
+    fn read_at(&self, offset: usize, dst: &mut [u8]);
+    fn write_at(&mut self, offset: usize, src: &[u8]);
+}
+
+/// Plain memory: for unit tests, where an in-memory queue pair plays the device.
+impl RegisteredMemory for Box<[u8]> {
+    fn base(&self) -> u64 {
+        self.as_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn lkey(&self) -> u32 {
+        0
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        if let Some(src) = self.get(offset..offset + dst.len()) {
+            dst.copy_from_slice(src);
+        }
+    }
+    fn write_at(&mut self, offset: usize, src: &[u8]) {
+        if let Some(dst) = self.get_mut(offset..offset + src.len()) {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
 /// A pool of fixed-size slots in one registered region.
 pub struct Pool {
-    mem: Box<[u8]>,
+    mem: Box<dyn RegisteredMemory>,
     slot: usize,
     free: Vec<u32>,
-    lkey: u32,
 }
 
 impl Pool {
-    /// `count` slots of `slot` bytes. Register [`Pool::region`] and set the key with
-    /// [`Pool::set_lkey`] before use on real verbs.
-    pub fn new(count: usize, slot: usize) -> Pool {
-        Pool { mem: vec![0u8; count * slot].into_boxed_slice(), slot, free: (0..count as u32).rev().collect(), lkey: 0 }
+    /// `count` slots of `slot` bytes over `mem` (at least `count * slot` bytes).
+    pub fn new(mem: Box<dyn RegisteredMemory>, count: usize, slot: usize) -> Pool {
+        let count = count.min(mem.len() / slot.max(1));
+        Pool { mem, slot, free: (0..count as u32).rev().collect() }
     }
 
-    pub fn region(&mut self) -> &mut [u8] {
-        &mut self.mem
-    }
-
-    pub fn set_lkey(&mut self, lkey: u32) {
-        self.lkey = lkey;
+    /// A pool over plain memory (tests).
+    pub fn plain(count: usize, slot: usize) -> Pool {
+        Pool::new(Box::new(vec![0u8; count * slot].into_boxed_slice()), count, slot)
     }
 
     pub fn slot_size(&self) -> usize {
@@ -105,18 +135,24 @@ impl Pool {
         self.free.push(i);
     }
 
-    fn bytes(&self, i: u32) -> &[u8] {
-        let s = i as usize * self.slot;
-        self.mem.get(s..s + self.slot).unwrap_or_default()
+    fn read(&self, i: u32, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len.min(self.slot)];
+        self.mem.read_at(i as usize * self.slot, &mut v);
+        v
     }
 
-    fn bytes_mut(&mut self, i: u32) -> &mut [u8] {
-        let s = i as usize * self.slot;
-        self.mem.get_mut(s..s + self.slot).unwrap_or_default()
+    fn read_into(&self, i: u32, dst: &mut [u8]) {
+        let n = dst.len().min(self.slot);
+        self.mem.read_at(i as usize * self.slot, &mut dst[..n]);
+    }
+
+    fn write(&mut self, i: u32, src: &[u8]) {
+        let n = src.len().min(self.slot);
+        self.mem.write_at(i as usize * self.slot, &src[..n]);
     }
 
     fn sge(&self, i: u32, len: usize) -> Sge {
-        Sge { addr: self.mem.as_ptr() as u64 + (i as usize * self.slot) as u64, len: len as u32, lkey: self.lkey }
+        Sge { addr: self.mem.base() + (i as usize * self.slot) as u64, len: len as u32, lkey: self.mem.lkey() }
     }
 
     pub fn count(&self) -> usize {
@@ -237,13 +273,19 @@ impl<Q: IserQp> IserDatamover<Q> {
         Ok(dm)
     }
 
-    /// The three pools a connection needs, unregistered, sized from `cfg`.
-    pub fn pools(cfg: &IserConfig) -> (Pool, Pool, Pool) {
-        (
-            Pool::new(cfg.recv_slots, ISER_HDR_LEN + BHS_LEN + 1020 + cfg.target_recv_data_segment_length),
-            Pool::new(cfg.send_slots, ISER_HDR_LEN + BHS_LEN + cfg.initiator_recv_data_segment_length.max(256)),
-            Pool::new(cfg.data_chunks, cfg.data_chunk),
-        )
+    /// Slot sizes and counts of the three pools (receive ring, send buffers, data chunks).
+    pub fn pool_sizes(cfg: &IserConfig) -> [(usize, usize); 3] {
+        [
+            (cfg.recv_slots, ISER_HDR_LEN + BHS_LEN + 1020 + cfg.target_recv_data_segment_length),
+            (cfg.send_slots, ISER_HDR_LEN + BHS_LEN + cfg.initiator_recv_data_segment_length.max(256)),
+            (cfg.data_chunks, cfg.data_chunk),
+        ]
+    }
+
+    /// The three pools over plain memory (tests).
+    pub fn plain_pools(cfg: &IserConfig) -> (Pool, Pool, Pool) {
+        let [r, s, d] = Self::pool_sizes(cfg);
+        (Pool::plain(r.0, r.1), Pool::plain(s.0, s.1), Pool::plain(d.0, d.1))
     }
 
     pub fn qp_mut(&mut self) -> &mut Q {
@@ -274,7 +316,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             msg.truncate(room);
         }
         let n = msg.len();
-        self.send.bytes_mut(slot)[..n].copy_from_slice(&msg);
+        self.send.write(slot, &msg);
         Some(Ok((slot, self.send.sge(slot, n))))
     }
 
@@ -314,7 +356,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                 while off < len {
                     let n = (len - off).min(chunk);
                     let Some(c) = self.data.alloc() else { break };
-                    self.data.bytes_mut(c)[..n].copy_from_slice(&put.buf.as_slice()[off..off + n]);
+                    self.data.write(c, &put.buf.as_slice()[off..off + n]);
                     wrs.push(SendWr {
                         wr_id: 0,
                         op: SendOp::RdmaWrite { remote_addr: read.base_offset + off as u64, rkey: read.stag },
@@ -379,7 +421,8 @@ impl<Q: IserQp> IserDatamover<Q> {
     }
 
     fn on_recv(&mut self, slot: u32, len: usize, events: &mut Vec<DmEvent>) {
-        let msg = self.recv.bytes(slot).get(..len).unwrap_or_default();
+        let msg = self.recv.read(slot, len);
+        let msg = &msg[..];
         match IserHeader::parse(msg) {
             Ok(IserHeader::Control { write, read }) => {
                 match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
@@ -404,7 +447,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                 let mut h = [0u8; ISER_HDR_LEN];
                 IserHeader::HelloReply { reject: false, max_ver: 1, cur_ver: 1, ord: self.cfg.max_rdma_reads as u16 }.write(&mut h);
                 if let Some(s) = self.send.alloc() {
-                    self.send.bytes_mut(s)[..ISER_HDR_LEN].copy_from_slice(&h);
+                    self.send.write(s, &h);
                     let wr = SendWr { wr_id: KIND_SEND | s as u64, op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
                     let _ = self.qp.post_send(&[wr]);
                 }
@@ -426,9 +469,8 @@ impl<Q: IserQp> IserDatamover<Q> {
         let Some(job) = self.reads.remove(&chunk) else { return };
         if let Some(f) = self.fetches.get_mut(&job.itt) {
             if ok {
-                let src = &self.data.bytes(chunk)[..job.len];
                 if let Some(dst) = f.buf.as_mut_slice().get_mut(job.buf_offset..job.buf_offset + job.len) {
-                    dst.copy_from_slice(src);
+                    self.data.read_into(chunk, dst);
                 }
             } else {
                 f.failed = true;
@@ -609,22 +651,33 @@ mod tests {
         }
     }
 
-    /// The bytes an SGE names, found in whichever pool holds them.
-    fn local(d: &mut IserDatamover<FakeQp>, sge: Sge) -> &mut [u8] {
+    /// The pool and offset an SGE names.
+    fn locate(d: &mut IserDatamover<FakeQp>, sge: Sge) -> (&mut Pool, usize) {
         for pool in [&mut d.recv, &mut d.send, &mut d.data] {
-            let base = pool.mem.as_ptr() as u64;
+            let base = pool.mem.base();
             if sge.addr >= base && sge.addr + sge.len as u64 <= base + pool.mem.len() as u64 {
-                let o = (sge.addr - base) as usize;
-                return &mut pool.mem[o..o + sge.len as usize];
+                return (pool, (sge.addr - base) as usize);
             }
         }
         panic!("SGE {sge:?} outside every registered pool");
     }
 
+    fn read_sge(d: &mut IserDatamover<FakeQp>, sge: Sge) -> Vec<u8> {
+        let (pool, off) = locate(d, sge);
+        let mut v = vec![0u8; sge.len as usize];
+        pool.mem.read_at(off, &mut v);
+        v
+    }
+
+    fn write_sge(d: &mut IserDatamover<FakeQp>, sge: Sge, src: &[u8]) {
+        let (pool, off) = locate(d, sge);
+        pool.mem.write_at(off, src);
+    }
+
     /// The "wire": executes queued work requests in order and completes the signaled ones.
     fn wire(d: &mut IserDatamover<FakeQp>) {
         for wr in std::mem::take(&mut d.qp.queued) {
-            let bytes = local(d, wr.sge).to_vec();
+            let bytes = read_sge(d, wr.sge);
             match wr.op {
                 SendOp::Send | SendOp::SendInvalidate(_) => d.qp.sent.push(bytes),
                 SendOp::RdmaWrite { remote_addr, rkey } => {
@@ -636,7 +689,7 @@ mod tests {
                     assert_eq!(rkey, 0x22);
                     let o = remote_addr as usize;
                     let src = d.qp.write_buf[o..o + bytes.len()].to_vec();
-                    local(d, wr.sge).copy_from_slice(&src);
+                    write_sge(d, wr.sge, &src);
                 }
             }
             if wr.signaled {
@@ -648,13 +701,13 @@ mod tests {
     /// The initiator SENDs `msg` into the next posted receive.
     fn deliver(d: &mut IserDatamover<FakeQp>, msg: &[u8]) {
         let (wr_id, sge) = d.qp.recvs.pop_front().expect("a posted receive (else RNR)");
-        local(d, sge)[..msg.len()].copy_from_slice(msg);
+        write_sge(d, sge, msg);
         d.qp.done.push_back(Completion { wr_id, error: None, byte_len: msg.len() as u32 });
     }
 
     fn dm(cfg: IserConfig) -> IserDatamover<FakeQp> {
         let qp = FakeQp { read_buf: vec![0; 1 << 20], write_buf: (0..1 << 20).map(|i| (i * 7) as u8).collect(), ..Default::default() };
-        let pools = IserDatamover::<FakeQp>::pools(&cfg);
+        let pools = IserDatamover::<FakeQp>::plain_pools(&cfg);
         IserDatamover::new(qp, cfg, pools).unwrap()
     }
 
