@@ -19,10 +19,11 @@ use crate::inquiry::{
     WRITE_SAME_CHUNK_BYTES,
 };
 use crate::lock::{FastCounter, RangeGrant, WriteAdmission};
-use crate::lun::{Lun, ATTN_RESERVED, MODE_DSENSE, MODE_NO_MEDIUM};
+use crate::lun::{Lun, ATTN_RESERVED, ATTN_SANITIZE, MODE_DSENSE, MODE_NO_MEDIUM};
 use crate::opcodes::{self, CmdDesc, F_MEDIUM, F_WRITE};
 use crate::pr;
 use crate::rw;
+use crate::sanitize::{self, SanitizeOp, SanitizeState};
 use crate::sense::{Asc, CmdError, CmdResult, Sense, SenseKey, Status};
 use crate::task::{Nexus, Residual, ScsiResult, ScsiTask};
 use crate::xcopy::{self, CopyStatus, Segment};
@@ -144,6 +145,25 @@ enum Job {
     },
     /// EXTENDED COPY: segments copied one chunk at a time (read, then write).
     Copy(CopyJob),
+    /// SANITIZE: the whole medium, one chunk at a time.
+    Sanitize(SanitizeJob),
+}
+
+struct SanitizeJob {
+    op: SanitizeOp,
+    ause: bool,
+    /// IMMED: GOOD was returned when the operation started.
+    immed: bool,
+    /// Current pass, and the first block not yet submitted in it.
+    pass: u8,
+    next: u64,
+    /// Where the chunk in flight ends (recorded in the LUN state once it is written).
+    done_to: u64,
+    rng: sanitize::Rng,
+    /// The chunk buffer, reused while its size fits, and the pass it holds data for
+    /// (overwrite patterns differ between passes with INVERT).
+    buf: Option<IoBuf>,
+    buf_pass: Option<u8>,
 }
 
 struct CopyJob {
@@ -172,6 +192,9 @@ struct Op {
     adm: Adm,
     begun_exclusive: bool,
     started: bool,
+    /// The task's result was already reported (a SANITIZE with IMMED, or one whose task was
+    /// aborted): the operation goes on and reports nothing when it ends.
+    detached: bool,
     job: Job,
 }
 
@@ -212,6 +235,25 @@ impl Drop for LunChannel {
     /// A channel dropped with commands still in flight gives back their range admissions,
     /// so that other reactors' writes and atomic commands are not held up forever.
     fn drop(&mut self) {
+        if self.ops.iter().any(|o| {
+            matches!(
+                o,
+                Some(Op {
+                    job: Job::Sanitize(_),
+                    ..
+                })
+            )
+        }) {
+            // A sanitize operation does not end with its executor (SBC-3 4.11): leave it
+            // for the next channel of this LUN to take over from where it got.
+            let mut st = self.lun.lock();
+            if let SanitizeState::Running { owned, .. } = &mut st.sanitize {
+                *owned = false;
+                self.lun
+                    .sanitize_orphan
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
         for o in self.ops.iter_mut().filter_map(|o| o.take()) {
             match o.adm {
                 Adm::Fast => self.lun.ranges.fast_done(&self.counter),
@@ -323,6 +365,7 @@ impl LunChannel {
             Ok(Action::Good) => self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense),
             Err(e) => self.finish_now(tag, edtl, xfer, Err(e), dsense),
             Ok(Action::Job(need, job)) => {
+                let immed = matches!(&job, Job::Sanitize(j) if j.immed);
                 let opr = Op {
                     tag,
                     nexus_id,
@@ -336,28 +379,96 @@ impl LunChannel {
                     adm: Adm::None,
                     begun_exclusive: false,
                     started: false,
+                    detached: immed,
                     job,
                 };
-                let slot = match self.free.pop() {
-                    Some(s) => {
-                        self.ops[s] = Some(opr);
-                        s
-                    }
-                    None => {
-                        self.ops.push(Some(opr));
-                        self.ops.len() - 1
-                    }
-                };
-                self.active += 1;
-                if !self.try_start(slot) {
-                    self.waiting.push_back(slot);
+                if immed {
+                    // SANITIZE with IMMED: GOOD once the operation is validated and begun;
+                    // its progress is reported by REQUEST SENSE (SBC-3 4.11).
+                    self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense);
                 }
+                self.add_op(opr);
             }
         }
     }
 
+    /// Stores a new op and tries to start it.
+    fn add_op(&mut self, opr: Op) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.ops[s] = Some(opr);
+                s
+            }
+            None => {
+                self.ops.push(Some(opr));
+                self.ops.len() - 1
+            }
+        };
+        self.active += 1;
+        if !self.try_start(slot) {
+            self.waiting.push_back(slot);
+        }
+    }
+
+    /// Takes over a sanitize operation whose channel went away (see [`Lun::sanitize_orphan`]).
+    fn adopt_sanitize(&mut self) {
+        let lun = self.lun.clone();
+        let job = {
+            let mut st = lun.lock();
+            lun.sanitize_orphan
+                .store(false, std::sync::atomic::Ordering::Release);
+            match &mut st.sanitize {
+                SanitizeState::Running {
+                    op,
+                    ause,
+                    pass,
+                    next,
+                    owned,
+                } if !*owned => {
+                    *owned = true;
+                    SanitizeJob {
+                        op: op.clone(),
+                        ause: *ause,
+                        immed: true,
+                        pass: *pass,
+                        next: *next,
+                        done_to: *next,
+                        rng: sanitize::Rng::new(),
+                        buf: None,
+                        buf_pass: None,
+                    }
+                }
+                _ => return,
+            }
+        };
+        let n = lun.num_blocks();
+        self.add_op(Op {
+            tag: u64::MAX,
+            nexus_id: 0,
+            edtl: 0,
+            xfer: 0,
+            dsense: false,
+            aborted: false,
+            inflight: 0,
+            err: None,
+            need: Need::Exclusive(0, n),
+            adm: Adm::None,
+            begun_exclusive: false,
+            started: false,
+            detached: true,
+            job: Job::Sanitize(job),
+        });
+    }
+
     /// Moves finished tasks into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<ScsiResult>) -> usize {
+        if self
+            .lun
+            .sanitize_orphan
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.adopt_sanitize();
+        }
         if self.active > 0 {
             let mut comps = std::mem::take(&mut self.comps);
             self.io.poll(&mut comps);
@@ -403,12 +514,28 @@ impl LunChannel {
         // Tasks that already completed (results waiting for the next poll) are not
         // touched: they are reported normally, as tasks that finished before the abort.
         for slot in 0..self.ops.len() {
-            let hit = matches!(&self.ops[slot], Some(o) if !o.aborted && f(o));
+            // A detached op has no task any more (its tag may already name a new one).
+            let hit = matches!(&self.ops[slot], Some(o) if !o.aborted && !o.detached && f(o));
             if !hit {
                 continue;
             }
             n += 1;
             if let Some(o) = self.ops[slot].as_mut() {
+                if matches!(o.job, Job::Sanitize(_)) {
+                    // The task goes, the sanitize operation does not (SBC-3 4.11: it
+                    // continues through aborts and resets).
+                    o.detached = true;
+                    self.done.push(ScsiResult {
+                        tag: o.tag,
+                        status: Status::Good,
+                        sense: None,
+                        data_in: None,
+                        data_len: 0,
+                        residual: Residual::None,
+                        aborted: true,
+                    });
+                    continue;
+                }
                 o.aborted = true;
                 if o.inflight == 0 {
                     self.waiting.retain(|s| *s != slot);
@@ -445,9 +572,15 @@ impl LunChannel {
     /// Completes the op in `slot` (releasing its range admission) with its error, its
     /// abort, or `data`.
     fn complete(&mut self, slot: usize, data: Option<(IoBuf, usize)>) {
-        let Some(o) = self.ops[slot].take() else {
+        let Some(mut o) = self.ops[slot].take() else {
             return;
         };
+        if let Job::Sanitize(j) = &o.job {
+            self.sanitize_ended(j.ause, o.err.is_some());
+            if o.err.is_some() {
+                o.err = Some(CmdError::sanitize_failed());
+            }
+        }
         self.free.push(slot);
         self.active -= 1;
         match o.adm {
@@ -458,6 +591,9 @@ impl LunChannel {
                     self.lun.ranges.cancel_exclusive();
                 }
             }
+        }
+        if o.detached {
+            return;
         }
         let mut r = ScsiResult {
             tag: o.tag,
@@ -586,6 +722,7 @@ impl LunChannel {
             }
             Job::WriteSame { .. } => self.write_same_next(slot),
             Job::Copy(_) => self.copy_next(slot, None),
+            Job::Sanitize(_) => self.sanitize_next(slot, None),
             Job::Compare { lba, blocks, .. }
             | Job::CompareAndWrite { lba, blocks, .. }
             | Job::OrWrite { lba, blocks, .. }
@@ -633,6 +770,89 @@ impl LunChannel {
             }
         };
         self.submit_io(slot, IoKind::Write, lba, n, Some(b));
+    }
+
+    /// Submits the next chunk of a sanitize operation (the next pass when one is done), or
+    /// finishes it. `buf` is the chunk buffer coming back from the last write.
+    fn sanitize_next(&mut self, slot: usize, buf: Option<IoBuf>) {
+        let bs = self.lun.block_size() as u64;
+        let end = self.lun.num_blocks();
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        let Job::Sanitize(j) = &mut o.job else {
+            return;
+        };
+        if buf.is_some() {
+            j.buf = buf;
+        }
+        if j.next >= end {
+            if j.pass + 1 >= j.op.passes() {
+                self.finish(slot);
+                return;
+            }
+            j.pass += 1;
+            j.next = 0;
+        }
+        let lba = j.next;
+        if j.op == SanitizeOp::BlockErase {
+            let n = (end - lba).min((sanitize::SANITIZE_UNMAP_CHUNK_BYTES / bs).max(1));
+            j.next += n;
+            j.done_to = j.next;
+            self.submit_io(slot, IoKind::Unmap, lba, n, None);
+            return;
+        }
+        let n = (end - lba).min((sanitize::SANITIZE_WRITE_CHUNK_BYTES / bs).max(1));
+        j.next += n;
+        j.done_to = j.next;
+        let want = (n * bs) as usize;
+        let reuse = match j.buf.take() {
+            Some(b) if b.as_slice().len() == want => Some(b),
+            _ => None,
+        };
+        let mut b = match reuse {
+            Some(b) => b,
+            None => {
+                j.buf_pass = None;
+                self.buf(want)
+            }
+        };
+        let Some(Op {
+            job: Job::Sanitize(j),
+            ..
+        }) = self.ops[slot].as_mut()
+        else {
+            return;
+        };
+        match &j.op {
+            SanitizeOp::Overwrite {
+                pattern, invert, ..
+            } => {
+                // The buffer keeps its contents across writes: refill it only for a new
+                // buffer or a new pass.
+                if j.buf_pass != Some(j.pass) {
+                    sanitize::fill_overwrite(b.as_mut_slice(), pattern, *invert, j.pass);
+                    j.buf_pass = Some(j.pass);
+                }
+            }
+            // Fresh unpredictable data for every chunk.
+            _ => j.rng.fill(b.as_mut_slice()),
+        }
+        self.submit_io(slot, IoKind::Write, lba, n, Some(b));
+    }
+
+    /// A sanitize operation ended: the LU leaves the sanitize state, or enters the failure
+    /// mode (SBC-3 4.11) if it did not complete.
+    fn sanitize_ended(&self, ause: bool, failed: bool) {
+        let mut st = self.lun.lock();
+        if matches!(st.sanitize, SanitizeState::Running { .. }) {
+            st.sanitize = if failed {
+                SanitizeState::Failed { ause }
+            } else {
+                SanitizeState::Idle
+            };
+        }
+        self.lun.refresh_attn(&st);
     }
 
     /// Advances an EXTENDED COPY: after a read, write the chunk to the destination; after
@@ -812,6 +1032,18 @@ impl LunChannel {
                 self.submit_io(slot, IoKind::Write, lba, blocks, Some(r));
             }
             Job::Copy(_) => self.copy_next(slot, buf),
+            Job::Sanitize(j) => {
+                // The chunk is on the medium: record how far the operation got, for the
+                // progress indication and for a takeover.
+                let (pass, done_to) = (j.pass, j.done_to);
+                let mut st = self.lun.lock();
+                if let SanitizeState::Running { pass: p, next, .. } = &mut st.sanitize {
+                    *p = pass;
+                    *next = done_to;
+                }
+                drop(st);
+                self.sanitize_next(slot, buf)
+            }
             Job::LbaStatus {
                 lba,
                 blocks,
@@ -906,6 +1138,10 @@ impl LunChannel {
         }
         // The nexus may be new (POWER ON queued above): keep the fast-path flags exact.
         lun.refresh_attn(&st);
+        if attn & ATTN_SANITIZE != 0 {
+            let flags = desc.as_ref().map_or(0, |d| d.flags);
+            sanitize::gate(&st.sanitize, lun.num_blocks(), opc, flags)?;
+        }
         if attn & ATTN_RESERVED != 0 {
             if let Ok(d) = desc {
                 if pr::conflicts(&st, key, class_of(d, &ctx.cdb)) {
@@ -965,7 +1201,7 @@ impl LunChannel {
             }
             op::MAINTENANCE_IN => match cdb.service_action() {
                 op::MI_REPORT_SUPPORTED_OPCODES => Ok(Action::Data(
-                    opcodes::report_supported_opcodes(&cdb)?,
+                    opcodes::report_supported_opcodes(&lun, &cdb)?,
                     cdb.be32(6) as usize,
                 )),
                 _ => Ok(Action::Data(
@@ -1086,6 +1322,7 @@ impl LunChannel {
                 Ok(Action::Data(v, cdb.be32(10) as usize))
             }
             op::ORWRITE16 => self.orwrite(ctx, data_out, write_protected),
+            op::SANITIZE => self.sanitize(ctx, data_out, write_protected),
             _ => Err(CmdError::invalid_opcode()),
         }
     }

@@ -61,7 +61,7 @@ pub(crate) fn inquiry(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<Vec<u8>>
         0x83 => Ok(vpd(0x83, device_identification(lun, Some(nexus)))),
         0x8F => Ok(vpd(0x8F, crate::xcopy::third_party_copy_vpd())),
         0xB0 => Ok(vpd(0xB0, block_limits(lun))),
-        0xB1 => Ok(vpd(0xB1, block_characteristics())),
+        0xB1 => Ok(vpd(0xB1, block_characteristics(lun))),
         0xB2 => Ok(vpd(0xB2, provisioning(lun))),
         _ => Err(CmdError::invalid_cdb(2, None)),
     }
@@ -155,7 +155,8 @@ fn block_limits(lun: &Lun) -> Vec<u8> {
     // Offsets below are page offsets minus 4.
     // WSNZ 0: WRITE SAME with NUMBER OF LOGICAL BLOCKS 0 writes to the end of the medium.
     b[1] = MAX_CAW_BLOCKS as u8;
-    put_be16(&mut b, 2, 1); // OPTIMAL TRANSFER LENGTH GRANULARITY
+    // OPTIMAL TRANSFER LENGTH GRANULARITY: one physical block.
+    put_be16(&mut b, 2, 1 << lun.lbppb_exponent());
     let max_xfer = max_transfer_blocks(lun).min(u32::MAX as u64) as u32;
     put_be32(&mut b, 4, max_xfer); // MAXIMUM TRANSFER LENGTH
     put_be32(
@@ -180,9 +181,16 @@ fn block_limits(lun: &Lun) -> Vec<u8> {
 }
 
 /// Block Device Characteristics VPD page body (SBC-3 6.5.2): a non-rotating medium.
-fn block_characteristics() -> Vec<u8> {
+fn block_characteristics(lun: &Lun) -> Vec<u8> {
     let mut b = vec![0u8; 0x3C];
     put_be16(&mut b, 0, 0x0001); // MEDIUM ROTATION RATE: non-rotating
+                                 // Page byte 7: WABEREQ (bits 7:6) and WACEREQ (bits 5:4) say what a read of a block
+                                 // that a block erase / cryptographic erase sanitized (and nothing wrote since) returns.
+                                 // 01b: GOOD status (a block erase leaves deallocated blocks, read as zeros; a
+                                 // cryptographic erase leaves unpredictable data). WABEREQ is 00b where BLOCK ERASE is
+                                 // not offered (no thin provisioning).
+    let wabereq = if lun.thin_provisioned() { 0x40 } else { 0 };
+    b[3] = wabereq | 0x10;
     b
 }
 
@@ -227,6 +235,7 @@ pub(crate) fn read_capacity16(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
     let mut d = vec![0u8; 32];
     put_be64(&mut d, 0, lun.num_blocks() - 1);
     put_be32(&mut d, 8, lun.block_size());
+    d[13] = lun.lbppb_exponent() & 0x0F; // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT
     if lun.thin_provisioned() {
         d[14] = 0x80 | 0x40; // LBPME, LBPRZ
     }

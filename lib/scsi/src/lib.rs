@@ -2,7 +2,9 @@
 //!
 //! * [`Lun`] — a logical unit over a bdev, shared by every reactor (`Arc<Lun>`), created on
 //!   the control plane: identity (VPD 0x80/0x83), unit attentions per I_T nexus,
-//!   persistent and SPC-2 reservations, mode parameters, medium state, copy results.
+//!   persistent and SPC-2 reservations, mode parameters, medium state, copy results, and
+//!   the sanitize state (a SANITIZE outlives its task, its session and resets; the next
+//!   [`LunChannel`] to poll takes over one whose channel went away).
 //! * [`LunChannel`] — the per-reactor executor for one LUN: [`submit`](LunChannel::submit)
 //!   a [`ScsiTask`], collect [`ScsiResult`]s with [`poll`](LunChannel::poll) (results only
 //!   ever come from `poll`, even for emulated commands). Abort with

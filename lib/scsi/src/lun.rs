@@ -62,6 +62,13 @@ pub struct LunConfig {
     /// thin LU. BLOCK ERASE, CRYPTOGRAPHIC ERASE and EXIT FAILURE MODE are always offered
     /// (BLOCK ERASE on thin-provisioned LUNs).
     pub sanitize_overwrite: bool,
+    /// Physical block size in bytes, reported as LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT
+    /// in READ CAPACITY(16) (SBC-3 5.16.2) and as the OPTIMAL TRANSFER LENGTH GRANULARITY.
+    /// `None` (the default): the logical block size, which is what riser's devices have (a
+    /// RAM device does no read-modify-write below any size). Set it to describe a backing
+    /// store with larger physical blocks (e.g. 4096 under 512-byte logical blocks); a value
+    /// that is not a power-of-two multiple of the logical block size is ignored.
+    pub physical_block_size: Option<u32>,
 }
 
 impl Default for LunConfig {
@@ -77,6 +84,7 @@ impl Default for LunConfig {
             read_only: false,
             thin_provisioning: None,
             sanitize_overwrite: false,
+            physical_block_size: None,
         }
     }
 }
@@ -181,6 +189,8 @@ pub struct Lun {
     block_size: u32,
     num_blocks: u64,
     thin: bool,
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT.
+    lbppbe: u8,
     serial: String,
     product: String,
     /// NAA IEEE Registered Extended designator (type 6), 16 bytes, from the bdev UUID.
@@ -223,11 +233,32 @@ impl Lun {
             .clone()
             .unwrap_or_else(|| info.product_name.to_string());
         let naa = naa6(IEEE_COMPANY_ID, info.uuid.as_bytes());
+        let lbppbe = match cfg.physical_block_size {
+            Some(p) if p > info.block_size && p % info.block_size == 0 => {
+                let ratio = p / info.block_size;
+                if ratio.is_power_of_two() && ratio.trailing_zeros() <= 15 {
+                    ratio.trailing_zeros() as u8
+                } else {
+                    log::warn!("LUN {}: physical block size {p} ignored: not a power-of-two multiple of {}", cfg.id, info.block_size);
+                    0
+                }
+            }
+            Some(p) if p != info.block_size => {
+                log::warn!(
+                    "LUN {}: physical block size {p} ignored: not a multiple of {}",
+                    cfg.id,
+                    info.block_size
+                );
+                0
+            }
+            _ => 0,
+        };
         let mode = MODE_WCE;
         Arc::new(Lun {
             block_size: info.block_size,
             num_blocks: info.num_blocks,
             thin,
+            lbppbe,
             serial,
             product,
             naa,
@@ -264,6 +295,11 @@ impl Lun {
 
     pub fn thin_provisioned(&self) -> bool {
         self.thin
+    }
+
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (see [`LunConfig::physical_block_size`]).
+    pub fn lbppb_exponent(&self) -> u8 {
+        self.lbppbe
     }
 
     pub fn serial(&self) -> &str {

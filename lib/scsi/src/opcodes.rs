@@ -2,6 +2,7 @@
 //! (SPC-4 6.35) both read it, so what is reported is exactly what is accepted.
 
 use crate::cdb::{op, put_be16, put_be32, Cdb};
+use crate::lun::Lun;
 use crate::pr::PrClass;
 use crate::sense::{CmdError, CmdResult};
 
@@ -203,6 +204,38 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         Write,
         W,
         [0x42, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::SANITIZE,
+        Some(crate::sanitize::SA_OVERWRITE),
+        "SANITIZE: OVERWRITE",
+        Write,
+        W,
+        [0x48, 0xA0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
+        op::SANITIZE,
+        Some(crate::sanitize::SA_BLOCK_ERASE),
+        "SANITIZE: BLOCK ERASE",
+        Write,
+        W,
+        [0x48, 0xA0, 0, 0, 0, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::SANITIZE,
+        Some(crate::sanitize::SA_CRYPTO_ERASE),
+        "SANITIZE: CRYPTOGRAPHIC ERASE",
+        Write,
+        W,
+        [0x48, 0xA0, 0, 0, 0, 0, 0, 0, 0, 0]
+    ),
+    cmd!(
+        op::SANITIZE,
+        Some(crate::sanitize::SA_EXIT_FAILURE_MODE),
+        "SANITIZE: EXIT FAILURE MODE",
+        Write,
+        W,
+        [0x48, 0x80, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
         op::MODE_SELECT10,
@@ -537,6 +570,18 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
     ),
 ];
 
+/// Whether `lun` offers the command `c`: a few depend on what the LU is configured as
+/// (UNMAP and SANITIZE BLOCK ERASE need thin provisioning, SANITIZE OVERWRITE its option).
+/// REPORT SUPPORTED OPERATION CODES lists only what is offered; the handlers refuse the rest.
+pub(crate) fn offered(c: &CmdDesc, lun: &Lun) -> bool {
+    use crate::sanitize::{SA_BLOCK_ERASE, SA_OVERWRITE};
+    match (c.opcode, c.sa) {
+        (op::UNMAP, _) | (op::SANITIZE, Some(SA_BLOCK_ERASE)) => lun.thin_provisioned(),
+        (op::SANITIZE, Some(SA_OVERWRITE)) => lun.config().sanitize_overwrite,
+        _ => true,
+    }
+}
+
 /// The name of the command in `cdb` (e.g. "READ(10)"), for logs; `None` if riser does
 /// not implement it.
 pub fn command_name(cdb: &Cdb) -> Option<&'static str> {
@@ -603,8 +648,8 @@ fn timeouts() -> [u8; 12] {
     t
 }
 
-/// REPORT SUPPORTED OPERATION CODES (SPC-4 6.35).
-pub(crate) fn report_supported_opcodes(cdb: &Cdb) -> CmdResult<Vec<u8>> {
+/// REPORT SUPPORTED OPERATION CODES (SPC-4 6.35) for `lun`.
+pub(crate) fn report_supported_opcodes(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
     let rctd = cdb.u8(2) & 0x80 != 0;
     let options = cdb.u8(2) & 0x07;
     let req_op = cdb.u8(3);
@@ -612,7 +657,7 @@ pub(crate) fn report_supported_opcodes(cdb: &Cdb) -> CmdResult<Vec<u8>> {
     match options {
         0 => {
             let mut v = vec![0u8; 4];
-            for c in COMMANDS {
+            for c in COMMANDS.iter().filter(|c| offered(c, lun)) {
                 let mut d = [0u8; 8];
                 d[0] = c.opcode;
                 put_be16(&mut d, 2, c.sa.unwrap_or(0) as u16);
@@ -633,7 +678,7 @@ pub(crate) fn report_supported_opcodes(cdb: &Cdb) -> CmdResult<Vec<u8>> {
             if (options == 1 && with_sa) || (options == 2 && !with_sa && known(req_op)) {
                 return Err(CmdError::invalid_cdb(2, Some(0)));
             }
-            let found = COMMANDS.iter().find(|c| {
+            let found = COMMANDS.iter().filter(|c| offered(c, lun)).find(|c| {
                 c.opcode == req_op
                     && match c.sa {
                         None => options != 2 && (options != 3 || req_sa == 0),

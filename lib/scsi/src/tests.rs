@@ -1704,16 +1704,15 @@ fn extended_copy_and_results() {
         Some(p),
         (5, 0x26, 0x09),
     );
-    // Reserved LU ID TYPE; NUL; bad index; beyond the end.
-    let mut p = xcopy_list(&mut e, 2, 0, 1, &[(0, 4000, 4)]);
-    p[17] = 0xC0;
-    e.check(
-        &a,
-        &xcopy_cdb(p.len()),
-        p.len() as u32,
-        Some(p),
-        (5, 0x26, 0),
-    );
+    // LU ID TYPE (SPC-3) is ignored in SPC-4: a reserved value still copies, as libiscsi's
+    // ExtendedCopy.ValidTgtDescr expects of an SPC-4 target.
+    let src = pattern(4 * BS, 77);
+    e.write16(&a, 100, src.clone());
+    let mut p = xcopy_list(&mut e, 2, 0, 1, &[(100, 4100, 4)]);
+    p[17] |= 0xC0;
+    e.ok(&a, &xcopy_cdb(p.len()), p.len() as u32, Some(p));
+    assert_eq!(e.read16(&a, 4100, 4), src);
+    // NUL; bad index; beyond the end.
     let mut p = xcopy_list(&mut e, 2, 0, 1, &[(0, 4000, 4)]);
     p[17] = 0x20;
     e.check(
@@ -1842,4 +1841,490 @@ fn shared_types_are_send_and_sync() {
     send_sync::<Nexus>();
     send::<ScsiTask>();
     send::<ScsiResult>();
+}
+
+// ----------------------------------------------------------------------------------
+// Fixes found by libiscsi's compliance suite
+
+#[test]
+fn compare_and_write_length_must_match_the_data() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.write16(&a, 0, vec![b'A'; BS]);
+    // 256 blocks wrap to 0 in the one-byte field: with 2 x 256 blocks of Data-Out this is
+    // not "no blocks, nothing to do" (libiscsi CompareAndWrite.Simple above the limit).
+    e.check(
+        &a,
+        &caw(0, 0),
+        (2 * 256 * BS) as u32,
+        Some(vec![b'A'; 2 * 256 * BS]),
+        ILLEGAL_FIELD,
+    );
+    assert!(e.read16(&a, 0, 1).iter().all(|&x| x == b'A'));
+    // A real zero-length COMPARE AND WRITE is still fine.
+    e.ok(&a, &caw(0, 0), 0, None);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn transfers_up_to_32_mib_are_accepted() {
+    let mut e = env();
+    let a = e.a.clone();
+    let max = (crate::MAX_TRANSFER_BYTES / BS as u64) as u32;
+    assert_eq!(max, 65536);
+    // Within MAXIMUM TRANSFER LENGTH: only the range is wrong for this small LUN.
+    e.check(&a, &rw16(op::READ16, 0, max, 0), 0, None, LBA_OOR);
+    e.check(&a, &rw16(op::READ16, 0, max + 1, 0), 0, None, ILLEGAL_FIELD);
+    let bl = e.ok(&a, &[op::INQUIRY, 1, 0xB0, 0, 64, 0], 64, None);
+    assert_eq!(u32::from_be_bytes(bl[8..12].try_into().unwrap()), max);
+}
+
+fn get_lba_status(lba: u64, alloc: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op::SERVICE_ACTION_IN16;
+    c[1] = op::SAI_GET_LBA_STATUS;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// (lba, blocks, status) of each descriptor.
+fn lba_status_descs(d: &[u8]) -> Vec<(u64, u32, u8)> {
+    d[8..]
+        .chunks_exact(16)
+        .map(|x| {
+            (
+                u64::from_be_bytes(x[0..8].try_into().unwrap()),
+                u32::from_be_bytes(x[8..12].try_into().unwrap()),
+                x[12],
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn lba_status_scans_past_the_first_window() {
+    let mut e = env();
+    let a = e.a.clone();
+    // The LUN (4 MiB) is larger than one scan window (1 MiB): a fully deallocated medium
+    // is one descriptor covering everything (what libiscsi checks after a SANITIZE).
+    let mut ws = vec![0u8; 16];
+    ws[0] = op::WRITE_SAME16;
+    ws[1] = 0x08; // UNMAP, NUMBER OF LOGICAL BLOCKS 0: to the end
+    e.ok(&a, &ws, BS as u32, Some(vec![0; BS]));
+    let d = e.ok(&a, &get_lba_status(0, 256), 256, None);
+    assert_eq!(lba_status_descs(&d), vec![(0, BLOCKS as u32, 1)]);
+    // One mapped block in the third window splits it in three.
+    e.write16(&a, 5000, vec![1; BS]);
+    let d = e.ok(&a, &get_lba_status(0, 256), 256, None);
+    assert_eq!(
+        lba_status_descs(&d),
+        vec![
+            (0, 5000, 1),
+            (5000, 1, 0),
+            (5001, (BLOCKS - 5001) as u32, 1)
+        ]
+    );
+    // Room for one descriptor: the scan stops after the window where a second run starts
+    // (PARAMETER DATA LENGTH tells what was found, the allocation length cuts it).
+    let d = e.ok(&a, &get_lba_status(0, 24), 24, None);
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 4 + 3 * 16);
+    assert_eq!(lba_status_descs(&d), vec![(0, 5000, 1)]);
+    // From the middle.
+    let d = e.ok(&a, &get_lba_status(5000, 256), 256, None);
+    assert_eq!(
+        lba_status_descs(&d),
+        vec![(5000, 1, 0), (5001, (BLOCKS - 5001) as u32, 1)]
+    );
+}
+
+#[test]
+fn physical_block_size_is_reported() {
+    let rc16 = |e: &mut Env| {
+        let a = e.a.clone();
+        let mut c = vec![0u8; 16];
+        c[0] = op::SERVICE_ACTION_IN16;
+        c[1] = op::SAI_READ_CAPACITY16;
+        c[13] = 32;
+        let d = e.ok(&a, &c, 32, None);
+        let bl = e.ok(&a, &[op::INQUIRY, 1, 0xB0, 0, 64, 0], 64, None);
+        (d[13] & 0x0F, u16::from_be_bytes([bl[6], bl[7]]))
+    };
+    let mut e = env();
+    assert_eq!(rc16(&mut e), (0, 1));
+    let mut e = env_with(LunConfig {
+        physical_block_size: Some(4096),
+        ..Default::default()
+    });
+    assert_eq!(rc16(&mut e), (3, 8));
+    for bad in [1000, 1536, 256] {
+        let mut e = env_with(LunConfig {
+            physical_block_size: Some(bad),
+            ..Default::default()
+        });
+        assert_eq!(rc16(&mut e), (0, 1), "{bad}");
+    }
+}
+
+// ----------------------------------------------------------------------------------
+// SANITIZE
+
+fn sanitize_cdb(sa: u8, flags: u8, len: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = op::SANITIZE;
+    c[1] = flags | sa;
+    c[7..9].copy_from_slice(&len.to_be_bytes());
+    c
+}
+
+const SANITIZE_IN_PROGRESS: (u8, u8, u8) = (2, 0x04, 0x1B);
+const SANITIZE_FAILED: (u8, u8, u8) = (3, 0x31, 0x03);
+
+/// Service actions of SANITIZE listed by REPORT SUPPORTED OPERATION CODES.
+fn sanitize_listed(e: &mut Env) -> Vec<u8> {
+    let a = e.a.clone();
+    (0..=0x1Fu8)
+        .filter(|&sa| {
+            let mut c = vec![0u8; 12];
+            c[0] = op::MAINTENANCE_IN;
+            c[1] = op::MI_REPORT_SUPPORTED_OPCODES;
+            c[2] = 0x02; // one command, with service action
+            c[3] = op::SANITIZE;
+            c[5] = sa;
+            c[9] = 64;
+            let d = e.ok(&a, &c, 64, None);
+            d[1] & 0x07 == 0x03
+        })
+        .collect()
+}
+
+#[test]
+fn sanitize_block_and_crypto_erase() {
+    let mut e = env();
+    let (a, b) = (e.a.clone(), e.b.clone());
+    assert_eq!(sanitize_listed(&mut e), vec![0x02, 0x03, 0x1F]);
+    // Block Device Characteristics: WABEREQ 01b, WACEREQ 01b.
+    let d = e.ok(&a, &[op::INQUIRY, 1, 0xB1, 0, 64, 0], 64, None);
+    assert_eq!(d[7] & 0xF0, 0x50);
+    // BLOCK ERASE: everything deallocated, reads zeros.
+    e.write16(&a, 0, vec![b'a'; 16 * BS]);
+    e.write16(&a, BLOCKS - 16, vec![b'a'; 16 * BS]);
+    e.ok(&a, &sanitize_cdb(0x02, 0, 0), 0, None);
+    assert!(e.read16(&a, 0, 16).iter().all(|&x| x == 0));
+    assert!(e.read16(&a, BLOCKS - 16, 16).iter().all(|&x| x == 0));
+    let d = e.ok(&b, &get_lba_status(0, 256), 256, None);
+    assert_eq!(lba_status_descs(&d), vec![(0, BLOCKS as u32, 1)]);
+    // CRYPTOGRAPHIC ERASE: the old data is gone, replaced by unpredictable data.
+    let old = pattern(16 * BS, 9);
+    e.write16(&a, 100, old.clone());
+    e.ok(&a, &sanitize_cdb(0x03, 0, 0), 0, None);
+    let now = e.read16(&a, 100, 16);
+    assert_ne!(now, old);
+    assert!(now.iter().any(|&x| x != 0));
+    // The LU is usable again, by every nexus.
+    e.ok(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.write16(&b, 7, vec![3; BS]);
+    assert_eq!(e.read16(&a, 7, 1), vec![3; BS]);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn sanitize_cdb_checks() {
+    let mut e = env();
+    let a = e.a.clone();
+    // No parameter list for BLOCK ERASE, CRYPTO ERASE and EXIT FAILURE MODE.
+    for sa in [0x02, 0x03, 0x1F] {
+        e.check(
+            &a,
+            &sanitize_cdb(sa, 0, 8),
+            8,
+            Some(vec![0; 8]),
+            ILLEGAL_FIELD,
+        );
+    }
+    // Reserved bit 6 of byte 1 and reserved bytes 2..6.
+    e.check(&a, &sanitize_cdb(0x02, 0x40, 0), 0, None, ILLEGAL_FIELD);
+    for i in 2..7 {
+        let mut c = sanitize_cdb(0x02, 0, 0);
+        c[i] = i as u8;
+        e.check(&a, &c, 0, None, ILLEGAL_FIELD);
+    }
+    // Service actions that do not exist, and OVERWRITE (not offered by default).
+    for sa in (0..=0x1E).filter(|sa| ![2, 3].contains(sa)) {
+        e.check(&a, &sanitize_cdb(sa, 0, 0), 0, None, ILLEGAL_FIELD);
+    }
+    // EXIT FAILURE MODE without a failed sanitize: no effect.
+    e.ok(&a, &sanitize_cdb(0x1F, 0, 0), 0, None);
+    // Write protected, reservation conflict.
+    let mut e = env_with(LunConfig {
+        read_only: true,
+        ..Default::default()
+    });
+    let (a, b) = (e.a.clone(), e.b.clone());
+    let r = e.run(&a, &sanitize_cdb(0x03, 0, 0), 0, None);
+    assert_eq!(r.sense_triplet().map(|t| t.0), Some(7));
+    let mut e = env();
+    let (a, b2) = (e.a.clone(), e.b.clone());
+    let _ = b;
+    e.ok(&b2, &[op::RESERVE6, 0, 0, 0, 0, 0], 0, None);
+    e.conflict(&a, &sanitize_cdb(0x02, 0, 0), 0, None);
+    e.ok(&b2, &[op::RELEASE6, 0, 0, 0, 0, 0], 0, None);
+    // No thin provisioning: no BLOCK ERASE (and WABEREQ 00b).
+    let mut e = env_with(LunConfig {
+        thin_provisioning: Some(false),
+        ..Default::default()
+    });
+    let a = e.a.clone();
+    assert_eq!(sanitize_listed(&mut e), vec![0x03, 0x1F]);
+    e.check(&a, &sanitize_cdb(0x02, 0, 0), 0, None, ILLEGAL_FIELD);
+    let d = e.ok(&a, &[op::INQUIRY, 1, 0xB1, 0, 64, 0], 64, None);
+    assert_eq!(d[7] & 0xF0, 0x10);
+}
+
+fn overwrite_list(flags: u8, pat: &[u8]) -> Vec<u8> {
+    let mut p = vec![flags, 0];
+    p.extend_from_slice(&(pat.len() as u16).to_be_bytes());
+    p.extend_from_slice(pat);
+    p
+}
+
+#[test]
+fn sanitize_overwrite_when_configured() {
+    let mut e = env_with(LunConfig {
+        sanitize_overwrite: true,
+        ..Default::default()
+    });
+    let a = e.a.clone();
+    assert_eq!(sanitize_listed(&mut e), vec![0x01, 0x02, 0x03, 0x1F]);
+    // One pass of a full-block pattern.
+    let p = overwrite_list(1, &[0xAA; BS]);
+    e.ok(
+        &a,
+        &sanitize_cdb(0x01, 0, p.len() as u16),
+        p.len() as u32,
+        Some(p),
+    );
+    assert!(e.read16(&a, 0, 4).iter().all(|&x| x == 0xAA));
+    assert!(e.read16(&a, BLOCKS - 4, 4).iter().all(|&x| x == 0xAA));
+    // Two passes of a 3-byte pattern, inverted on the second: the pattern restarts at
+    // every block and the last pass is the inverted one.
+    let p = overwrite_list(0x80 | 2, &[1, 2, 3]);
+    e.ok(
+        &a,
+        &sanitize_cdb(0x01, 0, p.len() as u16),
+        p.len() as u32,
+        Some(p),
+    );
+    let d = e.read16(&a, 10, 2);
+    for blk in d.chunks(BS) {
+        let want: Vec<u8> = [!1u8, !2, !3].iter().copied().cycle().take(BS).collect();
+        assert_eq!(blk, &want[..]);
+    }
+    // Parameter list checks: length 0..=4 and > block size + 4 are CDB errors; count 0,
+    // pattern length 0 or above the block size, TEST set are list errors.
+    for len in [0u16, 1, 4, BS as u16 + 5] {
+        let data = vec![1u8; len as usize];
+        let data = if len == 0 { None } else { Some(data) };
+        e.check(
+            &a,
+            &sanitize_cdb(0x01, 0, len),
+            len as u32,
+            data,
+            ILLEGAL_FIELD,
+        );
+    }
+    let bad = [
+        overwrite_list(0, &[1; 4]),
+        overwrite_list(0x20 | 1, &[1; 4]),
+        {
+            let mut p = overwrite_list(1, &[1; 4]);
+            p[2..4].copy_from_slice(&0u16.to_be_bytes());
+            p
+        },
+        {
+            let mut p = overwrite_list(1, &[1; BS]);
+            p[2..4].copy_from_slice(&(BS as u16 + 4).to_be_bytes());
+            p
+        },
+    ];
+    for p in bad {
+        e.check(
+            &a,
+            &sanitize_cdb(0x01, 0, p.len() as u16),
+            p.len() as u32,
+            Some(p),
+            (5, 0x26, 0),
+        );
+    }
+    assert!(e.lun.ranges.idle());
+}
+
+/// Submits without waiting for the result.
+fn submit(e: &mut Env, n: &Arc<Nexus>, cdb: &[u8]) -> u64 {
+    let t = e.task(n, cdb, 0, None);
+    let tag = t.tag;
+    e.ch.submit(t);
+    tag
+}
+
+/// Polls until `tag` is reported; returns it.
+fn wait(e: &mut Env, tag: u64) -> ScsiResult {
+    let mut out = Vec::new();
+    for _ in 0..1_000_000 {
+        e.ch.poll(&mut out);
+        if let Some(p) = out.iter().position(|r| r.tag == tag) {
+            return out.swap_remove(p);
+        }
+    }
+    panic!("task {tag} never completed");
+}
+
+/// Polls until no sanitize runs.
+fn wait_sanitized(e: &mut Env) {
+    let mut out = Vec::new();
+    for _ in 0..1_000_000 {
+        e.ch.poll(&mut out);
+        if !e.lun.lock().sanitize.active() {
+            return;
+        }
+    }
+    panic!("sanitize never ended");
+}
+
+#[test]
+fn sanitize_immed_gates_commands_and_reports_progress() {
+    let mut e = env_with(LunConfig {
+        sanitize_overwrite: true,
+        ..Default::default()
+    });
+    let (a, b) = (e.a.clone(), e.b.clone());
+    e.write16(&a, 0, vec![b'x'; BS]);
+    // IMMED: GOOD at the first poll, while the overwrite (31 passes of 4 chunks, one chunk
+    // per poll) is still running.
+    let p = overwrite_list(31, &[0x5A]);
+    let t = e.task(
+        &a,
+        &sanitize_cdb(0x01, 0x80, p.len() as u16),
+        p.len() as u32,
+        Some(p),
+    );
+    let tag = t.tag;
+    e.ch.submit(t);
+    let r = wait(&mut e, tag);
+    assert_eq!(r.status, Status::Good);
+    assert!(e.lun.lock().sanitize.active());
+    // Refused with NOT READY, SANITIZE IN PROGRESS; INQUIRY, REPORT LUNS and REQUEST SENSE
+    // (which tells the progress) are processed.
+    let tag = submit(&mut e, &b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0]);
+    let r = wait(&mut e, tag);
+    assert_eq!(r.sense_triplet(), Some(SANITIZE_IN_PROGRESS));
+    assert_eq!(
+        r.sense_bytes()[15] & 0x80,
+        0x80,
+        "SKSV: progress indication"
+    );
+    let t = e.task(&a, &rw16(op::READ16, 0, 1, 0), BS as u32, None);
+    let tag = t.tag;
+    e.ch.submit(t);
+    assert_eq!(
+        wait(&mut e, tag).sense_triplet(),
+        Some(SANITIZE_IN_PROGRESS)
+    );
+    let t = e.task(&a, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, None);
+    let tag = t.tag;
+    e.ch.submit(t);
+    assert_eq!(wait(&mut e, tag).status, Status::Good);
+    let t = e.task(&b, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, None);
+    let tag = t.tag;
+    e.ch.submit(t);
+    let r = wait(&mut e, tag);
+    assert_eq!(r.status, Status::Good);
+    let s = r.data();
+    assert_eq!((s[2] & 0x0F, s[12], s[13]), SANITIZE_IN_PROGRESS);
+    assert_eq!(s[15], 0x80);
+    // A second SANITIZE is refused too.
+    let tag = submit(&mut e, &b, &sanitize_cdb(0x02, 0, 0));
+    assert_eq!(
+        wait(&mut e, tag).sense_triplet(),
+        Some(SANITIZE_IN_PROGRESS)
+    );
+    wait_sanitized(&mut e);
+    e.ok(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    assert_eq!(e.read16(&a, 0, 1), vec![0x5A; BS]);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn sanitize_survives_abort_and_lost_channel() {
+    let mut e = env();
+    let a = e.a.clone();
+    // ABORT TASK of a running SANITIZE: the task is reported aborted, the operation goes
+    // on to the end.
+    e.write16(&a, 0, vec![b'x'; BS]);
+    let tag = submit(&mut e, &a, &sanitize_cdb(0x03, 0, 0));
+    let mut out = Vec::new();
+    e.ch.poll(&mut out);
+    assert!(e.ch.abort_task(&a, tag));
+    let r = wait(&mut e, tag);
+    assert!(r.aborted);
+    assert!(e.lun.lock().sanitize.active());
+    wait_sanitized(&mut e);
+    assert_ne!(e.read16(&a, 0, 1), vec![b'x'; BS]);
+    // The channel that runs it goes away (its connection ended): another channel of the
+    // LUN takes it over and finishes it.
+    e.write16(&a, 0, vec![b'y'; BS]);
+    let tag = submit(&mut e, &a, &sanitize_cdb(0x03, 0x80, 0));
+    assert_eq!(wait(&mut e, tag).status, Status::Good);
+    let old = std::mem::replace(&mut e.ch, LunChannel::new(e.lun.clone()));
+    drop(old);
+    assert!(e.lun.lock().sanitize.active());
+    let r = e.run(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    assert_eq!(r.sense_triplet(), Some(SANITIZE_IN_PROGRESS));
+    wait_sanitized(&mut e);
+    e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    assert_ne!(e.read16(&a, 0, 1), vec![b'y'; BS]);
+    assert!(e.lun.ranges.idle());
+}
+
+#[test]
+fn sanitize_failure_mode() {
+    let mut e = env();
+    let a = e.a.clone();
+    let fail = |e: &mut Env, ause: bool| {
+        let mut st = e.lun.lock();
+        st.sanitize = crate::sanitize::SanitizeState::Failed { ause };
+        e.lun.refresh_attn(&st);
+    };
+    // Medium access fails; other commands do not.
+    fail(&mut e, true);
+    e.check(
+        &a,
+        &rw16(op::READ16, 0, 1, 0),
+        BS as u32,
+        None,
+        SANITIZE_FAILED,
+    );
+    e.check(
+        &a,
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        0,
+        None,
+        SANITIZE_FAILED,
+    );
+    e.ok(&a, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, None);
+    // AUSE was set: EXIT FAILURE MODE ends it.
+    e.ok(&a, &sanitize_cdb(0x1F, 0, 0), 0, None);
+    e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    // Without AUSE only a sanitize that completes does.
+    fail(&mut e, false);
+    e.check(&a, &sanitize_cdb(0x1F, 0, 0), 0, None, ILLEGAL_FIELD);
+    e.check(
+        &a,
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        0,
+        None,
+        SANITIZE_FAILED,
+    );
+    e.ok(&a, &sanitize_cdb(0x02, 0, 0), 0, None);
+    e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
 }

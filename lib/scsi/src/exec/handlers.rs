@@ -6,8 +6,10 @@ use riser_bdev::{IoBuf, IoKind};
 use super::*;
 
 impl LunChannel {
-    /// REQUEST SENSE (SPC-4 6.29): reports (and clears) a pending unit attention, or
-    /// NO SENSE; a removable LUN without medium reports NOT READY.
+    /// REQUEST SENSE (SPC-4 6.29): reports (and clears) a pending unit attention, then a
+    /// sanitize in progress (NOT READY with the PROGRESS INDICATION, which is how IMMED
+    /// sanitize operations are followed) or failed, else NO SENSE; a removable LUN without
+    /// medium reports NOT READY.
     pub(super) fn request_sense(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
         let desc = ctx.cdb.u8(1) & 0x01 != 0;
         let lun = ctx.lun;
@@ -18,6 +20,18 @@ impl LunChannel {
             if !n.ua.is_empty() {
                 let asc = n.ua.remove(0);
                 sense = Sense::new(SenseKey::UnitAttention, asc);
+            } else if st.sanitize.active() {
+                // A sanitize in progress (with its progress) or failed (SBC-3 4.11).
+                if let Err(e) = sanitize::gate(
+                    &st.sanitize,
+                    lun.num_blocks(),
+                    op::TEST_UNIT_READY,
+                    F_MEDIUM,
+                ) {
+                    if let Some(s) = e.sense {
+                        sense = s;
+                    }
+                }
             } else if lun.mode_bits() & MODE_NO_MEDIUM != 0 {
                 sense = Sense::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
             }
@@ -457,6 +471,78 @@ impl LunChannel {
                 runs: Vec::new(),
                 scanned: 0,
             },
+        ))
+    }
+
+    /// SANITIZE (SBC-3; see the `sanitize` module): validates, then runs the operation over
+    /// the whole medium as one job, exclusive of every write.
+    pub(super) fn sanitize(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data_out: Option<IoBuf>,
+        wp: bool,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let cdb = ctx.cdb;
+        let len = cdb.be16(7) as u64;
+        ctx.xfer = len;
+        let p = param(&data_out, len, ctx.edtl);
+        let (op, immed, ause) = match sanitize::parse(lun, &cdb, p)? {
+            sanitize::Request::ExitFailureMode => {
+                let mut st = lun.lock();
+                return match st.sanitize {
+                    SanitizeState::Failed { ause: true } => {
+                        st.sanitize = SanitizeState::Idle;
+                        lun.refresh_attn(&st);
+                        Ok(Action::Good)
+                    }
+                    // Without AUSE, only a sanitize operation that completes ends the
+                    // failure mode (SBC-3: AUSE "allow unrestricted sanitize exit").
+                    SanitizeState::Failed { ause: false } => Err(CmdError::invalid_cdb(1, Some(4))),
+                    SanitizeState::Running { .. } => Err(CmdError::sanitize_in_progress(
+                        st.sanitize.progress(lun.num_blocks()),
+                    )),
+                    // No failed sanitize: nothing to exit.
+                    SanitizeState::Idle => Ok(Action::Good),
+                };
+            }
+            sanitize::Request::Start { op, immed, ause } => (op, immed, ause),
+        };
+        if wp {
+            return Err(CmdError::write_protected());
+        }
+        {
+            let mut st = lun.lock();
+            if let SanitizeState::Running { .. } = st.sanitize {
+                // Another channel started one since the gate let this command through.
+                return Err(CmdError::sanitize_in_progress(
+                    st.sanitize.progress(lun.num_blocks()),
+                ));
+            }
+            // From here every other command is refused (the gate), and the failure mode of
+            // an earlier sanitize is over once this one completes.
+            st.sanitize = SanitizeState::Running {
+                op: op.clone(),
+                ause,
+                pass: 0,
+                next: 0,
+                owned: true,
+            };
+            lun.refresh_attn(&st);
+        }
+        Ok(Action::Job(
+            Need::Exclusive(0, lun.num_blocks()),
+            Job::Sanitize(SanitizeJob {
+                op,
+                ause,
+                immed,
+                pass: 0,
+                next: 0,
+                done_to: 0,
+                rng: sanitize::Rng::new(),
+                buf: None,
+                buf_pass: None,
+            }),
         ))
     }
 }
