@@ -2,7 +2,8 @@
 # Runs libiscsi's compliance suite (iscsi-test-cu) against a running target, one test per
 # invocation (so a hang is one TIMEOUT, not a lost run), and prints a summary:
 #   scripts/compliance.sh [-o OUTDIR] [-t PATTERN] URL [URL2]
-# URL2 (the same LUN again) adds the MultipathIO tests. Per-test logs of failures go to
+# URL2 (the same LUN again) adds the MultipathIO tests. --allow-sanitize runs the SANITIZE
+# tests too (they destroy the LUN's data, as --dataloss allows). Per-test logs of failures go to
 # OUTDIR (default: a temp dir). Exit status: 0 when nothing FAILED or TIMED OUT.
 set -uo pipefail
 out=$(mktemp -d /tmp/compliance.XXXXXX)
@@ -21,7 +22,7 @@ res="$out/results.txt"
 : > "$res"
 for t in $(iscsi-test-cu --list | grep -E '^ALL\.[^.]+\.[^.]+$' | grep -E -- "$pattern"); do
   log="$out/$t.log"
-  timeout 60 iscsi-test-cu --dataloss -i iqn.2024-01.test:init1 -I iqn.2024-01.test:init2 -t "$t" "$@" >"$log" 2>&1
+  timeout 60 iscsi-test-cu --dataloss --allow-sanitize -i iqn.2024-01.test:init1 -I iqn.2024-01.test:init2 -t "$t" "$@" >"$log" 2>&1
   rc=$?
   # CUnit's own verdict: the "tests" row of the run summary (helpers print "[FAILED]"
   # lines for expected failures inside passing tests, so those lines prove nothing).

@@ -23,6 +23,8 @@ struct MallocCreate {
     optimal_io_boundary: u32,
     #[serde(default)]
     md_size: u32,
+    /// SPDK's name: several logical blocks per physical block (e.g. 4096 over 512).
+    physical_block_size: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -57,7 +59,10 @@ fn to_rpc(e: RegistryError) -> RpcError {
         RegistryError::Exists(_) => RpcError::exists(e.to_string()),
         RegistryError::NotFound(_) => RpcError::not_found(e.to_string()),
         RegistryError::Claimed { .. } => RpcError::busy(e.to_string()),
-        RegistryError::BadName(_) | RegistryError::BadBlockSize(_) | RegistryError::ZeroBlocks => {
+        RegistryError::BadName(_)
+        | RegistryError::BadBlockSize(_)
+        | RegistryError::ZeroBlocks
+        | RegistryError::BadPhysicalBlockSize { .. } => {
             RpcError::invalid_params(e.to_string())
         }
         RegistryError::Device(_) => RpcError::new(-12, e.to_string()),
@@ -75,7 +80,10 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
     let a = app.clone();
     reg.add("bdev_malloc_create", move |p: MallocCreate| {
         no_metadata(p.md_size)?;
-        let name = a.bdevs().create_malloc(p.name.as_deref(), p.num_blocks, p.block_size, p.uuid).map_err(to_rpc)?;
+        let name = a
+            .bdevs()
+            .create_malloc_with(p.name.as_deref(), p.num_blocks, p.block_size, p.physical_block_size.filter(|&x| x != 0), p.uuid)
+            .map_err(to_rpc)?;
         Ok(Value::String(name))
     });
     let a = app.clone();

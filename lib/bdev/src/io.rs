@@ -108,6 +108,9 @@ pub struct BdevInfo {
     pub name: String,
     pub product_name: &'static str,
     pub block_size: u32,
+    /// The unit the medium writes atomically (READ CAPACITY(16)'s LOGICAL BLOCKS PER
+    /// PHYSICAL BLOCK); equal to `block_size` unless configured.
+    pub physical_block_size: u32,
     pub num_blocks: u64,
     pub uuid: Uuid,
 }

@@ -39,11 +39,18 @@ impl MallocBdev {
                 name: name.to_string(),
                 product_name: "Malloc disk",
                 block_size,
+                physical_block_size: block_size,
                 num_blocks,
                 uuid: uuid.unwrap_or_else(Uuid::new_v4),
             },
             words: v.into_boxed_slice(),
         })
+    }
+
+    /// Sets the physical block size (validated by the registry).
+    pub fn with_physical_block_size(mut self, pbs: u32) -> Self {
+        self.info.physical_block_size = pbs;
+        self
     }
 
     fn words(&self, offset_blocks: u64, num_blocks: u64) -> &[AtomicU64] {
@@ -89,15 +96,16 @@ impl Bdev for MallocBdev {
     }
 
     fn config_json(&self) -> (&'static str, serde_json::Value) {
-        (
-            "bdev_malloc_create",
-            serde_json::json!({
-                "name": self.info.name,
-                "num_blocks": self.info.num_blocks,
-                "block_size": self.info.block_size,
-                "uuid": self.info.uuid.to_string(),
-            }),
-        )
+        let mut p = serde_json::json!({
+            "name": self.info.name,
+            "num_blocks": self.info.num_blocks,
+            "block_size": self.info.block_size,
+            "uuid": self.info.uuid.to_string(),
+        });
+        if self.info.physical_block_size != self.info.block_size {
+            p["physical_block_size"] = self.info.physical_block_size.into();
+        }
+        ("bdev_malloc_create", p)
     }
 }
 

@@ -19,6 +19,7 @@ impl NullBdev {
                 name: name.to_string(),
                 product_name: "Null disk",
                 block_size,
+                physical_block_size: block_size,
                 num_blocks,
                 uuid: uuid.unwrap_or_else(Uuid::new_v4),
             },

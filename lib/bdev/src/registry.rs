@@ -21,6 +21,8 @@ pub enum RegistryError {
     BadBlockSize(u32),
     #[error("num_blocks must be greater than 0")]
     ZeroBlocks,
+    #[error("physical_block_size {pbs} must be a power of two multiple of block_size {bs}, at most 65536")]
+    BadPhysicalBlockSize { pbs: u32, bs: u32 },
     #[error("{0}")]
     Device(#[from] BdevError),
 }
@@ -90,13 +92,30 @@ impl BdevRegistry {
         block_size: u32,
         uuid: Option<Uuid>,
     ) -> Result<String, RegistryError> {
+        self.create_malloc_with(name, num_blocks, block_size, None, uuid)
+    }
+
+    /// [`create_malloc`](Self::create_malloc) with a physical block size (SPDK's
+    /// `physical_block_size`): several logical blocks per physical block.
+    pub fn create_malloc_with(
+        &mut self,
+        name: Option<&str>,
+        num_blocks: u64,
+        block_size: u32,
+        physical_block_size: Option<u32>,
+        uuid: Option<Uuid>,
+    ) -> Result<String, RegistryError> {
         check_geometry(num_blocks, block_size)?;
+        let pbs = physical_block_size.unwrap_or(block_size);
+        if pbs < block_size || pbs % block_size != 0 || !pbs.is_power_of_two() || pbs > 65536 {
+            return Err(RegistryError::BadPhysicalBlockSize { pbs, bs: block_size });
+        }
         let name = name.map(str::to_string).unwrap_or_else(|| self.next_name("Malloc"));
         check_name(&name)?;
         if self.contains(&name) {
             return Err(RegistryError::Exists(name));
         }
-        let b = MallocBdev::new(&name, num_blocks, block_size, uuid)?;
+        let b = MallocBdev::new(&name, num_blocks, block_size, uuid)?.with_physical_block_size(pbs);
         self.register(Arc::new(b))?;
         Ok(name)
     }
@@ -242,6 +261,12 @@ mod tests {
         assert_eq!(r.delete("M", Some("Null disk")), Err(RegistryError::NotFound("M".into())));
         assert_eq!(r.delete("M", Some("Malloc disk")), Ok(()));
         assert_eq!(r.delete("M", None), Err(RegistryError::NotFound("M".into())));
+        assert!(matches!(
+            r.create_malloc_with(Some("P"), 16, 512, Some(1000), None),
+            Err(RegistryError::BadPhysicalBlockSize { .. })
+        ));
+        r.create_malloc_with(Some("P"), 16, 512, Some(4096), None).unwrap();
+        assert_eq!(r.get("P").unwrap().info().physical_block_size, 4096);
         assert!(matches!(
             r.create_malloc(Some("Huge"), u64::MAX / 512, 512, None),
             Err(RegistryError::Device(_))

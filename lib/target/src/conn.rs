@@ -334,6 +334,11 @@ impl<D: Datamover> Connection<D> {
         self.ffp.release_held();
         for ch in self.channels.values_mut() {
             ch.poll(&mut self.results);
+            // Work in progress inside the SCSI layer (a background SANITIZE, I/O in flight)
+            // keeps the reactor from backing off to sleep.
+            if ch.busy() {
+                work += 1;
+            }
         }
         let results = std::mem::take(&mut self.results);
         work += results.len();

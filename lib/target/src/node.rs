@@ -35,7 +35,13 @@ pub struct Lun {
 
 impl Lun {
     pub fn new(id: u16, bdev_name: &str, bdev: Arc<dyn Bdev>, target_name: &str) -> Lun {
-        let cfg = riser_scsi::LunConfig { id: id as u64, target_name: target_name.to_string(), ..Default::default() };
+        let i = bdev.info();
+        let cfg = riser_scsi::LunConfig {
+            id: id as u64,
+            target_name: target_name.to_string(),
+            physical_block_size: (i.physical_block_size != i.block_size).then_some(i.physical_block_size),
+            ..Default::default()
+        };
         Lun { id, bdev_name: bdev_name.to_string(), scsi: riser_scsi::Lun::new(cfg, bdev.clone()), bdev }
     }
 }

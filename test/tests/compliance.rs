@@ -1,0 +1,100 @@
+//! libiscsi's compliance suite (`iscsi-test-cu --dataloss -t ALL`) against the real riser
+//! over TCP, run exactly as a user would: one URL, the same URL twice (MultipathIO), and a
+//! LUN other than 0 of a two-LUN target. Zero failures; skips are counted and printed.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use riser_tests::{free_port, Riser};
+
+/// The suite's own verdict plus the tests that printed a skip.
+struct Outcome {
+    ran: u32,
+    passed: u32,
+    failed: u32,
+    skipped: BTreeSet<String>,
+    failed_tests: BTreeSet<String>,
+    output: String,
+}
+
+fn run_suite(urls: &[&str]) -> Outcome {
+    let out = Command::new("iscsi-test-cu")
+        .args(["--dataloss", "--allow-sanitize", "-i", "iqn.2024-01.io.riser.test:init1", "-I", "iqn.2024-01.io.riser.test:init2", "-t", "ALL"])
+        .args(urls)
+        .output()
+        .unwrap_or_else(|e| panic!("iscsi-test-cu is not installed ({e}): run `scripts/setup.sh test` (Debian libiscsi-bin)"));
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let mut o = Outcome { ran: 0, passed: 0, failed: 0, skipped: BTreeSet::new(), failed_tests: BTreeSet::new(), output };
+    let mut suite = String::new();
+    let mut test = String::new();
+    for line in o.output.lines() {
+        let t = line.trim_start();
+        if let Some(s) = t.strip_prefix("Suite: ") {
+            suite = s.trim().to_string();
+        }
+        if let Some(rest) = t.strip_prefix("Test: ") {
+            test = format!("{suite}.{}", rest.split(" ...").next().unwrap_or(rest).trim());
+        }
+        if line.contains("[SKIPPED]") && !test.is_empty() {
+            o.skipped.insert(test.clone());
+        }
+        if (t.starts_with("FAILED") || line.contains("...FAILED")) && !test.is_empty() {
+            o.failed_tests.insert(test.clone());
+        }
+        // CUnit's summary row: "tests  Total Ran Passed Failed Inactive".
+        let cols: Vec<&str> = t.split_whitespace().collect();
+        if cols.first() == Some(&"tests") && cols.len() >= 5 {
+            o.ran = cols[2].parse().unwrap_or(0);
+            o.passed = cols[3].parse().unwrap_or(0);
+            o.failed = cols[4].parse().unwrap_or(u32::MAX);
+        }
+    }
+    o
+}
+
+fn check(label: &str, o: &Outcome, riser: &Riser) {
+    eprintln!(
+        "compliance [{label}]: ran {}, passed {}, failed {}, skipped {} {:?}",
+        o.ran,
+        o.passed,
+        o.failed,
+        o.skipped.len(),
+        o.skipped
+    );
+    assert!(o.ran >= 200, "[{label}] the suite did not run (ran {}):\n{}", o.ran, o.output);
+    // Skips are reported, not asserted: the remaining ones need a removable medium, a
+    // write-protected LUN, SANITIZE OVERWRITE or more than one logical block per physical
+    // block (see the closing notes of the iSCSI issue).
+    assert_eq!(
+        o.failed, 0,
+        "[{label}] failed tests {:?}\n--- suite output (tail) ---\n{}\n--- riser log (tail) ---\n{}",
+        o.failed_tests,
+        tail(&o.output, 150),
+        tail(&riser.log(), 80)
+    );
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[test]
+fn libiscsi_compliance_suite_passes() {
+    let riser = Riser::start();
+    let port = free_port();
+    // Two 64 MiB malloc LUNs (512-byte blocks, physically too: riser does not claim a
+    // larger physical block than the device has).
+    let iqn = riser.add_iscsi_target("compliance", port, &[64, 64]);
+    let lun0 = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
+    let lun1 = format!("iscsi://127.0.0.1:{port}/{iqn}/1");
+
+    let single = run_suite(&[&lun0]);
+    check("LUN 0", &single, &riser);
+    let multipath = run_suite(&[&lun0, &lun0]);
+    check("LUN 0 twice (MultipathIO)", &multipath, &riser);
+    let other = run_suite(&[&lun1]);
+    check("LUN 1 of two", &other, &riser);
+    let conns = riser.call("iscsi_get_connections", None).unwrap();
+    assert!(conns.as_array().map_or(false, |a| a.is_empty()), "connections left after the suite: {conns}");
+}
