@@ -9,10 +9,10 @@ groups=("$@")
 pkgs=()
 for g in "${groups[@]}"; do
   case "$g" in
-    build) pkgs+=(build-essential pkg-config) ;;
-    test)  pkgs+=(build-essential pkg-config python3 libiscsi-bin sg3-utils) ;;
+    build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev) ;;
+    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev python3 libiscsi-bin sg3-utils) ;;
     bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux) ;;
-    vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils
+    vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs) ;;
     *) echo "setup.sh: unknown group $g (build, test, bench, vm)" >&2; exit 2 ;;
   esac

@@ -1,0 +1,322 @@
+//! Registered memory (`ibv_mr`) and scatter/gather elements.
+//!
+//! The memory-safety rule this module keeps: a registered buffer is released only after
+//! `ibv_dereg_mr` has returned success. Deregistration revokes the lkey and rkey in the device,
+//! so no DMA (a local receive, a peer's RDMA Write) can reach the buffer after that; a work
+//! request still outstanding on it completes with an error instead (a protection / access
+//! error, and the QP goes to the error state). If deregistration fails the buffer is leaked on
+//! purpose, never freed under the device.
+//!
+//! What stays the caller's job (it is a correctness rule, not a memory-safety one): drain a QP
+//! (disconnect or [`crate::QueuePair::set_error`], then poll until every outstanding work
+//! request has completed or flushed) before dropping the regions it uses, or the connection
+//! fails with protection errors.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys as sys;
+
+use crate::device::ProtectionDomain;
+use crate::error::{RdmaError, Result};
+
+/// Access rights of a memory region (`IBV_ACCESS_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Access(u32);
+
+impl Access {
+    /// Local writes (receives, RDMA Read responses land here). Required by remote write.
+    pub const LOCAL_WRITE: Access = Access(sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    pub const REMOTE_WRITE: Access = Access(sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0);
+    pub const REMOTE_READ: Access = Access(sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
+    pub const REMOTE_ATOMIC: Access = Access(sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
+    /// What riser's buffer pools use: local write + remote read + remote write.
+    pub const DATA: Access = Access(
+        Self::LOCAL_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_WRITE.0,
+    );
+
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// One scatter/gather element: `length` bytes at `addr` under `lkey` (an `ibv_sge`).
+///
+/// Any value is safe to post: the device checks the address range against the region the lkey
+/// names and fails the work request otherwise. Build them with [`MemoryRegion::sge`] to get
+/// the bounds checked here instead.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct Sge(pub(crate) sys::ibv_sge);
+
+impl Sge {
+    pub const fn new(addr: u64, length: u32, lkey: u32) -> Sge {
+        Sge(sys::ibv_sge { addr, length, lkey })
+    }
+    pub const fn addr(&self) -> u64 {
+        self.0.addr
+    }
+    pub const fn length(&self) -> u32 {
+        self.0.length
+    }
+    pub const fn lkey(&self) -> u32 {
+        self.0.lkey
+    }
+}
+
+impl std::fmt::Debug for Sge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sge {{ addr: {:#x}, length: {}, lkey: {:#x} }}", self.addr(), self.length(), self.lkey())
+    }
+}
+
+impl PartialEq for Sge {
+    fn eq(&self, o: &Sge) -> bool {
+        self.addr() == o.addr() && self.length() == o.length() && self.lkey() == o.lkey()
+    }
+}
+impl Eq for Sge {}
+
+/// Checks that `[offset, offset + len)` lies inside a region of `total` bytes and that `len`
+/// fits an SGE's 32-bit length.
+pub(crate) fn check_range(call: &'static str, total: usize, offset: usize, len: usize) -> Result<()> {
+    let end = offset.checked_add(len).ok_or_else(|| RdmaError::invalid(call, "offset + len overflows"))?;
+    if end > total {
+        return Err(RdmaError::invalid(
+            call,
+            format!("range {offset}..{end} outside the {total}-byte region"),
+        ));
+    }
+    if len > u32::MAX as usize {
+        return Err(RdmaError::invalid(call, format!("length {len} does not fit an SGE (u32)")));
+    }
+    Ok(())
+}
+
+/// A registered buffer. Owns both the `ibv_mr` and the memory; see the module docs for the
+/// rule that makes posting work requests on it memory safe.
+pub struct MemoryRegion {
+    mr: NonNull<sys::ibv_mr>,
+    /// The buffer, taken out of its Box: the device may write it at any time, so no Rust
+    /// reference to it is kept.
+    ptr: NonNull<u8>,
+    len: usize,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the region owns its buffer (a raw Box) and its ibv_mr; verbs objects are thread
+// safe. Writes through Rust go through `&mut self` (`write_at`) or the `unsafe` accessors.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: `&self` methods only read the buffer (copying out) or hand out keys/addresses.
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    /// Registers `buf` (a `Vec<u8>` or `Box<[u8]>`) with `access` (usually [`Access::DATA`]).
+    /// The region keeps the memory alive until it is dropped or [`Self::into_inner`] is called.
+    pub fn register(pd: &Arc<ProtectionDomain>, buf: impl Into<Box<[u8]>>, access: Access) -> Result<Self> {
+        let buf: Box<[u8]> = buf.into();
+        let len = buf.len();
+        if len == 0 {
+            return Err(RdmaError::invalid("ibv_reg_mr", "cannot register an empty buffer"));
+        }
+        let ptr = NonNull::new(Box::into_raw(buf) as *mut u8).expect("Box pointer is never null");
+        // SAFETY: `ptr` points to `len` bytes we own (taken out of the Box above) and keep
+        // allocated until the MR is deregistered; `pd` is a live PD.
+        let mr = unsafe {
+            sys::ibv_reg_mr(pd.as_raw(), ptr.as_ptr() as *mut libc::c_void, len, access.bits() as libc::c_int)
+        };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(MemoryRegion { mr, ptr, len, pd: pd.clone() }),
+            None => {
+                let err = RdmaError::last("ibv_reg_mr");
+                // SAFETY: registration failed, so the device never saw the buffer; rebuild the
+                // Box from the pointer and length it was taken apart into.
+                drop(unsafe { rebuild_box(ptr, len) });
+                Err(err)
+            }
+        }
+    }
+
+    /// Allocates and registers `len` zeroed bytes.
+    pub fn zeroed(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
+        Self::register(pd, vec![0u8; len], access)
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `self.mr` is a live MR; lkey is set at registration and never changes.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The STag a peer uses for RDMA Read/Write of this region.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as for lkey.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// The region's first byte as the virtual address work requests and peers use.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// An SGE for `len` bytes at `offset`, bounds-checked.
+    pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
+        check_range("MemoryRegion::sge", self.len, offset, len)?;
+        Ok(Sge::new(self.addr() + offset as u64, len as u32, self.lkey()))
+    }
+
+    /// Copies `dst.len()` bytes from `offset` out of the region. Meaningful only while no work
+    /// request writing these bytes is outstanding (otherwise the bytes are whatever the device
+    /// has written so far).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range("MemoryRegion::read_at", self.len, offset, dst.len())?;
+        // SAFETY: the range is inside our live buffer (checked); `dst` is a distinct Rust
+        // buffer; a raw copy creates no reference into memory the device may write.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range("MemoryRegion::write_at", self.len, offset, src.len())?;
+        // SAFETY: range checked; `&mut self` excludes other Rust access; `src` cannot overlap
+        // the region's buffer, which no safe reference ever points into.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Zero-copy view of `[offset, offset + len)`.
+    ///
+    /// # Safety
+    /// No work request that writes these bytes (a posted receive, an RDMA Read into them, a
+    /// peer's RDMA Write to this region) may be outstanding while the slice lives, and no
+    /// `slice_mut` of an overlapping range may exist.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> Result<&[u8]> {
+        check_range("MemoryRegion::slice", self.len, offset, len)?;
+        // SAFETY: range checked; the caller guarantees nothing writes the bytes meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) })
+    }
+
+    /// Zero-copy mutable view of `[offset, offset + len)`.
+    ///
+    /// # Safety
+    /// No work request that reads or writes these bytes may be outstanding while the slice
+    /// lives, and no other slice of an overlapping range may exist.
+    #[allow(clippy::mut_from_ref)] // the buffer is shared with the device, not owned by &self
+    pub unsafe fn slice_mut(&self, offset: usize, len: usize) -> Result<&mut [u8]> {
+        check_range("MemoryRegion::slice_mut", self.len, offset, len)?;
+        // SAFETY: range checked; the caller guarantees exclusive access for the slice's life.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) })
+    }
+
+    /// Deregisters and hands the buffer back. On failure the buffer stays registered and is
+    /// leaked (it cannot be freed safely) and the error is returned.
+    pub fn into_inner(self) -> Result<Box<[u8]>> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this.mr` is live and deregistered exactly once (Drop will not run).
+        let ret = unsafe { sys::ibv_dereg_mr(this.mr.as_ptr()) };
+        // SAFETY: read the Arc out of the ManuallyDrop once, so the PD reference is released.
+        let _pd: Arc<ProtectionDomain> = unsafe { std::ptr::read(&this.pd) };
+        if ret != 0 {
+            return Err(RdmaError::from_ret("ibv_dereg_mr", ret));
+        }
+        // SAFETY: deregistered, so the device can no longer reach the buffer; the pointer and
+        // length are those the Box was taken apart into.
+        Ok(unsafe { rebuild_box(this.ptr, this.len) })
+    }
+}
+
+/// # Safety
+/// `ptr`/`len` must come from `Box::<[u8]>::into_raw` of a box of `len` bytes, not yet rebuilt.
+unsafe fn rebuild_box(ptr: NonNull<u8>, len: usize) -> Box<[u8]> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr.as_ptr(), len)) }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: live MR, deregistered exactly once.
+        let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if ret == 0 {
+            // SAFETY: deregistered: no DMA can reach the buffer any more; pointer and length
+            // are those the Box was taken apart into.
+            drop(unsafe { rebuild_box(self.ptr, self.len) });
+        } else {
+            log::error!(
+                "ibv_dereg_mr failed (errno {ret}); leaking {} bytes at {:#x} rather than freeing them under the device",
+                self.len,
+                self.addr()
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_bits_match_verbs() {
+        assert_eq!(Access::LOCAL_WRITE.bits(), 1);
+        assert_eq!(Access::REMOTE_WRITE.bits(), 2);
+        assert_eq!(Access::REMOTE_READ.bits(), 4);
+        assert_eq!(Access::REMOTE_ATOMIC.bits(), 8);
+        assert_eq!(Access::DATA.bits(), 7);
+        assert!(Access::DATA.contains(Access::REMOTE_READ));
+        assert!(!Access::DATA.contains(Access::REMOTE_ATOMIC));
+        assert_eq!((Access::LOCAL_WRITE | Access::REMOTE_READ).bits(), 5);
+    }
+
+    #[test]
+    fn sge_is_an_ibv_sge() {
+        assert_eq!(std::mem::size_of::<Sge>(), 16);
+        assert_eq!(std::mem::size_of::<Sge>(), std::mem::size_of::<sys::ibv_sge>());
+        let s = Sge::new(0x1000, 512, 0x42);
+        assert_eq!((s.addr(), s.length(), s.lkey()), (0x1000, 512, 0x42));
+    }
+
+    #[test]
+    fn range_checks() {
+        assert!(check_range("t", 4096, 0, 4096).is_ok());
+        assert!(check_range("t", 4096, 4096, 0).is_ok());
+        assert!(check_range("t", 4096, 1, 4096).is_err());
+        assert!(check_range("t", 4096, usize::MAX, 2).is_err());
+        let big = u32::MAX as usize + 1;
+        assert!(check_range("t", usize::MAX, 0, big).is_err());
+        let e = check_range("MemoryRegion::sge", 100, 90, 20).unwrap_err();
+        assert_eq!(e.call(), "MemoryRegion::sge");
+    }
+}
