@@ -12,6 +12,7 @@
 
 pub mod conn;
 pub mod server;
+mod iser_portal;
 pub mod initiator_group;
 pub mod node;
 pub mod options;

@@ -60,7 +60,8 @@ pub struct IscsiServer {
     conns: Arc<ConnRegistry>,
     sessions: Mutex<Vec<Session>>,
     next_tsih: Mutex<u16>,
-    listeners: Mutex<HashMap<SocketAddr, Arc<AtomicBool>>>,
+    /// Running listeners by (address, iSER?).
+    listeners: Mutex<HashMap<(SocketAddr, bool), Arc<AtomicBool>>>,
     logins: AtomicUsize,
     stopping: AtomicBool,
 }
@@ -113,36 +114,41 @@ impl IscsiServer {
         if self.stopping.load(Ordering::Acquire) {
             return;
         }
-        let mut want: HashMap<SocketAddr, u16> = HashMap::new();
+        let mut want: HashMap<(SocketAddr, bool), u16> = HashMap::new();
         for pg in self.target.portal_groups() {
             if !pg.started {
                 continue;
             }
             for p in &pg.portals {
-                if p.iser {
-                    log::warn!("portal group {}: iSER portal {} not served yet (no iSER datamover in this build)", pg.tag, p.addr);
-                } else {
-                    want.insert(p.addr, pg.tag as u16);
-                }
+                want.insert((p.addr, p.iser), pg.tag as u16);
             }
         }
         let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        listeners.retain(|addr, stop| {
-            let keep = want.contains_key(addr);
+        listeners.retain(|key, stop| {
+            let keep = want.contains_key(key);
             if !keep {
                 stop.store(true, Ordering::Release);
-                log::info!("iSCSI portal {addr}: listener stopped");
+                log::info!("{} portal {}: listener stopped", if key.1 { "iSER" } else { "iSCSI" }, key.0);
             }
             keep
         });
-        for (addr, tag) in want {
-            if listeners.contains_key(&addr) {
+        for ((addr, iser), tag) in want {
+            if listeners.contains_key(&(addr, iser)) {
+                continue;
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            if iser {
+                match crate::iser_portal::spawn(self.clone(), addr, tag, stop.clone()) {
+                    Ok(()) => {
+                        listeners.insert((addr, true), stop);
+                    }
+                    Err(e) => log::error!("iSER portal {addr} (portal group {tag}): {e}"),
+                }
                 continue;
             }
             match TcpListener::bind(addr) {
                 Ok(l) => {
-                    let stop = Arc::new(AtomicBool::new(false));
-                    listeners.insert(addr, stop.clone());
+                    listeners.insert((addr, false), stop.clone());
                     let me = self.clone();
                     let spawned = thread::Builder::new()
                         .name(format!("portal-{}", addr.port()))
@@ -297,6 +303,17 @@ impl IscsiServer {
 
     /// Enable_Datamover: the final Login Response is out; move the connection to a reactor.
     fn enable_datamover(self: &Arc<Self>, sock: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, o: LoginOutcome) {
+        self.enable(peer, local, o, "tcp", move || TcpDatamover::new(sock, &[]).map_err(|e| e.to_string()));
+    }
+
+    /// Enable_Datamover for any transport: `make_dm` runs on the chosen reactor (a TCP
+    /// datamover is built there; an iSER one arrives ready). Returns the connection's id.
+    pub(crate) fn enable<D, F>(self: &Arc<Self>, peer: SocketAddr, local: Option<SocketAddr>, o: LoginOutcome, transport: &'static str, make_dm: F) -> Option<u64>
+    where
+        D: Datamover + 'static,
+        F: FnOnce() -> Result<D, String> + Send + 'static,
+    {
+        let iser = transport == "iser";
         let opts = self.target.options();
         let s = &o.session;
         let c = &o.connection;
@@ -304,7 +321,7 @@ impl IscsiServer {
         let node = s.target_name.as_deref().and_then(|n| self.target.find_node(n));
         if !discovery && node.is_none() {
             log::warn!("login from {peer}: target vanished during login");
-            return;
+            return None;
         }
         let queue_depth = node.as_ref().map_or(8, |n| n.queue_depth());
         let ffp_cfg = FfpConfig {
@@ -314,16 +331,18 @@ impl IscsiServer {
             initial_r2t: s.initial_r2t,
             first_burst_length: s.first_burst_length,
             max_burst_length: s.max_burst_length,
-            initiator_mrdsl: c.send_limit(false),
-            target_mrdsl: c.recv_limit(false),
+            // iSER initiators post 128-byte receive buffers for full-feature data (Linux,
+            // libiscsi): keep what the target sends within that.
+            initiator_mrdsl: if iser { c.send_limit(true).min(128) } else { c.send_limit(false) },
+            target_mrdsl: c.recv_limit(iser),
             nop_in_interval: Duration::from_secs(opts.nop_in_interval as u64),
             nop_timeout: Duration::from_secs(opts.nop_timeout as u64),
             discovery,
             largest_write: riser_scsi::MAX_TRANSFER_BYTES as u32,
         };
         let dm_params = DatamoverParams {
-            initiator_max_recv_data_segment_length: c.send_limit(false),
-            target_max_recv_data_segment_length: c.recv_limit(false),
+            initiator_max_recv_data_segment_length: c.send_limit(iser),
+            target_max_recv_data_segment_length: c.recv_limit(iser),
             max_burst_length: s.max_burst_length,
             first_burst_length: s.first_burst_length,
             max_outstanding_r2t: s.max_outstanding_r2t as u32,
@@ -358,7 +377,7 @@ impl IscsiServer {
             initiator_addr: peer.to_string(),
             target_addr: local.map(|l| l.to_string()).unwrap_or_default(),
             target_node_name: target_name.clone(),
-            transport: "tcp",
+            transport,
             params: json!({
                 "SessionType": if discovery { "Discovery" } else { "Normal" },
                 "HeaderDigest": if c.header_digest { "CRC32C" } else { "None" },
@@ -386,6 +405,7 @@ impl IscsiServer {
             local_addr: local.map(|l| l.ip()).unwrap_or(peer.ip()),
         };
         let registry = self.conns.clone();
+        let conn_id = info.id;
         let (exp_cmd_sn, stat_sn) = (o.exp_cmd_sn, o.stat_sn);
         self.reactors.add_load(reactor, 1);
         log::info!(
@@ -397,7 +417,7 @@ impl IscsiServer {
         );
         let sent = self.reactors.send_blocking(reactor, move |ctx| {
             let now = ctx.now();
-            let mut dm = match TcpDatamover::new(sock, &[]) {
+            let mut dm = match make_dm() {
                 Ok(dm) => dm,
                 Err(e) => {
                     log::error!("connection {}: cannot switch to full-feature phase: {e}", info.id);
@@ -427,7 +447,9 @@ impl IscsiServer {
         });
         if sent.is_err() {
             log::warn!("connection from {peer}: reactors are stopping");
+            return None;
         }
+        Some(conn_id)
     }
 }
 
@@ -459,13 +481,17 @@ impl TextResponder for SendTargetsResponder {
 
 /// The login policy: target lookup and ACLs from the configuration, sessions from the
 /// server's table.
-struct Policy<'a> {
+pub(crate) struct Policy<'a> {
     server: &'a Arc<IscsiServer>,
     peer: IpAddr,
     pg_tag: u32,
 }
 
-impl Policy<'_> {
+impl<'a> Policy<'a> {
+    pub(crate) fn new(server: &'a Arc<IscsiServer>, peer: IpAddr, pg_tag: u32) -> Self {
+        Policy { server, peer, pg_tag }
+    }
+
     fn target_config(&self, node: Option<&TargetNode>) -> TargetConfig {
         let o = self.server.target.options();
         let digest = |required: bool| if required { DigestPolicy::Required } else { DigestPolicy::Allowed };

@@ -135,7 +135,8 @@ impl Pool {
         self.free.push(i);
     }
 
-    fn read(&self, i: u32, len: usize) -> Vec<u8> {
+    /// The first `len` bytes of slot `i`.
+    pub fn read(&self, i: u32, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len.min(self.slot)];
         self.mem.read_at(i as usize * self.slot, &mut v);
         v
@@ -146,12 +147,14 @@ impl Pool {
         self.mem.read_at(i as usize * self.slot, &mut dst[..n]);
     }
 
-    fn write(&mut self, i: u32, src: &[u8]) {
+    /// Writes `src` at the start of slot `i`.
+    pub fn write(&mut self, i: u32, src: &[u8]) {
         let n = src.len().min(self.slot);
         self.mem.write_at(i as usize * self.slot, &src[..n]);
     }
 
-    fn sge(&self, i: u32, len: usize) -> Sge {
+    /// The SGE of the first `len` bytes of slot `i`.
+    pub fn sge(&self, i: u32, len: usize) -> Sge {
         Sge { addr: self.mem.base() + (i as usize * self.slot) as u64, len: len as u32, lkey: self.mem.lkey() }
     }
 

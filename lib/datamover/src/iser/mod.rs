@@ -4,5 +4,6 @@
 
 pub mod conn;
 pub mod header;
+pub mod verbs;
 
 pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};

@@ -1,0 +1,125 @@
+//! The iSER datamover on real verbs: [`IserQp`] over an rdma_cm id's queue pair and its
+//! completion queue, and [`RegisteredMemory`] over a registered memory region. No `unsafe`
+//! here: it all lives in `bindings/` (crate riser-rdma).
+
+use std::sync::Arc;
+
+use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
+
+use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
+
+impl RegisteredMemory for MemoryRegion {
+    fn base(&self) -> u64 {
+        self.addr()
+    }
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+    fn lkey(&self) -> u32 {
+        MemoryRegion::lkey(self)
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        if let Err(e) = MemoryRegion::read_at(self, offset, dst) {
+            log::error!("iSER: read from registered memory failed: {e}");
+        }
+    }
+    fn write_at(&mut self, offset: usize, src: &[u8]) {
+        if let Err(e) = MemoryRegion::write_at(self, offset, src) {
+            log::error!("iSER: write to registered memory failed: {e}");
+        }
+    }
+}
+
+/// A pool over freshly registered memory: `count` slots of `slot` bytes, local write and
+/// remote read/write (the initiator never sees these keys; RDMA Read needs local write).
+pub fn registered_pool(pd: &Arc<ProtectionDomain>, count: usize, slot: usize) -> Result<Pool, String> {
+    let mr = MemoryRegion::zeroed(pd, count * slot, Access::LOCAL_WRITE)
+        .map_err(|e| format!("cannot register {} bytes: {e}", count * slot))?;
+    Ok(Pool::new(Box::new(mr), count, slot))
+}
+
+/// An rdma_cm id with its RC queue pair and the CQ both its queues complete on.
+pub struct VerbsQp {
+    id: CmId,
+    cq: Arc<CompletionQueue>,
+    wcs: Vec<WorkCompletion>,
+    disconnected: bool,
+}
+
+impl VerbsQp {
+    /// `id` must already own its QP (created on `cq`).
+    pub fn new(id: CmId, cq: Arc<CompletionQueue>) -> VerbsQp {
+        VerbsQp { id, cq, wcs: vec![WorkCompletion::default(); 32], disconnected: false }
+    }
+
+    pub fn cm_id(&self) -> &CmId {
+        &self.id
+    }
+}
+
+fn sge(s: Sge) -> riser_rdma::Sge {
+    riser_rdma::Sge::new(s.addr, s.len, s.lkey)
+}
+
+impl IserQp for VerbsQp {
+    fn post_recv(&mut self, wr_id: u64, s: Sge) -> Result<(), String> {
+        let qp = self.id.qp().ok_or("no queue pair")?;
+        qp.post_recv(wr_id, &[sge(s)]).map_err(|e| e.to_string())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
+        let qp = self.id.qp().ok_or("no queue pair")?;
+        let sges: Vec<[riser_rdma::Sge; 1]> = wrs.iter().map(|w| [sge(w.sge)]).collect();
+        let chain: Vec<RSendWr<'_>> = wrs
+            .iter()
+            .zip(sges.iter())
+            .map(|(w, s)| {
+                let op = match w.op {
+                    SendOp::Send => RSendOp::Send,
+                    SendOp::SendInvalidate(rkey) => RSendOp::SendWithInv { rkey },
+                    SendOp::RdmaWrite { remote_addr, rkey } => RSendOp::RdmaWrite { remote_addr, rkey },
+                    SendOp::RdmaRead { remote_addr, rkey } => RSendOp::RdmaRead { remote_addr, rkey },
+                };
+                let wr = RSendWr::new(w.wr_id, op, WrData::Sges(s));
+                if w.signaled {
+                    wr.signaled()
+                } else {
+                    wr
+                }
+            })
+            .collect();
+        qp.post_send(&chain).map_err(|e| e.to_string())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let max = max.min(self.wcs.len());
+        match self.cq.poll(&mut self.wcs[..max]) {
+            Ok(n) => {
+                out.extend(self.wcs[..n].iter().map(|wc| Completion {
+                    wr_id: wc.wr_id,
+                    error: if wc.is_success() { None } else { Some(wc.is_flush()) },
+                    byte_len: wc.byte_len,
+                }));
+                for wc in self.wcs[..n].iter().filter(|wc| !wc.is_success() && !wc.is_flush()) {
+                    log::warn!("iSER: work request {:#x} completed with {} (vendor error {:#x})", wc.wr_id, wc.status, wc.vendor_err);
+                }
+                n
+            }
+            Err(e) => {
+                log::error!("iSER: polling the CQ failed: {e}");
+                out.push(Completion { wr_id: 0, error: Some(false), byte_len: 0 });
+                1
+            }
+        }
+    }
+
+    fn disconnect(&mut self) {
+        if !self.disconnected {
+            self.disconnected = true;
+            if let Some(qp) = self.id.qp() {
+                let _ = qp.set_error();
+            }
+            let _ = self.id.disconnect();
+        }
+    }
+}
