@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# iSER end to end, inside the VM: scripts/rxe-vm.sh run scripts/vm/iser.sh
+#
+# riser serves a malloc LUN on a portal group with an iSER portal and a TCP portal on the
+# soft-RoCE address; the Linux initiator discovers over TCP, logs in with iface transport
+# iser, writes random data with O_DIRECT, reads it back, compares; logs out; riser has no
+# connections left. Prints "ISER OK" last on success, "ISER FAILED: why" otherwise.
+set -euo pipefail
+. scripts/vm/rxe-up.sh
+
+bin=${RISER_BIN_DIR:-target/debug}
+iqn=iqn.2016-06.io.riser:iser
+sock=/tmp/r.sock
+logs=/tmp/iser
+size_mib=${ISER_TEST_MIB:-16}
+mkdir -p "$logs"
+step() { echo "--- iser [$(cut -d' ' -f1 /proc/uptime)s]: $*"; }
+fail() {
+  echo "ISER FAILED: $*"
+  local f
+  for f in "$logs"/*.log; do [ -s "$f" ] && { echo "----- $f"; tail -n 60 "$f"; }; done
+  echo "----- dmesg (last 40 lines)"; dmesg | tail -n 40
+  exit 1
+}
+riser_pid='' iscsid_pid=''
+cleanup() { local p; for p in $iscsid_pid $riser_pid; do { kill "$p" && wait "$p"; } 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+step "riser with an iSER and a TCP portal on $RXE_IP"
+cat > /tmp/iser.json <<JSON
+{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":131072,"block_size":512}}]},
+{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$RXE_IP","port":"3260","iser":true},{"host":"$RXE_IP","port":"3260"}]}},
+{"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
+{"method":"iscsi_create_target_node","params":{"name":"iser","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":32}}]}]}
+JSON
+RISER_LOG=debug "$bin/riser" --poll-mode adaptive -r "$sock" --json /tmp/iser.json >"$logs/riser.log" 2>&1 &
+riser_pid=$!
+for _ in $(seq 150); do
+  "$bin/riser-rpc" -s "$sock" spdk_get_version >/dev/null 2>&1 && break
+  kill -0 "$riser_pid" 2>/dev/null || fail "riser exited at start"
+  sleep 0.2
+done
+grep -q "iSER portal $RXE_IP:3260 (portal group 1): listening" "$logs/riser.log" || { sleep 1; grep -q "iSER portal" "$logs/riser.log" || fail "no iSER listener"; }
+
+step "iscsid, discovery over TCP"
+mkdir -p /run/lock/iscsi /var/lib/iscsi /etc/iscsi
+echo "InitiatorName=iqn.2016-06.io.riser:vm-iser" >/etc/iscsi/initiatorname.iscsi
+setsid iscsid -f >"$logs/iscsid.log" 2>&1 &
+iscsid_pid=$!
+for _ in $(seq 100); do grep -q '@ISCSIADM_ABSTRACT_NAMESPACE' /proc/net/unix && break; sleep 0.2; done
+iscsiadm -m discovery -t st -p "$RXE_IP" >"$logs/discovery.log" 2>&1 || fail "discovery failed"
+cat "$logs/discovery.log"
+iscsiadm -m node -T "$iqn" -p "$RXE_IP" --op update -n iface.transport_name -v iser >"$logs/update.log" 2>&1 || fail "iface update failed"
+
+step "login over iSER"
+iscsiadm -m node -T "$iqn" -p "$RXE_IP" --login >"$logs/login.log" 2>&1 || fail "iSER login failed"
+cat "$logs/login.log"
+disk=
+for _ in $(seq 150); do
+  disk=$(iscsiadm -m session -P 3 2>/dev/null | awk '/Attached scsi disk/ && !n++ {print $4}' || true)
+  [ -n "$disk" ] && [ -b "/dev/$disk" ] && break
+  sleep 0.2
+done
+[ -n "$disk" ] && [ -b "/dev/$disk" ] || fail "no SCSI disk after the iSER login"
+iscsiadm -m session -P 1 | grep -i "iface.transport\|Iface Transport" || true
+"$bin/riser-rpc" -s "$sock" iscsi_get_connections | tee "$logs/conns.json"
+grep -q '"transport": "iser"' "$logs/conns.json" || fail "riser does not show an iser connection"
+
+step "write ${size_mib} MiB of random data (O_DIRECT), read back, compare"
+dd if=/dev/urandom of=/tmp/pattern bs=1M count="$size_mib" status=none
+dd if=/tmp/pattern of="/dev/$disk" bs=1M oflag=direct status=none || fail "write failed"
+dd if="/dev/$disk" of=/tmp/readback bs=1M count="$size_mib" iflag=direct status=none || fail "read failed"
+cmp /tmp/pattern /tmp/readback || fail "data read back differs"
+echo "${size_mib} MiB verified over iSER"
+
+step "logout"
+iscsiadm -m node -T "$iqn" -p "$RXE_IP" --logout >"$logs/logout.log" 2>&1 || fail "logout failed"
+for _ in $(seq 50); do
+  conns=$("$bin/riser-rpc" -s "$sock" iscsi_get_connections | tr -d ' \n')
+  [ "$conns" = "[]" ] && break
+  sleep 0.2
+done
+[ "$conns" = "[]" ] || fail "connections left after logout: $conns"
+kill "$riser_pid"; rc=0; wait "$riser_pid" || rc=$?; riser_pid=
+[ $rc = 0 ] || fail "riser exited with $rc on SIGTERM"
+echo "ISER OK"
+trap - EXIT
+cleanup
