@@ -1095,6 +1095,7 @@ mod tests {
             name: "Fail0".into(),
             product_name: "test",
             block_size: plan.block_size,
+            physical_block_size: plan.block_size,
             num_blocks: plan.num_blocks,
             uuid: Default::default(),
         }));
