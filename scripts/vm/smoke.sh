@@ -113,7 +113,7 @@ echo "4 MiB verified"
 step "logout"
 iscsiadm -m node -T "$iqn" -p "$portal" --logout >"$logs/logout.log" 2>&1 || fail "logout failed"
 cat "$logs/logout.log"
-conns=$("$bin/riser-rpc" -s "$sock" iscsi_get_connections | tr -d ' \n')
+conns=$("$bin/riser-rpc" -s "$sock" iscsi_get_connections | tr -d ' \n') || fail "iscsi_get_connections failed"
 [ "$conns" = "[]" ] || fail "riser still has connections after logout: $conns"
 
 step "stop riser"
@@ -123,8 +123,7 @@ wait "$riser_pid" || rc=$?
 riser_pid=
 [ $rc = 0 ] || fail "riser exited with status $rc on SIGTERM"
 
-step "done"
-echo "SMOKE OK"
 trap - EXIT
 cleanup
-step "cleaned up"
+step "done"
+echo "SMOKE OK"
