@@ -572,11 +572,29 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         for wc in wcs.iter().copied() {
             let idx = (wc.wr_id & !KIND_MASK) as u32;
             if let Some(flushed) = wc.error {
+                // Whatever the error, what the work request held is free again.
+                match wc.wr_id & KIND_MASK {
+                    KIND_SEND => {
+                        self.send.release(idx);
+                        if let Some(chunks) = self.send_chunks.remove(&idx) {
+                            for c in chunks {
+                                self.data.release(c);
+                            }
+                        }
+                    }
+                    KIND_READ => self.on_read_done(idx, false, events),
+                    _ => {}
+                }
                 if flushed {
+                    // The QP is in error (the peer disconnected, or we did): a flushed
+                    // receive says so at once; nothing more will arrive.
+                    if wc.wr_id & KIND_MASK == KIND_RECV && !self.terminating {
+                        self.fail("connection lost (receive queue flushed)".into(), events);
+                    }
                     continue;
                 }
                 self.fail(format!("completion error on work request {:#x}", wc.wr_id), events);
-                break;
+                continue;
             }
             match wc.wr_id & KIND_MASK {
                 KIND_RECV => self.on_recv(idx, wc.byte_len as usize, events),
@@ -820,11 +838,14 @@ mod tests {
         let mut ev = Vec::new();
         d.poll(&mut ev);
         assert!(matches!(ev.as_slice(), [DmEvent::Terminated(_)]));
-        // Flush errors after that are quiet.
+        // A flushed receive means the peer is gone: one Terminated, then quiet.
         let mut d = dm(IserConfig::default());
         d.qp.done.push_back(Completion { wr_id: KIND_RECV, error: Some(true), byte_len: 0 });
+        d.qp.done.push_back(Completion { wr_id: KIND_RECV | 1, error: Some(true), byte_len: 0 });
         let mut ev = Vec::new();
         d.poll(&mut ev);
-        assert!(ev.is_empty());
+        assert!(matches!(ev.as_slice(), [DmEvent::Terminated(_)]), "{}", ev.len());
+        d.poll(&mut ev);
+        assert_eq!(ev.len(), 1);
     }
 }
