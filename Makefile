@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench deps clean
+.PHONY: all build release run test unit integration bench bench-rxe deps clean
 
 all: build
 
@@ -31,6 +31,11 @@ test:
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh
+
+# iSER in the soft-RoCE VM: Linux ib_iser + fio against riser and against LIO/isert.
+bench-rxe: build
+	@scripts/setup.sh bench
+	scripts/bench-rxe.sh
 
 clean:
 	$(CARGO) clean
