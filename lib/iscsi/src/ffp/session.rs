@@ -660,37 +660,8 @@ impl Ffp {
         if !immediate {
             self.slot_freed();
         }
-        let (o, u, count) = match done.residual {
-            Residual::None => (false, false, 0),
-            Residual::Overflow(n) => (true, false, n),
-            Residual::Underflow(n) => (false, true, n),
-        };
         let s = self.next_stat_sn();
-        let mut data = Vec::new();
-        if !done.sense.is_empty() {
-            // Sense data travels with a 2-byte length (RFC 7143 §11.4.7.2).
-            data.extend_from_slice(&(done.sense.len() as u16).to_be_bytes());
-            data.extend_from_slice(&done.sense);
-        }
-        let response = Pdu::with_data(
-            Op::ScsiResponse(ScsiResponse {
-                bidi_read_residual_overflow: false,
-                bidi_read_residual_underflow: false,
-                residual_overflow: o,
-                residual_underflow: u,
-                response: response::COMMAND_COMPLETED_AT_TARGET,
-                status: done.status,
-                itt: done.itt,
-                snack_tag: 0,
-                stat_sn: s.stat_sn,
-                exp_cmd_sn: s.exp_cmd_sn,
-                max_cmd_sn: s.max_cmd_sn,
-                exp_data_sn: Sn(0),
-                bidi_read_residual_count: 0,
-                residual_count: count,
-            }),
-            data,
-        );
+        let response = scsi_response(done.itt, done.status, &done.sense, done.residual, s);
         match done.data_in {
             Some(buf) if done.data_in_len > 0 && t.cmd.read => {
                 self.actions.push_back(Action::PutData(PutData {
@@ -712,27 +683,8 @@ impl Ffp {
             self.slot_freed();
         }
         let s = self.next_stat_sn();
-        let mut data = (sense.len() as u16).to_be_bytes().to_vec();
-        data.extend_from_slice(&sense);
-        self.actions.push_back(Action::Send(Pdu::with_data(
-            Op::ScsiResponse(ScsiResponse {
-                bidi_read_residual_overflow: false,
-                bidi_read_residual_underflow: false,
-                residual_overflow: false,
-                residual_underflow: edtl > 0,
-                response: response::COMMAND_COMPLETED_AT_TARGET,
-                status: STATUS_CHECK_CONDITION,
-                itt,
-                snack_tag: 0,
-                stat_sn: s.stat_sn,
-                exp_cmd_sn: s.exp_cmd_sn,
-                max_cmd_sn: s.max_cmd_sn,
-                exp_data_sn: Sn(0),
-                bidi_read_residual_count: 0,
-                residual_count: edtl,
-            }),
-            data,
-        )));
+        let residual = if edtl > 0 { Residual::Underflow(edtl) } else { Residual::None };
+        self.actions.push_back(Action::Send(scsi_response(itt, STATUS_CHECK_CONDITION, &sense, residual, s)));
     }
 
     fn on_text(&mut self, t: crate::pdu::TextRequest, data: Vec<u8>) {
@@ -923,6 +875,40 @@ impl Ffp {
             }))));
         }
     }
+}
+
+/// A SCSI Response PDU (RFC 7143 §11.4); sense data travels with a 2-byte length
+/// (§11.4.7.2).
+fn scsi_response(itt: Itt, status: u8, sense: &[u8], residual: Residual, s: SnState) -> Pdu {
+    let (o, u, count) = match residual {
+        Residual::None => (false, false, 0),
+        Residual::Overflow(n) => (true, false, n),
+        Residual::Underflow(n) => (false, true, n),
+    };
+    let mut data = Vec::new();
+    if !sense.is_empty() {
+        data.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+        data.extend_from_slice(sense);
+    }
+    Pdu::with_data(
+        Op::ScsiResponse(ScsiResponse {
+            bidi_read_residual_overflow: false,
+            bidi_read_residual_underflow: false,
+            residual_overflow: o,
+            residual_underflow: u,
+            response: response::COMMAND_COMPLETED_AT_TARGET,
+            status,
+            itt,
+            snack_tag: 0,
+            stat_sn: s.stat_sn,
+            exp_cmd_sn: s.exp_cmd_sn,
+            max_cmd_sn: s.max_cmd_sn,
+            exp_data_sn: Sn(0),
+            bidi_read_residual_count: 0,
+            residual_count: count,
+        }),
+        data,
+    )
 }
 
 fn is_initiator_op(op: &Op) -> bool {
