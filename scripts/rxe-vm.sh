@@ -241,7 +241,7 @@ boot() {
     script=$(cd "$(dirname "$script")" && pwd -P)/$(basename "$script")
     # The guest has its own empty /tmp, /run, /proc, /sys and /dev.
     case "$script" in
-      "$out"/*) ;;
+      "$out"/*|"$repo"/*) ;;
       /tmp/*|/run/*|/proc/*|/sys/*|/dev/*|/var/run/*)
         die "script $script is not visible in the guest (fresh /tmp, /run): put it in the repo or in \$RISER_VM_OUT" ;;
     esac
@@ -266,7 +266,9 @@ boot() {
     -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot
     -fsdev "local,id=riserout,path=$out,security_model=none,multidevs=remap"
     -device virtio-9p-pci,fsdev=riserout,mount_tag=riserout
-    -append "console=ttyS0 quiet panic=-1 riser.out=$out riser.run=$here/vm/guest-run.sh")
+    -fsdev "local,id=riserrepo,path=$repo,security_model=none,readonly=on,multidevs=remap"
+    -device virtio-9p-pci,fsdev=riserrepo,mount_tag=riserrepo
+    -append "console=ttyS0 quiet panic=-1 riser.out=$out riser.repo=$repo riser.run=$here/vm/guest-run.sh")
 
   if [ "$mode" = shell ]; then
     # -nographic: serial console and qemu monitor multiplexed on this terminal.

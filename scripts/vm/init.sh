@@ -37,6 +37,7 @@ for w in $(cat /proc/cmdline); do
   case "$w" in
     riser.out=*) out=${w#riser.out=} ;;
     riser.run=*) run=${w#riser.run=} ;;
+    riser.repo=*) repo=${w#riser.repo=} ;;
   esac
 done
 [ -n "$out" ] && [ -n "$run" ] || fail "riser.out= or riser.run= missing from the kernel command line"
@@ -66,6 +67,14 @@ mount -t tmpfs -o mode=0755 run /newroot/run
 mkdir -p "/newroot$out"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 riserout "/newroot$out" \
   || fail "cannot mount the results share (9p tag riserout) at $out"
+
+# The repository, read-only at its own path: a checkout under /tmp (CI clones anywhere)
+# would otherwise be hidden by the guest's fresh /tmp.
+if [ -n "${repo:-}" ]; then
+  mkdir -p "/newroot$repo"
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 riserrepo "/newroot$repo" \
+    || fail "cannot mount the repository share (9p tag riserrepo) at $repo"
+fi
 
 [ -f "/newroot$run" ] || fail "$run not found in the host root"
 # shellcheck disable=SC2093 # if exec itself fails, ash exits: PID 1 dies, the kernel panics
