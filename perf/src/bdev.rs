@@ -109,9 +109,9 @@ impl Workload {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PollModeArg {
-    /// Reactors spin: lowest latency, each core at 100 %.
+    /// Spin: lowest latency, each core at 100 %.
     Busy,
-    /// Reactors sleep after a run of idle loops (small machines, CI).
+    /// Sleep after a run of idle loops (small or shared machines, CI).
     Adaptive,
 }
 

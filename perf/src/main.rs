@@ -1,12 +1,22 @@
 //! `riser-perf`: benchmarks for riser.
 //!
-//! Each way of generating load is a subcommand with its own module; `report` formats the
-//! results of any of them. Today: `bdev` (in-process, bdevperf-like). The iSCSI/iSER
-//! initiator mode (`riser-perf [flags] URL...`) will be added as positional URLs on [`Cli`]
-//! (with `args_conflicts_with_subcommands`) next to the subcommands, reusing `report`.
+//! Two ways of generating load, sharing `report`:
+//! - `riser-perf [flags] URL...` (the default): an iSCSI initiator of its own ([`init`],
+//!   [`conn`]) that drives any target (riser, tgt, LIO, ...) over TCP from polled client
+//!   threads, or checks data integrity with `--verify`.
+//! - `riser-perf bdev ...`: in-process, bdevperf-like ([`bdev`]).
+//!
+//! Clap sees the first non-flag argument: the name of a subcommand selects it, anything else
+//! is a URL of the initiator mode (`args_conflicts_with_subcommands`).
 
 mod bdev;
+mod conn;
+#[cfg(test)]
+mod fake_target;
+mod init;
 mod report;
+mod url;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -16,11 +26,16 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "riser-perf",
     version,
-    about = "Benchmarks for riser: block devices in process, and (later) iSCSI/iSER targets"
+    about = "Benchmarks for riser: an iSCSI initiator load generator (riser-perf [flags] URL...) and an in-process block benchmark (riser-perf bdev)",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+
+    #[command(flatten)]
+    init: init::InitArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -31,14 +46,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Reactor and bdev log lines (e.g. "could not pin") go to stderr; RUST_LOG overrides.
+    // Log lines (e.g. "could not pin") go to stderr; RUST_LOG overrides.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Bdev(args) => bdev::main(args),
+        Some(Command::Bdev(args)) => bdev::main(args).map(|_| true),
+        None => init::main(&cli.init),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("riser-perf: error: {e}");
             ExitCode::FAILURE
@@ -66,11 +83,47 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        let Command::Bdev(a) = cli.command;
+        let Some(Command::Bdev(a)) = cli.command else {
+            panic!("bdev subcommand expected")
+        };
         assert_eq!(a.bdev, bdev::DevKind::Malloc);
         assert_eq!(a.bs, 8192);
         assert_eq!(a.cpumask, "0x2");
         assert!(a.json);
-        assert!(Cli::try_parse_from(["riser-perf"]).is_err());
+    }
+
+    #[test]
+    fn urls_select_the_initiator_mode() {
+        let cli = Cli::try_parse_from([
+            "riser-perf",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "8192",
+            "--qd",
+            "8",
+            "-m",
+            "0x3",
+            "iscsi://127.0.0.1/iqn.x:y/0",
+            "iscsi://127.0.0.1:3265/iqn.x:z/1",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.init.urls.len(), 2);
+        let p = cli.init.plan().unwrap();
+        assert_eq!((p.bs, p.qd, p.cores.len()), (8192, 8, 2));
+        // A URL first, flags after it, also works.
+        let cli = Cli::try_parse_from(["riser-perf", "iscsi://h/iqn.x/0", "--qd", "4"]).unwrap();
+        assert_eq!(cli.init.qd, 4);
+        // Initiator flags before a subcommand make it a URL, which the plan refuses.
+        let cli = Cli::try_parse_from(["riser-perf", "--qd", "4", "bdev"]).unwrap();
+        assert!(cli
+            .init
+            .plan()
+            .unwrap_err()
+            .contains("riser-perf bdev [flags]"));
+        // No arguments at all: parses, and the plan says what is missing.
+        let cli = Cli::try_parse_from(["riser-perf"]).unwrap();
+        assert!(cli.init.plan().unwrap_err().contains("no target URL"));
     }
 }

@@ -1,8 +1,8 @@
 //! Results of a benchmark run and how they are printed: one line per worker (reactor), then
 //! a total block; or one JSON object.
 //!
-//! Kept free of anything bdev-specific so that the initiator mode (`riser-perf URL...`) can
-//! hand in its own per-worker results and get the same output.
+//! Kept free of anything bdev-specific: the initiator mode (`riser-perf URL...`) hands in
+//! its client threads as workers (busy = the thread's CPU time) and formats its own summary.
 
 use std::fmt::Write as _;
 
@@ -44,8 +44,10 @@ pub struct Latency {
     pub avg_us: f64,
     pub min_us: f64,
     pub p50_us: f64,
+    pub p90_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    pub p9999_us: f64,
     pub max_us: f64,
 }
 
@@ -56,8 +58,10 @@ impl Latency {
                 avg_us: 0.0,
                 min_us: 0.0,
                 p50_us: 0.0,
+                p90_us: 0.0,
                 p99_us: 0.0,
                 p999_us: 0.0,
+                p9999_us: 0.0,
                 max_us: 0.0,
             };
         }
@@ -66,8 +70,10 @@ impl Latency {
             avg_us: h.mean() / 1000.0,
             min_us: us(h.min()),
             p50_us: us(h.value_at_quantile(0.50)),
+            p90_us: us(h.value_at_quantile(0.90)),
             p99_us: us(h.value_at_quantile(0.99)),
             p999_us: us(h.value_at_quantile(0.999)),
+            p9999_us: us(h.value_at_quantile(0.9999)),
             max_us: us(h.max()),
         }
     }
@@ -218,8 +224,8 @@ impl Report {
         let _ = writeln!(s, "  I/Os:      {} ({} errors)", t.ios, t.errors);
         let _ = writeln!(
             s,
-            "  latency:   avg {:.2} us, p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us, max {:.2} us",
-            l.avg_us, l.p50_us, l.p99_us, l.p999_us, l.max_us
+            "  latency:   avg {:.2} us, min {:.2} us, p50 {:.2} us, p90 {:.2} us, p99 {:.2} us, p99.9 {:.2} us, p99.99 {:.2} us, max {:.2} us",
+            l.avg_us, l.min_us, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.p9999_us, l.max_us
         );
         let per: Vec<String> = self
             .reactors

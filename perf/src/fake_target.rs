@@ -1,0 +1,526 @@
+//! A small, strict in-process iSCSI target for the initiator's tests: it negotiates the
+//! keys riser and tgt never pick (InitialR2T=No, ImmediateData=No, a 1 KiB
+//! MaxRecvDataSegmentLength, a 2-command CmdSN window), raises a UNIT ATTENTION on the first
+//! TEST UNIT READY, splits reads over several Data-In PDUs (status in the last one or in a
+//! separate SCSI Response, alternately), and solicits write data with R2Ts after the
+//! unsolicited burst. It records every rule the initiator breaks in `violations`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use riser_iscsi::framer::{Framer, FramerLimits};
+use riser_iscsi::pdu::{
+    DataIn, Digests, LoginResponse, LoginStatus, LogoutResponse, Op, Pdu, R2t, ScsiResponse, Stage,
+};
+use riser_iscsi::serial::{Itt, Sn, Ttt};
+use riser_iscsi::text::{encode_pairs, parse_pairs};
+
+pub const BLOCKS: u64 = 1000;
+pub const BLOCK: usize = 512;
+/// What the target declares as its MaxRecvDataSegmentLength.
+pub const TARGET_MRDSL: usize = 1024;
+pub const FIRST_BURST: usize = 2048;
+pub const MAX_BURST: usize = 4096;
+/// CmdSN window: MaxCmdSN = ExpCmdSN + WINDOW - 1.
+pub const WINDOW: u32 = 2;
+
+#[derive(Default)]
+pub struct Observed {
+    pub violations: Vec<String>,
+    pub logins: usize,
+    pub commands: usize,
+    pub r2ts: usize,
+    pub unsolicited_data_outs: usize,
+    pub answered_offer: bool,
+    pub logged_out: bool,
+}
+
+struct Write_ {
+    lba: u64,
+    len: usize,
+    /// Bytes received.
+    got: usize,
+    /// End of what has been asked for (unsolicited burst, then R2Ts).
+    asked: usize,
+    r2t_sn: u32,
+    data: Vec<u8>,
+}
+
+struct Conn {
+    sock: TcpStream,
+    framer: Framer,
+    stat_sn: Sn,
+    exp_cmd_sn: Sn,
+    advertised: Sn,
+    ua_pending: bool,
+    disk: Vec<u8>,
+    writes: HashMap<u32, Write_>,
+    reads_done: u32,
+    next_ttt: u32,
+    obs: Arc<Mutex<Observed>>,
+}
+
+fn violation(obs: &Arc<Mutex<Observed>>, what: String) {
+    if let Ok(mut o) = obs.lock() {
+        o.violations.push(what);
+    }
+}
+
+impl Conn {
+    fn send(&mut self, p: Pdu) {
+        let b = p.to_bytes(Digests::default()).expect("encode");
+        let _ = self.sock.write_all(&b);
+    }
+
+    fn recv(&mut self) -> Option<Pdu> {
+        let mut buf = [0u8; 65536];
+        loop {
+            match self.framer.next_pdu() {
+                Ok(Some(p)) => return Some(p),
+                Ok(None) => {}
+                Err(e) => {
+                    violation(&self.obs, format!("unparsable PDU: {e}"));
+                    return None;
+                }
+            }
+            match self.sock.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.framer.feed(&buf[..n]),
+            }
+        }
+    }
+
+    /// The MaxCmdSN to send now; remembered as the highest one advertised.
+    fn max_cmd_sn(&mut self) -> Sn {
+        let m = self.exp_cmd_sn.add(WINDOW - 1);
+        if m.gt(self.advertised) {
+            self.advertised = m;
+        }
+        m
+    }
+
+    fn next_stat(&mut self) -> Sn {
+        let s = self.stat_sn;
+        self.stat_sn = s.next();
+        s
+    }
+
+    fn login(&mut self) -> bool {
+        // Security stage.
+        let Some(p) = self.recv() else { return false };
+        let Op::LoginRequest(r) = p.bhs.op else {
+            return false;
+        };
+        let keys = parse_pairs(&p.data).unwrap_or_default();
+        let has = |k: &str, v: &str| keys.iter().any(|(a, b)| a == k && b == v);
+        if !has("InitiatorName", crate::conn::INITIATOR_NAME) || !has("SessionType", "Normal") {
+            violation(&self.obs, format!("bad security-stage keys {keys:?}"));
+        }
+        self.exp_cmd_sn = r.cmd_sn;
+        let resp = |transit, csg, nsg, stat_sn: Sn, exp: Sn, tsih| LoginResponse {
+            transit_bit: transit,
+            continue_bit: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: r.isid,
+            tsih,
+            itt: r.itt,
+            stat_sn,
+            exp_cmd_sn: exp,
+            max_cmd_sn: exp.add(WINDOW - 1),
+            status: LoginStatus::SUCCESS,
+        };
+        let s = self.next_stat();
+        let op = resp(
+            true,
+            Stage::SecurityNegotiation,
+            Stage::LoginOperationalNegotiation,
+            s,
+            self.exp_cmd_sn,
+            0,
+        );
+        self.send(Pdu::with_data(
+            Op::LoginResponse(op),
+            encode_pairs(&[("AuthMethod", "None"), ("TargetPortalGroupTag", "1")]),
+        ));
+        // Operational stage: answer, and offer a key of our own with T=0.
+        let Some(p) = self.recv() else { return false };
+        let keys = parse_pairs(&p.data).unwrap_or_default();
+        if !keys.iter().any(|(k, _)| k == "MaxRecvDataSegmentLength") {
+            violation(&self.obs, "no MaxRecvDataSegmentLength proposed".into());
+        }
+        let s = self.next_stat();
+        let op = resp(
+            false,
+            Stage::LoginOperationalNegotiation,
+            Stage::LoginOperationalNegotiation,
+            s,
+            self.exp_cmd_sn,
+            0,
+        );
+        self.send(Pdu::with_data(
+            Op::LoginResponse(op),
+            encode_pairs(&[
+                ("HeaderDigest", "None"),
+                ("DataDigest", "None"),
+                ("MaxRecvDataSegmentLength", &TARGET_MRDSL.to_string()),
+                ("ImmediateData", "No"),
+                ("InitialR2T", "No"),
+                ("FirstBurstLength", &FIRST_BURST.to_string()),
+                ("MaxBurstLength", &MAX_BURST.to_string()),
+                ("MaxOutstandingR2T", "1"),
+                ("MaxConnections", "1"),
+                ("DataPDUInOrder", "Yes"),
+                ("DataSequenceInOrder", "Yes"),
+                ("ErrorRecoveryLevel", "0"),
+                ("DefaultTime2Wait", "0"),
+                ("DefaultTime2Retain", "0"),
+                ("X-io.riser.fake.Offer", "1"),
+            ]),
+        ));
+        let Some(p) = self.recv() else { return false };
+        let Op::LoginRequest(r2) = p.bhs.op else {
+            return false;
+        };
+        let keys = parse_pairs(&p.data).unwrap_or_default();
+        if keys
+            .iter()
+            .any(|(k, v)| k == "X-io.riser.fake.Offer" && v == "NotUnderstood")
+        {
+            if let Ok(mut o) = self.obs.lock() {
+                o.answered_offer = true;
+            }
+        }
+        if !r2.transit_bit {
+            violation(
+                &self.obs,
+                "initiator did not ask to transit after answering".into(),
+            );
+        }
+        let s = self.next_stat();
+        let op = resp(
+            true,
+            Stage::LoginOperationalNegotiation,
+            Stage::FullFeaturePhase,
+            s,
+            self.exp_cmd_sn,
+            7,
+        );
+        self.advertised = self.exp_cmd_sn.add(WINDOW - 1);
+        self.send(Pdu::new(Op::LoginResponse(op)));
+        self.framer.set_limits(FramerLimits {
+            max_recv_data_segment_length: TARGET_MRDSL,
+            max_ahs_length: 1020,
+        });
+        if let Ok(mut o) = self.obs.lock() {
+            o.logins += 1;
+        }
+        true
+    }
+
+    fn response(&mut self, itt: Itt, status: u8, sense: &[u8]) {
+        let s = self.next_stat();
+        let mut data = Vec::new();
+        if !sense.is_empty() {
+            data.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+            data.extend_from_slice(sense);
+        }
+        let r = ScsiResponse {
+            bidi_read_residual_overflow: false,
+            bidi_read_residual_underflow: false,
+            residual_overflow: false,
+            residual_underflow: false,
+            response: 0,
+            status,
+            itt,
+            snack_tag: 0,
+            stat_sn: s,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn(),
+            exp_data_sn: Sn(0),
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        };
+        self.send(Pdu::with_data(Op::ScsiResponse(r), data));
+    }
+
+    /// Sends `data` as Data-In PDUs of at most 700 bytes (not a multiple of anything);
+    /// `with_status`: the last one carries GOOD status.
+    fn data_in(&mut self, itt: Itt, data: &[u8], with_status: bool) {
+        let chunks: Vec<&[u8]> = data.chunks(700).collect();
+        let n = chunks.len();
+        for (i, c) in chunks.into_iter().enumerate() {
+            let last = i + 1 == n;
+            let status = last && with_status;
+            let stat_sn = if status {
+                self.next_stat()
+            } else {
+                self.stat_sn
+            };
+            let d = DataIn {
+                final_bit: last,
+                acknowledge: false,
+                residual_overflow: false,
+                residual_underflow: false,
+                status_present: status,
+                status: 0,
+                lun: riser_iscsi::pdu::Lun(0),
+                itt,
+                ttt: Ttt::RESERVED,
+                stat_sn,
+                exp_cmd_sn: self.exp_cmd_sn,
+                max_cmd_sn: self.max_cmd_sn(),
+                data_sn: Sn(i as u32),
+                buffer_offset: (i * 700) as u32,
+                residual_count: 0,
+            };
+            self.send(Pdu::with_data(Op::DataIn(d), c.to_vec()));
+        }
+    }
+
+    fn r2t(&mut self, itt: Itt) {
+        let Some(w) = self.writes.get_mut(&itt.0) else {
+            return;
+        };
+        let off = w.asked;
+        let len = (w.len - off).min(MAX_BURST);
+        w.asked += len;
+        let sn = w.r2t_sn;
+        w.r2t_sn += 1;
+        self.next_ttt += 1;
+        let r = R2t {
+            lun: riser_iscsi::pdu::Lun(0),
+            itt,
+            ttt: Ttt(self.next_ttt),
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn(),
+            r2t_sn: Sn(sn),
+            buffer_offset: off as u32,
+            desired_data_transfer_length: len as u32,
+        };
+        if let Ok(mut o) = self.obs.lock() {
+            o.r2ts += 1;
+        }
+        self.send(Pdu::new(Op::R2t(r)));
+    }
+
+    /// A write has all the data asked for so far: ask for more or finish it.
+    fn progress_write(&mut self, itt: Itt) {
+        let Some(w) = self.writes.get(&itt.0) else {
+            return;
+        };
+        if w.got < w.asked {
+            return;
+        }
+        if w.got < w.len {
+            self.r2t(itt);
+            return;
+        }
+        let Some(w) = self.writes.remove(&itt.0) else {
+            return;
+        };
+        let at = w.lba as usize * BLOCK;
+        self.disk[at..at + w.len].copy_from_slice(&w.data);
+        self.response(itt, 0, &[]);
+    }
+
+    fn serve(&mut self) {
+        // PDUs are taken in batches (all that one read brought): the initiator sent all of a
+        // batch before seeing any answer to it, so its commands must fit the window
+        // advertised before the batch.
+        while let Some(first) = self.recv() {
+            let mut batch = vec![first];
+            while let Ok(Some(p)) = self.framer.next_pdu() {
+                batch.push(p);
+            }
+            let advertised = self.advertised;
+            for p in batch {
+                if !self.handle(p, advertised) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// False after logout.
+    fn handle(&mut self, p: Pdu, advertised: Sn) -> bool {
+        {
+            match p.bhs.op.clone() {
+                Op::ScsiCommand(c) => {
+                    if let Ok(mut o) = self.obs.lock() {
+                        o.commands += 1;
+                    }
+                    if c.cmd_sn != self.exp_cmd_sn {
+                        violation(
+                            &self.obs,
+                            format!("CmdSN {:?}, expected {:?}", c.cmd_sn, self.exp_cmd_sn),
+                        );
+                    }
+                    if !c.cmd_sn.le(advertised) {
+                        violation(
+                            &self.obs,
+                            format!("CmdSN {:?} beyond MaxCmdSN {advertised:?}", c.cmd_sn),
+                        );
+                    }
+                    if !p.data.is_empty() {
+                        violation(&self.obs, "immediate data although ImmediateData=No".into());
+                    }
+                    self.exp_cmd_sn = self.exp_cmd_sn.next();
+                    self.handle_cdb(&c.cdb, c.itt, c.expected_data_transfer_length);
+                }
+                Op::DataOut(d) => {
+                    if p.data.len() > TARGET_MRDSL {
+                        violation(&self.obs, format!("Data-Out of {} bytes", p.data.len()));
+                    }
+                    if d.ttt.is_reserved() {
+                        if let Ok(mut o) = self.obs.lock() {
+                            o.unsolicited_data_outs += 1;
+                        }
+                    }
+                    let Some(w) = self.writes.get_mut(&d.itt.0) else {
+                        violation(&self.obs, "Data-Out for no write".into());
+                        return true;
+                    };
+                    let off = d.buffer_offset as usize;
+                    if off != w.got || off + p.data.len() > w.asked {
+                        violation(
+                            &self.obs,
+                            format!(
+                                "Data-Out at {off}+{} (got {}, asked {})",
+                                p.data.len(),
+                                w.got,
+                                w.asked
+                            ),
+                        );
+                        return true;
+                    }
+                    w.data[off..off + p.data.len()].copy_from_slice(&p.data);
+                    w.got += p.data.len();
+                    if d.final_bit != (w.got == w.asked) {
+                        violation(
+                            &self.obs,
+                            format!("F bit {} at {} of {}", d.final_bit, w.got, w.asked),
+                        );
+                    }
+                    self.progress_write(d.itt);
+                }
+                Op::LogoutRequest(l) => {
+                    let s = self.next_stat();
+                    let r = LogoutResponse {
+                        response: 0,
+                        itt: l.itt,
+                        stat_sn: s,
+                        exp_cmd_sn: self.exp_cmd_sn,
+                        max_cmd_sn: self.max_cmd_sn(),
+                        time2wait: 0,
+                        time2retain: 0,
+                    };
+                    self.send(Pdu::new(Op::LogoutResponse(r)));
+                    if let Ok(mut o) = self.obs.lock() {
+                        o.logged_out = true;
+                    }
+                    return false;
+                }
+                other => violation(&self.obs, format!("unexpected {:?}", other.opcode())),
+            }
+        }
+        true
+    }
+
+    fn handle_cdb(&mut self, cdb: &[u8; 16], itt: Itt, edtl: u32) {
+        match cdb[0] {
+            0x00 => {
+                if self.ua_pending {
+                    self.ua_pending = false;
+                    let mut sense = [0u8; 18];
+                    sense[0] = 0x70;
+                    sense[2] = 0x06;
+                    sense[7] = 10;
+                    sense[12] = 0x29;
+                    self.response(itt, 2, &sense);
+                } else {
+                    self.response(itt, 0, &[]);
+                }
+            }
+            0x9e => {
+                let mut d = vec![0u8; 32];
+                d[0..8].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
+                d[8..12].copy_from_slice(&(BLOCK as u32).to_be_bytes());
+                d.truncate(edtl as usize);
+                self.data_in(itt, &d, true);
+            }
+            0x28 => {
+                let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as usize;
+                let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
+                let data = self.disk[lba * BLOCK..(lba + n) * BLOCK].to_vec();
+                self.reads_done += 1;
+                // Phase collapse on every other read; a separate SCSI Response otherwise.
+                let collapse = self.reads_done & 1 == 0;
+                self.data_in(itt, &data, collapse);
+                if !collapse {
+                    self.response(itt, 0, &[]);
+                }
+            }
+            0x2a => {
+                let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as u64;
+                let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
+                let len = n * BLOCK;
+                if len != edtl as usize {
+                    violation(&self.obs, format!("WRITE of {len} bytes with EDTL {edtl}"));
+                }
+                // InitialR2T=No: the first burst comes unsolicited.
+                self.writes.insert(
+                    itt.0,
+                    Write_ {
+                        lba,
+                        len,
+                        got: 0,
+                        asked: len.min(FIRST_BURST),
+                        r2t_sn: 0,
+                        data: vec![0u8; len],
+                    },
+                );
+            }
+            op => {
+                violation(&self.obs, format!("unexpected opcode {op:#x}"));
+                self.response(itt, 2, &[]);
+            }
+        }
+    }
+}
+
+/// Starts the target on a free port for one connection; returns the port, what it saw
+/// and its thread.
+pub fn start() -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let obs = Arc::new(Mutex::new(Observed::default()));
+    let o = obs.clone();
+    let h = std::thread::spawn(move || {
+        let Ok((sock, _)) = l.accept() else { return };
+        let _ = sock.set_nodelay(true);
+        let mut c = Conn {
+            sock,
+            framer: Framer::with_limits(FramerLimits::LOGIN),
+            stat_sn: Sn(100),
+            exp_cmd_sn: Sn(0),
+            advertised: Sn(0),
+            ua_pending: true,
+            disk: vec![0u8; BLOCKS as usize * BLOCK],
+            writes: HashMap::new(),
+            reads_done: 0,
+            next_ttt: 0,
+            obs: o,
+        };
+        if c.login() {
+            c.serve();
+        }
+    });
+    (port, obs, h)
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make bench-rxe`: riser's iSER target against the Linux kernel's (LIO + ib_isert), in the
+# soft-RoCE VM (scripts/rxe-vm.sh; TCG, so only the ratio between targets in the same VM means
+# anything). Client: Linux ib_iser + fio (libaio, O_DIRECT) on the resulting /dev/sdX; 4 KiB
+# random read QD 32, 4 KiB random write QD 32, 128 KiB sequential read QD 8; riser in busy
+# (pinned) and adaptive poll modes, LIO on a ramdisk (rd_mcp) of the same size, alternated.
+# Prints every run and a final table with the ratio riser/LIO. Aim: riser >= 1.5x LIO.
+# A benchmark, not a test: it fails only when something breaks.
+#
+# Environment: BENCH_TIME (s per run, default 15), BENCH_ROUNDS (default 2), BENCH_MODES
+# (default "busy adaptive"), BENCH_SIZE_MIB (LUN size, default 256); RISER_BIN_DIR (default
+# target/release when riser is built there, else target/debug); RISER_VM_SMP (vCPUs, default
+# 2: busy polling needs a vCPU of its own), RISER_VM_OUT (where bench-results.txt and
+# bench-table.txt are left; default a new directory under /tmp, printed at the end).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${RISER_BIN_DIR:-}" ]; then
+  if [ -x target/release/riser ] && [ -x target/release/riser-rpc ]; then RISER_BIN_DIR=$PWD/target/release
+  else RISER_BIN_DIR=$PWD/target/debug; fi
+fi
+for b in riser riser-rpc; do
+  [ -x "$RISER_BIN_DIR/$b" ] || { echo "bench-rxe: $RISER_BIN_DIR/$b missing: cargo build --release -p riser -p riser-rpc" >&2; exit 1; }
+done
+export RISER_BIN_DIR
+export RISER_VM_SMP=${RISER_VM_SMP:-2}
+export RISER_VM_OUT=${RISER_VM_OUT:-$(mktemp -d /tmp/riser-bench-rxe.XXXXXX)}
+# Each round is about 3 x (BENCH_TIME + 4) s plus a login; leave room for the boot.
+rounds=${BENCH_ROUNDS:-2}
+nmodes=$(wc -w <<<"${BENCH_MODES:-busy adaptive}")
+export RISER_VM_TIMEOUT=${RISER_VM_TIMEOUT:-$((300 + rounds * nmodes * 2 * (3 * (${BENCH_TIME:-15} + 6) + 40)))}
+export BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB
+# rxe-vm.sh passes RISER_* variables only: hand the BENCH_* ones over through the job.
+for v in BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB; do
+  [ -n "${!v:-}" ] && export "RISER_$v=${!v}"
+done
+
+echo "bench-rxe: riser from $RISER_BIN_DIR, ${RISER_VM_SMP} vCPUs, results in $RISER_VM_OUT"
+rc=0
+scripts/rxe-vm.sh run scripts/vm/bench-rxe.sh || rc=$?
+echo
+if [ -s "$RISER_VM_OUT/bench-results.txt" ]; then
+  echo "== runs (target workload IOPS KiB/s guest-CPU-busy%) =="
+  cat "$RISER_VM_OUT/bench-results.txt"
+fi
+[ -s "$RISER_VM_OUT/bench-table.txt" ] && cat "$RISER_VM_OUT/bench-table.txt"
+echo "bench-rxe: results in $RISER_VM_OUT"
+exit "$rc"

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# iSER with libiscsi, and iSER faults, inside the VM: scripts/rxe-vm.sh run scripts/vm/iser-fault.sh
+#
+# riser (RISER_LOG=debug) serves a 64 MiB malloc LUN on an iSER and a TCP portal. Scenarios,
+# each ending with its own line, "<SCENARIO> OK" or "<SCENARIO> FAILED: why"; the script goes on
+# after a failed scenario where it can, and ends with "ISER FAULT OK" only if all passed:
+#
+# LIBISCSI ISER   `iscsi-inq iser://192.0.2.1/IQN/0` prints Vendor:RISER.
+# FAULT KILL9     libiscsi's iscsi-perf reads over iSER (QD 16) and is killed with SIGKILL
+#                 mid-I/O: riser logs the end of the connection, iscsi_get_connections is empty
+#                 within 60 s, riser still answers, and a new iSER login (iscsi-inq) works.
+# FAULT LINKDEL   The Linux initiator (ib_iser) writes with dd in the background; iscsid is
+#                 killed with SIGKILL, then the soft-RoCE device itself is deleted mid-I/O
+#                 (`rdma link delete rxe0`): riser logs it, iscsi_get_connections is empty
+#                 within 60 s, riser keeps running, the deletion completes (the kernel waits for
+#                 every user of the device to let it go), rxe0 is added again, iscsid restarts,
+#                 and a new iSER login writes and reads back 4 MiB.
+# riser's log lines about the connections and dmesg's iSCSI lines are printed at the end.
+set -uo pipefail
+. scripts/vm/rxe-up.sh || exit 1
+name=iser-fault
+. scripts/vm/lib.sh
+set +e; trap - ERR   # scenarios check every step themselves and go on after a failure
+
+iqn=iqn.2016-06.io.riser:iser
+failed=()
+# One scenario's verdict: ok SCENARIO / ko SCENARIO WHY.
+ok() { echo "$1 OK"; }
+ko() { echo "$1 FAILED: $2"; failed+=("$1"); }
+# iscsi_get_connections as "N: transport transport ...".
+conn_summary() {
+  local c
+  c=$(connections 2>/dev/null) || { echo "rpc failed"; return; }
+  echo "$(grep -o '"transport":"[a-z]*"' <<<"$c" | wc -l): $(grep -o '"transport":"[a-z]*"' <<<"$c" | cut -d'"' -f4 | tr '\n' ' ')"
+}
+# Waits up to $1 s for no connections; prints how long it took, or returns 1.
+conns_gone_within() {
+  local t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$1" ]; do
+    [ "$(connections 2>/dev/null)" = "[]" ] && { echo "$((SECONDS - t0))"; return 0; }
+    sleep 0.5
+  done
+  return 1
+}
+riser_alive() { kill -0 "$riser_pid" 2>/dev/null && rpc spdk_get_version >/dev/null 2>&1; }
+log_mark() { wc -l <"$logs/riser.log"; }
+log_since() { tail -n +"$(($1 + 1))" "$logs/riser.log" | grep -E 'iSER|connection|WARN|ERROR' | grep -v 'rpc call\|Response:' | cut -c1-400; }
+
+step "riser with an iSER and a TCP portal on $RXE_IP (RISER_LOG=debug)"
+cat >/tmp/riser.json <<JSON
+{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":131072,"block_size":512}}]},
+{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$RXE_IP","port":"3260","iser":true},{"host":"$RXE_IP","port":"3260"}]}},
+{"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
+{"method":"iscsi_create_target_node","params":{"name":"iser","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":32}}]}]}
+JSON
+RISER_LOG=debug riser_start /tmp/riser.json --poll-mode adaptive
+
+# ---------------------------------------------------------------------------------------------
+step "LIBISCSI ISER: iscsi-inq iser://$RXE_IP/$iqn/0"
+if timeout 60 iscsi-inq "iser://$RXE_IP/$iqn/0" >"$logs/inq.log" 2>&1 && grep -q 'Vendor:RISER' "$logs/inq.log"; then
+  grep -E 'Vendor|Product|Revision' "$logs/inq.log"
+  ok "LIBISCSI ISER"
+else
+  cat "$logs/inq.log"; ko "LIBISCSI ISER" "iscsi-inq over iser:// failed or did not print Vendor:RISER"
+fi
+conns_gone_within 30 >/dev/null || echo "note: connections left after iscsi-inq: $(conn_summary)"
+
+# ---------------------------------------------------------------------------------------------
+step "FAULT KILL9: iscsi-perf over iSER, killed with SIGKILL mid-I/O"
+mark=$(log_mark)
+iscsi-perf -t 120 -m 16 -b 64 "iser://$RXE_IP/$iqn/0" >"$logs/perf.log" 2>&1 &
+perf_pid=$!
+extra_pids=$perf_pid
+why=
+for _ in $(seq 60); do
+  grep -q 'iops current [1-9]' "$logs/perf.log" && break
+  kill -0 "$perf_pid" 2>/dev/null || break
+  sleep 0.5
+done
+if ! grep -q 'iops current [1-9]' "$logs/perf.log"; then
+  why="iscsi-perf did not get going: $(tail -c 300 "$logs/perf.log")"
+else
+  sleep 3
+  echo "before the kill: riser connections $(conn_summary); iscsi-perf: $(tr '\r' '\n' <"$logs/perf.log" | grep -o 'iops current [0-9]* ([0-9]* MB/s)' | tail -n1)"
+  kill -9 "$perf_pid"; wait "$perf_pid" 2>/dev/null; extra_pids=
+  step "iscsi-perf killed"
+  if took=$(conns_gone_within 60); then
+    echo "no connections left after ${took} s"
+  else
+    why="connections left 60 s after the kill: $(conn_summary)"
+  fi
+  riser_alive || why="${why:+$why; }riser is not alive after the kill"
+  if [ -z "$why" ]; then
+    if timeout 60 iscsi-inq "iser://$RXE_IP/$iqn/0" 2>&1 | grep -q 'Vendor:RISER'; then
+      echo "a new iSER login (iscsi-inq) after the kill: OK"
+    else
+      why="a new iSER login (iscsi-inq) after the kill failed"
+    fi
+  fi
+fi
+echo "riser's log for this scenario:"; log_since "$mark"
+if [ -z "$why" ]; then ok "FAULT KILL9"; else ko "FAULT KILL9" "$why"; fi
+{ kill -9 "$perf_pid"; wait "$perf_pid"; } 2>/dev/null; extra_pids=
+conns_gone_within 30 >/dev/null
+
+# ---------------------------------------------------------------------------------------------
+step "FAULT LINKDEL: Linux ib_iser writing, iscsid SIGKILLed, rdma link delete $RXE_DEV"
+mark=$(log_mark)
+why=
+iscsid_start
+iface_iser
+discover iser0
+# Fail the I/O 10 s after the connection is lost instead of 120 s.
+iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I iser0 -o update -n node.session.timeo.replacement_timeout -v 10 >>"$logs/iscsiadm.log" 2>&1
+sid=$(login "$iqn" iser0)
+disk=$(disk_of "$sid" 0)
+echo "session $sid (iser): /dev/$disk"
+( for i in 1 2 3 4 5 6 7 8; do
+    dd if=/dev/urandom of="/dev/$disk" bs=1M count=64 oflag=direct status=none || { echo "dd pass $i: failed"; exit 1; }
+  done; echo "dd: all passes done" ) >"$logs/dd.log" 2>&1 &
+dd_pid=$!
+extra_pids=$dd_pid
+sleep 4
+echo "mid-I/O: riser connections $(conn_summary); riser's task count $(connections | grep -o '"tasks_done":[0-9]*')"
+iscsid_kill9
+step "iscsid killed; deleting $RXE_DEV"
+( rdma link delete "$RXE_DEV"; echo "rdma link delete exit status $?" ) >"$logs/linkdel.log" 2>&1 &
+del_pid=$!
+if took=$(conns_gone_within 60); then
+  echo "no connections left after ${took} s"
+else
+  why="connections left 60 s after the link deletion: $(conn_summary)"
+fi
+riser_alive && echo "riser is alive" || why="${why:+$why; }riser is not alive after the link deletion"
+# The kernel finishes the deletion only when every user of the device has let it go.
+for _ in $(seq 60); do kill -0 "$del_pid" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$del_pid" 2>/dev/null; then
+  why="${why:+$why; }rdma link delete $RXE_DEV has not finished 30 s after it started (in $(cat /proc/"$del_pid"/task/*/wchan 2>/dev/null; for p in $(pgrep -P "$del_pid"); do cat /proc/$p/wchan; done)): the device is still held"
+  echo "riser's files on /dev/infiniband: $(ls -l /proc/"$riser_pid"/fd 2>/dev/null | grep -o '/dev/infiniband/[a-z_0-9]*' | sort | uniq -c | tr '\n' ' ')"
+else
+  cat "$logs/linkdel.log"
+  step "re-adding $RXE_DEV, restarting iscsid, new login over iSER"
+  rxe_up >"$logs/rxe-readd.log" 2>&1 || why="${why:+$why; }cannot re-add $RXE_DEV: $(cat "$logs/rxe-readd.log")"
+  if [ -z "$why" ]; then
+    iscsid_start
+    # The old session is dead (its replacement timeout has passed); iscsid may be retrying it.
+    iscsiadm -m session -r "$sid" -u >>"$logs/logout.log" 2>&1
+    for _ in $(seq 60); do [ -z "$(sids)" ] && break; sleep 0.5; done
+    iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I iser0 --login >>"$logs/login.log" 2>&1
+    sid2=$(sids | tail -n1)
+    if [ -n "$sid2" ] && [ "$(transport_of "$sid2")" = iser ]; then
+      disk2=$(disk_of "$sid2" 0)
+      if (raw_verify "$disk2" 4 relogin); then
+        logout_sid "$sid2"
+        took=$(conns_gone_within 30) || why="connections left after the last logout: $(conn_summary)"
+      else
+        why="the 4 MiB check after the new login failed"
+      fi
+    else
+      why="no new iSER session after the link came back: $(tail -n 3 "$logs/login.log")"
+    fi
+  fi
+fi
+wait "$dd_pid" 2>/dev/null; extra_pids=
+echo "dd: $(tail -n 1 "$logs/dd.log")"
+echo "riser's log for this scenario:"; log_since "$mark"
+echo "dmesg (iSCSI, iSER, rxe):"; dmesg | grep -iE 'iser|iscsi|connection[0-9]|session[0-9]|rxe|infiniband' | tail -n 25
+if [ -z "$why" ]; then ok "FAULT LINKDEL"; else ko "FAULT LINKDEL" "$why"; fi
+
+# ---------------------------------------------------------------------------------------------
+step "stop riser"
+if kill -0 "$riser_pid" 2>/dev/null; then
+  kill "$riser_pid"; rc=0; wait "$riser_pid" || rc=$?; riser_pid=
+  echo "riser exited with status $rc on SIGTERM"
+  [ $rc = 0 ] || failed+=("riser exit status $rc")
+else
+  failed+=("riser died"); echo "riser is gone"
+fi
+if [ -n "${del_pid:-}" ] && kill -0 "$del_pid" 2>/dev/null; then
+  for _ in $(seq 20); do kill -0 "$del_pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$del_pid" 2>/dev/null && echo "rdma link delete still not finished after riser exited" || echo "rdma link delete finished once riser had exited: $(cat "$logs/linkdel.log")"
+fi
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "ISER FAULT OK"
+else
+  echo "ISER FAULT FAILED: ${failed[*]}"
+  exit 1
+fi

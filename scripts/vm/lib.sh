@@ -1,0 +1,218 @@
+# Helpers for the in-guest iSCSI/iSER test scripts (sourced, never run): riser and iscsid
+# start/stop, logins through named iscsiadm ifaces, the disk of a session's LUN, raw and file
+# system data checks. The sourcing script sets `name` (the prefix of its OK/FAILED lines and
+# step markers) before sourcing, then uses:
+#
+#   step TEXT                     marker with the guest's uptime
+#   fail TEXT                     "$NAME FAILED: TEXT", the logs' tails, dmesg; exit 1
+#   riser_start CONFIG [ARGS...]  riser --json CONFIG on $sock (log: $logs/riser.log), waits for RPC
+#   riser_stop                    SIGTERM, must exit 0
+#   rpc METHOD [ARGS...]          riser-rpc on $sock
+#   wait_no_connections SECS      until iscsi_get_connections is [] (fails after SECS)
+#   iscsid_start / iscsid_kill9   open-iscsi's daemon, in its own session
+#   iface_iser                    an iscsiadm iface "iser0" with transport iser ("default" is tcp)
+#   discover [IFACE...]           SendTargets over TCP to $RXE_IP; node records through each iface too
+#   login IQN IFACE               login; prints the new session's id (SID)
+#   logout_sid SID                logout of one session
+#   disk_of SID LUN               waits for /dev/sdX of that LUN in that session; prints sdX
+#   raw_verify DISK MIB TAG       MIB MiB of random data, dd oflag=direct, read back, cmp
+#   make_tree DIR                 a file tree (3 MiB of /usr/share/doc + a 2 MiB random file)
+#   fs_verify DISK TREE TAG       mkfs.ext4, mount, copy TREE, umount, fsck -fn, mount, sha256
+#
+# Everything is under set -euo pipefail in the caller.
+
+bin=${RISER_BIN_DIR:-target/debug}
+sock=${sock:-/tmp/r.sock}
+logs=${logs:-/tmp/$name}
+mkdir -p "$logs"
+NAME=$(tr '[:lower:]-' '[:upper:] ' <<<"$name")
+
+step() { echo "--- $name [$(cut -d' ' -f1 /proc/uptime)s]: $*"; }
+# To stderr: fail may run inside $(...), whose stdout is captured.
+fail() {
+  {
+    echo "$NAME FAILED: $*"
+    local f
+    for f in "$logs"/*.log; do [ -s "$f" ] && { echo "----- $f"; tail -n 60 "$f"; }; done
+    echo "----- dmesg (last 50 lines)"; dmesg | tail -n 50
+  } >&2
+  exit 1
+}
+# Anything else that ends the script under set -e says where.
+set -E
+trap 'echo "$NAME FAILED: status $? at ${BASH_SOURCE[0]##*/} line $LINENO: $BASH_COMMAND" >&2' ERR
+
+riser_pid='' iscsid_pid='' extra_pids=''
+lib_cleanup() {
+  local rc=$? p
+  set +e; trap - ERR
+  for p in $extra_pids; do { kill -9 "$p" && wait "$p"; } 2>/dev/null || true; done
+  # Unmount whatever is still mounted from an iSCSI disk before the daemons go.
+  grep -o '^/dev/sd[a-z]* [^ ]*' /proc/mounts | while read -r _ m; do umount -l "$m" 2>/dev/null || true; done
+  if [ -n "$iscsid_pid" ]; then iscsiadm -m session -u >/dev/null 2>&1 || true; fi
+  for p in $iscsid_pid $riser_pid; do { kill "$p" && wait "$p"; } 2>/dev/null || true; done
+  # The logs outlive the VM in the results share (rxe-vm.sh keeps it after a failure).
+  if [ -n "${RISER_VM_OUT:-}" ] && [ -d "$RISER_VM_OUT" ]; then
+    mkdir -p "$RISER_VM_OUT/logs-$name" && cp -r "$logs"/. "$RISER_VM_OUT/logs-$name/" 2>/dev/null
+    dmesg >"$RISER_VM_OUT/logs-$name/dmesg.txt" 2>/dev/null
+  fi
+  exit "$rc"
+}
+trap lib_cleanup EXIT
+
+rpc() { "$bin/riser-rpc" -s "$sock" "$@"; }
+
+riser_start() {
+  local config=$1; shift
+  [ -x "$bin/riser" ] && [ -x "$bin/riser-rpc" ] || fail "$bin/riser or riser-rpc missing: cargo build -p riser -p riser-rpc on the host"
+  RISER_LOG=${RISER_LOG:-debug} "$bin/riser" -r "$sock" --json "$config" "$@" >>"$logs/riser.log" 2>&1 &
+  riser_pid=$!
+  local _
+  for _ in $(seq 150); do
+    rpc spdk_get_version >/dev/null 2>&1 && return 0
+    kill -0 "$riser_pid" 2>/dev/null || fail "riser exited at start"
+    sleep 0.2
+  done
+  fail "riser did not answer RPC within 30 s"
+}
+
+riser_stop() {
+  local rc=0
+  kill "$riser_pid"
+  wait "$riser_pid" || rc=$?
+  riser_pid=
+  [ $rc = 0 ] || fail "riser exited with $rc on SIGTERM"
+}
+
+connections() { rpc iscsi_get_connections | tr -d ' \n'; }
+
+wait_no_connections() {
+  local secs=$1 conns='' t0=$SECONDS
+  while :; do
+    conns=$(connections) || fail "iscsi_get_connections failed (riser alive: $(kill -0 "$riser_pid" 2>/dev/null && echo yes || echo no))"
+    [ "$conns" = "[]" ] && { echo "no connections left after $((SECONDS - t0)) s"; return 0; }
+    [ $((SECONDS - t0)) -ge "$secs" ] && fail "connections left after ${secs} s: $conns"
+    sleep 0.5
+  done
+}
+
+iscsid_start() {
+  mkdir -p /run/lock/iscsi /var/lib/iscsi /etc/iscsi
+  [ -s /etc/iscsi/initiatorname.iscsi ] || echo "InitiatorName=iqn.2016-06.io.riser:vm-$name" >/etc/iscsi/initiatorname.iscsi
+  # Its own session: on SIGTERM iscsid signals its whole process group.
+  setsid iscsid -f >>"$logs/iscsid.log" 2>&1 &
+  iscsid_pid=$!
+  local _
+  for _ in $(seq 100); do
+    grep -q '@ISCSIADM_ABSTRACT_NAMESPACE' /proc/net/unix && return 0
+    kill -0 "$iscsid_pid" 2>/dev/null || fail "iscsid exited at start"
+    sleep 0.2
+  done
+  fail "iscsid is not listening after 20 s"
+}
+
+iscsid_kill9() {
+  kill -9 "$iscsid_pid" 2>/dev/null || true
+  wait "$iscsid_pid" 2>/dev/null || true
+  iscsid_pid=
+}
+
+iface_iser() {
+  iscsiadm -m iface -I iser0 -o new >>"$logs/iscsiadm.log" 2>&1 || true
+  iscsiadm -m iface -I iser0 -o update -n iface.transport_name -v iser >>"$logs/iscsiadm.log" 2>&1 \
+    || fail "cannot create the iser0 iface"
+}
+
+# SendTargets discovery over TCP (the default iface); then a node record of each discovered
+# target through each iface named (iser0: the same target, logged in over iSER).
+discover() {
+  local i t
+  iscsiadm -m discovery -t st -p "$RXE_IP" -I default >"$logs/discovery.log" 2>&1 || fail "discovery over TCP failed"
+  cat "$logs/discovery.log"
+  for i in "$@"; do
+    [ "$i" = default ] && continue
+    for t in $(awk '{print $2}' "$logs/discovery.log"); do
+      iscsiadm -m node -T "$t" -p "$RXE_IP" -I "$i" -o new >>"$logs/iscsiadm.log" 2>&1 || fail "cannot add node $t through iface $i"
+    done
+  done
+}
+
+sids() { { iscsiadm -m session 2>/dev/null || true; } | sed -n 's/^[a-z]*: \[\([0-9]*\)\].*/\1/p' | sort -n; }
+
+login() {
+  local iqn=$1 iface=$2 before after sid
+  before=$(sids | tr '\n' ' ')
+  iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I "$iface" --login >>"$logs/login.log" 2>&1 \
+    || fail "login to $iqn through iface $iface failed"
+  after=$(sids)
+  for sid in $after; do
+    case " $before " in *" $sid "*) ;; *) echo "$sid"; return 0 ;; esac
+  done
+  fail "no new session after the login to $iqn through $iface"
+}
+
+logout_sid() { iscsiadm -m session -r "$1" -u >>"$logs/logout.log" 2>&1 || fail "logout of session $1 failed"; }
+
+# The transport a session runs over, as iscsiadm names it (tcp, iser).
+transport_of() { { iscsiadm -m session 2>/dev/null || true; } | sed -n "s/^\([a-z]*\): \[$1\].*/\1/p"; }
+
+disk_of() {
+  local sid=$1 lun=$2 d _
+  for _ in $(seq 150); do   # the SCSI scan runs after the login returns
+    for d in /sys/class/iscsi_session/session"$sid"/device/target*/*:*:*:"$lun"/block/*; do
+      [ -e "$d" ] && [ -b "/dev/${d##*/}" ] && { echo "${d##*/}"; return 0; }
+    done
+    sleep 0.2
+  done
+  fail "no disk for LUN $lun of session $sid"
+}
+
+raw_verify() {
+  local disk=$1 mib=$2 tag=$3 t0=$SECONDS
+  dd if=/dev/urandom of="/tmp/pattern.$tag" bs=1M count="$mib" status=none
+  dd if="/tmp/pattern.$tag" of="/dev/$disk" bs=1M oflag=direct status=none || fail "$tag: write to /dev/$disk failed"
+  dd if="/dev/$disk" of="/tmp/readback.$tag" bs=1M count="$mib" iflag=direct status=none || fail "$tag: read from /dev/$disk failed"
+  cmp "/tmp/pattern.$tag" "/tmp/readback.$tag" || fail "$tag: data read back from /dev/$disk differs"
+  rm -f "/tmp/pattern.$tag" "/tmp/readback.$tag"
+  echo "$tag: $mib MiB verified on /dev/$disk ($((SECONDS - t0)) s)"
+}
+
+# A file tree: the first $TREE_KIB KiB (default 3072) of a tar of /usr/share/doc (many small
+# files; tar stops at the cut, so only that much is read through the slow 9p root; the last
+# file is cut short, which is fine) and one 2 MiB random file: many small writes and a long one.
+make_tree() {
+  local dir=$1 cap=${TREE_KIB:-3072} n
+  mkdir -p "$dir"
+  { tar -C / -cf - usr/share/doc 2>/dev/null || true; } | head -c $((cap * 1024)) \
+    | { tar -C "$dir" -xf - 2>/dev/null || true; }
+  dd if=/dev/urandom of="$dir/random.bin" bs=1M count=2 status=none
+  (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$dir.sha256"
+  n=$(wc -l <"$dir.sha256")
+  [ "$n" -ge 20 ] || fail "the file tree has only $n files"
+  echo "tree: $n files, $(du -sk "$dir" | cut -f1) KiB"
+}
+
+fs_verify() {
+  local disk=$1 tree=$2 tag=$3 mnt=/mnt/$3 t0=$SECONDS
+  mkdir -p "$mnt"
+  local times=''
+  lap() { times+=" $1 $((SECONDS - t0))s"; }
+  mkfs.ext4 -q -F "/dev/$disk" >"$logs/mkfs-$tag.log" 2>&1 || fail "$tag: mkfs.ext4 /dev/$disk failed"
+  lap mkfs
+  mount "/dev/$disk" "$mnt" || fail "$tag: mount /dev/$disk failed"
+  cp -a "$tree/." "$mnt/" || fail "$tag: copying the tree failed"
+  lap copy
+  umount "$mnt" || fail "$tag: umount failed"
+  lap umount
+  # From here on every read goes to the target, not to the guest's page cache.
+  sync; echo 3 >/proc/sys/vm/drop_caches
+  fsck.ext4 -fn "/dev/$disk" >"$logs/fsck-$tag.log" 2>&1 || fail "$tag: fsck.ext4 -fn /dev/$disk is not clean"
+  lap fsck
+  tail -n 1 "$logs/fsck-$tag.log"
+  echo 3 >/proc/sys/vm/drop_caches
+  mount -o ro "/dev/$disk" "$mnt" || fail "$tag: second mount failed"
+  (cd "$mnt" && sha256sum --quiet -c "$tree.sha256") >"$logs/sha-$tag.log" 2>&1 || fail "$tag: checksums differ after remount"
+  umount "$mnt" || fail "$tag: second umount failed"
+  lap sha256
+  echo "$tag: ext4 on /dev/$disk: $(wc -l <"$tree.sha256") files copied, fsck clean, checksums identical after remount (at:$times)"
+}
