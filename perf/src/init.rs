@@ -831,7 +831,7 @@ impl Client {
         if self.plan.poll_mode == PollModeArg::Busy {
             return;
         }
-        if progress && std::env::var_os("RP_ALWAYS").is_none() {
+        if progress {
             self.idle_passes = 0;
             return;
         }
@@ -1111,6 +1111,7 @@ struct Cpu {
 
 #[derive(Serialize)]
 struct VerifyOut {
+    passed: bool,
     generation: u64,
     blocks_checked: u64,
     mismatched_blocks: u64,
@@ -1320,7 +1321,9 @@ fn control(
             )?;
             let proc1 = rusage(libc::RUSAGE_SELF);
             if ctl.stop.load(Ordering::Relaxed) {
-                eprintln!("riser-perf: interrupted: the summary covers the part measured before the stop");
+                eprintln!(
+                    "riser-perf: interrupted: the summary covers the part measured before the stop"
+                );
             }
             let rs: Vec<(usize, Box<ThreadResult>)> = results
                 .into_iter()
@@ -1408,6 +1411,7 @@ fn control(
             let all = Mismatches::merge(rs.into_iter().map(|r| r.mismatches).collect());
             let expected: u64 = geoms.iter().map(|g| g.count).sum();
             let out = VerifyOut {
+                passed: all.blocks == 0 && checked == expected,
                 generation,
                 blocks_checked: checked,
                 mismatched_blocks: all.blocks,
