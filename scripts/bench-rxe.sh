@@ -7,7 +7,7 @@
 # Prints every run and a final table with the ratio riser/LIO. Aim: riser >= 1.5x LIO.
 # A benchmark, not a test: it fails only when something breaks.
 #
-# Environment: BENCH_TIME (s per run, default 15), BENCH_ROUNDS (default 2), BENCH_MODES
+# Environment: BENCH_TIME (s per run after a 2 s ramp, default 10), BENCH_ROUNDS (default 2), BENCH_MODES
 # (default "busy adaptive"), BENCH_SIZE_MIB (LUN size, default 256); RISER_BIN_DIR (default
 # target/release when riser is built there, else target/debug); RISER_VM_SMP (vCPUs, default
 # 2: busy polling needs a vCPU of its own), RISER_VM_OUT (where bench-results.txt and
@@ -28,7 +28,7 @@ export RISER_VM_OUT=${RISER_VM_OUT:-$(mktemp -d /tmp/riser-bench-rxe.XXXXXX)}
 # Each round is about 3 x (BENCH_TIME + 4) s plus a login; leave room for the boot.
 rounds=${BENCH_ROUNDS:-2}
 nmodes=$(wc -w <<<"${BENCH_MODES:-busy adaptive}")
-export RISER_VM_TIMEOUT=${RISER_VM_TIMEOUT:-$((300 + rounds * nmodes * 2 * (3 * (${BENCH_TIME:-15} + 6) + 40)))}
+export RISER_VM_TIMEOUT=${RISER_VM_TIMEOUT:-$((300 + rounds * nmodes * 2 * (3 * (${BENCH_TIME:-10} + 15) + 40)))}
 export BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB
 # rxe-vm.sh passes RISER_* variables only: hand the BENCH_* ones over through the job.
 for v in BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB; do

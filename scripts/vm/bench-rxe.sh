@@ -3,7 +3,7 @@
 # (LIO + ib_isert) over soft-RoCE, both measured with the same client: Linux ib_iser + fio
 # (libaio, O_DIRECT) on the resulting /dev/sdX.
 #
-# Workloads (each BENCH_TIME s after a 2 s ramp): 4 KiB random read QD 32, 4 KiB random write
+# Workloads (each BENCH_TIME s, default 10, after a 2 s ramp): 4 KiB random read QD 32, 4 KiB random write
 # QD 32, 128 KiB sequential read QD 8. Targets: riser in each of BENCH_MODES (busy: one
 # reactor spinning, pinned to the last vCPU; adaptive: same core, naps when idle), and LIO
 # (ramdisk rd_mcp of the same size). They alternate, BENCH_ROUNDS times:
@@ -21,7 +21,7 @@ name=bench-rxe
 . scripts/vm/lib.sh
 
 # scripts/bench-rxe.sh hands BENCH_* over as RISER_BENCH_* (rxe-vm.sh passes RISER_* only).
-time_s=${RISER_BENCH_TIME:-15}
+time_s=${RISER_BENCH_TIME:-10}
 rounds=${RISER_BENCH_ROUNDS:-2}
 modes=${RISER_BENCH_MODES:-busy adaptive}
 size_mib=${RISER_BENCH_SIZE_MIB:-256}

@@ -36,8 +36,11 @@ step "iscsid, discovery over TCP, one login through iface iser0 (iser), one thro
 iscsid_start
 iface_iser
 discover iser0 default
+step "login over iSER"
 sid_iser=$(login "$iqn" iser0)
+step "login over TCP"
 sid_tcp=$(login "$iqn" default)
+step "logged in"
 [ "$(transport_of "$sid_iser")" = iser ] || fail "session $sid_iser runs over '$(transport_of "$sid_iser")', not iser"
 [ "$(transport_of "$sid_tcp")" = tcp ] || fail "session $sid_tcp runs over '$(transport_of "$sid_tcp")', not tcp"
 disk_iser=$(disk_of "$sid_iser" 0)
