@@ -7,11 +7,17 @@
 # Prints every run and a final table with the ratio riser/LIO. Aim: riser >= 1.5x LIO.
 # A benchmark, not a test: it fails only when something breaks.
 #
-# Environment: BENCH_TIME (s per run after a 2 s ramp, default 10), BENCH_ROUNDS (default 2), BENCH_MODES
-# (default "busy adaptive"), BENCH_SIZE_MIB (LUN size, default 256); RISER_BIN_DIR (default
-# target/release when riser is built there, else target/debug); RISER_VM_SMP (vCPUs, default
-# 2: busy polling needs a vCPU of its own), RISER_VM_OUT (where bench-results.txt and
-# bench-table.txt are left; default a new directory under /tmp, printed at the end).
+# Environment:
+#   BENCH_TIME      seconds per run, after a 2 s ramp (default 10)
+#   BENCH_ROUNDS    rounds of riser-MODE, LIO for each mode (default 2)
+#   BENCH_MODES     riser's poll modes (default "busy adaptive")
+#   BENCH_SIZE_MIB  LUN size, both targets (default 256)
+#   BENCH_FIO_CPUS  fio's --cpus_allowed (default 0, away from riser's reactor on the last
+#                   vCPU; set but empty: fio not pinned)
+#   RISER_BIN_DIR   default target/release when riser is built there, else target/debug
+#   RISER_VM_SMP    vCPUs (default 2: busy polling takes one of its own)
+#   RISER_VM_OUT    where bench-results.txt, bench-table.txt and logs-bench-rxe/ are left
+#                   (default a new directory under /tmp, printed at the end)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,10 +35,9 @@ export RISER_VM_OUT=${RISER_VM_OUT:-$(mktemp -d /tmp/riser-bench-rxe.XXXXXX)}
 rounds=${BENCH_ROUNDS:-2}
 nmodes=$(wc -w <<<"${BENCH_MODES:-busy adaptive}")
 export RISER_VM_TIMEOUT=${RISER_VM_TIMEOUT:-$((300 + rounds * nmodes * 2 * (3 * (${BENCH_TIME:-10} + 15) + 40)))}
-export BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB
 # rxe-vm.sh passes RISER_* variables only: hand the BENCH_* ones over through the job.
-for v in BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB; do
-  [ -n "${!v:-}" ] && export "RISER_$v=${!v}"
+for v in BENCH_TIME BENCH_ROUNDS BENCH_MODES BENCH_SIZE_MIB BENCH_FIO_CPUS; do
+  if [ -n "${!v+set}" ]; then export "RISER_$v=${!v}"; fi
 done
 
 echo "bench-rxe: riser from $RISER_BIN_DIR, ${RISER_VM_SMP} vCPUs, results in $RISER_VM_OUT"
@@ -40,7 +45,7 @@ rc=0
 scripts/rxe-vm.sh run scripts/vm/bench-rxe.sh || rc=$?
 echo
 if [ -s "$RISER_VM_OUT/bench-results.txt" ]; then
-  echo "== runs (target workload IOPS KiB/s guest-CPU-busy%) =="
+  echo "== runs (target workload IOPS KiB/s guest-CPU-busy% riser-CPU%-of-a-vCPU) =="
   cat "$RISER_VM_OUT/bench-results.txt"
 fi
 [ -s "$RISER_VM_OUT/bench-table.txt" ] && cat "$RISER_VM_OUT/bench-table.txt"

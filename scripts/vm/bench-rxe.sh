@@ -9,10 +9,10 @@
 # (ramdisk rd_mcp of the same size). They alternate, BENCH_ROUNDS times:
 #   riser-busy, LIO, riser-adaptive, LIO, riser-busy, LIO, ...
 # Only the target being measured is logged in; riser does not run during LIO's turns (its
-# polling would take CPU from LIO). fio runs on vCPU 0 for every target.
+# polling would take CPU from LIO). fio runs on vCPU 0 for every target (BENCH_FIO_CPUS).
 #
 # Writes one line per run to $RISER_VM_OUT/bench-results.txt:
-#   TARGET WORKLOAD IOPS BW_KIB CPU_BUSY_PCT
+#   TARGET WORKLOAD IOPS BW_KIB GUEST_CPU_BUSY_PCT RISER_CPU_PCT_OF_ONE_VCPU (- for LIO)
 # and prints the runs as they go and the table at the end (scripts/bench-rxe.sh prints the
 # table again, clean of kernel messages). Not a test: it fails only when something breaks.
 set -euo pipefail
@@ -25,6 +25,8 @@ time_s=${RISER_BENCH_TIME:-10}
 rounds=${RISER_BENCH_ROUNDS:-2}
 modes=${RISER_BENCH_MODES:-busy adaptive}
 size_mib=${RISER_BENCH_SIZE_MIB:-256}
+# fio's --cpus_allowed (default vCPU 0, away from riser's reactor); empty: not pinned.
+fio_cpus=${RISER_BENCH_FIO_CPUS-0}
 ncpu=$(nproc)
 riser_core=$((ncpu - 1))
 results=$RISER_VM_OUT/bench-results.txt
@@ -35,7 +37,7 @@ riser_iqn=iqn.2016-06.io.riser:bench
 lio_iqn=iqn.2003-01.org.linux-iscsi.riser-vm:lio
 cfs=/sys/kernel/config/target
 
-step "setup: $ncpu vCPUs, ${size_mib} MiB LUNs, ${time_s} s per run, $rounds round(s) of: $(for m in $modes; do printf 'riser-%s, LIO, ' "$m"; done)"
+step "setup: fio on vCPU(s) ${fio_cpus:-any}, $ncpu vCPUs, ${size_mib} MiB LUNs, ${time_s} s per run, $rounds round(s) of: $(for m in $modes; do printf 'riser-%s, LIO, ' "$m"; done)"
 
 # ---- LIO + isert through configfs (targetcli does not work here) ---------------------------
 step "LIO: rd_mcp ramdisk ${size_mib} MiB, iSER portal $RXE_IP:3260"
@@ -76,6 +78,8 @@ for t in "$lio_iqn $RXE_IP:3260" "$riser_iqn $RXE_IP:$riser_port"; do
   iscsiadm -m node -T "$1" -p "$2" -I iser0 -o new >>"$logs/iscsiadm.log" 2>&1 || fail "cannot add node $1 through iser0"
 done
 
+# utime + stime of a process, in jiffies.
+proc_jiffies() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # /proc/stat's busy and total jiffies, all CPUs.
 cpu_jiffies() { awk '/^cpu / {t=0; for (i=2;i<=NF;i++) t+=$i; print t - $5 - $6, t}' /proc/stat; }
 
@@ -88,23 +92,29 @@ fio_run() {
     randwrite-4k) args=(--rw=randwrite --bs=4k --iodepth=32) ;;
     seqread-128k) args=(--rw=read --bs=128k --iodepth=8) ;;
   esac
+  local s0=$SECONDS lat r0=0 r1=0 rcpu=-
+  [ -n "$riser_pid" ] && r0=$(proc_jiffies "$riser_pid")
   read -r b0 t0 <<<"$(cpu_jiffies)"
-  local s0=$SECONDS lat
   out=$(fio --name="$wl" --filename="/dev/$disk" --ioengine=libaio --direct=1 "${args[@]}" \
-        --ramp_time=2 --runtime="$time_s" --time_based --cpus_allowed=0 --output-format=json 2>"$logs/fio.err") \
+        --ramp_time=2 --runtime="$time_s" --time_based ${fio_cpus:+--cpus_allowed="$fio_cpus"} --output-format=json 2>"$logs/fio.err") \
     || fail "fio $wl on $label failed: $(cat "$logs/fio.err")"
   runs=$((runs + 1))
   echo "$out" >"$logs/fio-$runs-$label-$wl.json"
   read -r b1 t1 <<<"$(cpu_jiffies)"
   busy=$(( (b1 - b0) * 100 / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+  # riser's own CPU, in % of one vCPU (t1 - t0 counts all vCPUs' jiffies).
+  if [ -n "$riser_pid" ]; then
+    r1=$(proc_jiffies "$riser_pid")
+    rcpu=$(( (r1 - r0) * 100 * ncpu / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+  fi
   case $wl in
     *write*) iops=$(jq '.jobs[0].write.iops' <<<"$out"); bw=$(jq '.jobs[0].write.bw' <<<"$out") ;;
     *)       iops=$(jq '.jobs[0].read.iops' <<<"$out");  bw=$(jq '.jobs[0].read.bw' <<<"$out") ;;
   esac
   iops=$(printf '%.0f' "$iops")
-  echo "$label $wl $iops $bw $busy" >>"$results"
+  echo "$label $wl $iops $bw $busy $rcpu" >>"$results"
   lat=$(jq -r '[.jobs[0].read, .jobs[0].write] | map(select(.total_ios > 0))[0] | "\(.clat_ns.mean / 1000 | floor) us mean, \(.clat_ns.max / 1000000 | floor) ms max"' <<<"$out")
-  printf '%-16s %-13s %8s IOPS %9.1f MiB/s  guest CPU busy %3s%%  latency %s; fio took %s s\n' "$label" "$wl" "$iops" "$(echo "$bw / 1024" | bc -l)" "$busy" "$lat" "$((SECONDS - s0))"
+  printf '%-16s %-13s %8s IOPS %9.1f MiB/s  guest CPU busy %3s%% (riser %s%% of a vCPU)  latency %s; fio took %s s\n' "$label" "$wl" "$iops" "$(echo "$bw / 1024" | bc -l)" "$busy" "$rcpu" "$lat" "$((SECONDS - s0))"
 }
 
 # One target's turn: LABEL IQN PORTAL.
@@ -160,6 +170,15 @@ median() { sort -n | awk '{v[NR]=$1} END {if (NR == 0) print 0; else if (NR % 2)
     echo
   done
   echo "(128 KiB: MiB/s = IOPS / 8.) Aim: riser >= 1.5x LIO."
+  echo "Guest CPU (median % of all $ncpu vCPUs busy during the runs; riser's own share in % of one vCPU):"
+  for t in $(for mode in $modes; do echo "riser-$mode"; done) LIO; do
+    printf '  %-15s' "$t"
+    for wl in randread-4k randwrite-4k seqread-128k; do
+      printf ' %s %3s%%' "$wl" "$(awk -v t="$t" -v w="$wl" '$1 == t && $2 == w {print $5}' "$results" | median)"
+      [ "$t" = LIO ] || printf ' (riser %s%%)' "$(awk -v t="$t" -v w="$wl" '$1 == t && $2 == w {print $6}' "$results" | median)"
+    done
+    echo
+  done
 } | tee "$RISER_VM_OUT/bench-table.txt"
 
 step "teardown"

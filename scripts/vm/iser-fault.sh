@@ -135,7 +135,7 @@ riser_alive && echo "riser is alive" || why="${why:+$why; }riser is not alive af
 # The kernel finishes the deletion only when every user of the device has let it go.
 for _ in $(seq 60); do kill -0 "$del_pid" 2>/dev/null || break; sleep 0.5; done
 if kill -0 "$del_pid" 2>/dev/null; then
-  why="${why:+$why; }rdma link delete $RXE_DEV has not finished 30 s after it started (in $(cat /proc/"$del_pid"/task/*/wchan 2>/dev/null; for p in $(pgrep -P "$del_pid"); do cat /proc/$p/wchan; done)): the device is still held"
+  why="${why:+$why; }rdma link delete $RXE_DEV has not finished 30 s after it started (rdma is in $(for p in $(pgrep -P "$del_pid"); do cat /proc/"$p"/wchan; echo; done | tr '\n' ' ')): the device is still held"
   echo "riser's files on /dev/infiniband: $(ls -l /proc/"$riser_pid"/fd 2>/dev/null | grep -o '/dev/infiniband/[a-z_0-9]*' | sort | uniq -c | tr '\n' ' ')"
 else
   cat "$logs/linkdel.log"
