@@ -308,6 +308,7 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
 }
 
 pub mod iscsi;
+pub mod vm;
 
 /// A TCP port free on 127.0.0.1 right now (tests run in parallel: each target gets its own).
 pub fn free_port() -> u16 {
