@@ -323,14 +323,25 @@ impl Riser {
     /// 127.0.0.1:`port` with one malloc LUN per entry of `lun_mib` (LUN ids 0, 1, ...),
     /// open to any initiator. Returns the target's IQN.
     pub fn add_iscsi_target(&self, name: &str, port: u16, lun_mib: &[u64]) -> String {
+        let luns: Vec<(u64, Value)> = lun_mib.iter().map(|&m| (m, json!({}))).collect();
+        self.add_iscsi_target_luns(name, port, &luns)
+    }
+
+    /// As [`Riser::add_iscsi_target`], each LUN given as (MiB, extra LUN parameters such as
+    /// `{"removable": true}`).
+    pub fn add_iscsi_target_luns(&self, name: &str, port: u16, lun_defs: &[(u64, Value)]) -> String {
         let call = |m: &str, p: Value| {
             self.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\nriser log:\n{}", self.log()))
         };
         let mut luns = Vec::new();
-        for (i, mib) in lun_mib.iter().enumerate() {
+        for (i, (mib, extra)) in lun_defs.iter().enumerate() {
             let bdev = format!("{name}_m{i}");
             call("bdev_malloc_create", json!({"name": bdev, "num_blocks": mib * 2048, "block_size": 512}));
-            luns.push(json!({"bdev_name": bdev, "lun_id": i}));
+            let mut lun = json!({"bdev_name": bdev, "lun_id": i});
+            if let (Some(l), Some(x)) = (lun.as_object_mut(), extra.as_object()) {
+                l.extend(x.clone());
+            }
+            luns.push(lun);
         }
         if self.call("iscsi_get_portal_groups", None).map(|v| v.as_array().map_or(0, |a| a.len())).unwrap_or(0) == 0 {
             call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": port.to_string()}]}));

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 pub use initiator_group::{InitiatorGroup, Netmask};
-pub use node::{Chap, Lun, PgIgMap, TargetNode};
+pub use node::{Chap, Lun, LunOptions, LunSpec, PgIgMap, TargetNode};
 pub use options::{Options, OptionsUpdate};
 pub use portal_group::{Portal, PortalGroup, PortalParam};
 
@@ -222,8 +222,7 @@ pub struct NodeParams {
     pub name: String,
     pub alias_name: Option<String>,
     pub pg_ig_maps: Vec<PgIgMap>,
-    /// (lun_id, bdev_name)
-    pub luns: Vec<(u32, String)>,
+    pub luns: Vec<LunSpec>,
     /// None: the max_queue_depth option.
     pub queue_depth: Option<u32>,
     pub chap: Chap,
@@ -526,7 +525,7 @@ impl IscsiTarget {
             return Err(TargetError::Invalid("luns: at least one LUN is required".into()));
         }
         let mut ids = HashSet::new();
-        for (i, (id, bdev)) in p.luns.iter().enumerate() {
+        for (i, LunSpec { lun_id: id, bdev_name: bdev, .. }) in p.luns.iter().enumerate() {
             if *id >= MAX_LUNS {
                 return Err(TargetError::Invalid(format!("luns[{i}].lun_id: {id} is out of range (0..={})", MAX_LUNS - 1)));
             }
@@ -549,11 +548,11 @@ impl IscsiTarget {
         let mut luns: Vec<Lun> = Vec::new();
         {
             let mut bdevs = self.lock_bdevs();
-            for (i, (id, bdev_name)) in p.luns.iter().enumerate() {
+            for (i, spec) in p.luns.iter().enumerate() {
                 // Checked above: id < MAX_LUNS fits u16.
-                let id = *id as u16;
-                match bdevs.claim(bdev_name, &lun_owner(&name, id)) {
-                    Ok(bdev) => luns.push(Lun::new(id, bdev_name, bdev, &name)),
+                let id = spec.lun_id as u16;
+                match bdevs.claim(&spec.bdev_name, &lun_owner(&name, id)) {
+                    Ok(bdev) => luns.push(Lun::new(id, &spec.bdev_name, spec.options, bdev, &name)),
                     Err(e) => {
                         for l in &luns {
                             bdevs.release(&l.bdev_name);
@@ -579,7 +578,13 @@ impl IscsiTarget {
     }
 
     /// `iscsi_target_node_add_lun`: `lun_id` None takes the lowest free id. Returns the id.
-    pub fn target_node_add_lun(&self, name: &str, bdev_name: &str, lun_id: Option<u32>) -> Result<u16, TargetError> {
+    pub fn target_node_add_lun(
+        &self,
+        name: &str,
+        bdev_name: &str,
+        lun_id: Option<u32>,
+        options: LunOptions,
+    ) -> Result<u16, TargetError> {
         let (node, id) = {
             let inner = self.lock();
             let node = inner.node_for_change(name)?;
@@ -602,7 +607,7 @@ impl IscsiTarget {
                 .map_err(|e| claim_error("bdev_name", e))?;
             node.change(|st| {
                 let mut v = st.luns.to_vec();
-                v.push(Lun::new(id, bdev_name, bdev, node.name()));
+                v.push(Lun::new(id, bdev_name, options, bdev, node.name()));
                 v.sort_by_key(|l| l.id);
                 // Every LUN learns the new inventory; those that existed raise REPORTED
                 // LUNS DATA HAS CHANGED for every initiator (SPC-4 §6.33).
@@ -612,7 +617,12 @@ impl IscsiTarget {
                 }
                 st.luns = v.into();
             });
-            log::info!("iSCSI target node {}: LUN {id} is bdev {bdev_name}", node.name());
+            log::info!(
+                "iSCSI target node {}: LUN {id} is bdev {bdev_name}{}{}",
+                node.name(),
+                if options.removable { ", removable" } else { "" },
+                if options.read_only { ", read-only" } else { "" }
+            );
             (node, id)
         };
         if let Some(h) = self.hooks().lun_added {
@@ -745,7 +755,7 @@ mod tests {
         t.create_target_node(NodeParams {
             name: name.into(),
             pg_ig_maps: maps.iter().map(|&(pg_tag, ig_tag)| PgIgMap { pg_tag, ig_tag }).collect(),
-            luns: vec![(0, bdev.into())],
+            luns: vec![LunSpec::new(0, bdev)],
             ..Default::default()
         })
         .unwrap()
@@ -835,7 +845,7 @@ mod tests {
         let g0 = n.generation();
         let (g, luns) = n.luns();
         assert_eq!((g, luns.len()), (g0, 1));
-        t.target_node_add_lun("d", "Null1", None).unwrap();
+        t.target_node_add_lun("d", "Null1", None, LunOptions::default()).unwrap();
         let g1 = n.generation();
         assert!(g1 > g0);
         // An old snapshot stays valid; a new one shows the LUN.
@@ -851,7 +861,7 @@ mod tests {
         assert!(n.generation() > g2);
         // A refused change does not move it.
         let g3 = n.generation();
-        assert!(t.target_node_add_lun("d", "Null1", None).is_err());
+        assert!(t.target_node_add_lun("d", "Null1", None, LunOptions::default()).is_err());
         assert_eq!(n.generation(), g3);
     }
 
@@ -893,7 +903,7 @@ mod tests {
         t.create_portal_group(2, &[portal("127.0.0.1", 3261)], false, false).unwrap();
         t.delete_portal_group(2).unwrap();
         assert_eq!(t.portal_generation(), pg0 + 3);
-        t.target_node_add_lun("d", "Null1", Some(5)).unwrap();
+        t.target_node_add_lun("d", "Null1", Some(5), LunOptions::default()).unwrap();
         t.delete_target_node(n.name()).unwrap();
         // Once deleted, the node is gone for every RPC.
         assert_eq!(
@@ -921,9 +931,9 @@ mod tests {
         let t2 = Arc::downgrade(&t);
         t.on_node_deleting(move |node| {
             let t = t2.upgrade().unwrap();
-            assert!(matches!(t.target_node_add_lun(node.name(), "Null1", None), Err(TargetError::Busy(_))));
+            assert!(matches!(t.target_node_add_lun(node.name(), "Null1", None, LunOptions::default()), Err(TargetError::Busy(_))));
             assert!(matches!(t.delete_target_node(node.name()), Err(TargetError::Busy(_))));
-            let again = NodeParams { name: "d".into(), luns: vec![(0, "Null2".into())], ..Default::default() };
+            let again = NodeParams { name: "d".into(), luns: vec![LunSpec::new(0, "Null2")], ..Default::default() };
             assert!(matches!(t.create_target_node(again), Err(TargetError::Busy(_))));
             assert!(t.config_json().iter().all(|c| c["method"] != "iscsi_create_target_node"));
         });
@@ -939,5 +949,34 @@ mod tests {
         assert_eq!(RpcError::from(TargetError::Exists("x".into())).code, -17);
         assert_eq!(RpcError::from(TargetError::NotFound("x".into())).code, -19);
         assert_eq!(RpcError::from(TargetError::Busy("x".into())).code, -16);
+    }
+
+    /// riser's LUN options reach the SCSI layer and show (only when set) in the node's JSON,
+    /// which is what save_config replays.
+    #[test]
+    fn lun_options_reach_the_lun_and_the_saved_config() {
+        let (_, t) = target();
+        let removable = LunOptions { removable: true, read_only: false };
+        let node = t
+            .create_target_node(NodeParams {
+                name: "d".into(),
+                luns: vec![LunSpec::new(0, "Null0"), LunSpec { lun_id: 1, bdev_name: "Null1".into(), options: removable }],
+                ..Default::default()
+            })
+            .unwrap();
+        t.target_node_add_lun("d", "Null2", Some(2), LunOptions { removable: false, read_only: true }).unwrap();
+        let (_, luns) = node.luns();
+        assert!(!luns[0].scsi.config().removable && !luns[0].scsi.config().read_only);
+        assert!(luns[1].scsi.config().removable && !luns[1].scsi.config().read_only);
+        assert!(luns[2].scsi.config().read_only && !luns[2].scsi.config().removable);
+        let cfg = node.config_json();
+        assert_eq!(
+            cfg["params"]["luns"],
+            serde_json::json!([
+                {"bdev_name": "Null0", "lun_id": 0},
+                {"bdev_name": "Null1", "lun_id": 1, "removable": true},
+                {"bdev_name": "Null2", "lun_id": 2, "read_only": true}
+            ])
+        );
     }
 }

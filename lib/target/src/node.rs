@@ -22,27 +22,70 @@ pub const MAX_TARGET_MAPS: usize = 256;
 /// Longest alias (TargetAlias is a text value, RFC 7143 §13.6; SPDK caps the name at 255).
 pub const MAX_ALIAS_LEN: usize = 255;
 
-/// One LUN: its number, the bdev name it was created with, the device, and the SCSI
-/// logical unit over it (shared by every session, so reservations and unit attentions
+/// riser's per-LUN options (SPDK has none; tgt has the same two as LU parameters). Both off
+/// by default; `iscsi_get_target_nodes` and `save_config` show only those set, so a default
+/// configuration stays SPDK-shaped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LunOptions {
+    /// Report a removable medium (INQUIRY RMB=1): PREVENT ALLOW MEDIUM REMOVAL is honoured and
+    /// START STOP UNIT with LOEJ ejects and loads the medium (reads and writes then fail with
+    /// MEDIUM NOT PRESENT until it is loaded again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removable: bool,
+    /// Write-protected: MODE SENSE shows WP, every write fails with DATA PROTECT / WRITE
+    /// PROTECTED. The bdev itself is untouched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// One LUN of a target node as configured: what `iscsi_create_target_node` takes per LUN.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LunSpec {
+    pub lun_id: u32,
+    pub bdev_name: String,
+    pub options: LunOptions,
+}
+
+impl LunSpec {
+    pub fn new(lun_id: u32, bdev_name: &str) -> LunSpec {
+        LunSpec { lun_id, bdev_name: bdev_name.to_string(), options: LunOptions::default() }
+    }
+}
+
+/// One LUN: its number, the bdev name it was created with, its options, the device, and the
+/// SCSI logical unit over it (shared by every session, so reservations and unit attentions
 /// cross sessions).
 #[derive(Clone)]
 pub struct Lun {
     pub id: u16,
     pub bdev_name: String,
+    pub options: LunOptions,
     pub bdev: Arc<dyn Bdev>,
     pub scsi: Arc<riser_scsi::Lun>,
 }
 
 impl Lun {
-    pub fn new(id: u16, bdev_name: &str, bdev: Arc<dyn Bdev>, target_name: &str) -> Lun {
+    pub fn new(id: u16, bdev_name: &str, options: LunOptions, bdev: Arc<dyn Bdev>, target_name: &str) -> Lun {
         let i = bdev.info();
         let cfg = riser_scsi::LunConfig {
             id: id as u64,
             target_name: target_name.to_string(),
             physical_block_size: (i.physical_block_size != i.block_size).then_some(i.physical_block_size),
+            removable: options.removable,
+            read_only: options.read_only,
             ..Default::default()
         };
-        Lun { id, bdev_name: bdev_name.to_string(), scsi: riser_scsi::Lun::new(cfg, bdev.clone()), bdev }
+        let scsi = riser_scsi::Lun::new(cfg, bdev.clone());
+        Lun { id, bdev_name: bdev_name.to_string(), options, scsi, bdev }
+    }
+
+    /// As `iscsi_get_target_nodes` and `save_config` show it.
+    pub fn json(&self) -> Value {
+        let mut v = json!({"bdev_name": self.bdev_name, "lun_id": self.id});
+        if let (Some(m), Ok(Value::Object(o))) = (v.as_object_mut(), serde_json::to_value(self.options)) {
+            m.extend(o);
+        }
+        v
     }
 }
 
@@ -228,7 +271,7 @@ impl TargetNode {
         let mut v = json!({
             "name": self.name,
             "pg_ig_maps": flatten(&st.maps),
-            "luns": st.luns.iter().map(|l| json!({"bdev_name": l.bdev_name, "lun_id": l.id})).collect::<Vec<_>>(),
+            "luns": st.luns.iter().map(Lun::json).collect::<Vec<_>>(),
             "queue_depth": self.queue_depth,
             "disable_chap": self.chap.disable_chap,
             "require_chap": self.chap.require_chap,

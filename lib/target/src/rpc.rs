@@ -8,7 +8,7 @@ use riser_rpc::{RpcError, RpcRegistry};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{Chap, IscsiTarget, NodeParams, OptionsUpdate, PgIgMap, PortalParam};
+use crate::{Chap, IscsiTarget, LunOptions, LunSpec, NodeParams, OptionsUpdate, PgIgMap, PortalParam};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,6 +60,11 @@ struct ChangeInitiatorGroup {
 struct LunParam {
     bdev_name: String,
     lun_id: u32,
+    /// riser's extensions (see [`LunOptions`]).
+    #[serde(default)]
+    removable: bool,
+    #[serde(default)]
+    read_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -93,6 +98,11 @@ struct AddLun {
     bdev_name: String,
     /// Absent or -1 (SPDK's "any"): the lowest free id.
     lun_id: Option<i64>,
+    /// riser's extensions (see [`LunOptions`]).
+    #[serde(default)]
+    removable: bool,
+    #[serde(default)]
+    read_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -147,7 +157,15 @@ pub fn register(reg: &mut RpcRegistry, target: Arc<IscsiTarget>) {
             name: p.name,
             alias_name: p.alias_name,
             pg_ig_maps: p.pg_ig_maps,
-            luns: p.luns.into_iter().map(|l| (l.lun_id, l.bdev_name)).collect(),
+            luns: p
+                .luns
+                .into_iter()
+                .map(|l| LunSpec {
+                    lun_id: l.lun_id,
+                    bdev_name: l.bdev_name,
+                    options: LunOptions { removable: l.removable, read_only: l.read_only },
+                })
+                .collect(),
             queue_depth: p.queue_depth,
             chap: Chap {
                 disable_chap: p.disable_chap,
@@ -169,7 +187,8 @@ pub fn register(reg: &mut RpcRegistry, target: Arc<IscsiTarget>) {
                 Err(_) => return Err(RpcError::invalid_params(format!("lun_id: {id} is out of range (0..=1023, or -1 for any)"))),
             },
         };
-        ok(t.target_node_add_lun(&p.name, &p.bdev_name, lun_id).map(|_| ()))
+        let options = LunOptions { removable: p.removable, read_only: p.read_only };
+        ok(t.target_node_add_lun(&p.name, &p.bdev_name, lun_id, options).map(|_| ()))
     });
     let t = target.clone();
     reg.add("iscsi_target_node_add_pg_ig_maps", move |p: NodeMaps| {

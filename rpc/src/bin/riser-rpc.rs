@@ -280,21 +280,34 @@ fn parse_portals(s: &str) -> Result<List<PortalArg>, String> {
 struct LunArg {
     bdev_name: String,
     lun_id: u32,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    removable: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    read_only: bool,
 }
 
-/// `'BDEV:LUN BDEV:LUN'` (rpc.py's form); the LUN id is after the last colon.
+/// `'BDEV:LUN BDEV:LUN'` (rpc.py's form), each optionally followed by riser's LUN options
+/// `:removable` and `:read_only`; the LUN id is after the last colon that is not an option.
 fn parse_luns(s: &str) -> Result<List<LunArg>, String> {
     split_list(s)
         .map(|item| {
+            let (mut rest, mut removable, mut read_only) = (item, false, false);
+            loop {
+                match rest.rsplit_once(':') {
+                    Some((r, "removable")) => (rest, removable) = (r, true),
+                    Some((r, "read_only")) => (rest, read_only) = (r, true),
+                    _ => break,
+                }
+            }
             let (bdev, id) =
-                item.rsplit_once(':').ok_or_else(|| format!("LUN {item:?} is not BDEV:LUN_ID (e.g. Malloc0:0)"))?;
+                rest.rsplit_once(':').ok_or_else(|| format!("LUN {item:?} is not BDEV:LUN_ID (e.g. Malloc0:0)"))?;
             if bdev.is_empty() {
                 return Err(format!("LUN {item:?} has no bdev name (BDEV:LUN_ID, e.g. Malloc0:0)"));
             }
             let lun_id = id
                 .parse::<u32>()
                 .map_err(|_| format!("LUN {item:?}: {id:?} is not a LUN id (a whole number, 0 or more)"))?;
-            Ok(LunArg { bdev_name: bdev.to_string(), lun_id })
+            Ok(LunArg { bdev_name: bdev.to_string(), lun_id, removable, read_only })
         })
         .collect::<Result<_, _>>()
         .map(List)
@@ -511,7 +524,9 @@ struct IscsiCreateTargetNode {
     name: String,
     /// Target alias
     alias_name: String,
-    /// LUNs, BDEV:LUN_ID separated by spaces, e.g. 'Malloc0:0 Malloc1:1'
+    /// LUNs, BDEV:LUN_ID separated by spaces, e.g. 'Malloc0:0 Malloc1:1'; riser's LUN options
+    /// follow as ':removable' (a removable medium) and ':read_only' (write-protected), e.g.
+    /// 'Malloc0:0 Malloc1:1:removable'
     #[arg(value_name = "BDEV:LUN ...", value_parser = parse_luns)]
     luns: List<LunArg>,
     /// Portal group to initiator group maps, PG_TAG:IG_TAG separated by spaces, e.g. '1:1 2:1'
@@ -555,6 +570,15 @@ struct IscsiTargetNodeAddLun {
     #[arg(short = 'i', long, allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lun_id: Option<i64>,
+    /// riser's extension: report a removable medium (PREVENT ALLOW MEDIUM REMOVAL, START STOP
+    /// UNIT eject and load)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    removable: bool,
+    /// riser's extension: the LUN is write-protected (writes fail with DATA PROTECT)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    read_only: bool,
 }
 
 #[derive(Args, Serialize, Debug)]
@@ -880,11 +904,18 @@ mod tests {
 
     #[test]
     fn luns_and_maps_parse() {
-        let l = |b: &str, id: u32| LunArg { bdev_name: b.into(), lun_id: id };
+        let l = |b: &str, id: u32| LunArg { bdev_name: b.into(), lun_id: id, removable: false, read_only: false };
         assert_eq!(parse_luns("Malloc0:0 Malloc1:1"), Ok(List(vec![l("Malloc0", 0), l("Malloc1", 1)])));
         assert_eq!(parse_luns(" Malloc5:2 "), Ok(List(vec![l("Malloc5", 2)])));
         // The id is after the last colon.
         assert_eq!(parse_luns("ns:a:7"), Ok(List(vec![l("ns:a", 7)])));
+        // riser's LUN options, in any order, after the id.
+        let opts = |b: &str, id: u32, removable, read_only| LunArg { bdev_name: b.into(), lun_id: id, removable, read_only };
+        assert_eq!(
+            parse_luns("M0:0:removable M1:1:read_only M2:2:read_only:removable"),
+            Ok(List(vec![opts("M0", 0, true, false), opts("M1", 1, false, true), opts("M2", 2, true, true)]))
+        );
+        assert!(parse_luns("M0:removable").is_err());
         for (bad, needle) in [
             ("Malloc0", "is not BDEV:LUN_ID"),
             (":0", "has no bdev name"),
@@ -991,6 +1022,10 @@ mod tests {
         refused(&["iscsi_create_target_node", "-d", "-r", "n", "a", "M:0", "1:1", "8"], "cannot be used with");
 
         assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2"]), json!({"name": "disk1", "bdev_name": "Malloc2"}));
+        assert_eq!(
+            params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "--removable", "--read-only"]),
+            json!({"name": "disk1", "bdev_name": "Malloc2", "removable": true, "read_only": true})
+        );
         // LUN 0 is sent (rpc.py drops a 0), and -1 ("any") too.
         assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "0"])["lun_id"], json!(0));
         assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "-1"])["lun_id"], json!(-1));
