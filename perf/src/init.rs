@@ -22,7 +22,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::bdev::{PollModeArg, Rng, Workload};
-use crate::conn::{Completion, Conn, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
+use crate::conn::iser::Session;
+use crate::conn::{Completion, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
 use crate::report::{new_histogram, Latency, Report, WorkerResult};
 use crate::url::{self, TargetUrl, Transport};
 use crate::verify::{self, Mismatches};
@@ -51,8 +52,8 @@ pub enum DigestArg {
 /// Flags of the initiator mode (`riser-perf [flags] URL...`).
 #[derive(Args, Clone, Debug)]
 pub struct InitArgs {
-    /// Targets: iscsi://host[:port]/IQN/LUN (port 3260 by default). iser:// URLs are
-    /// recognised but not implemented yet.
+    /// Targets: iscsi://host[:port]/IQN/LUN (iSCSI over TCP) or iser://host[:port]/IQN/LUN
+    /// (iSER over RDMA: InfiniBand, RoCE); port 3260 by default.
     #[arg(value_name = "URL")]
     pub urls: Vec<String>,
 
@@ -146,6 +147,11 @@ pub struct InitArgs {
     /// Print one JSON object on stdout (the live lines go to stderr).
     #[arg(long)]
     pub json: bool,
+
+    /// Also write the latency distribution of the measured window as an SVG chart
+    /// (percentile spectrum and histogram).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +186,7 @@ pub struct Plan {
     pub initiator_name: String,
     pub timeout: Duration,
     pub json: bool,
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// `START:COUNT`, decimal or 0x hex, COUNT > 0.
@@ -219,9 +226,9 @@ impl InitArgs {
                 return Err("\"bdev\" after initiator flags: the subcommand comes first, riser-perf bdev [flags]".into());
             }
             let t = url::parse(u)?;
-            if t.transport == Transport::Iser {
+            if t.transport == Transport::Iser && self.digest != DigestArg::None {
                 return Err(format!(
-                    "{u}: iSER is not implemented in riser-perf yet; use an iscsi:// URL for iSCSI over TCP"
+                    "{u}: --digest does not apply to iSER (RDMA has its own integrity checks)"
                 ));
             }
             targets.push(t);
@@ -352,6 +359,7 @@ impl InitArgs {
             initiator_name: self.initiator_name.clone(),
             timeout: Duration::from_secs(self.login_timeout),
             json: self.json,
+            plot: self.plot.clone(),
         })
     }
 }
@@ -538,21 +546,28 @@ pub struct SessionInfo {
     pub immediate_data: bool,
     pub initial_r2t: bool,
     pub first_burst_length: u32,
+    /// The largest data segment we may send: MaxRecvDataSegmentLength on TCP,
+    /// TargetRecvDataSegmentLength on iSER.
     pub target_max_recv_data_segment_length: u32,
+    /// "tcp" or "iser".
+    pub transport: &'static str,
 }
 
-fn session_info(c: &Conn) -> SessionInfo {
-    let n: Negotiated = c.neg;
+fn session_info(c: &Session) -> SessionInfo {
+    let n: Negotiated = c.neg();
     SessionInfo {
-        url: c.label.clone(),
-        block_size: c.block_size,
-        num_blocks: c.num_blocks,
+        url: c.label().to_string(),
+        block_size: c.block_size(),
+        num_blocks: c.num_blocks(),
         header_digest: n.header_digest,
         data_digest: n.data_digest,
         immediate_data: n.immediate_data,
         initial_r2t: n.initial_r2t,
         first_burst_length: n.first_burst,
-        target_max_recv_data_segment_length: n.max_send_dsl,
+        target_max_recv_data_segment_length: c
+            .iser_keys()
+            .map_or(n.max_send_dsl, |k| k.target_recv_dsl),
+        transport: if c.is_iser() { "iser" } else { "tcp" },
     }
 }
 
@@ -637,7 +652,7 @@ impl LatRun {
 }
 
 struct Job {
-    conn: Conn,
+    conn: Session,
     url: usize,
     index: usize,
     submit_ns: Vec<u64>,
@@ -744,13 +759,16 @@ impl Client {
             let t = &plan.targets[s.url];
             let mut o = opts.clone();
             o.isid = s.isid;
-            let mut conn = Conn::login(t, &o)?;
-            let setup = conn.wait_ready().and_then(|_| conn.read_capacity());
+            let mut conn = Session::login(t, &o, plan.qd)?;
+            let copy_reads = plan.mode != Mode::Bench;
+            let setup = conn
+                .wait_ready()
+                .and_then(|_| conn.read_capacity())
+                .and_then(|_| conn.start_io(plan.qd, plan.bs as usize, copy_reads));
             if let Err(e) = setup {
                 let _ = conn.logout();
                 return Err(e);
             }
-            conn.start_io(plan.qd, plan.bs as usize);
             infos.push((s.url, session_info(&conn)));
             self.jobs.push(Job {
                 conn,
@@ -841,12 +859,19 @@ impl Client {
         }
         self.pollfds.clear();
         for j in &self.jobs {
+            let Some(fd) = j.conn.fd() else {
+                // An iSER session: its CQ is polled, not waited on; give the core away
+                // for a moment only.
+                self.pollfds.clear();
+                std::thread::yield_now();
+                return;
+            };
             let mut events = libc::POLLIN;
             if j.conn.wants_write() {
                 events |= libc::POLLOUT;
             }
             self.pollfds.push(libc::pollfd {
-                fd: j.conn.fd(),
+                fd,
                 events,
                 revents: 0,
             });
@@ -921,7 +946,7 @@ impl Client {
                     let g = geoms[j.url];
                     for c in done.drain(..) {
                         if let Err(e) = c.result {
-                            return Err(format!("{}: {e}", j.conn.label));
+                            return Err(format!("{}: {e}", j.conn.label()));
                         }
                         let slot = c.slot;
                         let lat = now_ns.saturating_sub(j.submit_ns[slot]);
@@ -1020,7 +1045,7 @@ impl Client {
                     let g = geoms[j.url];
                     for c in done.drain(..) {
                         if let Err(e) = c.result {
-                            return Err(format!("{}: {e}", j.conn.label));
+                            return Err(format!("{}: {e}", j.conn.label()));
                         }
                         let slot = c.slot;
                         let lat = now_ns.saturating_sub(j.submit_ns[slot]);
@@ -1336,6 +1361,11 @@ fn control(
             } else {
                 print!("{cpu}");
             }
+            if let Some(path) = &plan.plot {
+                let hists: Vec<&Histogram<u64>> = rs.iter().map(|(_, r)| &r.hist).collect();
+                let window = rs.iter().map(|(_, r)| r.elapsed_ns).max().unwrap_or(0);
+                crate::plot::plot_run(path, plan, &hists, window)?;
+            }
             Ok(true)
         }
         Mode::Verify {
@@ -1453,7 +1483,7 @@ fn describe(plan: &Plan, infos: &[Option<SessionInfo>], geoms: &[Geometry]) -> S
     for (i, g) in infos.iter().zip(geoms) {
         let Some(i) = i else { continue };
         s += &format!(
-            "{}: {} blocks of {} B ({:.1} GiB), using {}:{}; {} session(s); HeaderDigest {}, DataDigest {}, ImmediateData {}, InitialR2T {}, FirstBurstLength {}, target MaxRecvDataSegmentLength {}\n",
+            "{}: {} blocks of {} B ({:.1} GiB), using {}:{}; {} session(s); HeaderDigest {}, DataDigest {}, ImmediateData {}, InitialR2T {}, FirstBurstLength {}, {} {}\n",
             i.url,
             g.num_blocks,
             g.block_size,
@@ -1466,6 +1496,11 @@ fn describe(plan: &Plan, infos: &[Option<SessionInfo>], geoms: &[Geometry]) -> S
             if i.immediate_data { "Yes" } else { "No" },
             if i.initial_r2t { "Yes" } else { "No" },
             i.first_burst_length,
+            if i.transport == "iser" {
+                "RDMAExtensions Yes, TargetRecvDataSegmentLength"
+            } else {
+                "target MaxRecvDataSegmentLength"
+            },
             i.target_max_recv_data_segment_length,
         );
     }
@@ -1667,7 +1702,11 @@ mod tests {
     fn flag_validation() {
         let err = |v: &[&str]| plan(v).expect_err(&format!("{v:?} should be refused"));
         assert!(err(&[]).contains("no target URL"));
-        assert!(err(&["iser://h/iqn.x/0"]).contains("iSER is not implemented"));
+        assert!(err(&["--digest", "header", "iser://h/iqn.x/0"]).contains("does not apply to iSER"));
+        assert_eq!(
+            plan(&["iser://192.0.2.1/iqn.x:y/0"]).unwrap().targets[0].transport,
+            Transport::Iser
+        );
         assert!(err(&["iscsi://h/iqn.x"]).contains("no LUN"));
         assert!(err(&["--bs", "1000", U]).contains("multiple of 512"));
         assert!(err(&["--bs", "0", U]).contains("--bs 0"));

@@ -5,6 +5,8 @@
 //!   [`conn`]) that drives any target (riser, tgt, LIO, ...) over TCP from polled client
 //!   threads, or checks data integrity with `--verify`.
 //! - `riser-perf bdev ...`: in-process, bdevperf-like ([`bdev`]).
+//! - `riser-perf chart RESULTS.json -o FILE.svg`: the table and chart of a benchmark matrix
+//!   ([`plot`], which also draws `--plot FILE.svg`, the latency chart of one run).
 //!
 //! Clap sees the first non-flag argument: the name of a subcommand selects it, anything else
 //! is a URL of the initiator mode (`args_conflicts_with_subcommands`).
@@ -14,6 +16,7 @@ mod conn;
 #[cfg(test)]
 mod fake_target;
 mod init;
+mod plot;
 mod report;
 mod url;
 mod verify;
@@ -43,6 +46,10 @@ enum Command {
     /// In-process block benchmark (like SPDK's bdevperf): one device, QD I/Os kept
     /// outstanding by every reactor of the core mask, IOPS and latency percentiles.
     Bdev(bdev::BdevArgs),
+    /// The benchmark matrix of scripts/bench-perf-matrix.sh: reads its RESULTS.json (the
+    /// --json reports of every run), prints the medians and ratios as a table, writes the
+    /// chart (-o FILE.svg) and the medians (--summary FILE.json).
+    Chart(plot::ChartArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +58,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Some(Command::Bdev(args)) => bdev::main(args).map(|_| true),
+        Some(Command::Chart(args)) => plot::chart_main(args).map(|_| true),
         None => init::main(&cli.init),
     };
     match result {
