@@ -2328,3 +2328,25 @@ fn sanitize_failure_mode() {
     e.ok(&a, &sanitize_cdb(0x02, 0, 0), 0, None);
     e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
 }
+
+/// A write-protected LUN: every writing command fails with DATA PROTECT, even a WRITE SAME
+/// with UNMAP and no data block (libiscsi's ReadOnly.ReadOnlySBC), reads still work.
+#[test]
+fn read_only_lun_refuses_writes_first() {
+    let mut e = env_with(LunConfig {
+        read_only: true,
+        ..Default::default()
+    });
+    let a = e.a.clone();
+    let data_protect = |r: &ScsiResult| r.sense_triplet().map(|t| t.0);
+    let mut ws10 = vec![op::WRITE_SAME10, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(data_protect(&e.run(&a, &ws10, 0, None)), Some(7));
+    ws10[1] = 0;
+    assert_eq!(data_protect(&e.run(&a, &ws10, BS as u32, Some(vec![0; BS]))), Some(7));
+    let w10 = [op::WRITE10, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(data_protect(&e.run(&a, &w10, BS as u32, Some(vec![0; BS]))), Some(7));
+    // MODE SENSE shows WP; reads work.
+    let d = e.ok(&a, &[op::MODE_SENSE6, 0, 0x3F, 0, 255, 0], 255, None);
+    assert_eq!(d[2] & 0x80, 0x80);
+    e.read16(&a, 0, 1);
+}

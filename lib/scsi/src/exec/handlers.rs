@@ -253,6 +253,11 @@ impl LunChannel {
         if blocks > MAX_WRITE_SAME_BLOCKS {
             return Err(CmdError::invalid_cdb(len_byte, None));
         }
+        // A write-protected LUN refuses before the data is looked at (libiscsi's ReadOnly
+        // test sends WRITE SAME with UNMAP and no data).
+        if wp {
+            return Err(CmdError::write_protected());
+        }
         // Exactly one logical block of data (none with NDOB).
         let got = data_out
             .as_ref()
@@ -260,9 +265,6 @@ impl LunChannel {
             .min(ctx.edtl as u64);
         if !ndob && (ctx.edtl as u64 != bs || got < bs) {
             return Err(CmdError::param_list_length());
-        }
-        if wp {
-            return Err(CmdError::write_protected());
         }
         if blocks == 0 {
             return Ok(Action::Good);
