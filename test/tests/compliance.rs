@@ -25,8 +25,12 @@ struct Outcome {
 }
 
 fn run_suite(urls: &[&str]) -> Outcome {
+    run_tests("ALL", urls)
+}
+
+fn run_tests(pattern: &str, urls: &[&str]) -> Outcome {
     let out = Command::new("iscsi-test-cu")
-        .args(["--dataloss", "--allow-sanitize", "-i", "iqn.2024-01.io.riser.test:init1", "-I", "iqn.2024-01.io.riser.test:init2", "-t", "ALL"])
+        .args(["--dataloss", "--allow-sanitize", "-i", "iqn.2024-01.io.riser.test:init1", "-I", "iqn.2024-01.io.riser.test:init2", "-t", pattern])
         .args(urls)
         .output()
         .unwrap_or_else(|e| panic!("iscsi-test-cu is not installed ({e}): run `scripts/setup.sh test` (Debian libiscsi-bin)"));
@@ -68,7 +72,10 @@ fn check(label: &str, o: &Outcome, riser: &Riser, max_skipped: usize) {
         o.skipped.len(),
         o.skipped
     );
-    assert!(o.ran >= 200, "[{label}] the suite did not run (ran {}):\n{}", o.ran, o.output);
+    fn check_ran(label: &str, o: &Outcome, at_least: u32) {
+        assert!(o.ran >= at_least, "[{label}] the suite did not run (ran {}):\n{}", o.ran, o.output);
+    }
+    check_ran(label, o, if label.contains("ReadOnly") { 1 } else { 200 });
     assert_eq!(
         o.failed, 0,
         "[{label}] failed tests {:?}\n--- suite output (tail) ---\n{}\n--- riser log (tail) ---\n{}",
@@ -91,9 +98,12 @@ fn tail(s: &str, n: usize) -> String {
 fn libiscsi_compliance_suite_passes() {
     let riser = Riser::start();
     let port = free_port();
-    // Two 64 MiB malloc LUNs (512-byte blocks, physically too: riser does not claim a
-    // larger physical block than the device has); LUN 0 removable, LUN 1 with the defaults.
+    // Malloc LUNs (512-byte blocks, physically too: riser does not claim a larger physical
+    // block than the device has); LUN 0 removable, LUN 1 with the defaults.
     let iqn = riser.add_iscsi_target_luns("compliance", port, &[(64, json!({"removable": true})), (64, json!({}))]);
+    // A write-protected LUN on a target of its own, for the ReadOnly suite (it skips on a
+    // writable LUN).
+    let ro_iqn = riser.add_iscsi_target_luns("compliance-ro", port, &[(16, json!({"read_only": true}))]);
     let lun0 = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
     let lun1 = format!("iscsi://127.0.0.1:{port}/{iqn}/1");
 
@@ -109,6 +119,9 @@ fn libiscsi_compliance_suite_passes() {
     check("LUN 1 twice (MultipathIO)", &multipath, &riser, 19);
     let other = run_suite(&[&lun1]);
     check("LUN 1 of two, defaults", &other, &riser, 23);
+    let ro = format!("iscsi://127.0.0.1:{port}/{ro_iqn}/0");
+    let read_only = run_tests("ALL.ReadOnly", &[&ro]);
+    check("ReadOnly on a read_only LUN", &read_only, &riser, 0);
     let conns = riser.call("iscsi_get_connections", None).unwrap();
     assert!(conns.as_array().map_or(false, |a| a.is_empty()), "connections left after the suite: {conns}");
 }
