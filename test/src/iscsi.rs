@@ -226,6 +226,12 @@ impl Client {
         cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
         let pdu = self.scsi_command(&cdb, true, false, blocks as u32 * 512, Vec::new());
         self.send(&pdu).ok()?;
+        self.reply().map(|r| (r.status, r.data))
+    }
+
+    /// Collects the Data-In PDUs and the status of the command just sent; None if the
+    /// connection closed first.
+    pub fn reply(&mut self) -> Option<Reply> {
         let mut data = Vec::new();
         loop {
             let p = self.recv()?;
@@ -237,10 +243,10 @@ impl Client {
                     }
                     data[off..off + p.data.len()].copy_from_slice(&p.data);
                     if d.status_present {
-                        return Some((d.status, data));
+                        return Some(Reply { status: d.status, data, sense_segment: Vec::new() });
                     }
                 }
-                Op::ScsiResponse(r) => return Some((r.status, data)),
+                Op::ScsiResponse(r) => return Some(Reply { status: r.status, data, sense_segment: p.data }),
                 _ => {}
             }
         }
@@ -346,4 +352,38 @@ pub fn reject_reason(p: &Pdu) -> Option<u8> {
 
 pub fn parse_header(h: &[u8; BHS_LEN]) -> Bhs {
     Bhs::parse(h).expect("valid header")
+}
+
+/// What a SCSI command came back with.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u8,
+    /// Data-In, reassembled by buffer offset.
+    pub data: Vec<u8>,
+    /// The SCSI Response's data segment (SenseLength, then the sense data), if any.
+    pub sense_segment: Vec<u8>,
+}
+
+impl Reply {
+    /// (sense key, ASC, ASCQ) of the sense data, fixed (70h/71h) or descriptor (72h/73h)
+    /// format; None without sense data.
+    pub fn sense(&self) -> Option<(u8, u8, u8)> {
+        sense_of(&self.sense_segment)
+    }
+}
+
+/// Reads (key, ASC, ASCQ) from a SCSI Response data segment: a 2-byte SenseLength, then
+/// the sense data (RFC 7143 §11.4.7.2); fixed format (SPC-4 §4.5.3) or descriptor format
+/// (SPC-4 §4.5.2).
+pub fn sense_of(segment: &[u8]) -> Option<(u8, u8, u8)> {
+    if segment.len() < 2 {
+        return None;
+    }
+    let len = u16::from_be_bytes([segment[0], segment[1]]) as usize;
+    let sense = segment.get(2..2 + len)?;
+    match sense.first()? & 0x7f {
+        0x70 | 0x71 if sense.len() >= 14 => Some((sense[2] & 0x0f, sense[12], sense[13])),
+        0x72 | 0x73 if sense.len() >= 4 => Some((sense[1] & 0x0f, sense[2], sense[3])),
+        _ => None,
+    }
 }

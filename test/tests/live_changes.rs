@@ -7,47 +7,13 @@ use std::time::{Duration, Instant};
 
 use riser_iscsi::pdu::{Isid, Lun, Op, Pdu, Stage};
 use riser_iscsi::text::{parse_pairs, Pairs};
-use riser_tests::iscsi::{Client, INITIATOR};
+use riser_tests::iscsi::{Client, Reply, INITIATOR};
 use riser_tests::*;
 
 /// SCSI status CHECK CONDITION.
 const CHECK_CONDITION: u8 = 0x02;
 /// Sense key UNIT ATTENTION.
 const UNIT_ATTENTION: u8 = 0x6;
-
-/// What a SCSI command came back with.
-#[derive(Debug)]
-struct Reply {
-    status: u8,
-    /// Data-In, reassembled by buffer offset.
-    data: Vec<u8>,
-    /// The SCSI Response's data segment (SenseLength, then the sense data), if any.
-    sense_segment: Vec<u8>,
-}
-
-impl Reply {
-    /// (sense key, ASC, ASCQ) of the sense data, fixed (70h/71h) or descriptor (72h/73h)
-    /// format; None without sense data.
-    fn sense(&self) -> Option<(u8, u8, u8)> {
-        sense_of(&self.sense_segment)
-    }
-}
-
-/// Reads (key, ASC, ASCQ) from a SCSI Response data segment: a 2-byte SenseLength, then
-/// the sense data (RFC 7143 §11.4.7.2); fixed format (SPC-4 §4.5.3) or descriptor format
-/// (SPC-4 §4.5.2).
-fn sense_of(segment: &[u8]) -> Option<(u8, u8, u8)> {
-    if segment.len() < 2 {
-        return None;
-    }
-    let len = u16::from_be_bytes([segment[0], segment[1]]) as usize;
-    let sense = segment.get(2..2 + len)?;
-    match sense.first()? & 0x7f {
-        0x70 | 0x71 if sense.len() >= 14 => Some((sense[2] & 0x0f, sense[12], sense[13])),
-        0x72 | 0x73 if sense.len() >= 4 => Some((sense[1] & 0x0f, sense[2], sense[3])),
-        _ => None,
-    }
-}
 
 /// The 8-byte LUN field for LUN `id` (SAM peripheral / flat addressing, id < 16384).
 fn lun_field(id: u16) -> Lun {
@@ -62,24 +28,7 @@ fn command(c: &mut Client, lun: u16, cdb: &[u8], read: bool, edtl: u32, data_out
         cmd.lun = lun_field(lun);
     }
     c.send(&pdu).ok()?;
-    let mut data = Vec::new();
-    loop {
-        let p = c.recv()?;
-        match p.bhs.op {
-            Op::DataIn(d) => {
-                let off = d.buffer_offset as usize;
-                if data.len() < off + p.data.len() {
-                    data.resize(off + p.data.len(), 0);
-                }
-                data[off..off + p.data.len()].copy_from_slice(&p.data);
-                if d.status_present {
-                    return Some(Reply { status: d.status, data, sense_segment: Vec::new() });
-                }
-            }
-            Op::ScsiResponse(r) => return Some(Reply { status: r.status, data, sense_segment: p.data }),
-            _ => {}
-        }
-    }
+    c.reply()
 }
 
 fn test_unit_ready(c: &mut Client, lun: u16) -> Option<Reply> {
