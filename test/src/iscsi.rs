@@ -38,7 +38,6 @@ impl Client {
         sock.set_nodelay(true).ok();
         let mut framer = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 1 << 20, max_ahs_length: 1020 });
         framer.set_digests(Digests::default());
-        let pid = std::process::id();
         Client {
             sock,
             framer,
@@ -46,7 +45,7 @@ impl Client {
             cmd_sn: Sn(1),
             exp_stat_sn: Sn(0),
             next_itt: 1,
-            isid: [0x80, 0, 0, (pid >> 8) as u8, pid as u8, rand_byte()],
+            isid: unique_isid(),
             tsih: 0,
             cid: 1,
         }
@@ -327,9 +326,13 @@ fn stat_sn_of(p: &Pdu) -> Option<Sn> {
     })
 }
 
-fn rand_byte() -> u8 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
-    (t ^ (t >> 8) ^ (t >> 16)) as u8
+/// An ISID no other client of this process has used (a collision would reinstate, and so
+/// close, another test's session): random format (80h), the process id, a counter.
+fn unique_isid() -> [u8; 6] {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_be_bytes();
+    let pid = std::process::id().to_be_bytes();
+    [0x80, pid[1], pid[2], pid[3], n[0], n[1]]
 }
 
 /// A raw 48-byte header with `opcode` and the given data segment length.
