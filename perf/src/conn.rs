@@ -33,6 +33,11 @@ use riser_iscsi::text::{encode_pairs, parse_number, parse_pairs};
 
 use crate::url::TargetUrl;
 
+// The iSER transport. Declared here rather than in main.rs (owned by other work at the time);
+// it belongs next to `mod conn;` there.
+#[path = "iser.rs"]
+pub mod iser;
+
 pub const INITIATOR_NAME: &str = "iqn.2024-01.io.riser:perf";
 /// What we declare as MaxRecvDataSegmentLength: the largest Data-In the target may send.
 pub const OUR_MAX_RECV_DSL: u32 = 262_144;
@@ -42,7 +47,7 @@ const LOGIN_MAX_RECV_DSL: u32 = 8192;
 const RX_BUF: usize = 1 << 20;
 /// Management tasks (TUR, READ CAPACITY, logout) use ITTs with the top bit set; I/O tasks
 /// use `(sequence << 16) | slot`, top bit clear.
-const MGMT_ITT: u32 = 0x8000_0000;
+pub(crate) const MGMT_ITT: u32 = 0x8000_0000;
 /// Largest queue depth of one connection (the slot lives in the low 16 bits of the ITT).
 pub const MAX_QD: usize = 4096;
 
@@ -147,7 +152,7 @@ impl std::fmt::Display for IoError {
     }
 }
 
-fn status_name(s: u8) -> String {
+pub(crate) fn status_name(s: u8) -> String {
     match s {
         0x00 => "GOOD".into(),
         0x02 => "CHECK CONDITION".into(),
@@ -208,6 +213,41 @@ pub struct KeyNegotiation {
     /// Keys sent so far (a target's copy of one of these is an answer, not an offer).
     proposed: Vec<String>,
     pub result: Negotiated,
+    /// iSER (RFC 7145 §6): RDMAExtensions=Yes and the iSER keys instead of
+    /// MaxRecvDataSegmentLength.
+    iser: bool,
+    pub iser_result: IserKeys,
+}
+
+/// What we declare as InitiatorRecvDataSegmentLength on iSER: the largest control-type data
+/// segment the target may send us (our receive buffers are sized for it). Linux's value.
+pub const OUR_INITIATOR_RECV_DSL: u32 = 8192;
+/// What we propose as TargetRecvDataSegmentLength (Minimum): the largest immediate data.
+/// The RFC 7145 default: LIO/isert answers a larger proposal with Yes-sir (262144) but its
+/// receive buffers hold 8 KiB, and a larger SEND fails with a remote operation error.
+pub const OUR_TARGET_RECV_DSL: u32 = 8192;
+
+/// The iSER keys as negotiated (RFC 7145 §6.3-6.5; defaults when a key was not mentioned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IserKeys {
+    pub rdma_extensions: bool,
+    /// Largest data segment we may send (immediate data, Text, NOP-Out).
+    pub target_recv_dsl: u32,
+    /// Largest data segment the target may send us.
+    pub initiator_recv_dsl: u32,
+    /// 0: no limit.
+    pub max_outstanding_unexpected_pdus: u32,
+}
+
+impl Default for IserKeys {
+    fn default() -> Self {
+        IserKeys {
+            rdma_extensions: false,
+            target_recv_dsl: 8192,
+            initiator_recv_dsl: 8192,
+            max_outstanding_unexpected_pdus: 0,
+        }
+    }
 }
 
 impl KeyNegotiation {
@@ -217,12 +257,54 @@ impl KeyNegotiation {
             want_data_digest: data_digest,
             proposed: Vec::new(),
             result: Negotiated::default(),
+            iser: false,
+            iser_result: IserKeys::default(),
+        }
+    }
+
+    /// For an iSER connection: no digests, RDMAExtensions=Yes, the iSER keys, InitialR2T=Yes
+    /// (unsolicited data only as immediate data in the command's SEND).
+    pub fn new_iser() -> Self {
+        KeyNegotiation {
+            iser: true,
+            ..Self::new(false, false)
         }
     }
 
     /// Keys of the first Login Operational Negotiation request.
     pub fn operational_proposal(&mut self) -> Vec<(String, String)> {
         let digest = |on: bool| if on { "CRC32C" } else { "None" };
+        if self.iser {
+            let v: Vec<(&str, String)> = vec![
+                ("HeaderDigest", "None".into()),
+                ("DataDigest", "None".into()),
+                ("RDMAExtensions", "Yes".into()),
+                (
+                    "InitiatorRecvDataSegmentLength",
+                    OUR_INITIATOR_RECV_DSL.to_string(),
+                ),
+                (
+                    "TargetRecvDataSegmentLength",
+                    OUR_TARGET_RECV_DSL.to_string(),
+                ),
+                ("MaxOutstandingUnexpectedPDUs", "0".into()),
+                ("ImmediateData", "Yes".into()),
+                // OR-negotiated: Yes wins, so no unsolicited Data-Out PDUs on iSER.
+                ("InitialR2T", "Yes".into()),
+                ("FirstBurstLength", "262144".into()),
+                ("MaxBurstLength", "16776192".into()),
+                ("MaxOutstandingR2T", "1".into()),
+                ("MaxConnections", "1".into()),
+                ("DataPDUInOrder", "Yes".into()),
+                ("DataSequenceInOrder", "Yes".into()),
+                ("ErrorRecoveryLevel", "0".into()),
+                ("DefaultTime2Wait", "0".into()),
+                ("DefaultTime2Retain", "0".into()),
+            ];
+            let v: Vec<(String, String)> = v.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            self.proposed.extend(v.iter().map(|(k, _)| k.clone()));
+            return v;
+        }
         let v: Vec<(&str, String)> = vec![
             ("HeaderDigest", digest(self.want_header_digest).into()),
             ("DataDigest", digest(self.want_data_digest).into()),
@@ -254,6 +336,14 @@ impl KeyNegotiation {
         let mut answers = Vec::new();
         for (k, v) in pairs {
             let answer_to_ours = self.proposed.iter().any(|p| p == k);
+            // An iSER key the target does not know (LIO: MaxOutstandingUnexpectedPDUs) keeps
+            // its default; RDMAExtensions then stays No, which the iSER login refuses.
+            if self.iser
+                && answer_to_ours
+                && matches!(v.as_str(), "NotUnderstood" | "Irrelevant" | "Reject")
+            {
+                continue;
+            }
             match k.as_str() {
                 "HeaderDigest" | "DataDigest" => {
                     let want = if k == "HeaderDigest" {
@@ -358,6 +448,54 @@ impl KeyNegotiation {
                         ));
                     }
                 }
+                "RDMAExtensions" if self.iser => {
+                    if !answer_to_ours {
+                        answers.push((k.clone(), v.clone()));
+                    }
+                    self.iser_result.rdma_extensions = v == "Yes";
+                }
+                "TargetRecvDataSegmentLength" | "InitiatorRecvDataSegmentLength" if self.iser => {
+                    let n = number(k, v)?;
+                    if !(512..=16_777_215).contains(&n) {
+                        return Err(format!("the target sent {k}={n}, outside 512..16777215"));
+                    }
+                    let ours = if k == "TargetRecvDataSegmentLength" {
+                        OUR_TARGET_RECV_DSL
+                    } else {
+                        OUR_INITIATOR_RECV_DSL
+                    };
+                    // Minimum: an answer above our proposal is the target's error; use ours.
+                    let n = (n as u32).min(ours);
+                    if !answer_to_ours {
+                        answers.push((k.clone(), n.to_string()));
+                    }
+                    if k == "TargetRecvDataSegmentLength" {
+                        self.iser_result.target_recv_dsl = n;
+                    } else {
+                        self.iser_result.initiator_recv_dsl = n;
+                    }
+                }
+                "MaxOutstandingUnexpectedPDUs" if self.iser => {
+                    let n = number(k, v)?;
+                    if n == 1 || n > u32::MAX as u64 {
+                        return Err(format!("the target sent {k}={n}, not 0 or 2..2^32-1"));
+                    }
+                    if !answer_to_ours {
+                        // MinOrZero with our 0 (no limit): the target's value.
+                        answers.push((k.clone(), v.clone()));
+                    }
+                    self.iser_result.max_outstanding_unexpected_pdus = n as u32;
+                }
+                "MaxAHSLength" if self.iser => {
+                    if !answer_to_ours {
+                        answers.push((k.clone(), v.clone()));
+                    }
+                }
+                "iSERHelloRequired" | "TaggedBufferForSolicitedDataOnly" if self.iser => {
+                    if !answer_to_ours {
+                        answers.push((k.clone(), "No".into()));
+                    }
+                }
                 "RDMAExtensions" | "iSERHelloRequired" => {
                     if !answer_to_ours {
                         answers.push((k.clone(), "No".into()));
@@ -377,11 +515,11 @@ impl KeyNegotiation {
     }
 }
 
-fn number(k: &str, v: &str) -> Result<u64, String> {
+pub(crate) fn number(k: &str, v: &str) -> Result<u64, String> {
     parse_number(v).map_err(|_| format!("the target sent {k}={v}, not a number"))
 }
 
-fn login_status_text(class: u8, detail: u8) -> String {
+pub(crate) fn login_status_text(class: u8, detail: u8) -> String {
     let what = match (class, detail) {
         (1, 1) | (1, 2) => "the target moved (redirection is not supported by riser-perf)",
         (2, 1) => "authentication failed",
@@ -488,7 +626,7 @@ fn io_err(label: &str, what: &str, e: io::Error) -> String {
 }
 
 /// Waits until `fd` is readable (or writable) or `timeout` passes; false on timeout.
-fn wait_fd(fd: i32, write: bool, timeout: Duration) -> Result<bool, String> {
+pub(crate) fn wait_fd(fd: i32, write: bool, timeout: Duration) -> Result<bool, String> {
     let mut p = libc::pollfd {
         fd,
         events: if write { libc::POLLOUT } else { libc::POLLIN },
@@ -976,78 +1114,16 @@ impl Conn {
         self.flush_until(deadline)
     }
 
-    /// TEST UNIT READY until GOOD: a new I_T nexus first gets a POWER ON / RESET unit
-    /// attention, and a target may report NOT READY (becoming ready) or BUSY for a while.
+    /// TEST UNIT READY until GOOD (see [`wait_ready`]).
     pub fn wait_ready(&mut self) -> Result<(), String> {
-        let mut last = String::new();
-        for _ in 0..30 {
-            let r = self.exec(&[0u8; 6], 0)?;
-            match (r.status, r.sense) {
-                (status::GOOD, _) => return Ok(()),
-                (status::CHECK_CONDITION, Some(s)) if s.key == Sense::UNIT_ATTENTION => {
-                    last = format!("CHECK CONDITION, {s}");
-                }
-                (status::CHECK_CONDITION, Some(s)) if s.key == Sense::NOT_READY => {
-                    last = format!("CHECK CONDITION, {s}");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                (status::BUSY | status::TASK_SET_FULL, _) => {
-                    last = status_name(r.status);
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                (s, sense) => {
-                    return Err(format!(
-                        "{}: TEST UNIT READY failed: {}{}",
-                        self.label,
-                        status_name(s),
-                        sense.map(|x| format!(", {x}")).unwrap_or_default()
-                    ))
-                }
-            }
-        }
-        Err(format!(
-            "{}: the LUN did not become ready (last: {last})",
-            self.label
-        ))
+        wait_ready(self)
     }
 
-    /// READ CAPACITY (16), or (10) if the target does not know (16).
+    /// READ CAPACITY (see [`read_capacity`]): sets `block_size` and `num_blocks`.
     pub fn read_capacity(&mut self) -> Result<(), String> {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x9e;
-        cdb[1] = 0x10;
-        cdb[13] = 32;
-        let r = self.exec(&cdb, 32)?;
-        let (last_lba, block_size) = if r.status == status::GOOD && r.data.len() >= 12 {
-            (
-                u64::from_be_bytes(r.data[0..8].try_into().unwrap_or_default()),
-                u32::from_be_bytes(r.data[8..12].try_into().unwrap_or_default()),
-            )
-        } else {
-            let r10 = self.exec(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8)?;
-            if r10.status != status::GOOD || r10.data.len() < 8 {
-                return Err(format!(
-                    "{}: READ CAPACITY failed: (16) {}{}, (10) {}{}",
-                    self.label,
-                    status_name(r.status),
-                    r.sense.map(|x| format!(", {x}")).unwrap_or_default(),
-                    status_name(r10.status),
-                    r10.sense.map(|x| format!(", {x}")).unwrap_or_default()
-                ));
-            }
-            (
-                u32::from_be_bytes(r10.data[0..4].try_into().unwrap_or_default()) as u64,
-                u32::from_be_bytes(r10.data[4..8].try_into().unwrap_or_default()),
-            )
-        };
-        if !(512..=65536).contains(&block_size) || !block_size.is_power_of_two() {
-            return Err(format!(
-                "{}: the LUN reports a block size of {block_size} bytes",
-                self.label
-            ));
-        }
-        self.block_size = block_size;
-        self.num_blocks = last_lba.saturating_add(1);
+        let (bs, n) = read_capacity(self)?;
+        self.block_size = bs;
+        self.num_blocks = n;
         Ok(())
     }
 
@@ -1463,6 +1539,95 @@ impl Conn {
         }
         Ok(())
     }
+}
+
+/// A session that can run one management SCSI command at a time (setup and teardown).
+pub trait ScsiExec {
+    /// Runs one SCSI command (no data out) and waits for its status.
+    fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<CmdResult, String>;
+    fn label(&self) -> &str;
+}
+
+impl ScsiExec for Conn {
+    fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<CmdResult, String> {
+        Conn::exec(self, cdb, read_len)
+    }
+    fn label(&self) -> &str {
+        &self.label
+    }
+}
+
+/// TEST UNIT READY until GOOD: a new I_T nexus first gets a POWER ON / RESET unit
+/// attention, and a target may report NOT READY (becoming ready) or BUSY for a while.
+pub fn wait_ready<E: ScsiExec>(c: &mut E) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..30 {
+        let r = c.exec(&[0u8; 6], 0)?;
+        match (r.status, r.sense) {
+            (status::GOOD, _) => return Ok(()),
+            (status::CHECK_CONDITION, Some(s)) if s.key == Sense::UNIT_ATTENTION => {
+                last = format!("CHECK CONDITION, {s}");
+            }
+            (status::CHECK_CONDITION, Some(s)) if s.key == Sense::NOT_READY => {
+                last = format!("CHECK CONDITION, {s}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (status::BUSY | status::TASK_SET_FULL, _) => {
+                last = status_name(r.status);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (s, sense) => {
+                return Err(format!(
+                    "{}: TEST UNIT READY failed: {}{}",
+                    c.label(),
+                    status_name(s),
+                    sense.map(|x| format!(", {x}")).unwrap_or_default()
+                ))
+            }
+        }
+    }
+    Err(format!(
+        "{}: the LUN did not become ready (last: {last})",
+        c.label()
+    ))
+}
+
+/// READ CAPACITY (16), or (10) if the target does not know (16): (block size, blocks).
+pub fn read_capacity<E: ScsiExec>(c: &mut E) -> Result<(u32, u64), String> {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x9e;
+    cdb[1] = 0x10;
+    cdb[13] = 32;
+    let r = c.exec(&cdb, 32)?;
+    let (last_lba, block_size) = if r.status == status::GOOD && r.data.len() >= 12 {
+        (
+            u64::from_be_bytes(r.data[0..8].try_into().unwrap_or_default()),
+            u32::from_be_bytes(r.data[8..12].try_into().unwrap_or_default()),
+        )
+    } else {
+        let r10 = c.exec(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8)?;
+        if r10.status != status::GOOD || r10.data.len() < 8 {
+            return Err(format!(
+                "{}: READ CAPACITY failed: (16) {}{}, (10) {}{}",
+                c.label(),
+                status_name(r.status),
+                r.sense.map(|x| format!(", {x}")).unwrap_or_default(),
+                status_name(r10.status),
+                r10.sense.map(|x| format!(", {x}")).unwrap_or_default()
+            ));
+        }
+        (
+            u32::from_be_bytes(r10.data[0..4].try_into().unwrap_or_default()) as u64,
+            u32::from_be_bytes(r10.data[4..8].try_into().unwrap_or_default()),
+        )
+    };
+    if !(512..=65536).contains(&block_size) || !block_size.is_power_of_two() {
+        return Err(format!(
+            "{}: the LUN reports a block size of {block_size} bytes",
+            c.label()
+        ));
+    }
+    Ok((block_size, last_lba.saturating_add(1)))
 }
 
 impl Drop for Conn {

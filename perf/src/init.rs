@@ -858,18 +858,11 @@ impl Client {
             return;
         }
         self.pollfds.clear();
-        for j in &self.jobs {
-            let Some(fd) = j.conn.fd() else {
-                // An iSER session: its CQ is polled, not waited on; give the core away
-                // for a moment only.
-                self.pollfds.clear();
-                std::thread::yield_now();
+        for j in &mut self.jobs {
+            // A socket, or an iSER session's armed completion channel; None: work came in.
+            let Some((fd, events)) = j.conn.sleep_fd() else {
                 return;
             };
-            let mut events = libc::POLLIN;
-            if j.conn.wants_write() {
-                events |= libc::POLLOUT;
-            }
             self.pollfds.push(libc::pollfd {
                 fd,
                 events,
@@ -883,6 +876,9 @@ impl Client {
                 self.pollfds.len() as libc::nfds_t,
                 1,
             );
+        }
+        for j in &mut self.jobs {
+            j.conn.woke();
         }
     }
 

@@ -1,5 +1,5 @@
-//! Target URLs: `iscsi://host[:port]/IQN/LUN` (libiscsi's form, without credentials) and
-//! `iser://...` (parsed, not implemented yet).
+//! Target URLs: `iscsi://host[:port]/IQN/LUN` (libiscsi's form, without credentials) for
+//! iSCSI over TCP, and `iser://host[:port]/IQN/LUN` for iSER (RDMA: InfiniBand, RoCE).
 //!
 //! The host is a name, an IPv4 address or an IPv6 address in brackets (`[::1]`); the port
 //! defaults to 3260 (the iSCSI well-known port, also iSER's); the LUN is a decimal number
@@ -77,8 +77,9 @@ impl TargetUrl {
 
 /// Parses one URL, or says exactly what is wrong with it.
 pub fn parse(url: &str) -> Result<TargetUrl, String> {
-    let bad =
-        |why: &str| format!("bad URL \"{url}\": {why} (expected iscsi://host[:port]/IQN/LUN)");
+    let bad = |why: &str| {
+        format!("bad URL \"{url}\": {why} (expected iscsi://host[:port]/IQN/LUN or iser://host[:port]/IQN/LUN)")
+    };
     let (transport, rest) = if let Some(r) = strip_prefix_ci(url, "iscsi://") {
         (Transport::Tcp, r)
     } else if let Some(r) = strip_prefix_ci(url, "iser://") {
@@ -213,6 +214,17 @@ mod tests {
 
         let u = parse("iser://10.0.0.1/iqn.x:y/2").unwrap();
         assert_eq!(u.transport, Transport::Iser);
+        assert_eq!((u.host.as_str(), u.port, u.lun), ("10.0.0.1", 3260, 2));
+        assert_eq!(u.socket_addr(), "10.0.0.1:3260");
+        assert_eq!(u.to_string(), "iser://10.0.0.1:3260/iqn.x:y/2");
+        let u = parse("ISER://[fd00::2]:3261/iqn.2003-01.org.linux-iscsi.x:t/1").unwrap();
+        assert_eq!(
+            (u.transport, u.host.as_str(), u.port, u.lun),
+            (Transport::Iser, "fd00::2", 3261, 1)
+        );
+        assert!(parse("iser://h/iqn.x")
+            .unwrap_err()
+            .contains("iser://host[:port]/IQN/LUN"));
     }
 
     #[test]

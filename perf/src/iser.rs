@@ -1,0 +1,1689 @@
+//! One iSER connection (= one session) of the initiator (RFC 7145, initiator side, as Linux
+//! ib_iser does it on InfiniBand / RoCE), over riser's safe verbs wrapper (crate riser-rdma;
+//! no `unsafe` here).
+//!
+//! Setup: rdma_cm resolves the address and the route, an RC QP is created on one CQ, the
+//! whole receive ring is posted, then `rdma_connect` with the iSER CM private data (no
+//! zero-based VA, no Send with Invalidate: our STag covers every task buffer and must not be
+//! invalidated by the target) and our IRD as responder resources. Login runs in RC SENDs
+//! behind the 28-byte iSER header (RDMAExtensions=Yes, InitiatorRecvDataSegmentLength,
+//! TargetRecvDataSegmentLength, MaxOutstandingUnexpectedPDUs, no digests, InitialR2T=Yes).
+//!
+//! Full-feature phase: every task's data buffer lives in one registered region (registered
+//! once, in [`IserConn::start_io`], never on the data path). A read advertises its buffer as
+//! the Read STag + VA in the iSER header (the target RDMA-Writes the data, then SENDs the SCSI
+//! Response); a write advertises the part after the immediate data as the Write STag + VA (the
+//! target RDMA-Reads it); immediate data rides in the command's SEND as a second SGE pointing
+//! into the task buffer (no copy). Commands queued in a pass go out in one `ibv_post_send`
+//! chain ([`IserConn::flush`]); the client thread busy-polls the CQ ([`IserConn::poll`]) and
+//! reposts consumed receives in one chain per pass.
+//!
+//! The task buffers seen by the caller ([`IserConn::buf`], [`IserConn::buf_mut`]) are plain
+//! memory: a write's buffer is copied into the registered region at submit if it was touched,
+//! a read's data is copied out at completion only when asked for (verify mode): the safe
+//! wrapper gives no Rust reference into memory the device may write.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use riser_datamover::iser::header::{cm, IserHeader, TaggedBuffer, ISER_HDR_LEN};
+use riser_iscsi::pdu::{
+    logout, raw_data_segment_len, raw_total_ahs_len, Bhs, Isid, LoginRequest, LogoutRequest, Lun,
+    NopOut, Op, ScsiCommand, Stage, BHS_LEN, MAX_AHS_LENGTH,
+};
+use riser_iscsi::serial::{Itt, Sn};
+use riser_iscsi::text::{encode_pairs, parse_pairs};
+use riser_rdma::{
+    Access, CmEvent, CmEventType, CmId, CompletionChannel, CompletionQueue, ConnParam,
+    EventChannel, MemoryRegion, ProtectionDomain, QpCaps, QpInitAttr, RecvWr, SendOp, SendWr, Sge,
+    WorkCompletion, WrData,
+};
+
+use super::{
+    login_status_text, rw_cdb, status, status_name, wait_fd, CmdResult, Completion, Conn, Dir,
+    IoError, IserKeys, KeyNegotiation, LoginOptions, Negotiated, ScsiExec, Sense,
+    LOGIN_MAX_RECV_DSL, MAX_QD, MGMT_ITT, OUR_INITIATOR_RECV_DSL,
+};
+use crate::url::{TargetUrl, Transport};
+
+/// iSER header + BHS: a bare control-type PDU.
+pub const HDRS: usize = ISER_HDR_LEN + BHS_LEN;
+/// One receive buffer: the largest PDU the target may send (login text or a full-feature
+/// data segment, whichever limit is higher, plus a maximal AHS).
+const RECV_SLOT: usize =
+    HDRS + MAX_AHS_LENGTH + max_usize(LOGIN_MAX_RECV_DSL, OUR_INITIATOR_RECV_DSL);
+/// The SEND buffer of one task's command (headers only; immediate data is a second SGE).
+const CMD_SLOT: usize = 128;
+/// Control SENDs (login, management commands, NOP-Out, logout), each up to 8 KiB of data.
+const CTRL_SLOTS: usize = 8;
+const CTRL_SLOT: usize = HDRS + 8192;
+/// Where management commands (READ CAPACITY) get their data RDMA-Written.
+const MGMT_BUF: usize = 4096;
+/// Receives beyond the queue depth: management responses, NOP-Ins, Async Messages, Rejects.
+const EXTRA_RECVS: usize = 16;
+
+const WR_RECV: u64 = 1 << 56;
+const WR_CMD: u64 = 2 << 56;
+const WR_CTRL: u64 = 3 << 56;
+const WR_KIND: u64 = 0xff << 56;
+
+const fn max_usize(a: u32, b: u32) -> usize {
+    if a > b {
+        a as usize
+    } else {
+        b as usize
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TaskState {
+    Idle,
+    Blocked,
+    InFlight,
+}
+
+struct Task {
+    state: TaskState,
+    itt: u32,
+    seq: u16,
+    dir: Dir,
+    lba: u64,
+    blocks: u32,
+    len: u32,
+    /// The caller's view of the data; `dirty`: changed since it was last copied into the
+    /// registered region.
+    buf: Vec<u8>,
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct Mgmt {
+    itt: u32,
+    want: usize,
+    /// (status, sense, bytes transferred)
+    done: Option<(u8, Option<Sense>, usize)>,
+    logout: Option<u8>,
+}
+
+/// A SEND queued for the next [`IserConn::flush`].
+struct PendingSend {
+    wr_id: u64,
+    sges: [Sge; 2],
+    n: usize,
+}
+
+/// The iSER header of a READ or WRITE command whose data buffer is `len` bytes at `va` under
+/// `stag`, `immediate` of them sent in the command's SEND (Linux's convention: the Write
+/// Base Offset points past the unsolicited part, which the target does not read again).
+pub fn rw_header(dir: Dir, len: u32, immediate: u32, stag: u32, va: u64) -> IserHeader {
+    match dir {
+        Dir::Read => IserHeader::Control {
+            write: None,
+            read: Some(TaggedBuffer {
+                stag,
+                base_offset: va,
+            }),
+        },
+        Dir::Write => IserHeader::Control {
+            write: (len > immediate).then_some(TaggedBuffer {
+                stag,
+                base_offset: va + immediate as u64,
+            }),
+            read: None,
+        },
+    }
+}
+
+/// The first 76 bytes of a SEND: iSER header, then the BHS with its data segment length
+/// (the data, no padding and no digests, follows in the same SEND).
+pub fn encode_headers(hdr: IserHeader, op: Op, data_len: usize) -> [u8; HDRS] {
+    let mut out = [0u8; HDRS];
+    let mut h = [0u8; ISER_HDR_LEN];
+    hdr.write(&mut h);
+    out[..ISER_HDR_LEN].copy_from_slice(&h);
+    let bhs = Bhs {
+        total_ahs_length: 0,
+        data_segment_length: data_len as u32,
+        op,
+    };
+    let mut b = [0u8; BHS_LEN];
+    bhs.write(&mut b);
+    out[ISER_HDR_LEN..].copy_from_slice(&b);
+    out
+}
+
+/// Parses the headers of a received message of `len` bytes whose first bytes are `head`:
+/// the BHS and where its data segment lies (offset from the message start, length).
+pub fn parse_message(head: &[u8; HDRS], len: usize) -> Result<(Bhs, usize, usize), String> {
+    if len < HDRS {
+        return Err(format!(
+            "a {len}-byte message, shorter than the iSER and iSCSI headers ({HDRS} bytes)"
+        ));
+    }
+    match IserHeader::parse(head) {
+        Ok(IserHeader::Control { .. }) => {}
+        Ok(other) => return Err(format!("unexpected iSER message {other:?}")),
+        Err(e) => return Err(format!("bad iSER header: {e}")),
+    }
+    let mut b = [0u8; BHS_LEN];
+    b.copy_from_slice(&head[ISER_HDR_LEN..]);
+    let ahs = raw_total_ahs_len(&b);
+    let dsl = raw_data_segment_len(&b);
+    if HDRS + ahs + dsl > len {
+        return Err(format!(
+            "a PDU with {ahs} bytes of AHS and a {dsl}-byte data segment in a {len}-byte message"
+        ));
+    }
+    let bhs = Bhs::parse(&b).map_err(|e| format!("malformed PDU: {e}"))?;
+    Ok((bhs, HDRS + ahs, dsl))
+}
+
+pub struct IserConn {
+    // Field order is drop order: the id (and its QP) goes before the CQ and the memory.
+    id: CmId,
+    channel: EventChannel,
+    cq: Arc<CompletionQueue>,
+    /// Completion events of `cq`, to sleep on when idle (adaptive polling).
+    comp: Arc<CompletionChannel>,
+    /// Completions taken while arming the CQ for a sleep, handled by the next poll.
+    stash: Vec<WorkCompletion>,
+    /// Receive ring, command SEND slots, control SEND slots.
+    ctrl: MemoryRegion,
+    mgmt_mr: MemoryRegion,
+    data: Option<MemoryRegion>,
+    _pd: Arc<ProtectionDomain>,
+    /// "iser://host:port/iqn/lun" for messages.
+    pub label: String,
+    nrecv: usize,
+    cmd_base: usize,
+    ctrl_base: usize,
+    qd_cap: usize,
+    send_cap: usize,
+    ctrl_busy: [bool; CTRL_SLOTS],
+    wcs: Vec<WorkCompletion>,
+    pending: Vec<PendingSend>,
+    reposts: Vec<usize>,
+    recv_posted: usize,
+    sends_outstanding: usize,
+    scratch: Vec<u8>,
+    pub neg: Negotiated,
+    pub iser: IserKeys,
+    cmd_sn: Sn,
+    exp_cmd_sn: Sn,
+    max_cmd_sn: Sn,
+    exp_stat_sn: Sn,
+    lun: Lun,
+    pub block_size: u32,
+    pub num_blocks: u64,
+    tasks: Vec<Task>,
+    blocked: VecDeque<usize>,
+    inflight: usize,
+    bs: usize,
+    copy_reads: bool,
+    next_mgmt: u32,
+    mgmt: Mgmt,
+    timeout: Duration,
+    logged_out: bool,
+    in_login: bool,
+    login_rx: VecDeque<(Bhs, Vec<u8>)>,
+}
+
+/// Waits on the CM channel for `want`; any failure event is an error that says what failed.
+fn wait_cm(
+    ch: &EventChannel,
+    label: &str,
+    want: CmEventType,
+    deadline: Instant,
+    what: &str,
+) -> Result<CmEvent, String> {
+    loop {
+        match ch.poll_event() {
+            Ok(Some(ev)) if ev.event_type == want => return Ok(ev),
+            Ok(Some(ev))
+                if ev.event_type.is_failure() || ev.event_type == CmEventType::Disconnected =>
+            {
+                let hint = match ev.event_type {
+                    CmEventType::AddrError => " (no RDMA device reaches this address?)",
+                    CmEventType::RouteError => " (no route over RDMA)",
+                    CmEventType::Rejected => {
+                        " (no iSER portal there, or the target refused the connection)"
+                    }
+                    CmEventType::Unreachable | CmEventType::ConnectError => {
+                        " (is an iSER portal listening there?)"
+                    }
+                    _ => "",
+                };
+                return Err(format!(
+                    "{label}: {what} failed: {:?}, status {}{hint}",
+                    ev.event_type, ev.status
+                ));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(format!("{label}: timed out waiting for {what}"));
+                }
+                wait_fd(ch.fd(), false, left.min(Duration::from_millis(100)))?;
+            }
+            Err(e) => return Err(format!("{label}: rdma_cm: {e}")),
+        }
+    }
+}
+
+fn resolve(url: &TargetUrl, label: &str) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = url
+        .socket_addr()
+        .to_socket_addrs()
+        .map_err(|e| format!("{label}: cannot resolve {}: {e}", url.host))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{label}: {} resolves to no address", url.host))
+}
+
+impl IserConn {
+    /// Connects over RDMA and logs in (normal session, AuthMethod=None). `queue_depth` sizes
+    /// the receive ring and the send queue: at most that many I/Os later ([`Self::start_io`]).
+    pub fn login(
+        url: &TargetUrl,
+        opts: &LoginOptions,
+        queue_depth: usize,
+    ) -> Result<IserConn, String> {
+        let label = url.to_string();
+        let dst = resolve(url, &label)?;
+        let rdma = |what: &str, e: riser_rdma::RdmaError| format!("{label}: {what}: {e}");
+        let channel = EventChannel::new().map_err(|e| {
+            format!("{label}: cannot use RDMA (rdma_cm event channel: {e}); is there an RDMA device (ibv_devices)?")
+        })?;
+        let mut id = CmId::new(&channel).map_err(|e| rdma("rdma_create_id", e))?;
+        let deadline = Instant::now() + opts.timeout;
+        id.resolve_addr(None, dst, opts.timeout)
+            .map_err(|e| rdma(&format!("cannot resolve {dst} over RDMA"), e))?;
+        wait_cm(
+            &channel,
+            &label,
+            CmEventType::AddrResolved,
+            deadline,
+            "address resolution",
+        )?;
+        id.resolve_route(opts.timeout)
+            .map_err(|e| rdma("route resolution", e))?;
+        wait_cm(
+            &channel,
+            &label,
+            CmEventType::RouteResolved,
+            deadline,
+            "route resolution",
+        )?;
+        let ctx = id
+            .context()
+            .map_err(|e| rdma("device", e))?
+            .ok_or_else(|| format!("{label}: no RDMA device for {dst}"))?;
+        let attr = ctx
+            .query_device()
+            .map_err(|e| rdma("ibv_query_device", e))?;
+        let pd = ProtectionDomain::new(&ctx).map_err(|e| rdma("ibv_alloc_pd", e))?;
+
+        let qd = queue_depth.clamp(1, MAX_QD);
+        let nrecv = qd + EXTRA_RECVS;
+        let max_wr = attr.max_qp_wr.max(64) as usize;
+        if nrecv > max_wr {
+            return Err(format!(
+                "{label}: a queue depth of {qd} needs {nrecv} receive work requests; {} allows {max_wr}",
+                ctx.name()
+            ));
+        }
+        let send_cap = (2 * qd + CTRL_SLOTS + 8).min(max_wr);
+        let cqe = ((send_cap + nrecv + 16) as u32).min(attr.max_cqe.max(256) as u32);
+        let comp = CompletionChannel::new(&ctx).map_err(|e| rdma("ibv_create_comp_channel", e))?;
+        let cq = CompletionQueue::new(&ctx, cqe, Some(&comp), 0)
+            .map_err(|e| rdma("ibv_create_cq", e))?;
+        id.create_qp(
+            &pd,
+            &QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: send_cap as u32,
+                    max_recv_wr: nrecv as u32,
+                    max_send_sge: 2,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .map_err(|e| rdma("rdma_create_qp", e))?;
+        let cmd_base = nrecv * RECV_SLOT;
+        let ctrl_base = cmd_base + qd * CMD_SLOT;
+        let ctrl_len = ctrl_base + CTRL_SLOTS * CTRL_SLOT;
+        let ctrl = MemoryRegion::zeroed(&pd, ctrl_len, Access::LOCAL_WRITE)
+            .map_err(|e| rdma(&format!("cannot register {ctrl_len} bytes"), e))?;
+        let mgmt_mr =
+            MemoryRegion::zeroed(&pd, MGMT_BUF, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .map_err(|e| rdma("cannot register the management buffer", e))?;
+        let mut c = IserConn {
+            id,
+            channel,
+            cq,
+            comp,
+            stash: Vec::with_capacity(riser_rdma::POLL_BATCH),
+            ctrl,
+            mgmt_mr,
+            data: None,
+            _pd: pd,
+            label,
+            nrecv,
+            cmd_base,
+            ctrl_base,
+            qd_cap: qd,
+            send_cap,
+            ctrl_busy: [false; CTRL_SLOTS],
+            wcs: vec![WorkCompletion::default(); riser_rdma::POLL_BATCH],
+            pending: Vec::with_capacity(qd + CTRL_SLOTS),
+            reposts: Vec::with_capacity(nrecv),
+            recv_posted: 0,
+            sends_outstanding: 0,
+            scratch: Vec::with_capacity(RECV_SLOT),
+            neg: Negotiated::default(),
+            iser: IserKeys::default(),
+            cmd_sn: Sn(1),
+            exp_cmd_sn: Sn(1),
+            max_cmd_sn: Sn(1),
+            exp_stat_sn: Sn(0),
+            lun: Lun(url.lun_field()),
+            block_size: 0,
+            num_blocks: 0,
+            tasks: Vec::new(),
+            blocked: VecDeque::new(),
+            inflight: 0,
+            bs: 0,
+            copy_reads: true,
+            next_mgmt: 0,
+            mgmt: Mgmt::default(),
+            timeout: opts.timeout,
+            logged_out: false,
+            in_login: true,
+            login_rx: VecDeque::new(),
+        };
+        // The whole ring before connecting: the target may send as soon as it accepts.
+        c.reposts.extend(0..nrecv);
+        c.repost()?;
+        let private = [
+            cm::ZBVA_NOT_SUPPORTED | cm::SEND_W_INV_NOT_SUPPORTED,
+            0,
+            0,
+            0,
+        ];
+        c.id.connect(&ConnParam {
+            private_data: &private,
+            // Our IRD: the target's RDMA Reads of write data in flight at once.
+            responder_resources: attr.max_qp_rd_atom.clamp(1, 255) as u8,
+            // We issue no RDMA Reads (Linux ib_iser says 1 too).
+            initiator_depth: 1,
+            flow_control: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        })
+        .map_err(|e| format!("{}: rdma_connect to {dst}: {e}", c.label))?;
+        wait_cm(
+            &c.channel,
+            &c.label,
+            CmEventType::Established,
+            deadline,
+            "the RDMA connection",
+        )?;
+        c.do_login(url, opts)?;
+        Ok(c)
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    fn cmd_off(&self, slot: usize) -> usize {
+        self.cmd_base + slot * CMD_SLOT
+    }
+
+    fn ctrl_off(&self, i: usize) -> usize {
+        self.ctrl_base + i * CTRL_SLOT
+    }
+
+    fn repost(&mut self) -> Result<(), String> {
+        if self.reposts.is_empty() {
+            return Ok(());
+        }
+        let sges: Vec<Sge> = self
+            .reposts
+            .iter()
+            .map(|&s| self.ctrl.sge(s * RECV_SLOT, RECV_SLOT))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", self.label))?;
+        let wrs: Vec<RecvWr<'_>> = self
+            .reposts
+            .iter()
+            .zip(&sges)
+            .map(|(&s, sge)| RecvWr {
+                wr_id: WR_RECV | s as u64,
+                sges: std::slice::from_ref(sge),
+            })
+            .collect();
+        let qp = self.id.qp().ok_or("no queue pair")?;
+        qp.post_recvs(&wrs)
+            .map_err(|e| format!("{}: posting receives: {e}", self.label))?;
+        self.recv_posted += wrs.len();
+        drop(wrs);
+        self.reposts.clear();
+        Ok(())
+    }
+
+    /// Queues a control SEND (login, management command, NOP-Out, logout).
+    fn send_ctrl(&mut self, hdr: IserHeader, op: Op, data: &[u8]) -> Result<(), String> {
+        if data.len() > CTRL_SLOT - HDRS {
+            return Err(format!(
+                "{}: a {}-byte data segment is too long for a control SEND",
+                self.label,
+                data.len()
+            ));
+        }
+        let i = self
+            .ctrl_busy
+            .iter()
+            .position(|b| !b)
+            .ok_or_else(|| format!("{}: every control send buffer is busy", self.label))?;
+        let off = self.ctrl_off(i);
+        let head = encode_headers(hdr, op, data.len());
+        let err = |e: riser_rdma::RdmaError| format!("{}: {e}", self.label);
+        self.ctrl.write_at(off, &head).map_err(err)?;
+        self.ctrl.write_at(off + HDRS, data).map_err(err)?;
+        let sge = self.ctrl.sge(off, HDRS + data.len()).map_err(err)?;
+        self.ctrl_busy[i] = true;
+        self.pending.push(PendingSend {
+            wr_id: WR_CTRL | i as u64,
+            sges: [sge, sge],
+            n: 1,
+        });
+        Ok(())
+    }
+
+    /// Posts the queued SENDs in one chain (as many as the send queue has room for); true if
+    /// none is left waiting.
+    pub fn flush(&mut self) -> Result<bool, String> {
+        if self.pending.is_empty() {
+            return Ok(true);
+        }
+        let room = self.send_cap.saturating_sub(self.sends_outstanding);
+        let n = self.pending.len().min(room);
+        if n == 0 {
+            return Ok(false);
+        }
+        let wrs: Vec<SendWr<'_>> = self.pending[..n]
+            .iter()
+            .map(|p| SendWr::new(p.wr_id, SendOp::Send, WrData::Sges(&p.sges[..p.n])).signaled())
+            .collect();
+        let qp = self.id.qp().ok_or("no queue pair")?;
+        let r = qp.post_send(&wrs);
+        drop(wrs);
+        r.map_err(|e| format!("{}: posting SENDs: {e}", self.label))?;
+        self.sends_outstanding += n;
+        self.pending.drain(..n);
+        Ok(self.pending.is_empty())
+    }
+
+    fn update_window(&mut self, exp: Sn, max: Sn) {
+        if max.lt(exp.add(u32::MAX)) {
+            return;
+        }
+        if exp.gt(self.exp_cmd_sn) {
+            self.exp_cmd_sn = exp;
+        }
+        if max.gt(self.max_cmd_sn) {
+            self.max_cmd_sn = max;
+        }
+    }
+
+    fn saw_stat_sn(&mut self, stat_sn: Sn) {
+        let next = stat_sn.next();
+        if next.gt(self.exp_stat_sn) {
+            self.exp_stat_sn = next;
+        }
+    }
+
+    fn window_open(&self) -> bool {
+        self.cmd_sn.le(self.max_cmd_sn)
+    }
+
+    // ---- login -----------------------------------------------------------------------
+
+    fn do_login(&mut self, url: &TargetUrl, opts: &LoginOptions) -> Result<(), String> {
+        let deadline = self.deadline();
+        let itt = Itt(MGMT_ITT);
+        let mut neg = KeyNegotiation::new_iser();
+        let mut csg = Stage::SecurityNegotiation;
+        let mut keys: Vec<(String, String)> = vec![
+            ("InitiatorName".into(), opts.initiator_name.clone()),
+            ("TargetName".into(), url.iqn.clone()),
+            ("SessionType".into(), "Normal".into()),
+            ("AuthMethod".into(), "None".into()),
+        ];
+        neg.proposed.push("AuthMethod".into());
+        let mut tsih = 0u16;
+        let plain = IserHeader::Control {
+            write: None,
+            read: None,
+        };
+        for _round in 0..16 {
+            let nsg = if csg == Stage::SecurityNegotiation {
+                Stage::LoginOperationalNegotiation
+            } else {
+                Stage::FullFeaturePhase
+            };
+            let mut req = LoginRequest {
+                transit_bit: true,
+                continue_bit: false,
+                csg,
+                nsg,
+                version_max: 0,
+                version_min: 0,
+                isid: Isid(opts.isid),
+                tsih,
+                itt,
+                cid: 0,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            };
+            let text = encode_pairs(&keys);
+            if text.len() > LOGIN_MAX_RECV_DSL as usize {
+                return Err(format!("{}: login text too long", self.label));
+            }
+            self.send_ctrl(plain, Op::LoginRequest(req.clone()), &text)?;
+            self.flush()?;
+            let mut text = Vec::new();
+            let resp = loop {
+                let (h, data) = self.wait_login_pdu(deadline)?;
+                let Op::LoginResponse(r) = h.op else {
+                    return Err(format!(
+                        "{}: expected a Login Response, got {:?}",
+                        self.label,
+                        h.op.opcode()
+                    ));
+                };
+                if r.status.class != 0 {
+                    return Err(format!(
+                        "{}: {}",
+                        self.label,
+                        login_status_text(r.status.class, r.status.detail)
+                    ));
+                }
+                text.extend_from_slice(&data);
+                self.exp_stat_sn = r.stat_sn.next();
+                if !r.continue_bit {
+                    break r;
+                }
+                text.truncate(64 * 1024);
+                req.transit_bit = false;
+                req.exp_stat_sn = self.exp_stat_sn;
+                self.send_ctrl(plain, Op::LoginRequest(req.clone()), &[])?;
+                self.flush()?;
+            };
+            let pairs = parse_pairs(&text)
+                .map_err(|e| format!("{}: bad login text from the target: {e}", self.label))?;
+            let answers = neg
+                .take_response(&pairs)
+                .map_err(|e| format!("{}: {e}", self.label))?;
+            tsih = resp.tsih;
+            if resp.transit_bit {
+                match resp.nsg {
+                    Stage::FullFeaturePhase => {
+                        if !answers.is_empty() {
+                            return Err(format!(
+                                "{}: the target ended login while offering keys {:?}",
+                                self.label,
+                                answers.iter().map(|(k, _)| k).collect::<Vec<_>>()
+                            ));
+                        }
+                        if !neg.iser_result.rdma_extensions {
+                            return Err(format!(
+                                "{}: the target did not accept RDMAExtensions=Yes (not an iSER portal?)",
+                                self.label
+                            ));
+                        }
+                        if neg.result.header_digest || neg.result.data_digest {
+                            return Err(format!(
+                                "{}: the target chose digests on an iSER connection",
+                                self.label
+                            ));
+                        }
+                        self.neg = neg.result;
+                        self.iser = neg.iser_result;
+                        self.cmd_sn = resp.exp_cmd_sn;
+                        self.exp_cmd_sn = resp.exp_cmd_sn;
+                        self.max_cmd_sn = resp.max_cmd_sn;
+                        self.in_login = false;
+                        return Ok(());
+                    }
+                    Stage::LoginOperationalNegotiation => {
+                        csg = Stage::LoginOperationalNegotiation;
+                        keys = answers;
+                        keys.extend(neg.operational_proposal());
+                    }
+                    other => {
+                        return Err(format!(
+                            "{}: the target moved login to stage {other:?}",
+                            self.label
+                        ))
+                    }
+                }
+            } else {
+                keys = answers;
+            }
+        }
+        Err(format!("{}: login did not finish in 16 rounds", self.label))
+    }
+
+    fn wait_login_pdu(&mut self, deadline: Instant) -> Result<(Bhs, Vec<u8>), String> {
+        let mut none = Vec::new();
+        loop {
+            if let Some(p) = self.login_rx.pop_front() {
+                return Ok(p);
+            }
+            let got = self
+                .poll(&mut none)
+                .map_err(|e| format!("{e} while waiting for a Login Response"))?;
+            self.flush()?;
+            if !got {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "{}: timed out after {:?} waiting for a Login Response",
+                        self.label, self.timeout
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    // ---- management commands -----------------------------------------------------------
+
+    fn wait_progress(&mut self, deadline: Instant, what: &str) -> Result<(), String> {
+        let mut none = Vec::new();
+        let got = self
+            .poll(&mut none)
+            .map_err(|e| format!("{e} while waiting for {what}"))?;
+        self.flush()?;
+        if !got {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{}: timed out after {:?} waiting for {what}",
+                    self.label, self.timeout
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    /// Runs one SCSI command (no data out, at most 4 KiB in) and waits for its status.
+    pub fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<CmdResult, String> {
+        if read_len as usize > MGMT_BUF {
+            return Err(format!(
+                "{}: internal: management read of {read_len} bytes",
+                self.label
+            ));
+        }
+        let deadline = self.deadline();
+        while !self.window_open() {
+            self.wait_progress(deadline, "the CmdSN window to open")?;
+        }
+        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
+        let itt = MGMT_ITT | self.next_mgmt;
+        self.mgmt = Mgmt {
+            itt,
+            want: read_len as usize,
+            done: None,
+            logout: None,
+        };
+        let mut c = [0u8; 16];
+        c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: read_len > 0,
+            write: false,
+            attr: 1,
+            lun: self.lun,
+            itt: Itt(itt),
+            expected_data_transfer_length: read_len,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: c,
+        };
+        self.cmd_sn = self.cmd_sn.next();
+        let hdr = IserHeader::Control {
+            write: None,
+            read: (read_len > 0).then(|| TaggedBuffer {
+                stag: self.mgmt_mr.rkey(),
+                base_offset: self.mgmt_mr.addr(),
+            }),
+        };
+        self.send_ctrl(hdr, Op::ScsiCommand(cmd), &[])?;
+        self.flush()?;
+        while self.mgmt.done.is_none() {
+            self.wait_progress(deadline, "a SCSI response")?;
+        }
+        let (status, sense, n) = self.mgmt.done.take().unwrap_or((0xff, None, 0));
+        let mut data = vec![0u8; n.min(MGMT_BUF)];
+        self.mgmt_mr
+            .read_at(0, &mut data)
+            .map_err(|e| format!("{}: {e}", self.label))?;
+        Ok(CmdResult {
+            status,
+            sense,
+            data,
+        })
+    }
+
+    pub fn wait_ready(&mut self) -> Result<(), String> {
+        super::wait_ready(self)
+    }
+
+    pub fn read_capacity(&mut self) -> Result<(), String> {
+        let (bs, n) = super::read_capacity(self)?;
+        self.block_size = bs;
+        self.num_blocks = n;
+        Ok(())
+    }
+
+    /// Logout (close the session) and disconnect.
+    pub fn logout(&mut self) -> Result<(), String> {
+        if self.logged_out {
+            return Ok(());
+        }
+        self.logged_out = true;
+        let deadline = self.deadline();
+        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
+        let itt = MGMT_ITT | self.next_mgmt;
+        self.mgmt = Mgmt {
+            itt,
+            ..Mgmt::default()
+        };
+        let req = LogoutRequest {
+            immediate: true,
+            reason_code: logout::CLOSE_SESSION,
+            itt: Itt(itt),
+            cid: 0,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        };
+        let plain = IserHeader::Control {
+            write: None,
+            read: None,
+        };
+        self.send_ctrl(plain, Op::LogoutRequest(req), &[])?;
+        self.flush()?;
+        while self.mgmt.logout.is_none() {
+            self.wait_progress(deadline, "the Logout Response")?;
+        }
+        let _ = self.id.disconnect();
+        match self.mgmt.logout {
+            Some(0) | None => Ok(()),
+            Some(r) => Err(format!("{}: logout answered with response {r}", self.label)),
+        }
+    }
+
+    // ---- the data path -------------------------------------------------------------------
+
+    /// Registers `qd` task buffers of `bs` bytes (one region). `copy_reads`: copy each read's
+    /// data out of the region at completion, for [`Self::buf`] (verify); a benchmark skips it.
+    pub fn start_io(&mut self, qd: usize, bs: usize, copy_reads: bool) -> Result<(), String> {
+        if qd > self.qd_cap {
+            return Err(format!(
+                "{}: internal: queue depth {qd} above the {} the connection was sized for",
+                self.label, self.qd_cap
+            ));
+        }
+        let len = qd * bs;
+        // A recognisable non-zero pattern, so benchmark writes carry real data.
+        let mut init = vec![0u8; len];
+        for (s, chunk) in init.chunks_mut(bs.max(1)).enumerate() {
+            chunk.fill((s as u8) | 1);
+        }
+        let mr = MemoryRegion::register(self.ctrl.pd(), init, Access::DATA).map_err(|e| {
+            format!(
+                "{}: cannot register {len} bytes of task buffers: {e}",
+                self.label
+            )
+        })?;
+        self.data = Some(mr);
+        self.bs = bs;
+        self.copy_reads = copy_reads;
+        self.tasks = (0..qd)
+            .map(|slot| Task {
+                state: TaskState::Idle,
+                itt: slot as u32,
+                seq: 0,
+                dir: Dir::Read,
+                lba: 0,
+                blocks: 0,
+                len: 0,
+                buf: vec![(slot as u8) | 1; bs],
+                dirty: false,
+            })
+            .collect();
+        self.blocked = VecDeque::with_capacity(qd);
+        Ok(())
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    pub fn buf(&self, slot: usize) -> &[u8] {
+        &self.tasks[slot].buf
+    }
+
+    pub fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
+        let t = &mut self.tasks[slot];
+        t.dirty = true;
+        &mut t.buf
+    }
+
+    pub fn lba(&self, slot: usize) -> u64 {
+        self.tasks[slot].lba
+    }
+
+    /// Queues one I/O on an idle slot; it goes out with the next [`Self::flush`], or waits
+    /// for the CmdSN window.
+    pub fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32) {
+        let block_size = self.block_size;
+        let t = &mut self.tasks[slot];
+        debug_assert_eq!(t.state, TaskState::Idle);
+        t.seq = (t.seq + 1) & 0x7fff;
+        t.itt = ((t.seq as u32) << 16) | slot as u32;
+        t.dir = dir;
+        t.lba = lba;
+        t.blocks = blocks;
+        t.len = blocks * block_size;
+        self.inflight += 1;
+        if self.blocked.is_empty() && self.window_open() {
+            self.send_command(slot);
+        } else {
+            self.tasks[slot].state = TaskState::Blocked;
+            self.blocked.push_back(slot);
+        }
+    }
+
+    fn send_command(&mut self, slot: usize) {
+        let neg = self.neg;
+        let target_recv = self.iser.target_recv_dsl;
+        let (bs, cmd_off) = (self.bs, self.cmd_off(slot));
+        let Some(data) = self.data.as_mut() else {
+            return;
+        };
+        let t = &mut self.tasks[slot];
+        t.state = TaskState::InFlight;
+        let write = t.dir == Dir::Write;
+        let len = t.len.min(bs as u32);
+        if write && t.dirty {
+            // Cannot fail: the range is inside the region (len <= bs).
+            let _ = data.write_at(slot * bs, &t.buf[..len as usize]);
+            t.dirty = false;
+        }
+        let immediate = if write && neg.immediate_data {
+            len.min(neg.first_burst).min(target_recv)
+        } else {
+            0
+        };
+        let va = data.addr() + (slot * bs) as u64;
+        let hdr = rw_header(t.dir, len, immediate, data.rkey(), va);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: !write,
+            write,
+            attr: 1,
+            lun: self.lun,
+            itt: Itt(t.itt),
+            expected_data_transfer_length: len,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: rw_cdb(t.dir, t.lba, t.blocks),
+        };
+        self.cmd_sn = self.cmd_sn.next();
+        let head = encode_headers(hdr, Op::ScsiCommand(cmd), immediate as usize);
+        let _ = self.ctrl.write_at(cmd_off, &head);
+        let (Ok(s0), Ok(s1)) = (
+            self.ctrl.sge(cmd_off, HDRS),
+            data.sge(slot * bs, immediate as usize),
+        ) else {
+            return;
+        };
+        self.pending.push(PendingSend {
+            wr_id: WR_CMD | slot as u64,
+            sges: [s0, s1],
+            n: if immediate > 0 { 2 } else { 1 },
+        });
+    }
+
+    fn slot_of(&self, itt: Itt) -> Result<usize, String> {
+        let slot = (itt.0 & 0xffff) as usize;
+        match self.tasks.get(slot) {
+            Some(t)
+                if t.itt == itt.0 && t.state == TaskState::InFlight && itt.0 & MGMT_ITT == 0 =>
+            {
+                Ok(slot)
+            }
+            _ => Err(format!(
+                "{}: the target answered an unknown task (ITT {:#x})",
+                self.label, itt.0
+            )),
+        }
+    }
+
+    fn complete(
+        &mut self,
+        slot: usize,
+        status: u8,
+        sense: Option<Sense>,
+        residual: bool,
+        out: &mut Vec<Completion>,
+    ) {
+        let bs = self.bs;
+        let t = &mut self.tasks[slot];
+        t.state = TaskState::Idle;
+        self.inflight -= 1;
+        let result = if status != status::GOOD {
+            Err(IoError {
+                status,
+                sense,
+                what: format!(
+                    "{} of {} blocks at LBA {}: {}",
+                    if t.dir == Dir::Read { "READ" } else { "WRITE" },
+                    t.blocks,
+                    t.lba,
+                    status_name(status)
+                ),
+            })
+        } else if residual {
+            Err(IoError {
+                status,
+                sense: None,
+                what: format!(
+                    "{} of {} blocks at LBA {}: the target reports a residual",
+                    if t.dir == Dir::Read { "READ" } else { "WRITE" },
+                    t.blocks,
+                    t.lba
+                ),
+            })
+        } else {
+            if t.dir == Dir::Read && self.copy_reads {
+                if let Some(d) = self.data.as_ref() {
+                    let _ = d.read_at(slot * bs, &mut t.buf[..t.len as usize]);
+                }
+            }
+            Ok(())
+        };
+        out.push(Completion { slot, result });
+    }
+
+    /// Takes what the CQ has: completions of I/Os are appended to `out`. Returns whether
+    /// anything completed. Commands waiting for the CmdSN window are queued as it opens.
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<bool, String> {
+        let mut got = !self.stash.is_empty();
+        if got {
+            let stash = std::mem::take(&mut self.stash);
+            for wc in &stash {
+                self.on_wc(wc, out)?;
+            }
+            self.stash = stash;
+            self.stash.clear();
+        }
+        loop {
+            let n = self
+                .cq
+                .poll(&mut self.wcs)
+                .map_err(|e| format!("{}: polling the CQ: {e}", self.label))?;
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_wc(&wc, out)?;
+            }
+            got |= n > 0;
+            if n < self.wcs.len() {
+                break;
+            }
+        }
+        self.repost()?;
+        while let Some(&slot) = self.blocked.front() {
+            if !self.window_open() {
+                break;
+            }
+            self.blocked.pop_front();
+            self.send_command(slot);
+        }
+        Ok(got)
+    }
+
+    fn on_wc(&mut self, wc: &WorkCompletion, out: &mut Vec<Completion>) -> Result<(), String> {
+        let kind = wc.wr_id & WR_KIND;
+        let idx = (wc.wr_id & 0xffff_ffff) as usize;
+        if kind == WR_RECV {
+            self.recv_posted = self.recv_posted.saturating_sub(1);
+        } else {
+            self.sends_outstanding = self.sends_outstanding.saturating_sub(1);
+            if kind == WR_CTRL && idx < CTRL_SLOTS {
+                self.ctrl_busy[idx] = false;
+            }
+        }
+        if !wc.is_success() {
+            return Err(if wc.is_flush() {
+                format!(
+                    "{}: the connection is closed (work requests flushed)",
+                    self.label
+                )
+            } else {
+                format!(
+                    "{}: a {} failed: {} (vendor error {:#x})",
+                    self.label,
+                    if kind == WR_RECV { "receive" } else { "SEND" },
+                    wc.status,
+                    wc.vendor_err
+                )
+            });
+        }
+        if kind != WR_RECV {
+            return Ok(());
+        }
+        if idx >= self.nrecv {
+            return Err(format!("{}: internal: receive slot {idx}", self.label));
+        }
+        let off = idx * RECV_SLOT;
+        let len = (wc.byte_len as usize).min(RECV_SLOT);
+        let mut head = [0u8; HDRS];
+        if len >= HDRS {
+            self.ctrl
+                .read_at(off, &mut head)
+                .map_err(|e| format!("{}: {e}", self.label))?;
+        }
+        let (bhs, ds, dl) =
+            parse_message(&head, len).map_err(|e| format!("{}: {e}", self.label))?;
+        let mut data = std::mem::take(&mut self.scratch);
+        data.clear();
+        data.resize(dl, 0);
+        if dl > 0 {
+            self.ctrl
+                .read_at(off + ds, &mut data)
+                .map_err(|e| format!("{}: {e}", self.label))?;
+        }
+        self.reposts.push(idx);
+        let r = if self.in_login {
+            self.login_rx.push_back((bhs, data.clone()));
+            Ok(())
+        } else {
+            self.handle(bhs, &data, out)
+        };
+        self.scratch = data;
+        r
+    }
+
+    fn handle(&mut self, h: Bhs, data: &[u8], out: &mut Vec<Completion>) -> Result<(), String> {
+        match h.op {
+            Op::ScsiResponse(r) => {
+                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                self.saw_stat_sn(r.stat_sn);
+                let sense = if r.status == status::CHECK_CONDITION {
+                    Sense::parse(data)
+                } else {
+                    None
+                };
+                if r.itt.0 & MGMT_ITT != 0 {
+                    if r.itt.0 == self.mgmt.itt {
+                        let st = if r.response != 0 { 0xff } else { r.status };
+                        let n = if r.residual_underflow {
+                            self.mgmt.want.saturating_sub(r.residual_count as usize)
+                        } else {
+                            self.mgmt.want
+                        };
+                        self.mgmt.done = Some((st, sense, n));
+                    }
+                    return Ok(());
+                }
+                let slot = self.slot_of(r.itt)?;
+                if r.response != 0 {
+                    return Err(format!(
+                        "{}: the target failed a command (iSCSI response {:#04x})",
+                        self.label, r.response
+                    ));
+                }
+                let residual =
+                    (r.residual_underflow || r.residual_overflow) && r.status == status::GOOD;
+                self.complete(slot, r.status, sense, residual, out);
+            }
+            Op::NopIn(n) => {
+                self.update_window(n.exp_cmd_sn, n.max_cmd_sn);
+                if !n.itt.is_reserved() {
+                    self.saw_stat_sn(n.stat_sn);
+                }
+                if !n.ttt.is_reserved() {
+                    let reply = NopOut {
+                        immediate: true,
+                        lun: n.lun,
+                        itt: Itt::RESERVED,
+                        ttt: n.ttt,
+                        cmd_sn: self.cmd_sn,
+                        exp_stat_sn: self.exp_stat_sn,
+                    };
+                    let plain = IserHeader::Control {
+                        write: None,
+                        read: None,
+                    };
+                    let echo = data.len().min(self.iser.target_recv_dsl as usize);
+                    self.send_ctrl(plain, Op::NopOut(reply), &data[..echo])?;
+                }
+            }
+            Op::AsyncMessage(a) => {
+                self.update_window(a.exp_cmd_sn, a.max_cmd_sn);
+                self.saw_stat_sn(a.stat_sn);
+                match a.async_event {
+                    0 | 4 => {}
+                    1 => {
+                        return Err(format!(
+                            "{}: the target asked for logout (Async Message)",
+                            self.label
+                        ))
+                    }
+                    e => {
+                        return Err(format!(
+                            "{}: the target is dropping the connection (Async Message event {e})",
+                            self.label
+                        ))
+                    }
+                }
+            }
+            Op::Reject(r) => {
+                self.saw_stat_sn(r.stat_sn);
+                return Err(format!(
+                    "{}: the target rejected a PDU (reason {:#04x})",
+                    self.label, r.reason
+                ));
+            }
+            Op::LogoutResponse(l) => {
+                self.saw_stat_sn(l.stat_sn);
+                if l.itt.0 == self.mgmt.itt {
+                    self.mgmt.logout = Some(l.response);
+                }
+            }
+            Op::TextResponse(t) => self.saw_stat_sn(t.stat_sn),
+            Op::TaskMgmtResponse(t) => self.saw_stat_sn(t.stat_sn),
+            Op::DataIn(_) | Op::R2t(_) => {
+                return Err(format!(
+                    "{}: the target sent a {:?} PDU on an iSER connection (data moves by RDMA)",
+                    self.label,
+                    h.op.opcode()
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{}: unexpected PDU from the target: {:?}",
+                    self.label,
+                    other.opcode()
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+impl IserConn {
+    /// Before sleeping: arms the CQ and returns the completion channel's fd to wait on, or
+    /// None when completions came in meanwhile (kept for the next [`Self::poll`]): no sleep.
+    pub fn arm(&mut self) -> Option<i32> {
+        if !self.stash.is_empty() || self.cq.req_notify(false).is_err() {
+            return None;
+        }
+        // Completions that arrived before arming raise no event: look once more.
+        match self.cq.poll(&mut self.wcs) {
+            Ok(0) => Some(self.comp.fd()),
+            Ok(n) => {
+                self.stash.extend_from_slice(&self.wcs[..n]);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// After a sleep: takes (and acknowledges) the completion events.
+    pub fn disarm(&mut self) {
+        while let Ok(Some(_)) = self.comp.get_event() {}
+    }
+}
+
+impl ScsiExec for IserConn {
+    fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<CmdResult, String> {
+        IserConn::exec(self, cdb, read_len)
+    }
+    fn label(&self) -> &str {
+        &self.label
+    }
+}
+
+impl Drop for IserConn {
+    /// Disconnects and drains the QP (every posted request completes or flushes) before the
+    /// id, the CQ and the registered memory go, so no request fails on freed buffers.
+    fn drop(&mut self) {
+        let _ = self.id.disconnect();
+        if let Some(qp) = self.id.qp() {
+            let _ = qp.set_error();
+        }
+        let end = Instant::now() + Duration::from_secs(2);
+        while (self.recv_posted > 0 || self.sends_outstanding > 0) && Instant::now() < end {
+            match self.cq.poll(&mut self.wcs) {
+                Ok(0) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(n) => {
+                    for wc in &self.wcs[..n] {
+                        if wc.wr_id & WR_KIND == WR_RECV {
+                            self.recv_posted = self.recv_posted.saturating_sub(1);
+                        } else {
+                            self.sends_outstanding = self.sends_outstanding.saturating_sub(1);
+                        }
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// One session over either transport: what the client threads drive.
+#[allow(clippy::large_enum_variant)] // one per session, never moved on the data path
+pub enum Session {
+    Tcp(Conn),
+    Iser(Box<IserConn>),
+}
+
+/// Calls the same method on either transport.
+macro_rules! both {
+    ($self:expr, $c:ident => $e:expr) => {
+        match $self {
+            Session::Tcp($c) => $e,
+            Session::Iser($c) => $e,
+        }
+    };
+}
+
+impl Session {
+    /// Connects and logs in over the URL's transport; `qd`: the I/Os it will carry at once.
+    pub fn login(url: &TargetUrl, opts: &LoginOptions, qd: usize) -> Result<Session, String> {
+        match url.transport {
+            Transport::Tcp => Conn::login(url, opts).map(Session::Tcp),
+            Transport::Iser => IserConn::login(url, opts, qd).map(|c| Session::Iser(Box::new(c))),
+        }
+    }
+
+    pub fn label(&self) -> &str {
+        both!(self, c => &c.label)
+    }
+
+    pub fn is_iser(&self) -> bool {
+        matches!(self, Session::Iser(_))
+    }
+
+    pub fn neg(&self) -> Negotiated {
+        both!(self, c => c.neg)
+    }
+
+    /// The iSER keys (None on TCP).
+    pub fn iser_keys(&self) -> Option<IserKeys> {
+        match self {
+            Session::Tcp(_) => None,
+            Session::Iser(c) => Some(c.iser),
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        both!(self, c => c.block_size)
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        both!(self, c => c.num_blocks)
+    }
+
+    pub fn wait_ready(&mut self) -> Result<(), String> {
+        both!(self, c => c.wait_ready())
+    }
+
+    pub fn read_capacity(&mut self) -> Result<(), String> {
+        both!(self, c => c.read_capacity())
+    }
+
+    pub fn logout(&mut self) -> Result<(), String> {
+        both!(self, c => c.logout())
+    }
+
+    /// `copy_reads`: whether read data must be readable through [`Self::buf`] (verify);
+    /// TCP always has it.
+    pub fn start_io(&mut self, qd: usize, bs: usize, copy_reads: bool) -> Result<(), String> {
+        match self {
+            Session::Tcp(c) => {
+                c.start_io(qd, bs);
+                Ok(())
+            }
+            Session::Iser(c) => c.start_io(qd, bs, copy_reads),
+        }
+    }
+
+    #[inline]
+    pub fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32) {
+        both!(self, c => c.submit(slot, dir, lba, blocks))
+    }
+
+    #[inline]
+    pub fn flush(&mut self) -> Result<bool, String> {
+        both!(self, c => c.flush())
+    }
+
+    #[inline]
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<bool, String> {
+        both!(self, c => c.poll(out))
+    }
+
+    pub fn inflight(&self) -> usize {
+        both!(self, c => c.inflight())
+    }
+
+    pub fn lba(&self, slot: usize) -> u64 {
+        both!(self, c => c.lba(slot))
+    }
+
+    pub fn buf(&self, slot: usize) -> &[u8] {
+        both!(self, c => c.buf(slot))
+    }
+
+    pub fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
+        both!(self, c => c.buf_mut(slot))
+    }
+
+    /// Before sleeping in poll(2) when idle: the fd and events to wait for (the socket; for
+    /// iSER the armed CQ's completion channel), or None when there is work already (no sleep).
+    pub fn sleep_fd(&mut self) -> Option<(i32, i16)> {
+        match self {
+            Session::Tcp(c) => {
+                let mut events = libc::POLLIN;
+                if c.wants_write() {
+                    events |= libc::POLLOUT;
+                }
+                Some((c.fd(), events))
+            }
+            Session::Iser(c) => c.arm().map(|fd| (fd, libc::POLLIN)),
+        }
+    }
+
+    /// After the sleep.
+    pub fn woke(&mut self) {
+        if let Session::Iser(c) = self {
+            c.disarm();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::pdu::{Opcode, ScsiResponse};
+
+    fn cmd(dir: Dir, len: u32) -> ScsiCommand {
+        ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: dir == Dir::Read,
+            write: dir == Dir::Write,
+            attr: 1,
+            lun: Lun(0x0001_0000_0000_0000),
+            itt: Itt(0x0003_0007),
+            expected_data_transfer_length: len,
+            cmd_sn: Sn(42),
+            exp_stat_sn: Sn(9),
+            cdb: rw_cdb(dir, 0x1000, len / 512),
+        }
+    }
+
+    #[test]
+    fn read_command_advertises_the_read_stag() {
+        let h = rw_header(Dir::Read, 65536, 0, 0xabcd_0123, 0x7f00_0001_0000);
+        let m = encode_headers(h, Op::ScsiCommand(cmd(Dir::Read, 65536)), 0);
+        // Control, R bit only; Write STag/VA zero; Read STag and VA big-endian.
+        assert_eq!(m[0], 0x14);
+        assert_eq!(&m[1..16], &[0u8; 15]);
+        assert_eq!(&m[16..20], &[0xab, 0xcd, 0x01, 0x23]);
+        assert_eq!(&m[20..28], &0x7f00_0001_0000u64.to_be_bytes());
+        // BHS: SCSI Command, F and R set, no data segment, EDTL 64 KiB, CmdSN 42.
+        assert_eq!(m[28] & 0x3f, 0x01);
+        assert_eq!(m[29], 0x80 | 0x40 | 1);
+        assert_eq!(&m[28 + 4..28 + 8], &[0, 0, 0, 0]);
+        assert_eq!(&m[28 + 20..28 + 24], &65536u32.to_be_bytes());
+        assert_eq!(&m[28 + 24..28 + 28], &42u32.to_be_bytes());
+        assert_eq!(m[28 + 32], 0x28, "READ (10) CDB");
+        let (bhs, ds, dl) = parse_message(&m, HDRS).unwrap();
+        assert_eq!((ds, dl), (HDRS, 0));
+        assert_eq!(bhs.op.opcode(), Some(Opcode::ScsiCommand));
+    }
+
+    #[test]
+    fn write_command_with_immediate_data() {
+        // 64 KiB write, 8 KiB immediate: W bit, Write VA past the immediate part.
+        let h = rw_header(Dir::Write, 65536, 8192, 0x55, 0x1000_0000);
+        let m = encode_headers(h, Op::ScsiCommand(cmd(Dir::Write, 65536)), 8192);
+        assert_eq!(m[0], 0x18);
+        assert_eq!(&m[4..8], &0x55u32.to_be_bytes());
+        assert_eq!(&m[8..16], &(0x1000_0000u64 + 8192).to_be_bytes());
+        assert_eq!(&m[16..28], &[0u8; 12]);
+        assert_eq!(m[29], 0x80 | 0x20 | 1, "F and W");
+        assert_eq!(&m[28 + 5..28 + 8], &[0, 0x20, 0], "DataSegmentLength 8192");
+        // Everything immediate: no Write STag at all.
+        let h = rw_header(Dir::Write, 4096, 4096, 0x55, 0x1000_0000);
+        assert_eq!(
+            h,
+            IserHeader::Control {
+                write: None,
+                read: None
+            }
+        );
+        // No immediate data: the whole buffer is advertised.
+        let h = rw_header(Dir::Write, 4096, 0, 0x55, 0x1000_0000);
+        assert_eq!(
+            h,
+            IserHeader::Control {
+                write: Some(TaggedBuffer {
+                    stag: 0x55,
+                    base_offset: 0x1000_0000
+                }),
+                read: None
+            }
+        );
+    }
+
+    #[test]
+    fn received_messages_are_checked() {
+        let resp = ScsiResponse {
+            bidi_read_residual_overflow: false,
+            bidi_read_residual_underflow: false,
+            residual_overflow: false,
+            residual_underflow: false,
+            response: 0,
+            status: 2,
+            itt: Itt(5),
+            snack_tag: 0,
+            stat_sn: Sn(1),
+            exp_cmd_sn: Sn(2),
+            max_cmd_sn: Sn(33),
+            exp_data_sn: Sn(0),
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        };
+        let plain = IserHeader::Control {
+            write: None,
+            read: None,
+        };
+        let m = encode_headers(plain, Op::ScsiResponse(resp), 20);
+        assert_eq!(m[0], 0x10);
+        let (bhs, ds, dl) = parse_message(&m, HDRS + 20).unwrap();
+        assert!(matches!(bhs.op, Op::ScsiResponse(ref r) if r.status == 2 && r.itt == Itt(5)));
+        assert_eq!((ds, dl), (HDRS, 20));
+        // The data segment must fit the message.
+        assert!(parse_message(&m, HDRS + 19)
+            .unwrap_err()
+            .contains("20-byte data segment"));
+        assert!(parse_message(&m, 40).unwrap_err().contains("shorter"));
+        let mut hello = m;
+        hello[0] = 0x20;
+        assert!(parse_message(&hello, HDRS + 20)
+            .unwrap_err()
+            .contains("unexpected iSER message"));
+        hello[0] = 0x70;
+        assert!(parse_message(&hello, HDRS + 20)
+            .unwrap_err()
+            .contains("bad iSER header"));
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn iser_key_negotiation() {
+        let mut n = KeyNegotiation::new_iser();
+        let prop = n.operational_proposal();
+        let get = |k: &str| prop.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("RDMAExtensions"), Some("Yes"));
+        assert_eq!(get("HeaderDigest"), Some("None"));
+        assert_eq!(get("DataDigest"), Some("None"));
+        assert_eq!(get("InitiatorRecvDataSegmentLength"), Some("8192"));
+        assert_eq!(get("TargetRecvDataSegmentLength"), Some("8192"));
+        assert_eq!(get("MaxOutstandingUnexpectedPDUs"), Some("0"));
+        assert_eq!(get("InitialR2T"), Some("Yes"));
+        assert_eq!(
+            get("MaxRecvDataSegmentLength"),
+            None,
+            "replaced by the iSER keys"
+        );
+        // riser's answers (lib/iscsi negotiate.rs) and a declared MaxRecvDataSegmentLength.
+        let ans = n
+            .take_response(&pairs(&[
+                ("HeaderDigest", "None"),
+                ("DataDigest", "None"),
+                ("RDMAExtensions", "Yes"),
+                ("InitiatorRecvDataSegmentLength", "8192"),
+                ("TargetRecvDataSegmentLength", "4096"),
+                ("MaxOutstandingUnexpectedPDUs", "NotUnderstood"),
+                ("ImmediateData", "Yes"),
+                ("InitialR2T", "Yes"),
+                ("FirstBurstLength", "65536"),
+                ("MaxRecvDataSegmentLength", "262144"),
+            ]))
+            .unwrap();
+        assert!(ans.is_empty(), "{ans:?}");
+        assert_eq!(
+            n.iser_result,
+            IserKeys {
+                rdma_extensions: true,
+                target_recv_dsl: 4096,
+                initiator_recv_dsl: 8192,
+                max_outstanding_unexpected_pdus: 0
+            }
+        );
+        assert!(n.result.immediate_data && n.result.initial_r2t);
+        assert_eq!(n.result.first_burst, 65536);
+
+        // Offers from the target are answered (Minimum keys at most our value).
+        let mut n = KeyNegotiation::new_iser();
+        let ans = n
+            .take_response(&pairs(&[
+                ("RDMAExtensions", "Yes"),
+                ("TargetRecvDataSegmentLength", "1048576"),
+                ("InitiatorRecvDataSegmentLength", "262144"),
+                ("MaxOutstandingUnexpectedPDUs", "32"),
+                ("iSERHelloRequired", "Yes"),
+                ("MaxAHSLength", "256"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            ans,
+            pairs(&[
+                ("RDMAExtensions", "Yes"),
+                ("TargetRecvDataSegmentLength", "8192"),
+                ("InitiatorRecvDataSegmentLength", "8192"),
+                ("MaxOutstandingUnexpectedPDUs", "32"),
+                ("iSERHelloRequired", "No"),
+                ("MaxAHSLength", "256"),
+            ])
+        );
+        assert_eq!(n.iser_result.target_recv_dsl, 8192);
+        assert_eq!(n.iser_result.initiator_recv_dsl, 8192);
+        assert_eq!(n.iser_result.max_outstanding_unexpected_pdus, 32);
+
+        // A refusal and bad values.
+        let mut n = KeyNegotiation::new_iser();
+        n.operational_proposal();
+        n.take_response(&pairs(&[("RDMAExtensions", "No")]))
+            .unwrap();
+        assert!(!n.iser_result.rdma_extensions);
+        n.take_response(&pairs(&[("RDMAExtensions", "NotUnderstood")]))
+            .unwrap();
+        assert!(!n.iser_result.rdma_extensions);
+        assert!(n
+            .take_response(&pairs(&[("TargetRecvDataSegmentLength", "100")]))
+            .unwrap_err()
+            .contains("outside"));
+        assert!(n
+            .take_response(&pairs(&[("MaxOutstandingUnexpectedPDUs", "1")]))
+            .unwrap_err()
+            .contains("MaxOutstandingUnexpectedPDUs"));
+        // On TCP the iSER keys stay refused.
+        let mut t = KeyNegotiation::new(false, false);
+        let ans = t
+            .take_response(&pairs(&[
+                ("RDMAExtensions", "Yes"),
+                ("TargetRecvDataSegmentLength", "8192"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            ans,
+            pairs(&[
+                ("RDMAExtensions", "No"),
+                ("TargetRecvDataSegmentLength", "NotUnderstood")
+            ])
+        );
+    }
+
+    /// Without an RDMA device (the build machine) an iser:// login fails with a message, no
+    /// panic.
+    #[test]
+    fn login_without_rdma_is_a_clear_error() {
+        let url = crate::url::parse("iser://127.0.0.1:3260/iqn.2024-01.test:x/0").unwrap();
+        let opts = LoginOptions {
+            initiator_name: super::super::INITIATOR_NAME.into(),
+            header_digest: false,
+            data_digest: false,
+            timeout: Duration::from_secs(2),
+            isid: [0x80, 0, 0, 0, 0, 1],
+        };
+        match Session::login(&url, &opts, 4) {
+            Ok(_) => panic!("an iSER login to 127.0.0.1 cannot succeed"),
+            Err(e) => {
+                eprintln!("{e}");
+                assert!(
+                    e.starts_with("iser://127.0.0.1:3260/iqn.2024-01.test:x/0: "),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
