@@ -1811,7 +1811,12 @@ mod tests {
 
     #[test]
     fn unreachable_target_is_a_clear_error() {
-        // Port 1 on localhost: nothing listens there.
+        // A port that was just free on localhost (port 1 is not: a test tgtd may sit there).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let url = format!("iscsi://127.0.0.1:{port}/iqn.x:y/0");
         let e = main(
             &args(&[
                 "--time",
@@ -1821,11 +1826,14 @@ mod tests {
                 "--no-pin",
                 "--login-timeout",
                 "2",
-                "iscsi://127.0.0.1:1/iqn.x:y/0",
+                &url,
             ])
             .unwrap(),
         )
         .unwrap_err();
-        assert!(e.contains("cannot connect to 127.0.0.1:1"), "{e}");
+        assert!(
+            e.contains(&format!("cannot connect to 127.0.0.1:{port}")),
+            "{e}"
+        );
     }
 }
