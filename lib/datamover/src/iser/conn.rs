@@ -62,6 +62,10 @@ pub struct Completion {
 /// The verbs the datamover uses on its queue pair.
 pub trait IserQp {
     fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), String>;
+    /// Posts several receives as one chain (one doorbell).
+    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), String> {
+        wrs.iter().try_for_each(|&(id, sge)| self.post_recv(id, sge))
+    }
     /// Posts `wrs` as one chain (one doorbell).
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String>;
     /// Appends up to `max` completions.
@@ -178,6 +182,10 @@ pub struct IserConfig {
     pub max_rdma_reads: u32,
     pub data_chunk: usize,
     pub data_chunks: usize,
+    /// Both sides allowed Send with Invalidate (iSER CM private data): each SCSI Response
+    /// invalidates the STag its command advertised, sparing the initiator a local
+    /// invalidation per I/O.
+    pub send_invalidate: bool,
 }
 
 impl Default for IserConfig {
@@ -190,6 +198,7 @@ impl Default for IserConfig {
             max_rdma_reads: 16,
             data_chunk: 128 * 1024,
             data_chunks: 256,
+            send_invalidate: false,
         }
     }
 }
@@ -201,7 +210,8 @@ const KIND_MASK: u64 = 0xff << 56;
 
 /// A send waiting for a send slot or data chunks.
 enum Pending {
-    Control(Pdu),
+    /// A PDU, and the STag its SEND invalidates (a SCSI Response with Send with Invalidate).
+    Control(Pdu, Option<u32>),
     Put(PutData),
 }
 
@@ -241,6 +251,10 @@ pub struct IserDatamover<Q: IserQp> {
     /// In-flight reads by data chunk.
     reads: HashMap<u32, ReadJob>,
     wcs: Vec<Completion>,
+    /// Work requests of this poll pass, posted together at its end: one doorbell per pass
+    /// for the send queue, one for the receive queue.
+    tx: Vec<SendWr>,
+    rx: Vec<(u64, Sge)>,
     terminating: bool,
     dead: bool,
 }
@@ -264,13 +278,14 @@ impl<Q: IserQp> IserDatamover<Q> {
             read_queue: VecDeque::new(),
             reads: HashMap::new(),
             wcs: Vec::with_capacity(32),
+            tx: Vec::with_capacity(64),
+            rx: Vec::with_capacity(32),
             terminating: false,
             dead: false,
         };
-        for i in 0..dm.recv.count() as u32 {
-            let sge = dm.recv.sge(i, dm.recv.slot_size());
-            dm.qp.post_recv(KIND_RECV | i as u64, sge)?;
-        }
+        let ring: Vec<(u64, Sge)> =
+            (0..dm.recv.count() as u32).map(|i| (KIND_RECV | i as u64, dm.recv.sge(i, dm.recv.slot_size()))).collect();
+        dm.qp.post_recvs(&ring)?;
         // All receive slots are owned by the QP from here on.
         dm.recv.free.clear();
         Ok(dm)
@@ -298,6 +313,8 @@ impl<Q: IserQp> IserDatamover<Q> {
     fn fail(&mut self, why: String, events: &mut Vec<DmEvent>) {
         if !self.dead {
             self.dead = true;
+            self.tx.clear();
+            self.rx.clear();
             self.qp.disconnect();
             events.push(DmEvent::Terminated(why));
         }
@@ -326,17 +343,15 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// Tries to send one pending item; false when resources are short (it stays queued).
     fn try_send(&mut self, item: Pending, events: &mut Vec<DmEvent>) -> Result<(), Pending> {
         match item {
-            Pending::Control(pdu) => match self.stage_control(&pdu) {
-                None => Err(Pending::Control(pdu)),
+            Pending::Control(pdu, inv) => match self.stage_control(&pdu) {
+                None => Err(Pending::Control(pdu, inv)),
                 Some(Err(e)) => {
                     log::error!("iSER: {e}");
                     Ok(())
                 }
                 Some(Ok((slot, sge))) => {
-                    let wr = SendWr { wr_id: KIND_SEND | slot as u64, op: SendOp::Send, sge, signaled: true };
-                    if let Err(e) = self.qp.post_send(&[wr]) {
-                        self.fail(format!("post send failed: {e}"), events);
-                    }
+                    let op = inv.map_or(SendOp::Send, SendOp::SendInvalidate);
+                    self.tx.push(SendWr { wr_id: KIND_SEND | slot as u64, op, sge, signaled: true });
                     Ok(())
                 }
             },
@@ -348,7 +363,8 @@ impl<Q: IserQp> IserDatamover<Q> {
                     // A read without a Read STag: nothing can be written; the response
                     // (with its residual) still goes out.
                     log::warn!("iSER: task {:#x} has data but no Read STag", put.itt.0);
-                    return self.try_send(Pending::Control(put.response), events);
+                    let inv = self.invalidate(put.itt);
+                    return self.try_send(Pending::Control(put.response, inv), events);
                 };
                 if self.data.free.len() < needed || self.send.free.is_empty() {
                     return Err(Pending::Put(put));
@@ -375,12 +391,11 @@ impl<Q: IserQp> IserDatamover<Q> {
                     }
                     return Err(Pending::Put(put));
                 };
-                wrs.push(SendWr { wr_id: KIND_SEND | slot as u64, op: SendOp::Send, sge, signaled: true });
+                let op = if self.cfg.send_invalidate { SendOp::SendInvalidate(read.stag) } else { SendOp::Send };
+                wrs.push(SendWr { wr_id: KIND_SEND | slot as u64, op, sge, signaled: true });
                 self.send_chunks.insert(slot, chunks);
                 self.tags.remove(&put.itt);
-                if let Err(e) = self.qp.post_send(&wrs) {
-                    self.fail(format!("post RDMA Write chain failed: {e}"), events);
-                }
+                self.tx.extend_from_slice(&wrs);
                 Ok(())
             }
         }
@@ -401,7 +416,7 @@ impl<Q: IserQp> IserDatamover<Q> {
     }
 
     /// Posts queued RDMA Reads while the initiator depth and data chunks allow.
-    fn start_reads(&mut self, events: &mut Vec<DmEvent>) -> usize {
+    fn start_reads(&mut self) -> usize {
         let mut wrs = Vec::new();
         while (self.reads.len() + wrs.len()) < self.cfg.max_rdma_reads.max(1) as usize {
             let Some(job) = self.read_queue.front().copied() else { break };
@@ -415,12 +430,9 @@ impl<Q: IserQp> IserDatamover<Q> {
             });
             self.reads.insert(c, job);
         }
-        if !wrs.is_empty() {
-            if let Err(e) = self.qp.post_send(&wrs) {
-                self.fail(format!("post RDMA Read failed: {e}"), events);
-            }
-        }
-        wrs.len()
+        let n = wrs.len();
+        self.tx.extend(wrs);
+        n
     }
 
     fn on_recv(&mut self, slot: u32, len: usize, events: &mut Vec<DmEvent>) {
@@ -452,7 +464,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                 if let Some(s) = self.send.alloc() {
                     self.send.write(s, &h);
                     let wr = SendWr { wr_id: KIND_SEND | s as u64, op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
-                    let _ = self.qp.post_send(&[wr]);
+                    self.tx.push(wr);
                 }
             }
             Ok(IserHeader::HelloReply { .. }) | Err(_) => {
@@ -461,10 +473,42 @@ impl<Q: IserQp> IserDatamover<Q> {
                 return;
             }
         }
-        // The PDU was copied out: give the buffer back to the QP at once.
+        // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell.
         let sge = self.recv.sge(slot, self.recv.slot_size());
-        if let Err(e) = self.qp.post_recv(KIND_RECV | slot as u64, sge) {
-            self.fail(format!("repost receive failed: {e}"), events);
+        self.rx.push((KIND_RECV | slot as u64, sge));
+    }
+
+    /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
+    /// (as Linux isert does), when Send with Invalidate was agreed.
+    fn invalidate(&self, itt: Itt) -> Option<u32> {
+        if !self.cfg.send_invalidate {
+            return None;
+        }
+        let (write, read) = self.tags.get(&itt)?;
+        read.or(*write).map(|t| t.stag)
+    }
+
+    /// Posts what this pass queued: receives first (the initiator may answer a response at
+    /// once), then the sends, each as one chain.
+    fn doorbell(&mut self, events: &mut Vec<DmEvent>) {
+        if !self.rx.is_empty() {
+            let rx = std::mem::take(&mut self.rx);
+            let r = self.qp.post_recvs(&rx);
+            self.rx = rx;
+            self.rx.clear();
+            if let Err(e) = r {
+                self.fail(format!("repost receives failed: {e}"), events);
+                return;
+            }
+        }
+        if !self.tx.is_empty() {
+            let tx = std::mem::take(&mut self.tx);
+            let r = self.qp.post_send(&tx);
+            self.tx = tx;
+            self.tx.clear();
+            if let Err(e) = r {
+                self.fail(format!("post send failed: {e}"), events);
+            }
         }
     }
 
@@ -495,10 +539,16 @@ impl<Q: IserQp> IserDatamover<Q> {
 
 impl<Q: IserQp> Datamover for IserDatamover<Q> {
     fn send_control(&mut self, pdu: Pdu) {
-        if let Op::ScsiResponse(r) = pdu.op() {
-            self.tags.remove(&r.itt);
-        }
-        self.pending.push_back(Pending::Control(pdu));
+        let inv = match pdu.op() {
+            Op::ScsiResponse(r) => {
+                let itt = r.itt;
+                let inv = self.invalidate(itt);
+                self.tags.remove(&itt);
+                inv
+            }
+            _ => None,
+        };
+        self.pending.push_back(Pending::Control(pdu, inv));
     }
 
     fn put_data(&mut self, req: PutData) {
@@ -614,8 +664,9 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         if self.dead {
             return work;
         }
-        work += self.start_reads(events);
+        work += self.start_reads();
         work += self.flush_pending(events);
+        self.doorbell(events);
         if self.terminating && self.pending.is_empty() && self.send.free.len() == self.send.count() {
             self.dead = true;
             self.qp.disconnect();
@@ -801,6 +852,39 @@ mod tests {
         d.poll(&mut ev);
         assert_eq!(d.data.free.len(), d.data.count(), "chunks freed by the SEND completion");
         assert_eq!(d.send.free.len(), d.send.count());
+    }
+
+    /// Everything one pass produces goes out in one chain: the responses of three reads (one
+    /// with data) and a control PDU, and, with Send with Invalidate agreed, each response
+    /// invalidates its command's STag (the Read STag, else the Write STag).
+    #[test]
+    fn one_doorbell_per_pass_and_send_with_invalidate() {
+        let mut d = dm(IserConfig { data_chunk: 64 * 1024, send_invalidate: true, ..Default::default() });
+        deliver(&mut d, &command(1, true, false, 4096, vec![]));
+        deliver(&mut d, &command(2, false, false, 0, vec![]));
+        deliver(&mut d, &command(3, false, true, 4096, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert_eq!(ev.len(), 3);
+        assert_eq!(d.qp.chains.len(), 0, "receives only: no send posted");
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: Box::new(vec![5u8; 4096]), len: 4096, response: response(1), sn: SnState::default() });
+        d.send_control(response(2));
+        d.send_control(response(3));
+        d.poll(&mut ev);
+        assert_eq!(d.qp.chains, vec![4], "RDMA Write + 3 SENDs in one post");
+        let ops: Vec<SendOp> = d.qp.queued.iter().map(|w| w.op).collect();
+        assert_eq!(
+            ops,
+            vec![SendOp::RdmaWrite { remote_addr: 0, rkey: 0x11 }, SendOp::SendInvalidate(0x11), SendOp::Send, SendOp::SendInvalidate(0x22)]
+        );
+        wire(&mut d);
+        // Without the agreement, plain SENDs.
+        let mut d = dm(IserConfig::default());
+        deliver(&mut d, &command(1, true, false, 4096, vec![]));
+        d.poll(&mut ev);
+        d.send_control(response(1));
+        d.poll(&mut ev);
+        assert_eq!(d.qp.queued.iter().map(|w| w.op).collect::<Vec<_>>(), vec![SendOp::Send]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod header;
+pub mod shared_cq;
 pub mod verbs;
 
 pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};

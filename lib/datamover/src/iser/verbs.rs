@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
+use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
 
 use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
 
@@ -65,6 +65,13 @@ impl IserQp for VerbsQp {
     fn post_recv(&mut self, wr_id: u64, s: Sge) -> Result<(), String> {
         let qp = self.id.qp().ok_or("no queue pair")?;
         qp.post_recv(wr_id, &[sge(s)]).map_err(|e| e.to_string())
+    }
+
+    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), String> {
+        let qp = self.id.qp().ok_or("no queue pair")?;
+        let sges: Vec<[riser_rdma::Sge; 1]> = wrs.iter().map(|&(_, s)| [sge(s)]).collect();
+        let chain: Vec<RecvWr<'_>> = wrs.iter().zip(sges.iter()).map(|(&(wr_id, _), s)| RecvWr { wr_id, sges: s }).collect();
+        qp.post_recvs(&chain).map_err(|e| e.to_string())
     }
 
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
