@@ -167,7 +167,10 @@ impl<S: CqSource> CqMember<S> {
 impl<S: CqSource> Drop for CqMember<S> {
     fn drop(&mut self) {
         let mut d = self.cq.lock();
-        d.inboxes.remove(&self.qp_num);
+        // Only our own entry: a new QP may already have been given this QP number.
+        if d.inboxes.get(&self.qp_num).is_some_and(|w| w.as_ptr() == Arc::as_ptr(&self.inbox)) {
+            d.inboxes.remove(&self.qp_num);
+        }
         d.reserved = d.reserved.saturating_sub(self.depth);
     }
 }
@@ -304,12 +307,20 @@ mod tests {
         assert!(!cq.has_room(41));
         assert!(cq.join(2, 41).is_err());
         let b = cq.join(2, 40).unwrap();
+        // QP number 1 reused by a new QP before the old one's membership ends: the old one
+        // leaving does not take the new one's inbox.
+        let a2 = cq.join(1, 0).unwrap();
         drop(a);
+        cq.source().complete(1, 8);
+        let mut out = Vec::new();
+        a2.poll(&mut out, 8);
+        assert_eq!(ids(&out), [8]);
+        drop(a2);
         assert!(cq.has_room(60));
         // A completion for a QP that left is dropped, not delivered to anyone else.
         cq.source().complete(1, 9);
         cq.source().complete(2, 10);
-        let mut out = Vec::new();
+        out.clear();
         b.poll(&mut out, 8);
         assert_eq!(ids(&out), [10]);
     }

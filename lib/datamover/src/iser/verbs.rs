@@ -7,6 +7,7 @@ use std::sync::Arc;
 use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
 
 use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
+use super::shared_cq::{CqMember, CqSource};
 
 impl RegisteredMemory for MemoryRegion {
     fn base(&self) -> u64 {
@@ -38,10 +39,51 @@ pub fn registered_pool(pd: &Arc<ProtectionDomain>, count: usize, slot: usize) ->
     Ok(Pool::new(Box::new(mr), count, slot))
 }
 
+fn completion(wc: &WorkCompletion) -> Completion {
+    if !wc.is_success() && !wc.is_flush() {
+        log::warn!("iSER: work request {:#x} completed with {} (vendor error {:#x})", wc.wr_id, wc.status, wc.vendor_err);
+    }
+    Completion { wr_id: wc.wr_id, error: if wc.is_success() { None } else { Some(wc.is_flush()) }, byte_len: wc.byte_len }
+}
+
+/// A verbs CQ shared by the QPs of one reactor on one device (see [`super::shared_cq`]).
+pub struct VerbsCq {
+    cq: Arc<CompletionQueue>,
+}
+
+impl VerbsCq {
+    pub fn new(cq: Arc<CompletionQueue>) -> VerbsCq {
+        VerbsCq { cq }
+    }
+
+    pub fn cq(&self) -> &Arc<CompletionQueue> {
+        &self.cq
+    }
+}
+
+impl CqSource for VerbsCq {
+    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, String> {
+        let mut wcs = [WorkCompletion::default(); 64];
+        let max = max.min(wcs.len());
+        let n = self.cq.poll(&mut wcs[..max]).map_err(|e| e.to_string())?;
+        out.extend(wcs[..n].iter().map(|wc| (wc.qp_num, completion(wc))));
+        Ok(n)
+    }
+}
+
+/// Where a QP's completions come from.
+enum QpCq {
+    /// A CQ of its own (polled directly).
+    Own(Arc<CompletionQueue>),
+    /// Its inbox on a shared CQ.
+    Shared(CqMember<VerbsCq>),
+}
+
 /// An rdma_cm id with its RC queue pair and the CQ both its queues complete on.
 pub struct VerbsQp {
+    // Dropped in this order: the QP (with the id) before its membership of a shared CQ.
     id: CmId,
-    cq: Arc<CompletionQueue>,
+    cq: QpCq,
     wcs: Vec<WorkCompletion>,
     disconnected: bool,
 }
@@ -49,7 +91,12 @@ pub struct VerbsQp {
 impl VerbsQp {
     /// `id` must already own its QP (created on `cq`).
     pub fn new(id: CmId, cq: Arc<CompletionQueue>) -> VerbsQp {
-        VerbsQp { id, cq, wcs: vec![WorkCompletion::default(); 32], disconnected: false }
+        VerbsQp { id, cq: QpCq::Own(cq), wcs: vec![WorkCompletion::default(); 32], disconnected: false }
+    }
+
+    /// `id` must already own its QP, created on `member`'s shared CQ, which it joined.
+    pub fn shared(id: CmId, member: CqMember<VerbsCq>) -> VerbsQp {
+        VerbsQp { id, cq: QpCq::Shared(member), wcs: Vec::new(), disconnected: false }
     }
 
     pub fn cm_id(&self) -> &CmId {
@@ -99,17 +146,14 @@ impl IserQp for VerbsQp {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let cq = match &self.cq {
+            QpCq::Shared(m) => return m.poll(out, max),
+            QpCq::Own(cq) => cq,
+        };
         let max = max.min(self.wcs.len());
-        match self.cq.poll(&mut self.wcs[..max]) {
+        match cq.poll(&mut self.wcs[..max]) {
             Ok(n) => {
-                out.extend(self.wcs[..n].iter().map(|wc| Completion {
-                    wr_id: wc.wr_id,
-                    error: if wc.is_success() { None } else { Some(wc.is_flush()) },
-                    byte_len: wc.byte_len,
-                }));
-                for wc in self.wcs[..n].iter().filter(|wc| !wc.is_success() && !wc.is_flush()) {
-                    log::warn!("iSER: work request {:#x} completed with {} (vendor error {:#x})", wc.wr_id, wc.status, wc.vendor_err);
-                }
+                out.extend(self.wcs[..n].iter().map(completion));
                 n
             }
             Err(e) => {
