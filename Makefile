@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench bench-rxe deps clean
+.PHONY: all build release run test unit integration bench bench-rxe bench-scale deps clean
 
 all: build
 
@@ -36,6 +36,10 @@ bench: release
 bench-rxe: build
 	@scripts/setup.sh bench
 	scripts/bench-rxe.sh
+
+# Multi-reactor scaling over iSCSI/TCP on loopback (needs about 16 cores; see the script).
+bench-scale: release
+	scripts/bench-scale.sh
 
 clean:
 	$(CARGO) clean
