@@ -55,12 +55,14 @@ fn nines_label(x: f64) -> String {
     }
 }
 
-/// Compact microseconds for axis labels: 12, 1.5, 0.25, 1.2k (ms as k us).
+/// A latency given in microseconds, for labels: "85.2 us", "123 us", "11.8 ms", "1.2 s".
 fn us_label(v: f64) -> String {
-    if v >= 1000.0 {
-        format!("{}k", trim(v / 1000.0))
+    if v >= 1_000_000.0 {
+        format!("{} s", trim(v / 1_000_000.0))
+    } else if v >= 1000.0 {
+        format!("{} ms", trim(v / 1000.0))
     } else {
-        trim(v)
+        format!("{} us", trim(v))
     }
 }
 
@@ -156,17 +158,18 @@ fn percentile_panel(area: &Area, h: &Histogram<u64>) -> Result<(), String> {
     let mut chart = ChartBuilder::on(area)
         .caption("latency by percentile", ("sans-serif", 16))
         .margin(12)
+        .margin_right(36)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(0f64..max_nines.ceil(), (lo..hi).log_scale())
+        .build_cartesian_2d(0f64..max_nines, (lo..hi).log_scale())
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_labels(max_nines.ceil() as usize + 1)
+        .x_labels(max_nines.floor() as usize + 1)
         .x_label_formatter(&|x| nines_label(*x))
         .y_label_formatter(&|y| us_label(*y))
         .x_desc("percentile")
-        .y_desc("latency (us)")
+        .y_desc("latency")
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(err)?;
@@ -201,14 +204,6 @@ fn percentile_panel(area: &Area, h: &Histogram<u64>) -> Result<(), String> {
             )))
             .map_err(err)?;
     }
-    let max = h.max() as f64 / 1000.0;
-    chart
-        .draw_series(std::iter::once(Text::new(
-            format!("max {}", us_label(max)),
-            (max_nines * 0.8, max.max(lo)),
-            ("sans-serif", 12).into_font().color(&BLACK),
-        )))
-        .map_err(err)?;
     Ok(())
 }
 
@@ -222,6 +217,7 @@ fn histogram_panel(area: &Area, h: &Histogram<u64>) -> Result<(), String> {
     let mut chart = ChartBuilder::on(area)
         .caption("latency histogram", ("sans-serif", 16))
         .margin(12)
+        .margin_right(36)
         .x_label_area_size(40)
         .y_label_area_size(56)
         .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
@@ -230,8 +226,8 @@ fn histogram_panel(area: &Area, h: &Histogram<u64>) -> Result<(), String> {
         .configure_mesh()
         .x_label_formatter(&|x| us_label(*x))
         .y_label_formatter(&|y| format!("{y:.0}%"))
-        .x_desc("latency (us)")
-        .y_desc("I/Os")
+        .x_desc("latency")
+        .y_desc("share of I/Os")
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(err)?;
@@ -294,7 +290,7 @@ pub fn plot_run(
         0.0
     };
     let subtitle = format!(
-        "{}; {} I/Os in {:.1} s, {:.0} IOPS; p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        "{}; {} I/Os in {:.1} s, {:.0} IOPS; p50 {}, p99 {}, p99.9 {}, max {}",
         urls.join(" "),
         merged.len(),
         window_ns as f64 / 1e9,
@@ -722,10 +718,11 @@ mod tests {
         assert_eq!(nines_label(2.0), "99%");
         assert_eq!(nines_label(4.0), "99.99%");
         assert_eq!(nines_label(2.5), "");
-        assert_eq!(us_label(12.34), "12.3");
-        assert_eq!(us_label(1500.0), "1.5k");
-        assert_eq!(us_label(0.25), "0.25");
-        assert_eq!(us_label(100.0), "100");
+        assert_eq!(us_label(12.34), "12.3 us");
+        assert_eq!(us_label(1500.0), "1.5 ms");
+        assert_eq!(us_label(0.25), "0.25 us");
+        assert_eq!(us_label(100.0), "100 us");
+        assert_eq!(us_label(2_500_000.0), "2.5 s");
         assert_eq!(size_label(4096), "4 KiB");
         assert_eq!(size_label(1 << 20), "1 MiB");
         assert_eq!(size_label(1536), "1536 B");
@@ -758,7 +755,7 @@ mod tests {
         let svg = latency_svg(&h, "my title", "my subtitle").unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         assert!(svg.trim_end().ends_with("</svg>"));
-        for s in ["my title", "my subtitle", "latency by percentile", "p99.9", "99.9%", "latency (us)"] {
+        for s in ["my title", "my subtitle", "latency by percentile", "p99.9", "99.9%", "share of I/Os"] {
             assert!(svg.contains(s), "no {s:?} in the SVG");
         }
         assert!(latency_svg(&new_histogram(), "t", "s")
