@@ -35,14 +35,12 @@ use crate::url::TargetUrl;
 
 // The iSER transport. Declared here rather than in main.rs (owned by other work at the time);
 // it belongs next to `mod conn;` there.
-#[path = "iser.rs"]
-pub mod iser;
 
 pub const INITIATOR_NAME: &str = "iqn.2024-01.io.riser:perf";
 /// What we declare as MaxRecvDataSegmentLength: the largest Data-In the target may send.
 pub const OUR_MAX_RECV_DSL: u32 = 262_144;
 /// Data segment limit while logging in (RFC 7143 §13.12).
-const LOGIN_MAX_RECV_DSL: u32 = 8192;
+pub(crate) const LOGIN_MAX_RECV_DSL: u32 = 8192;
 /// Receive buffer: several maximal PDUs, so that one read(2) picks up many completions.
 const RX_BUF: usize = 1 << 20;
 /// Management tasks (TUR, READ CAPACITY, logout) use ITTs with the top bit set; I/O tasks
@@ -211,7 +209,7 @@ pub struct KeyNegotiation {
     want_header_digest: bool,
     want_data_digest: bool,
     /// Keys sent so far (a target's copy of one of these is an answer, not an offer).
-    proposed: Vec<String>,
+    pub(crate) proposed: Vec<String>,
     pub result: Negotiated,
     /// iSER (RFC 7145 §6): RDMAExtensions=Yes and the iSER keys instead of
     /// MaxRecvDataSegmentLength.

@@ -22,7 +22,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::bdev::{PollModeArg, Rng, Workload};
-use crate::conn::iser::Session;
+use crate::iser::Session;
 use crate::conn::{Completion, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
 use crate::report::{new_histogram, Latency, Report, WorkerResult};
 use crate::url::{self, TargetUrl, Transport};

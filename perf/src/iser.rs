@@ -41,7 +41,7 @@ use riser_rdma::{
     WorkCompletion, WrData,
 };
 
-use super::{
+use crate::conn::{
     login_status_text, rw_cdb, status, status_name, wait_fd, CmdResult, Completion, Conn, Dir,
     IoError, IserKeys, KeyNegotiation, LoginOptions, Negotiated, ScsiExec, Sense,
     LOGIN_MAX_RECV_DSL, MAX_QD, MGMT_ITT, OUR_INITIATOR_RECV_DSL,
@@ -791,11 +791,11 @@ impl IserConn {
     }
 
     pub fn wait_ready(&mut self) -> Result<(), String> {
-        super::wait_ready(self)
+        crate::conn::wait_ready(self)
     }
 
     pub fn read_capacity(&mut self) -> Result<(), String> {
-        let (bs, n) = super::read_capacity(self)?;
+        let (bs, n) = crate::conn::read_capacity(self)?;
         self.block_size = bs;
         self.num_blocks = n;
         Ok(())
@@ -1669,7 +1669,7 @@ mod tests {
     fn login_without_rdma_is_a_clear_error() {
         let url = crate::url::parse("iser://127.0.0.1:3260/iqn.2024-01.test:x/0").unwrap();
         let opts = LoginOptions {
-            initiator_name: super::super::INITIATOR_NAME.into(),
+            initiator_name: crate::conn::INITIATOR_NAME.into(),
             header_digest: false,
             data_digest: false,
             timeout: Duration::from_secs(2),

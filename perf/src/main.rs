@@ -16,6 +16,7 @@ mod conn;
 #[cfg(test)]
 mod fake_target;
 mod init;
+mod iser;
 mod plot;
 mod report;
 mod url;
