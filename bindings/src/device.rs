@@ -23,6 +23,39 @@ pub fn devices() -> Result<Vec<String>> {
     Ok(list.iter().map(device_name).collect())
 }
 
+/// Has librdmacm re-read the device list so that it lets go of devices that are gone; returns
+/// how many devices it still lists.
+///
+/// librdmacm opens a device's context for the first rdma_cm id bound to it and keeps it open
+/// after the last id is destroyed, until it notices that the device was removed, which it only
+/// does when it re-reads the device list (`rdma_get_devices`, or binding an id to a device it
+/// does not know yet). A device whose driver cannot take user contexts away (soft-RoCE: no
+/// `disassociate_ucontext`) cannot finish unregistering while any process holds a context on
+/// it: `rdma link delete` waits in `ib_uverbs_remove_one`. So after an
+/// RDMA_CM_EVENT_DEVICE_REMOVAL, drop every id, QP, CQ, PD and [`Context`] of that device and
+/// call this (before is fine too: librdmacm then closes the context when its last user goes).
+///
+/// librdmacm 44 skips the re-read when no device is left at all (it keeps its stale list), so
+/// with the removed device being the only one, the context stays open until another device
+/// appears and this is called again.
+pub fn refresh_cm_devices() -> Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the call returns NULL or a NULL-terminated array of
+    // librdmacm's contexts, each with its reference count raised until rdma_free_devices.
+    let list = unsafe { sys::rdma_get_devices(&mut n) };
+    match NonNull::new(list) {
+        Some(list) => {
+            // SAFETY: the array came from rdma_get_devices and is freed once, right here.
+            unsafe { sys::rdma_free_devices(list.as_ptr()) };
+            Ok(n.max(0) as usize)
+        }
+        None => match last_errno() {
+            libc::ENODEV | libc::ENOSYS | libc::ENOENT | 0 => Ok(0),
+            errno => Err(RdmaError::Call { call: "rdma_get_devices", errno }),
+        },
+    }
+}
+
 /// The array `ibv_get_device_list` returns, freed on drop.
 struct DeviceList {
     list: NonNull<*mut sys::ibv_device>,
@@ -407,6 +440,15 @@ mod tests {
         match devices() {
             Ok(list) => eprintln!("verbs devices: {list:?}"),
             Err(e) => eprintln!("devices() error (clean): {e}"),
+        }
+    }
+
+    #[test]
+    fn refresh_cm_devices_is_a_count_or_clean_error() {
+        // No RDMA here: 0 (librdmacm reports ENODEV) or a clean error; rxe0 in the VM: 1.
+        match refresh_cm_devices() {
+            Ok(n) => eprintln!("librdmacm lists {n} device(s)"),
+            Err(e) => eprintln!("refresh_cm_devices() error (clean): {e}"),
         }
     }
 

@@ -37,7 +37,7 @@ mod qp;
 
 pub use cm::{CmEvent, CmEventType, CmId, CmIdKey, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH};
-pub use device::{devices, mtu_bytes, Context, DeviceAttr, LinkLayer, PortAttr, PortState, ProtectionDomain};
+pub use device::{devices, mtu_bytes, refresh_cm_devices, Context, DeviceAttr, LinkLayer, PortAttr, PortState, ProtectionDomain};
 pub use error::{RdmaError, Result};
 pub use mr::{Access, MemoryRegion, Sge};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue, WrData, MAX_CHAIN};

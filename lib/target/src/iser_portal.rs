@@ -13,7 +13,13 @@
 //!    buffers, data chunks, all registered once; the whole receive ring is posted before
 //!    the final Login Response goes out through the datamover.
 //! 4. Enable_Datamover: the datamover moves to the session's reactor.
+//!
 //! DISCONNECTED and other CM events for live connections close them through the registry.
+//! DEVICE_REMOVAL (the RDMA device went away, e.g. `rdma link delete`): the kernel cannot
+//! finish removing a soft-RoCE device while a process holds anything on it, so the portal
+//! drops its listener and cached PD, the connections on the device close, librdmacm is asked
+//! to re-read its device list (it then closes its own context of the device), and the portal
+//! listens again once the address has a device.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -59,9 +65,7 @@ struct Pending {
 /// Starts the listener thread of one iSER portal; `stop` ends it.
 pub(crate) fn spawn(server: Arc<IscsiServer>, addr: SocketAddr, tag: u16, stop: Arc<AtomicBool>) -> Result<(), String> {
     let channel = EventChannel::new().map_err(|e| format!("rdma_cm event channel: {e}"))?;
-    let listener = CmId::new(&channel).map_err(|e| format!("rdma_cm id: {e}"))?;
-    listener.bind_addr(addr).map_err(|e| format!("bind {addr} (is there an RDMA device with this address?): {e}"))?;
-    listener.listen(128).map_err(|e| format!("listen on {addr}: {e}"))?;
+    let listener = listen(&channel, addr)?;
     thread::Builder::new()
         .name(format!("iser-{}", addr.port()))
         .spawn(move || run(server, channel, listener, addr, tag, stop))
@@ -69,8 +73,28 @@ pub(crate) fn spawn(server: Arc<IscsiServer>, addr: SocketAddr, tag: u16, stop: 
     Ok(())
 }
 
-fn run(server: Arc<IscsiServer>, channel: EventChannel, _listener: CmId, addr: SocketAddr, tag: u16, stop: Arc<AtomicBool>) {
+/// A listening id on `addr` (bound to the device that has the address).
+fn listen(channel: &EventChannel, addr: SocketAddr) -> Result<CmId, String> {
+    let listener = CmId::new(channel).map_err(|e| format!("rdma_cm id: {e}"))?;
+    listener.bind_addr(addr).map_err(|e| format!("bind {addr} (is there an RDMA device with this address?): {e}"))?;
+    listener.listen(128).map_err(|e| format!("listen on {addr}: {e}"))?;
+    Ok(listener)
+}
+
+/// How often a portal whose device went away tries to listen again.
+const RELISTEN_EVERY: Duration = Duration::from_secs(1);
+/// How long after a device removal the portal keeps asking librdmacm to re-read the device
+/// list (see [`riser_rdma::refresh_cm_devices`]), once per [`RELISTEN_EVERY`].
+const REFRESH_FOR: Duration = Duration::from_secs(120);
+
+fn run(server: Arc<IscsiServer>, channel: EventChannel, listener: CmId, addr: SocketAddr, tag: u16, stop: Arc<AtomicBool>) {
     log::info!("iSER portal {addr} (portal group {tag}): listening");
+    // None while the portal's device is gone (DEVICE_REMOVAL): retried every RELISTEN_EVERY.
+    let mut listener = Some(listener);
+    let mut listener_key = listener.as_ref().map(CmId::key);
+    // After a device removal: when to retry / refresh next, and until when to refresh.
+    let mut next_retry = Instant::now();
+    let mut refresh_until: Option<Instant> = None;
     let mut pds: HashMap<String, Arc<ProtectionDomain>> = HashMap::new();
     let mut pending: HashMap<CmIdKey, Pending> = HashMap::new();
     // Connections in full-feature phase, by CM id, to close them on CM events.
@@ -81,6 +105,24 @@ fn run(server: Arc<IscsiServer>, channel: EventChannel, _listener: CmId, addr: S
             match channel.poll_event() {
                 Ok(Some(ev)) => {
                     busy = true;
+                    if ev.event_type == CmEventType::DeviceRemoval {
+                        // Everything on the device must go for its removal to complete: the
+                        // cached PD now (connections hold their own until they are freed),
+                        // the listener and the connections below (each id gets this event).
+                        pds.clear();
+                        refresh_until = Some(Instant::now() + REFRESH_FOR);
+                        next_retry = Instant::now() + RELISTEN_EVERY;
+                        if listener_key == Some(ev.id) {
+                            log::warn!(
+                                "iSER portal {addr}: RDMA device removed; {} login(s) and {} connection(s) on it close, listening again once the address has a device",
+                                pending.len(),
+                                live.len()
+                            );
+                            listener = None;
+                            listener_key = None;
+                            continue;
+                        }
+                    }
                     match ev.event_type {
                         CmEventType::ConnectRequest => {
                             if let Some(id) = ev.new_id {
@@ -131,15 +173,40 @@ fn run(server: Arc<IscsiServer>, channel: EventChannel, _listener: CmId, addr: S
             busy |= step(&server, p, tag);
             if p.done || (p.dm.is_none() && p.qp.is_none()) {
                 if let Some(id) = p.conn_id {
+                    // Connections that ended on their own (logout, errors) never get another
+                    // CM event once their id is destroyed: forget them here.
+                    let ids: Vec<u64> = server.connections().list().iter().map(|c| c.id).collect();
+                    live.retain(|_, c| ids.contains(c));
                     live.insert(key, id);
                 }
                 pending.remove(&key);
+            }
+        }
+        if (listener.is_none() || refresh_until.is_some()) && Instant::now() >= next_retry {
+            next_retry = Instant::now() + RELISTEN_EVERY;
+            if refresh_until.is_some_and(|t| Instant::now() < t) {
+                if let Err(e) = riser_rdma::refresh_cm_devices() {
+                    log::debug!("iSER portal {addr}: {e}");
+                }
+            } else {
+                refresh_until = None;
+            }
+            if listener.is_none() {
+                match listen(&channel, addr) {
+                    Ok(l) => {
+                        log::info!("iSER portal {addr} (portal group {tag}): listening again");
+                        listener_key = Some(l.key());
+                        listener = Some(l);
+                    }
+                    Err(e) => log::debug!("iSER portal {addr}: not listening yet: {e}"),
+                }
             }
         }
         if !busy {
             thread::sleep(Duration::from_micros(500));
         }
     }
+    drop(listener);
     log::info!("iSER portal {addr}: stopped");
 }
 
@@ -155,7 +222,7 @@ fn setup(
 ) -> Result<Pending, String> {
     let ctx: Arc<Context> = id.context().map_err(|e| e.to_string())?.ok_or("no device for the connection")?;
     let attr = ctx.query_device().map_err(|e| e.to_string())?;
-    let pd = match pds.get(ctx.name()) {
+    let pd = match pds.get(ctx.name()).filter(|pd| pd.context().as_raw() == ctx.as_raw()) {
         Some(pd) => pd.clone(),
         None => {
             let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
