@@ -91,9 +91,10 @@ fn rxe_vm_iser_fault_initiator_killed() {
 }
 
 /// The soft-RoCE device deleted under a Linux ib_iser session that is writing (iscsid
-/// SIGKILLed first): riser frees the connection within 60 s, keeps running, lets the device
-/// go so the deletion completes, and takes a new iSER login (4 MiB verified) once the device
-/// is back.
+/// SIGKILLed first): riser logs the removal, frees the connection within 60 s, keeps running,
+/// lets the device go so the deletion completes, listens again once the device is back and
+/// takes a new iSER login (iscsid's relogin of the session, 4 MiB verified). A spare rxe1
+/// stays in the VM: librdmacm can only notice a removed device while another one is left.
 #[test]
 fn rxe_vm_iser_fault_device_removed() {
     fault_run().expect_line("FAULT LINKDEL OK");
