@@ -27,7 +27,9 @@ test:
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace --no-fail-fast
 
-# Benchmarks print figures; they are not tests.
+# Benchmarks print figures; they are not tests. A few minutes: bdevperf-like runs, riser vs
+# tgt with iscsi-perf and riser-perf, and the riser-perf matrix (table, JSON and chart under
+# target/bench/). BENCH_TIME=seconds BENCH_ROUNDS=n shorten or lengthen every part.
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh

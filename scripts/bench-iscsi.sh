@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# iSCSI over TCP: 4 KiB random read, QD 32, null LUN, libiscsi's iscsi-perf as the client,
-# against riser and against tgt (Debian's user-space target) set up the same way,
-# alternated over ROUNDS rounds on this machine. Target pinned to core 0, client to core 1.
-# Prints each run, the medians and the ratio. A benchmark: it prints figures, it asserts nothing.
+# iSCSI over TCP: 4 KiB random read, QD 32, null LUN, against riser and against tgt (Debian's
+# user-space target) set up the same way, each driven by two clients: libiscsi's iscsi-perf
+# and riser-perf (one client thread, one session), all alternated over ROUNDS rounds on this
+# machine. Target pinned to core 0, client to core 1. Prints each run, the medians, riser/tgt
+# for each client, and the two clients side by side against the same target (riser-perf is
+# meant to drive at least as many IOPS as iscsi-perf). A benchmark: it prints figures, it
+# asserts nothing. BENCH_TIME (seconds per run, default 5), BENCH_ROUNDS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${BENCH_TIME:-10}
+secs=${BENCH_TIME:-5}
 rounds=${BENCH_ROUNDS:-3}
 riser_port=3262
 tgt_port=3263
+# tgtd's management instance (tgtd -C / tgtadm -C): not the default 0, so a tgtd of the
+# machine is never touched.
+tgt_ctl=3263
+tadm() { tgtadm -C "$tgt_ctl" "$@"; }
 work=$(mktemp -d /tmp/bench-iscsi.XXXXXX)
 riser_pid=; tgt_pid=
 cleanup() {
   [ -n "$riser_pid" ] && kill "$riser_pid" 2>/dev/null || true
   if [ -n "$tgt_pid" ]; then
-    tgtadm --lld iscsi --mode target --op delete --tid 1 --force >/dev/null 2>&1 || true
-    tgtadm --op delete --mode system >/dev/null 2>&1 || true
-    kill "$tgt_pid" 2>/dev/null || true
+    # tgtd ignores SIGTERM.
+    tadm --lld iscsi --mode target --op delete --tid 1 --force >/dev/null 2>&1 || true
+    tadm --op delete --mode system >/dev/null 2>&1 || true
+    sleep 0.5
+    kill -9 "$tgt_pid" 2>/dev/null || true
+    rm -f "/var/run/tgtd/socket.$tgt_ctl" "/var/run/tgtd/socket.$tgt_ctl.lock"
   fi
+  rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -29,23 +40,46 @@ cat > "$work/riser.json" <<JSON
 JSON
 taskset -c 0 ./target/release/riser -m 0x1 --poll-mode busy -r "$work/riser.sock" --json "$work/riser.json" >"$work/riser.log" 2>&1 &
 riser_pid=$!
-setsid taskset -c 0 /usr/sbin/tgtd -f --iscsi portal=127.0.0.1:$tgt_port >"$work/tgtd.log" 2>&1 </dev/null &
+setsid taskset -c 0 /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$work/tgtd.log" 2>&1 </dev/null &
 tgt_pid=$!
-sleep 1
-tgtadm --lld iscsi --mode target --op new --tid 1 --targetname iqn.2024-01.test.peer:null
-tgtadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype null --backing-store /dev/null
-tgtadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+for _ in $(seq 100); do
+  tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
+  sleep 0.1
+done
+tadm --lld iscsi --mode target --op new --tid 1 --targetname iqn.2024-01.test.peer:null
+tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype null --backing-store /dev/null
+tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+sleep 0.5
 
-perf() { # URL -> IOPS
+riser_url="iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"
+tgt_url="iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"
+iperf() { # URL -> IOPS (libiscsi's iscsi-perf; -b in 512-byte blocks)
   timeout $((secs + 30)) taskset -c 1 iscsi-perf -t "$secs" -m 32 -b 8 -r "$1" 2>&1 | tr '\r' '\n' |
     sed -n 's/^ *iops average \([0-9]*\).*/\1/p' | tail -1
 }
+rperf() { # URL -> IOPS (riser-perf: one client thread pinned to core 1, one session)
+  timeout $((secs + 30)) ./target/release/riser-perf -m 0x2 --rw randread --bs 4096 --qd 32 --time "$secs" --ramp 0 \
+    --json "$1" 2>/dev/null | sed -n 's/^    "iops": \([0-9]*\).*/\1/p' | head -1
+}
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; }
 
-: > "$work/riser.txt"; : > "$work/tgt.txt"
+for f in ip-riser ip-tgt rp-riser rp-tgt; do : > "$work/$f.txt"; done
 for i in $(seq "$rounds"); do
-  r=$(perf "iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"); echo "round $i riser: ${r:-0} IOPS"; echo "${r:-0}" >> "$work/riser.txt"
-  t=$(perf "iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"); echo "round $i tgt:   ${t:-0} IOPS"; echo "${t:-0}" >> "$work/tgt.txt"
+  # The order rotates every round: no client or target always goes first.
+  runs=("ip riser" "ip tgt" "rp riser" "rp tgt")
+  for k in 0 1 2 3; do
+    read -r client target <<<"${runs[$(( (k + i - 1) % 4 ))]}"
+    u=$riser_url; [ "$target" = tgt ] && u=$tgt_url
+    if [ "$client" = ip ]; then v=$(iperf "$u"); name=iscsi-perf; else v=$(rperf "$u"); name=riser-perf; fi
+    printf 'round %d %-10s -> %-5s %8s IOPS\n' "$i" "$name" "$target" "${v:-0}"
+    echo "${v:-0}" >> "$work/$client-$target.txt"
+  done
 done
-rm=$(median < "$work/riser.txt"); tm=$(median < "$work/tgt.txt")
-echo "iSCSI/TCP 4 KiB randread QD32 null LUN (iscsi-perf, ${secs}s x $rounds): riser ${rm} IOPS, tgt ${tm} IOPS, ratio $(awk -v a="$rm" -v b="$tm" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')x (aim >= 1.5x)"
+ipr=$(median < "$work/ip-riser.txt"); ipt=$(median < "$work/ip-tgt.txt")
+rpr=$(median < "$work/rp-riser.txt"); rpt=$(median < "$work/rp-tgt.txt")
+echo "iSCSI/TCP 4 KiB randread QD32 null LUN, medians of $rounds x ${secs}s:"
+echo "  iscsi-perf: riser ${ipr} IOPS, tgt ${ipt} IOPS, ratio $(ratio "$ipr" "$ipt")x (aim >= 1.5x)"
+echo "  riser-perf: riser ${rpr} IOPS, tgt ${rpt} IOPS, ratio $(ratio "$rpr" "$rpt")x"
+echo "  clients against tgt:   iscsi-perf ${ipt} IOPS, riser-perf (1 thread) ${rpt} IOPS, riser-perf/iscsi-perf $(ratio "$rpt" "$ipt")x (aim >= 1.0x)"
+echo "  clients against riser: iscsi-perf ${ipr} IOPS, riser-perf (1 thread) ${rpr} IOPS, riser-perf/iscsi-perf $(ratio "$rpr" "$ipr")x"

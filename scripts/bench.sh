@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: prints figures (never pass/fail). Each benchmark says what it measures.
+# A few minutes in all. BENCH_TIME / BENCH_ROUNDS set the seconds per run and the rounds of
+# every part (defaults: bdev 5 s; iscsi 5 s x 3; matrix 3 s x 2, also MATRIX_TIME /
+# MATRIX_ROUNDS); BENCH_OUT is where the matrix's JSON and chart go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 perf=./target/release/riser-perf
@@ -12,5 +15,9 @@ for dev in null malloc; do
 done
 
 echo
-echo "== iSCSI over TCP: riser vs tgt, 4 KiB random read, QD 32, null LUN, iscsi-perf (aim: riser >= 1.5x tgt) =="
+echo "== iSCSI over TCP: riser vs tgt, 4 KiB random read, QD 32, null LUN, iscsi-perf and riser-perf (aims: riser >= 1.5x tgt; riser-perf >= iscsi-perf against tgt) =="
 scripts/bench-iscsi.sh
+
+echo
+echo "== iSCSI over TCP: the riser-perf matrix, riser vs tgt (4 KiB random read/write QD 1/32/128, 128 KiB sequential read/write) =="
+scripts/bench-perf-matrix.sh
