@@ -131,6 +131,26 @@ mod tests {
             .plan()
             .unwrap_err()
             .contains("riser-perf bdev [flags]"));
+        // The chart subcommand.
+        let cli = Cli::try_parse_from(["riser-perf", "chart", "r.json", "-o", "m.svg"]).unwrap();
+        let Some(Command::Chart(a)) = cli.command else {
+            panic!("chart subcommand expected")
+        };
+        assert_eq!(a.input.to_str(), Some("r.json"));
+        assert_eq!(a.output.as_deref().and_then(|p| p.to_str()), Some("m.svg"));
+        assert!(Cli::try_parse_from(["riser-perf", "chart"]).is_err());
+        // --plot belongs to the initiator mode.
+        let cli =
+            Cli::try_parse_from(["riser-perf", "--plot", "l.svg", "iscsi://h/iqn.x/0"]).unwrap();
+        assert_eq!(
+            cli.init
+                .plan()
+                .unwrap()
+                .plot
+                .as_deref()
+                .and_then(|p| p.to_str()),
+            Some("l.svg")
+        );
         // No arguments at all: parses, and the plan says what is missing.
         let cli = Cli::try_parse_from(["riser-perf"]).unwrap();
         assert!(cli.init.plan().unwrap_err().contains("no target URL"));

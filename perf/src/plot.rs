@@ -135,8 +135,12 @@ pub fn latency_svg(h: &Histogram<u64>, title: &str, subtitle: &str) -> Result<St
         let root = SVGBackend::with_string(&mut svg, (1200, 540)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let (head, body) = root.split_vertically(64);
-        head.draw_text(title, &("sans-serif", 20).into_font().color(&BLACK), (16, 10))
-            .map_err(err)?;
+        head.draw_text(
+            title,
+            &("sans-serif", 20).into_font().color(&BLACK),
+            (16, 10),
+        )
+        .map_err(err)?;
         head.draw_text(
             subtitle,
             &("sans-serif", 14).into_font().color(&RGBColor(80, 80, 80)),
@@ -304,6 +308,8 @@ pub fn plot_run(
     std::fs::write(path, svg).map_err(|e| format!("--plot {}: {e}", path.display()))
 }
 
+// `u64::is_multiple_of` is newer than the workspace's rust-version (1.75).
+#[allow(unknown_lints, clippy::manual_is_multiple_of)]
 fn size_label(bytes: u64) -> String {
     if bytes % (1 << 20) == 0 {
         format!("{} MiB", bytes >> 20)
@@ -505,7 +511,13 @@ pub fn summarize(runs: &serde_json::Value) -> Result<Summary, String> {
 /// The table: one line per case, each target's medians, then the ratios.
 pub fn table(s: &Summary) -> String {
     let mut t = String::new();
-    let w = s.cases.iter().map(|c| c.case.len()).max().unwrap_or(4).max(4);
+    let w = s
+        .cases
+        .iter()
+        .map(|c| c.case.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let subject = &s.targets[0];
     let _ = write!(t, "{:<w$}", "case");
     for name in &s.targets {
@@ -520,7 +532,12 @@ pub fn table(s: &Summary) -> String {
         );
     }
     for peer in s.targets.iter().skip(1) {
-        let _ = write!(t, " | {:>14} {:>9}", format!("{subject}/{peer} IOPS"), "p99");
+        let _ = write!(
+            t,
+            " | {:>14} {:>9}",
+            format!("{subject}/{peer} IOPS"),
+            "p99"
+        );
     }
     t.push('\n');
     let dash = t.len().saturating_sub(1);
@@ -538,7 +555,11 @@ pub fn table(s: &Summary) -> String {
                     );
                 }
                 None => {
-                    let _ = write!(t, " | {:>10} {:>9} {:>8} {:>8} {:>7}", "failed", "-", "-", "-", "-");
+                    let _ = write!(
+                        t,
+                        " | {:>10} {:>9} {:>8} {:>8} {:>7}",
+                        "failed", "-", "-", "-", "-"
+                    );
                 }
             }
         }
@@ -568,8 +589,12 @@ pub fn matrix_svg(s: &Summary, title: &str) -> Result<String, String> {
         let root = SVGBackend::with_string(&mut svg, (1200, 760)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let (head, body) = root.split_vertically(40);
-        head.draw_text(title, &("sans-serif", 20).into_font().color(&BLACK), (16, 10))
-            .map_err(err)?;
+        head.draw_text(
+            title,
+            &("sans-serif", 20).into_font().color(&BLACK),
+            (16, 10),
+        )
+        .map_err(err)?;
         let (top, bottom) = body.split_vertically(360);
         let subject = &s.targets[0];
         let tp: Vec<Vec<Option<f64>>> = s.cases.iter().map(|c| c.iops_ratio.clone()).collect();
@@ -683,8 +708,8 @@ fn ratio_panel(
 pub fn chart_main(a: &ChartArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.input)
         .map_err(|e| format!("cannot read {}: {e}", a.input.display()))?;
-    let runs: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: not JSON: {e}", a.input.display()))?;
+    let runs: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", a.input.display()))?;
     let s = summarize(&runs).map_err(|e| format!("{}: {e}", a.input.display()))?;
     print!("{}", table(&s));
     if let Some(p) = &a.summary {
@@ -755,7 +780,14 @@ mod tests {
         let svg = latency_svg(&h, "my title", "my subtitle").unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         assert!(svg.trim_end().ends_with("</svg>"));
-        for s in ["my title", "my subtitle", "latency by percentile", "p99.9", "99.9%", "share of I/Os"] {
+        for s in [
+            "my title",
+            "my subtitle",
+            "latency by percentile",
+            "p99.9",
+            "99.9%",
+            "share of I/Os",
+        ] {
             assert!(svg.contains(s), "no {s:?} in the SVG");
         }
         assert!(latency_svg(&new_histogram(), "t", "s")
@@ -800,7 +832,13 @@ mod tests {
         assert!(tab.contains("3.33x"), "{tab}");
         assert!(tab.contains("failed"), "{tab}");
         let svg = matrix_svg(&s, "the matrix").unwrap();
-        for x in ["the matrix", "3.33x", "vs tgt", "randread 4k qd1", "write 128k qd8"] {
+        for x in [
+            "the matrix",
+            "3.33x",
+            "vs tgt",
+            "randread 4k qd1",
+            "write 128k qd8",
+        ] {
             assert!(svg.contains(x), "no {x:?} in the SVG");
         }
     }
@@ -812,13 +850,46 @@ mod tests {
         assert!(summarize(&json!([{"target": "x"}]))
             .unwrap_err()
             .contains("\"case\""));
-        assert!(summarize(&json!([{"case": "c", "target": "x", "report": {"total": 3}}]))
-            .unwrap_err()
-            .contains("not riser-perf"));
+        assert!(
+            summarize(&json!([{"case": "c", "target": "x", "report": {"total": 3}}]))
+                .unwrap_err()
+                .contains("not riser-perf")
+        );
         let one = summarize(&json!([run("c", "riser", 1.0, 1.0)])).unwrap();
         assert!(matrix_svg(&one, "t").unwrap_err().contains("one target"));
         // The table still prints with one target.
         assert!(table(&one).contains("riser IOPS"));
+    }
+
+    #[test]
+    fn plot_flag_writes_the_chart_of_a_real_run() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: crate::init::InitArgs,
+        }
+        let (port, _obs, h) = crate::fake_target::start();
+        let dir = std::env::temp_dir().join(format!("riser-perf-plot-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let svg = dir.join("lat.svg");
+        let url = format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0");
+        let svg_arg = svg.display().to_string();
+        let t = T::try_parse_from([
+            "t", "--time", "1", "--ramp", "0", "--qd", "2", "--bs", "4096", "--no-pin", "--json",
+            "--plot", &svg_arg, &url,
+        ])
+        .unwrap();
+        assert_eq!(t.a.plot.as_deref(), Some(svg.as_path()));
+        assert_eq!(crate::init::main(&t.a), Ok(true));
+        let _ = h.join();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            text.starts_with("<svg") && text.contains("riser-perf: randread 4 KiB, QD 2"),
+            "{text:.300}"
+        );
+        assert!(text.contains(&format!("127.0.0.1:{port}")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
