@@ -3,16 +3,22 @@
 //!
 //! One control-plane thread per portal owns the CM event channel and every connection
 //! still logging in. A connection's life:
-//! 1. CONNECT_REQUEST: a CQ and an RC QP; ONE login receive buffer is posted, then accept
-//!    (initiator depth = min(the peer's responder resources, the device's limit); private
-//!    data: no zero-based VA, no Send with Invalidate).
+//! 1. CONNECT_REQUEST: a reactor is chosen for the connection (the least loaded) and its RC
+//!    QP created on that reactor's shared CQ for the device (see
+//!    riser_datamover::iser::shared_cq: one CQ per reactor and device, polled in batches);
+//!    ONE login receive buffer is posted, then accept (initiator depth = min(the peer's
+//!    responder resources, the device's limit); private data: no zero-based VA, Send with
+//!    Invalidate when the initiator supports it). The login is polled here, through the same
+//!    shared CQ.
 //! 2. Login PDUs arrive in RC SENDs behind the 28-byte iSER header; the login receive is
 //!    reposted before each non-final response.
 //! 3. When the login reaches operational negotiation (after any security stage, the rule
 //!    against denial of service) the datamover resources are allocated: receive ring, send
 //!    buffers, data chunks, all registered once; the whole receive ring is posted before
 //!    the final Login Response goes out through the datamover.
-//! 4. Enable_Datamover: the datamover moves to the session's reactor.
+//! 4. Enable_Datamover: the datamover moves to the session's reactor: the one chosen at
+//!    connect for a new session (so its completions are polled where they arrive), the
+//!    session's own for a connection joining one (its CQ is then polled from both).
 //!
 //! DISCONNECTED and other CM events for live connections close them through the registry.
 //! DEVICE_REMOVAL (the RDMA device went away, e.g. `rdma link delete`): the kernel cannot
@@ -30,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use riser_datamover::iser::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
 use riser_datamover::iser::header::{cm, IserHeader, ISER_HDR_LEN};
-use riser_datamover::iser::verbs::{registered_pool, VerbsQp};
+use riser_datamover::iser::shared_cq::CqSet;
+use riser_datamover::iser::verbs::{registered_pool, VerbsCq, VerbsQp};
 use riser_iscsi::ffp::{Datamover, DmEvent};
 use riser_iscsi::login::{Login, LoginContext, LoginEvent, LoginOutput};
 use riser_iscsi::negotiate::Transport;
@@ -43,6 +50,11 @@ const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
 const WR_LOGIN_RECV: u64 = 0xA1 << 56;
 const WR_LOGIN_SEND: u64 = 0xA2 << 56;
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// Entries of a shared CQ (at most; less if the device allows less).
+const SHARED_CQ_ENTRIES: u32 = 16384;
+
+/// The shared CQs of every iSER portal, by (device, reactor).
+static CQS: std::sync::LazyLock<CqSet<VerbsCq>> = std::sync::LazyLock::new(CqSet::default);
 
 /// A connection that has not finished login.
 struct Pending {
@@ -55,6 +67,10 @@ struct Pending {
     peer: SocketAddr,
     local: Option<SocketAddr>,
     rdma_reads: u32,
+    /// Both sides agreed to Send with Invalidate (CM private data).
+    send_invalidate: bool,
+    /// The reactor whose CQ the QP completes on: a new session goes there.
+    reactor: usize,
     established: bool,
     started: Instant,
     done: bool,
@@ -234,33 +250,46 @@ fn setup(
     let max_wr = attr.max_qp_wr.max(64) as u32;
     let send_wr = 1024u32.min(max_wr);
     let recv_wr = (cfg.recv_slots as u32 + 8).min(max_wr);
-    let cq = CompletionQueue::new(&ctx, (send_wr + recv_wr).min(attr.max_cqe.max(128) as u32), None, 0).map_err(|e| e.to_string())?;
+    let depth = send_wr + recv_wr;
+    let reactor = server.least_loaded_reactor();
+    let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
+    let shared = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
+        let cq = CompletionQueue::new(&ctx, cap, None, 0).map_err(|e| format!("cannot create a CQ of {cap} entries: {e}"))?;
+        Ok((VerbsCq::new(cq), cap))
+    })?;
     id.create_qp(
         &pd,
         &QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
+            send_cq: shared.source().cq().clone(),
+            recv_cq: shared.source().cq().clone(),
             srq: None,
             caps: QpCaps { max_send_wr: send_wr, max_recv_wr: recv_wr, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
             sq_sig_all: false,
         },
     )
     .map_err(|e| e.to_string())?;
+    let qp_num = id.qp().map(|q| q.qp_num()).ok_or("no queue pair")?;
+    let member = shared.join(qp_num, depth)?;
     let peer = id.peer_addr().ok_or("no peer address")?;
     let local = id.local_addr();
     // Our RDMA Reads are bounded by what the peer can answer (its responder resources).
-    let depth = peer_responder_resources.min(attr.max_qp_init_rd_atom.min(255) as u8).max(1);
+    let rd_depth = peer_responder_resources.min(attr.max_qp_init_rd_atom.min(255) as u8).max(1);
     let login_buf = registered_pool(&pd, 2, LOGIN_SLOT)?;
-    let mut qp = VerbsQp::new(id, cq);
+    let mut qp = VerbsQp::shared(id, member);
     qp.post_recv(WR_LOGIN_RECV, login_buf.sge(0, LOGIN_SLOT))?;
     let flags = cm::flags(private_data);
-    log::debug!("iSER connect from {peer}: private data flags {flags:#04x}, peer IRD {peer_responder_resources} ORD {peer_initiator_depth}");
-    let reply = cm::reply(false);
+    log::debug!(
+        "iSER connect from {peer}: private data flags {flags:#04x}, peer IRD {peer_responder_resources} ORD {peer_initiator_depth}, reactor {reactor}, QP {qp_num}"
+    );
+    // Send with Invalidate only when the initiator said it takes it (Linux ib_iser does when
+    // it registers every task's memory, its default); no private data: not.
+    let send_invalidate = private_data.len() >= 4 && flags & cm::SEND_W_INV_NOT_SUPPORTED == 0;
+    let reply = cm::reply(send_invalidate);
     qp.cm_id()
         .accept(&ConnParam {
             private_data: &reply,
             responder_resources: peer_initiator_depth.min(attr.max_qp_rd_atom.min(255) as u8),
-            initiator_depth: depth,
+            initiator_depth: rd_depth,
             rnr_retry_count: 7,
             ..Default::default()
         })
@@ -279,7 +308,9 @@ fn setup(
         }),
         peer,
         local,
-        rdma_reads: depth as u32,
+        rdma_reads: rd_depth as u32,
+        send_invalidate,
+        reactor,
         established: false,
         started: Instant::now(),
         done: false,
@@ -328,7 +359,7 @@ fn step(server: &Arc<IscsiServer>, p: &mut Pending, tag: u16) -> bool {
             }
         }
     }
-    let mut policy = Policy::new(server, p.peer.ip(), tag as u32);
+    let mut policy = Policy::new(server, p.peer.ip(), tag as u32).with_reactor(p.reactor);
     for pdu in pdus {
         p.login.handle(&pdu, &mut policy);
     }
@@ -358,7 +389,12 @@ fn step(server: &Arc<IscsiServer>, p: &mut Pending, tag: u16) -> bool {
                 }
             }
             LoginOutput::Event(LoginEvent::AllocateDatamoverResources) => {
-                let cfg = IserConfig { max_rdma_reads: p.rdma_reads, data_chunks: 64, ..IserConfig::default() };
+                let cfg = IserConfig {
+                    max_rdma_reads: p.rdma_reads,
+                    data_chunks: 64,
+                    send_invalidate: p.send_invalidate,
+                    ..IserConfig::default()
+                };
                 let [r, s, d] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
                 let pools = (|| -> Result<(Pool, Pool, Pool), String> {
                     Ok((registered_pool(&p.pd, r.0, r.1)?, registered_pool(&p.pd, s.0, s.1)?, registered_pool(&p.pd, d.0, d.1)?))

@@ -229,7 +229,7 @@ impl IscsiServer {
             transport: Transport::Tcp,
             ..Default::default()
         });
-        let mut policy = Policy { server: self, peer: peer.ip(), pg_tag: tag as u32 };
+        let mut policy = Policy::new(self, peer.ip(), tag as u32);
         let mut framer = Framer::with_limits(FramerLimits::LOGIN);
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -304,6 +304,11 @@ impl IscsiServer {
     /// Enable_Datamover: the final Login Response is out; move the connection to a reactor.
     fn enable_datamover(self: &Arc<Self>, sock: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, o: LoginOutcome) {
         self.enable(peer, local, o, "tcp", move || TcpDatamover::new(sock, &[]).map_err(|e| e.to_string()));
+    }
+
+    /// The reactor a connection that is logging in should be prepared for.
+    pub(crate) fn least_loaded_reactor(&self) -> usize {
+        self.reactors.least_loaded()
     }
 
     /// Enable_Datamover for any transport: `make_dm` runs on the chosen reactor (a TCP
@@ -488,11 +493,20 @@ pub(crate) struct Policy<'a> {
     server: &'a Arc<IscsiServer>,
     peer: IpAddr,
     pg_tag: u32,
+    /// The reactor a new session goes to; None: the least loaded one.
+    reactor: Option<usize>,
 }
 
 impl<'a> Policy<'a> {
     pub(crate) fn new(server: &'a Arc<IscsiServer>, peer: IpAddr, pg_tag: u32) -> Self {
-        Policy { server, peer, pg_tag }
+        Policy { server, peer, pg_tag, reactor: None }
+    }
+
+    /// A new session lives on `reactor` (an iSER connection whose QP already completes on
+    /// that reactor's CQ).
+    pub(crate) fn with_reactor(mut self, reactor: usize) -> Self {
+        self.reactor = Some(reactor);
+        self
     }
 
     fn target_config(&self, node: Option<&TargetNode>) -> TargetConfig {
@@ -584,7 +598,7 @@ impl LoginPolicy for Policy<'_> {
                 initiator_name: who.initiator_name.clone(),
                 isid,
                 target_name: target.name.clone(),
-                reactor: server.reactors.least_loaded(),
+                reactor: self.reactor.unwrap_or_else(|| server.reactors.least_loaded()),
                 params: None,
             });
         }

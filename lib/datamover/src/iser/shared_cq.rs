@@ -176,10 +176,10 @@ impl<S: CqSource> Drop for CqMember<S> {
 }
 
 /// The shared CQs of a process, by (device key, reactor): a reactor gets another CQ on the
-/// same device when its first is full. CQs no QP uses any more are closed at the next
-/// lookup, so a device being removed is let go once its connections are.
+/// same device when its first is full. The set holds them weakly: a CQ lives as long as a QP
+/// on it does, so a device being removed is let go as soon as its connections are.
 pub struct CqSet<S: CqSource> {
-    cqs: Mutex<HashMap<(usize, usize), Vec<Arc<SharedCq<S>>>>>,
+    cqs: Mutex<HashMap<(usize, usize), Vec<Weak<SharedCq<S>>>>>,
 }
 
 impl<S: CqSource> Default for CqSet<S> {
@@ -190,7 +190,8 @@ impl<S: CqSource> Default for CqSet<S> {
 
 impl<S: CqSource> CqSet<S> {
     /// A shared CQ of `reactor` on `device` with room for `depth`, made by `open` (which
-    /// returns the source and its capacity) when none has room.
+    /// returns the source and its capacity) when none has room. The caller keeps it alive
+    /// (by joining it) or it closes.
     pub fn cq_for(
         &self,
         device: usize,
@@ -199,33 +200,26 @@ impl<S: CqSource> CqSet<S> {
         open: impl FnOnce() -> Result<(S, u32), String>,
     ) -> Result<Arc<SharedCq<S>>, String> {
         let mut all = self.cqs.lock().unwrap_or_else(|p| p.into_inner());
-        // Close CQs nobody holds (only this set does).
         for v in all.values_mut() {
-            v.retain(|cq| Arc::strong_count(cq) > 1 || cq.members() > 0);
+            v.retain(|w| w.strong_count() > 0);
         }
         all.retain(|_, v| !v.is_empty());
         let v = all.entry((device, reactor)).or_default();
-        if let Some(cq) = v.iter().find(|cq| cq.has_room(depth)) {
-            return Ok(cq.clone());
+        if let Some(cq) = v.iter().filter_map(Weak::upgrade).find(|cq| cq.has_room(depth)) {
+            return Ok(cq);
         }
         let (source, capacity) = open()?;
         if depth > capacity {
             return Err(format!("a QP of {depth} work requests does not fit a CQ of {capacity}"));
         }
         let cq = SharedCq::new(source, capacity);
-        v.push(cq.clone());
+        v.push(Arc::downgrade(&cq));
         Ok(cq)
-    }
-
-    /// Forgets every CQ of `device` (its removal): QPs still on them keep them alive
-    /// until they go.
-    pub fn forget_device(&self, device: usize) {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).retain(|(d, _), _| *d != device);
     }
 
     /// How many CQs are open (for tests and stats).
     pub fn len(&self) -> usize {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).values().map(Vec::len).sum()
+        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).values().flatten().filter(|w| w.strong_count() > 0).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -338,12 +332,13 @@ mod tests {
         let c3 = set.cq_for(1, 1, 10, open).unwrap();
         assert!(Arc::ptr_eq(&set.cq_for(1, 1, 10, open).unwrap(), &c3));
         assert_eq!(set.len(), 3);
-        drop((m1, m2, c1, c2, c3));
-        // The next lookup closes the three unused CQs and opens one.
-        let _c = set.cq_for(1, 0, 10, open).unwrap();
+        // A CQ closes when its last QP (and user) goes.
+        drop((c1, c2, c3));
+        assert_eq!(set.len(), 2, "the CQs with members stay");
+        drop(m1);
         assert_eq!(set.len(), 1);
-        assert!(set.cq_for(1, 0, 200, open).is_err(), "a QP larger than a whole CQ");
-        set.forget_device(1);
+        drop(m2);
         assert!(set.is_empty());
+        assert!(set.cq_for(1, 0, 200, open).is_err(), "a QP larger than a whole CQ");
     }
 }
