@@ -82,7 +82,7 @@ done
 if ! grep -q 'iops current [1-9]' "$logs/perf.log"; then
   why="iscsi-perf did not get going: $(tail -c 300 "$logs/perf.log")"
 else
-  sleep 3
+  sleep 1   # I/O is flowing (a second with completed reads): kill it now
   echo "before the kill: riser connections $(conn_summary); iscsi-perf: $(tr '\r' '\n' <"$logs/perf.log" | grep -o 'iops current [0-9]* ([0-9]* MB/s)' | tail -n1)"
   kill -9 "$perf_pid"; wait "$perf_pid" 2>/dev/null; extra_pids=
   step "iscsi-perf killed"
@@ -131,7 +131,7 @@ echo "session $sid (iser): /dev/$disk"
   done; echo "dd: all passes done" ) >"$logs/dd.log" 2>&1 &
 dd_pid=$!
 extra_pids=$dd_pid
-sleep 4
+sleep 2   # dd is writing: delete the link under it
 echo "mid-I/O: riser connections $(conn_summary); riser's task count $(connections | grep -o '"tasks_done":[0-9]*')"
 iscsid_kill9
 step "iscsid killed; deleting $RXE_DEV"
