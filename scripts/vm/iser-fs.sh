@@ -5,7 +5,7 @@
 # the soft-RoCE address. The Linux initiator discovers over TCP and logs in through an iface
 # with transport iser; then:
 #   - 64 MiB of random data written with dd oflag=direct reads back identical;
-#   - mkfs.ext4, mount, copy a file tree (a few MiB of /usr/share/doc and an 8 MiB random
+#   - mkfs.ext4, mount, copy a file tree (3 MiB of /usr/share/doc and a 2 MiB random
 #     file), unmount, fsck.ext4 -fn clean, mount again, sha256 of every file identical;
 #   - logout; riser's iscsi_get_connections is empty.
 # (libiscsi over iSER is in iser-fault.sh.) Prints "ISER FS OK" last on success, "ISER FS FAILED: why" otherwise.
