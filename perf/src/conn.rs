@@ -17,7 +17,6 @@
 //! SCSI Response; the CmdSN window (a command never goes out beyond MaxCmdSN: it waits);
 //! NOP-In pings answered; Async Messages asking for logout end the run; logout at the end.
 
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -25,12 +24,13 @@ use std::time::{Duration, Instant};
 
 use riser_iscsi::digest;
 use riser_iscsi::pdu::{
-    logout, padded_len, raw_data_segment_len, raw_total_ahs_len, Bhs, DataOut, Digests, Isid,
-    LoginRequest, LogoutRequest, Lun, NopOut, Op, ScsiCommand, Stage, BHS_LEN, DIGEST_LEN,
+    padded_len, raw_data_segment_len, raw_total_ahs_len, Bhs, DataOut, Digests, Lun, Op, BHS_LEN,
+    DIGEST_LEN,
 };
 use riser_iscsi::serial::{Itt, Sn, Ttt};
-use riser_iscsi::text::{encode_pairs, parse_number, parse_pairs};
+use riser_iscsi::text::parse_number;
 
+use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
 use crate::url::TargetUrl;
 
 // The iSER transport. Declared here rather than in main.rs (owned by other work at the time);
@@ -546,42 +546,11 @@ pub enum Dir {
     Write,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TaskState {
-    Idle,
-    /// Waiting for the CmdSN window to open.
-    Blocked,
-    InFlight,
-}
-
-struct Task {
-    state: TaskState,
-    itt: u32,
-    seq: u16,
-    dir: Dir,
-    lba: u64,
-    blocks: u32,
-    len: u32,
-    /// Data-In bytes received.
-    received: u32,
-    buf: Vec<u8>,
-}
-
 /// One finished I/O.
 #[derive(Debug)]
 pub struct Completion {
     pub slot: usize,
     pub result: Result<(), IoError>,
-}
-
-/// The one management command in flight (setup and teardown only).
-#[derive(Default)]
-struct Mgmt {
-    itt: u32,
-    data: Vec<u8>,
-    want: usize,
-    done: Option<(u8, Option<Sense>, u32)>,
-    logout: Option<u8>,
 }
 
 /// Result of a management SCSI command.
@@ -603,18 +572,10 @@ pub struct Conn {
     max_recv_dsl: u32,
     pub neg: Negotiated,
     digests: Digests,
-    cmd_sn: Sn,
-    exp_cmd_sn: Sn,
-    max_cmd_sn: Sn,
-    exp_stat_sn: Sn,
-    lun: Lun,
+    s: SessionState,
     pub block_size: u32,
     pub num_blocks: u64,
-    tasks: Vec<Task>,
-    blocked: VecDeque<usize>,
-    inflight: usize,
-    next_mgmt: u32,
-    mgmt: Mgmt,
+    t: Tasks,
     timeout: Duration,
     logged_out: bool,
 }
@@ -730,18 +691,10 @@ impl Conn {
             max_recv_dsl: LOGIN_MAX_RECV_DSL,
             neg: Negotiated::default(),
             digests: Digests::default(),
-            cmd_sn: Sn(1),
-            exp_cmd_sn: Sn(1),
-            max_cmd_sn: Sn(1),
-            exp_stat_sn: Sn(0),
-            lun: Lun(url.lun_field()),
+            s: SessionState::new(Lun(url.lun_field())),
             block_size: 0,
             num_blocks: 0,
-            tasks: Vec::new(),
-            blocked: VecDeque::new(),
-            inflight: 0,
-            next_mgmt: 0,
-            mgmt: Mgmt::default(),
+            t: Tasks::new(),
             timeout: opts.timeout,
             logged_out: false,
         };
@@ -755,139 +708,15 @@ impl Conn {
 
     fn do_login(&mut self, url: &TargetUrl, opts: &LoginOptions) -> Result<(), String> {
         let deadline = self.deadline();
-        let itt = Itt(MGMT_ITT);
-        let mut neg = KeyNegotiation::new(opts.header_digest, opts.data_digest);
-        let mut csg = Stage::SecurityNegotiation;
-        let mut keys: Vec<(String, String)> = vec![
-            ("InitiatorName".into(), opts.initiator_name.clone()),
-            ("TargetName".into(), url.iqn.clone()),
-            ("SessionType".into(), "Normal".into()),
-            ("AuthMethod".into(), "None".into()),
-        ];
-        neg.proposed.push("AuthMethod".into());
-        let mut tsih = 0u16;
-        for _round in 0..16 {
-            let nsg = if csg == Stage::SecurityNegotiation {
-                Stage::LoginOperationalNegotiation
-            } else {
-                Stage::FullFeaturePhase
-            };
-            let req = LoginRequest {
-                transit_bit: true,
-                continue_bit: false,
-                csg,
-                nsg,
-                version_max: 0,
-                version_min: 0,
-                isid: Isid(opts.isid),
-                tsih,
-                itt,
-                cid: 0,
-                cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
-            };
-            let text = encode_pairs(&keys);
-            if text.len() > LOGIN_MAX_RECV_DSL as usize {
-                return Err(format!("{}: login text too long", self.label));
-            }
-            push_pdu(
-                &mut self.tx,
-                Digests::default(),
-                bhs(Op::LoginRequest(req)),
-                &text,
-            );
-            self.flush_until(deadline)?;
-            // Collect the response text (C=1 continues it in further responses).
-            let mut text = Vec::new();
-            let resp = loop {
-                let (h, ds, dl) = self.wait_frame(deadline, "a Login Response")?;
-                let Op::LoginResponse(r) = h.op else {
-                    return Err(format!(
-                        "{}: expected a Login Response, got {:?}",
-                        self.label,
-                        h.op.opcode()
-                    ));
-                };
-                if r.status.class != 0 {
-                    return Err(format!(
-                        "{}: {}",
-                        self.label,
-                        login_status_text(r.status.class, r.status.detail)
-                    ));
-                }
-                text.extend_from_slice(&self.rx[ds..ds + dl]);
-                self.exp_stat_sn = r.stat_sn.next();
-                if !r.continue_bit {
-                    break r;
-                }
-                text.truncate(64 * 1024);
-                let more = LoginRequest {
-                    transit_bit: false,
-                    continue_bit: false,
-                    csg,
-                    nsg,
-                    version_max: 0,
-                    version_min: 0,
-                    isid: Isid(opts.isid),
-                    tsih,
-                    itt,
-                    cid: 0,
-                    cmd_sn: self.cmd_sn,
-                    exp_stat_sn: self.exp_stat_sn,
-                };
-                push_pdu(
-                    &mut self.tx,
-                    Digests::default(),
-                    bhs(Op::LoginRequest(more)),
-                    &[],
-                );
-                self.flush_until(deadline)?;
-            };
-            let pairs = parse_pairs(&text)
-                .map_err(|e| format!("{}: bad login text from the target: {e}", self.label))?;
-            let answers = neg
-                .take_response(&pairs)
-                .map_err(|e| format!("{}: {e}", self.label))?;
-            tsih = resp.tsih;
-            if resp.transit_bit {
-                match resp.nsg {
-                    Stage::FullFeaturePhase => {
-                        if !answers.is_empty() {
-                            return Err(format!(
-                                "{}: the target ended login while offering keys {:?}",
-                                self.label,
-                                answers.iter().map(|(k, _)| k).collect::<Vec<_>>()
-                            ));
-                        }
-                        self.neg = neg.result;
-                        self.digests = Digests {
-                            header: self.neg.header_digest,
-                            data: self.neg.data_digest,
-                        };
-                        self.max_recv_dsl = OUR_MAX_RECV_DSL;
-                        self.cmd_sn = resp.exp_cmd_sn;
-                        self.exp_cmd_sn = resp.exp_cmd_sn;
-                        self.max_cmd_sn = resp.max_cmd_sn;
-                        return Ok(());
-                    }
-                    Stage::LoginOperationalNegotiation => {
-                        csg = Stage::LoginOperationalNegotiation;
-                        keys = answers;
-                        keys.extend(neg.operational_proposal());
-                    }
-                    other => {
-                        return Err(format!(
-                            "{}: the target moved login to stage {other:?}",
-                            self.label
-                        ))
-                    }
-                }
-            } else {
-                // The target stays in this stage: answer what it offered.
-                keys = answers;
-            }
-        }
-        Err(format!("{}: login did not finish in 16 rounds", self.label))
+        let neg = KeyNegotiation::new(opts.header_digest, opts.data_digest);
+        let neg = session::login(self, url, opts, neg, deadline)?;
+        self.neg = neg.result;
+        self.digests = Digests {
+            header: self.neg.header_digest,
+            data: self.neg.data_digest,
+        };
+        self.max_recv_dsl = OUR_MAX_RECV_DSL;
+        Ok(())
     }
 
     /// Reads what the socket has; Err on EOF or error. Returns bytes read (0: nothing now).
@@ -1035,73 +864,16 @@ impl Conn {
         Ok(())
     }
 
-    fn update_window(&mut self, exp: Sn, max: Sn) {
-        // RFC 7143 §4.2.2.1: MaxCmdSN < ExpCmdSN - 1 means both are to be ignored.
-        if max.lt(exp.add(u32::MAX)) {
-            return;
-        }
-        if exp.gt(self.exp_cmd_sn) {
-            self.exp_cmd_sn = exp;
-        }
-        if max.gt(self.max_cmd_sn) {
-            self.max_cmd_sn = max;
-        }
-    }
-
-    fn saw_stat_sn(&mut self, stat_sn: Sn) {
-        let next = stat_sn.next();
-        if next.gt(self.exp_stat_sn) {
-            self.exp_stat_sn = next;
-        }
-    }
-
-    fn window_open(&self) -> bool {
-        self.cmd_sn.le(self.max_cmd_sn)
-    }
-
     // ---- management commands (setup / teardown) ------------------------------------
 
     /// Runs one SCSI command (no data out) and waits for its status.
     pub fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<CmdResult, String> {
         let deadline = self.deadline();
-        while !self.window_open() {
-            self.wait_and_dispatch(deadline, "the CmdSN window to open")?;
-        }
-        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
-        let itt = MGMT_ITT | self.next_mgmt;
-        self.mgmt = Mgmt {
-            itt,
-            data: Vec::new(),
-            want: read_len as usize,
-            done: None,
-            logout: None,
-        };
-        let mut c = [0u8; 16];
-        c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: read_len > 0,
-            write: false,
-            attr: 1,
-            lun: self.lun,
-            itt: Itt(itt),
-            expected_data_transfer_length: read_len,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-            cdb: c,
-        };
-        self.cmd_sn = self.cmd_sn.next();
-        push_pdu(&mut self.tx, self.digests, bhs(Op::ScsiCommand(cmd)), &[]);
-        self.flush_until(deadline)?;
-        while self.mgmt.done.is_none() {
-            self.wait_and_dispatch(deadline, "a SCSI response")?;
-        }
-        let (status, sense, _) = self.mgmt.done.take().unwrap_or((0xff, None, 0));
+        let (status, sense, _) = session::run_mgmt(self, cdb, read_len, deadline)?;
         Ok(CmdResult {
             status,
             sense,
-            data: std::mem::take(&mut self.mgmt.data),
+            data: std::mem::take(&mut self.s.mgmt.data),
         })
     }
 
@@ -1133,52 +905,16 @@ impl Conn {
         }
         self.logged_out = true;
         let deadline = self.deadline();
-        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
-        let itt = MGMT_ITT | self.next_mgmt;
-        self.mgmt = Mgmt {
-            itt,
-            ..Mgmt::default()
-        };
-        let req = LogoutRequest {
-            immediate: true,
-            reason_code: logout::CLOSE_SESSION,
-            itt: Itt(itt),
-            cid: 0,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-        };
-        push_pdu(&mut self.tx, self.digests, bhs(Op::LogoutRequest(req)), &[]);
-        self.flush_until(deadline)?;
-        while self.mgmt.logout.is_none() {
-            self.wait_and_dispatch(deadline, "the Logout Response")?;
-        }
+        session::logout_exchange(self, deadline)?;
         let _ = self.sock.shutdown(Shutdown::Both);
-        match self.mgmt.logout {
-            Some(0) => Ok(()),
-            Some(r) => Err(format!("{}: logout answered with response {r}", self.label)),
-            None => Ok(()),
-        }
+        session::logout_result(&self.s, &self.label)
     }
 
     // ---- the data path ---------------------------------------------------------------
 
     /// Prepares `qd` task slots with `bs`-byte buffers.
     pub fn start_io(&mut self, qd: usize, bs: usize) {
-        self.tasks = (0..qd)
-            .map(|slot| Task {
-                state: TaskState::Idle,
-                itt: slot as u32,
-                seq: 0,
-                dir: Dir::Read,
-                lba: 0,
-                blocks: 0,
-                len: 0,
-                received: 0,
-                // A recognisable non-zero pattern, so benchmark writes carry real data.
-                buf: vec![(slot as u8) | 1; bs],
-            })
-            .collect();
-        self.blocked = VecDeque::with_capacity(qd);
+        self.t.start(qd, bs);
     }
 
     pub fn fd(&self) -> i32 {
@@ -1191,48 +927,36 @@ impl Conn {
     }
 
     pub fn inflight(&self) -> usize {
-        self.inflight
+        self.t.inflight
     }
 
     /// A slot's buffer: fill it before submitting a write; holds a read's data after it
     /// completed.
     pub fn buf(&self, slot: usize) -> &[u8] {
-        &self.tasks[slot].buf
+        &self.t.slots[slot].buf
     }
 
     pub fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
-        &mut self.tasks[slot].buf
+        &mut self.t.slots[slot].buf
     }
 
     /// The LBA of a slot's current (or last) I/O.
     pub fn lba(&self, slot: usize) -> u64 {
-        self.tasks[slot].lba
+        self.t.slots[slot].lba
     }
 
     /// Queues one I/O of `blocks` blocks at `lba` on an idle slot. It goes out with the next
     /// [`Conn::flush`], or waits for the CmdSN window.
     pub fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32) {
-        let t = &mut self.tasks[slot];
-        debug_assert_eq!(t.state, TaskState::Idle);
-        t.seq = (t.seq + 1) & 0x7fff;
-        t.itt = ((t.seq as u32) << 16) | slot as u32;
-        t.dir = dir;
-        t.lba = lba;
-        t.blocks = blocks;
-        t.len = blocks * self.block_size;
-        t.received = 0;
-        self.inflight += 1;
-        if self.blocked.is_empty() && self.window_open() {
+        let open = self.s.window_open();
+        if self.t.submit(slot, dir, lba, blocks, self.block_size, open) {
             self.send_command(slot);
-        } else {
-            self.tasks[slot].state = TaskState::Blocked;
-            self.blocked.push_back(slot);
         }
     }
 
     fn send_command(&mut self, slot: usize) {
         let neg = self.neg;
-        let t = &mut self.tasks[slot];
+        let t = &mut self.t.slots[slot];
         t.state = TaskState::InFlight;
         let write = t.dir == Dir::Write;
         // Unsolicited data: immediate (in the command) and/or Data-Out before any R2T.
@@ -1247,20 +971,14 @@ impl Conn {
         } else {
             (0, 0)
         };
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit: unsolicited == immediate,
-            read: !write,
+        let cmd = self.s.command(
+            Itt(t.itt),
+            !write,
             write,
-            attr: 1,
-            lun: self.lun,
-            itt: Itt(t.itt),
-            expected_data_transfer_length: t.len,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-            cdb: rw_cdb(t.dir, t.lba, t.blocks),
-        };
-        self.cmd_sn = self.cmd_sn.next();
+            t.len,
+            rw_cdb(t.dir, t.lba, t.blocks),
+            unsolicited == immediate,
+        );
         push_pdu(
             &mut self.tx,
             self.digests,
@@ -1274,7 +992,7 @@ impl Conn {
 
     /// Data-Out PDUs for `[offset, offset + len)` of a task, one sequence (DataSN from 0).
     fn send_data_out(&mut self, slot: usize, ttt: Ttt, offset: u32, len: u32) {
-        let t = &self.tasks[slot];
+        let t = &self.t.slots[slot];
         let max = self.neg.max_send_dsl;
         let mut sent = 0u32;
         let mut sn = 0u32;
@@ -1283,10 +1001,10 @@ impl Conn {
             let off = offset + sent;
             let d = DataOut {
                 final_bit: sent + n == len,
-                lun: self.lun,
+                lun: self.s.lun,
                 itt: Itt(t.itt),
                 ttt,
-                exp_stat_sn: self.exp_stat_sn,
+                exp_stat_sn: self.s.exp_stat_sn,
                 data_sn: Sn(sn),
                 buffer_offset: off,
             };
@@ -1301,44 +1019,16 @@ impl Conn {
         }
     }
 
-    fn slot_of(&self, itt: Itt) -> Result<usize, String> {
-        let slot = (itt.0 & 0xffff) as usize;
-        match self.tasks.get(slot) {
-            Some(t)
-                if t.itt == itt.0 && t.state == TaskState::InFlight && itt.0 & MGMT_ITT == 0 =>
-            {
-                Ok(slot)
-            }
-            _ => Err(format!(
-                "{}: the target answered an unknown task (ITT {:#x})",
-                self.label, itt.0
-            )),
-        }
-    }
-
-    fn complete(
-        &mut self,
-        slot: usize,
-        status: u8,
-        sense: Option<Sense>,
-        residual: bool,
-        out: &mut Vec<Completion>,
-    ) {
-        let t = &mut self.tasks[slot];
-        t.state = TaskState::Idle;
-        self.inflight -= 1;
+    fn complete(&mut self, o: Outcome, out: &mut Vec<Completion>) {
+        let Outcome {
+            slot,
+            status,
+            sense,
+            residual,
+        } = o;
+        let t = self.t.finish(slot);
         let result = if status != status::GOOD {
-            Err(IoError {
-                status,
-                sense,
-                what: format!(
-                    "{} of {} blocks at LBA {}: {}",
-                    if t.dir == Dir::Read { "READ" } else { "WRITE" },
-                    t.blocks,
-                    t.lba,
-                    status_name(status)
-                ),
-            })
+            Err(t.status_error(status, sense))
         } else if t.dir == Dir::Read && (t.received != t.len || residual) {
             Err(IoError {
                 status,
@@ -1365,11 +1055,7 @@ impl Conn {
         while let Some((h, ds, dl)) = self.next_frame()? {
             self.handle(h, ds, dl, out)?;
         }
-        while let Some(&slot) = self.blocked.front() {
-            if !self.window_open() {
-                break;
-            }
-            self.blocked.pop_front();
+        while let Some(slot) = self.t.unblock(self.s.window_open()) {
             self.send_command(slot);
         }
         Ok(true)
@@ -1384,30 +1070,31 @@ impl Conn {
     ) -> Result<(), String> {
         match h.op {
             Op::DataIn(d) => {
-                self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+                self.s.update_window(d.exp_cmd_sn, d.max_cmd_sn);
                 if d.status_present {
-                    self.saw_stat_sn(d.stat_sn);
+                    self.s.saw_stat_sn(d.stat_sn);
                 }
                 let residual = d.residual_overflow || d.residual_underflow;
                 if d.itt.0 & MGMT_ITT != 0 {
-                    if d.itt.0 != self.mgmt.itt {
+                    let mgmt = &mut self.s.mgmt;
+                    if d.itt.0 != mgmt.itt {
                         return Err(format!("{}: Data-In for an unknown task", self.label));
                     }
                     let off = d.buffer_offset as usize;
-                    let end = (off + dl).min(self.mgmt.want);
-                    if self.mgmt.data.len() < end {
-                        self.mgmt.data.resize(end, 0);
+                    let end = (off + dl).min(mgmt.want);
+                    if mgmt.data.len() < end {
+                        mgmt.data.resize(end, 0);
                     }
                     if off < end {
-                        self.mgmt.data[off..end].copy_from_slice(&self.rx[ds..ds + (end - off)]);
+                        mgmt.data[off..end].copy_from_slice(&self.rx[ds..ds + (end - off)]);
                     }
                     if d.status_present {
-                        self.mgmt.done = Some((d.status, None, d.residual_count));
+                        mgmt.done = Some((d.status, None, mgmt.data.len()));
                     }
                     return Ok(());
                 }
-                let slot = self.slot_of(d.itt)?;
-                let t = &mut self.tasks[slot];
+                let slot = self.t.slot_of(&self.label, d.itt)?;
+                let t = &mut self.t.slots[slot];
                 let off = d.buffer_offset as usize;
                 if t.dir != Dir::Read || off + dl > t.len as usize {
                     return Err(format!(
@@ -1418,50 +1105,19 @@ impl Conn {
                 t.buf[off..off + dl].copy_from_slice(&self.rx[ds..ds + dl]);
                 t.received += dl as u32;
                 if d.status_present {
-                    self.complete(
+                    let o = Outcome {
                         slot,
-                        d.status,
-                        None,
-                        residual && d.status == status::GOOD,
-                        out,
-                    );
+                        status: d.status,
+                        sense: None,
+                        residual: residual && d.status == status::GOOD,
+                    };
+                    self.complete(o, out);
                 }
-            }
-            Op::ScsiResponse(r) => {
-                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
-                self.saw_stat_sn(r.stat_sn);
-                let sense = if r.status == status::CHECK_CONDITION {
-                    Sense::parse(&self.rx[ds..ds + dl])
-                } else {
-                    None
-                };
-                if r.itt.0 & MGMT_ITT != 0 {
-                    if r.itt.0 == self.mgmt.itt {
-                        let st = if r.response != 0 { 0xff } else { r.status };
-                        self.mgmt.done = Some((st, sense, r.residual_count));
-                    }
-                    return Ok(());
-                }
-                let slot = self.slot_of(r.itt)?;
-                if r.response != 0 {
-                    return Err(format!(
-                        "{}: the target failed a command (iSCSI response {:#04x})",
-                        self.label, r.response
-                    ));
-                }
-                let residual = r.residual_underflow || r.residual_overflow;
-                self.complete(
-                    slot,
-                    r.status,
-                    sense,
-                    residual && r.status == status::GOOD,
-                    out,
-                );
             }
             Op::R2t(r) => {
-                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
-                let slot = self.slot_of(r.itt)?;
-                let t = &self.tasks[slot];
+                self.s.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                let slot = self.t.slot_of(&self.label, r.itt)?;
+                let t = &self.t.slots[slot];
                 let end = r.buffer_offset as u64 + r.desired_data_transfer_length as u64;
                 if t.dir != Dir::Write || end > t.len as u64 || r.desired_data_transfer_length == 0
                 {
@@ -1472,70 +1128,44 @@ impl Conn {
                 }
                 self.send_data_out(slot, r.ttt, r.buffer_offset, r.desired_data_transfer_length);
             }
-            Op::NopIn(n) => {
-                self.update_window(n.exp_cmd_sn, n.max_cmd_sn);
-                if !n.itt.is_reserved() {
-                    self.saw_stat_sn(n.stat_sn);
-                }
-                if !n.ttt.is_reserved() {
-                    // A ping from the target: answer with its TTT and the same data.
-                    let reply = NopOut {
-                        immediate: true,
-                        lun: n.lun,
-                        itt: Itt::RESERVED,
-                        ttt: n.ttt,
-                        cmd_sn: self.cmd_sn,
-                        exp_stat_sn: self.exp_stat_sn,
-                    };
-                    let data = self.rx[ds..ds + dl].to_vec();
-                    push_pdu(&mut self.tx, self.digests, bhs(Op::NopOut(reply)), &data);
-                }
-            }
-            Op::AsyncMessage(a) => {
-                self.update_window(a.exp_cmd_sn, a.max_cmd_sn);
-                self.saw_stat_sn(a.stat_sn);
-                match a.async_event {
-                    // A SCSI asynchronous event (sense data), or parameter renegotiation:
-                    // nothing to do for a load generator.
-                    0 | 4 => {}
-                    1 => {
-                        return Err(format!(
-                            "{}: the target asked for logout (Async Message)",
-                            self.label
-                        ))
+            op => {
+                let data = &self.rx[ds..ds + dl];
+                let (tasks, label) = (&self.t, self.label.as_str());
+                match self
+                    .s
+                    .receive(label, &op, data, |itt| tasks.slot_of(label, itt))?
+                {
+                    Received::Done => {}
+                    Received::Ping(reply) => {
+                        push_pdu(&mut self.tx, self.digests, bhs(Op::NopOut(reply)), data)
                     }
-                    e => {
-                        return Err(format!(
-                            "{}: the target is dropping the connection (Async Message event {e})",
-                            self.label
-                        ))
-                    }
+                    Received::Complete(o) => self.complete(o, out),
                 }
-            }
-            Op::Reject(r) => {
-                self.saw_stat_sn(r.stat_sn);
-                return Err(format!(
-                    "{}: the target rejected a PDU (reason {:#04x})",
-                    self.label, r.reason
-                ));
-            }
-            Op::LogoutResponse(l) => {
-                self.saw_stat_sn(l.stat_sn);
-                if l.itt.0 == self.mgmt.itt {
-                    self.mgmt.logout = Some(l.response);
-                }
-            }
-            Op::TextResponse(t) => self.saw_stat_sn(t.stat_sn),
-            Op::TaskMgmtResponse(t) => self.saw_stat_sn(t.stat_sn),
-            other => {
-                return Err(format!(
-                    "{}: unexpected PDU from the target: {:?}",
-                    self.label,
-                    other.opcode()
-                ))
             }
         }
         Ok(())
+    }
+}
+
+impl Transport for Conn {
+    fn state(&mut self) -> &mut SessionState {
+        &mut self.s
+    }
+
+    fn send_control(&mut self, op: Op, data: &[u8], deadline: Instant) -> Result<(), String> {
+        // Login PDUs go out without digests: they are off until login ends.
+        push_pdu(&mut self.tx, self.digests, bhs(op), data);
+        self.flush_until(deadline)
+    }
+
+    fn recv_login(&mut self, deadline: Instant, text: &mut Vec<u8>) -> Result<Bhs, String> {
+        let (h, ds, dl) = self.wait_frame(deadline, "a Login Response")?;
+        text.extend_from_slice(&self.rx[ds..ds + dl]);
+        Ok(h)
+    }
+
+    fn progress(&mut self, deadline: Instant, what: &str) -> Result<(), String> {
+        self.wait_and_dispatch(deadline, what)
     }
 }
 

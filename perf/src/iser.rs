@@ -30,11 +30,9 @@ use std::time::{Duration, Instant};
 
 use riser_datamover::iser::header::{cm, IserHeader, TaggedBuffer, ISER_HDR_LEN};
 use riser_iscsi::pdu::{
-    logout, raw_data_segment_len, raw_total_ahs_len, Bhs, Isid, LoginRequest, LogoutRequest, Lun,
-    NopOut, Op, ScsiCommand, Stage, BHS_LEN, MAX_AHS_LENGTH,
+    raw_data_segment_len, raw_total_ahs_len, Bhs, Lun, Op, BHS_LEN, MAX_AHS_LENGTH,
 };
-use riser_iscsi::serial::{Itt, Sn};
-use riser_iscsi::text::{encode_pairs, parse_pairs};
+use riser_iscsi::serial::Itt;
 use riser_rdma::{
     Access, CmEvent, CmEventType, CmId, CompletionChannel, CompletionQueue, ConnParam,
     EventChannel, MemoryRegion, ProtectionDomain, QpCaps, QpInitAttr, RecvWr, SendOp, SendWr, Sge,
@@ -42,11 +40,11 @@ use riser_rdma::{
 };
 
 use crate::conn::{
-    login_status_text, rw_cdb, status, status_name, wait_fd, CmdResult, Completion, Conn, Dir,
-    IoError, IserKeys, KeyNegotiation, LoginOptions, Negotiated, ScsiExec, Sense,
-    LOGIN_MAX_RECV_DSL, MAX_QD, MGMT_ITT, OUR_INITIATOR_RECV_DSL,
+    rw_cdb, status, wait_fd, CmdResult, Completion, Conn, Dir, IoError, IserKeys, KeyNegotiation,
+    LoginOptions, Negotiated, ScsiExec, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
 };
-use crate::url::{TargetUrl, Transport};
+use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
+use crate::url::{self, TargetUrl};
 
 /// iSER header + BHS: a bare control-type PDU.
 pub const HDRS: usize = ISER_HDR_LEN + BHS_LEN;
@@ -75,36 +73,6 @@ const fn max_usize(a: u32, b: u32) -> usize {
     } else {
         b as usize
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TaskState {
-    Idle,
-    Blocked,
-    InFlight,
-}
-
-struct Task {
-    state: TaskState,
-    itt: u32,
-    seq: u16,
-    dir: Dir,
-    lba: u64,
-    blocks: u32,
-    len: u32,
-    /// The caller's view of the data; `dirty`: changed since it was last copied into the
-    /// registered region.
-    buf: Vec<u8>,
-    dirty: bool,
-}
-
-#[derive(Default)]
-struct Mgmt {
-    itt: u32,
-    want: usize,
-    /// (status, sense, bytes transferred)
-    done: Option<(u8, Option<Sense>, usize)>,
-    logout: Option<u8>,
 }
 
 /// A SEND queued for the next [`IserConn::flush`].
@@ -210,20 +178,12 @@ pub struct IserConn {
     scratch: Vec<u8>,
     pub neg: Negotiated,
     pub iser: IserKeys,
-    cmd_sn: Sn,
-    exp_cmd_sn: Sn,
-    max_cmd_sn: Sn,
-    exp_stat_sn: Sn,
-    lun: Lun,
+    s: SessionState,
     pub block_size: u32,
     pub num_blocks: u64,
-    tasks: Vec<Task>,
-    blocked: VecDeque<usize>,
-    inflight: usize,
+    t: Tasks,
     bs: usize,
     copy_reads: bool,
-    next_mgmt: u32,
-    mgmt: Mgmt,
     timeout: Duration,
     logged_out: bool,
     in_login: bool,
@@ -394,20 +354,12 @@ impl IserConn {
             scratch: Vec::with_capacity(RECV_SLOT),
             neg: Negotiated::default(),
             iser: IserKeys::default(),
-            cmd_sn: Sn(1),
-            exp_cmd_sn: Sn(1),
-            max_cmd_sn: Sn(1),
-            exp_stat_sn: Sn(0),
-            lun: Lun(url.lun_field()),
+            s: SessionState::new(Lun(url.lun_field())),
             block_size: 0,
             num_blocks: 0,
-            tasks: Vec::new(),
-            blocked: VecDeque::new(),
-            inflight: 0,
+            t: Tasks::new(),
             bs: 0,
             copy_reads: true,
-            next_mgmt: 0,
-            mgmt: Mgmt::default(),
             timeout: opts.timeout,
             logged_out: false,
             in_login: true,
@@ -537,155 +489,27 @@ impl IserConn {
         Ok(self.pending.is_empty())
     }
 
-    fn update_window(&mut self, exp: Sn, max: Sn) {
-        if max.lt(exp.add(u32::MAX)) {
-            return;
-        }
-        if exp.gt(self.exp_cmd_sn) {
-            self.exp_cmd_sn = exp;
-        }
-        if max.gt(self.max_cmd_sn) {
-            self.max_cmd_sn = max;
-        }
-    }
-
-    fn saw_stat_sn(&mut self, stat_sn: Sn) {
-        let next = stat_sn.next();
-        if next.gt(self.exp_stat_sn) {
-            self.exp_stat_sn = next;
-        }
-    }
-
-    fn window_open(&self) -> bool {
-        self.cmd_sn.le(self.max_cmd_sn)
-    }
-
     // ---- login -----------------------------------------------------------------------
 
     fn do_login(&mut self, url: &TargetUrl, opts: &LoginOptions) -> Result<(), String> {
         let deadline = self.deadline();
-        let itt = Itt(MGMT_ITT);
-        let mut neg = KeyNegotiation::new_iser();
-        let mut csg = Stage::SecurityNegotiation;
-        let mut keys: Vec<(String, String)> = vec![
-            ("InitiatorName".into(), opts.initiator_name.clone()),
-            ("TargetName".into(), url.iqn.clone()),
-            ("SessionType".into(), "Normal".into()),
-            ("AuthMethod".into(), "None".into()),
-        ];
-        neg.proposed.push("AuthMethod".into());
-        let mut tsih = 0u16;
-        let plain = IserHeader::Control {
-            write: None,
-            read: None,
-        };
-        for _round in 0..16 {
-            let nsg = if csg == Stage::SecurityNegotiation {
-                Stage::LoginOperationalNegotiation
-            } else {
-                Stage::FullFeaturePhase
-            };
-            let mut req = LoginRequest {
-                transit_bit: true,
-                continue_bit: false,
-                csg,
-                nsg,
-                version_max: 0,
-                version_min: 0,
-                isid: Isid(opts.isid),
-                tsih,
-                itt,
-                cid: 0,
-                cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
-            };
-            let text = encode_pairs(&keys);
-            if text.len() > LOGIN_MAX_RECV_DSL as usize {
-                return Err(format!("{}: login text too long", self.label));
-            }
-            self.send_ctrl(plain, Op::LoginRequest(req.clone()), &text)?;
-            self.flush()?;
-            let mut text = Vec::new();
-            let resp = loop {
-                let (h, data) = self.wait_login_pdu(deadline)?;
-                let Op::LoginResponse(r) = h.op else {
-                    return Err(format!(
-                        "{}: expected a Login Response, got {:?}",
-                        self.label,
-                        h.op.opcode()
-                    ));
-                };
-                if r.status.class != 0 {
-                    return Err(format!(
-                        "{}: {}",
-                        self.label,
-                        login_status_text(r.status.class, r.status.detail)
-                    ));
-                }
-                text.extend_from_slice(&data);
-                self.exp_stat_sn = r.stat_sn.next();
-                if !r.continue_bit {
-                    break r;
-                }
-                text.truncate(64 * 1024);
-                req.transit_bit = false;
-                req.exp_stat_sn = self.exp_stat_sn;
-                self.send_ctrl(plain, Op::LoginRequest(req.clone()), &[])?;
-                self.flush()?;
-            };
-            let pairs = parse_pairs(&text)
-                .map_err(|e| format!("{}: bad login text from the target: {e}", self.label))?;
-            let answers = neg
-                .take_response(&pairs)
-                .map_err(|e| format!("{}: {e}", self.label))?;
-            tsih = resp.tsih;
-            if resp.transit_bit {
-                match resp.nsg {
-                    Stage::FullFeaturePhase => {
-                        if !answers.is_empty() {
-                            return Err(format!(
-                                "{}: the target ended login while offering keys {:?}",
-                                self.label,
-                                answers.iter().map(|(k, _)| k).collect::<Vec<_>>()
-                            ));
-                        }
-                        if !neg.iser_result.rdma_extensions {
-                            return Err(format!(
-                                "{}: the target did not accept RDMAExtensions=Yes (not an iSER portal?)",
-                                self.label
-                            ));
-                        }
-                        if neg.result.header_digest || neg.result.data_digest {
-                            return Err(format!(
-                                "{}: the target chose digests on an iSER connection",
-                                self.label
-                            ));
-                        }
-                        self.neg = neg.result;
-                        self.iser = neg.iser_result;
-                        self.cmd_sn = resp.exp_cmd_sn;
-                        self.exp_cmd_sn = resp.exp_cmd_sn;
-                        self.max_cmd_sn = resp.max_cmd_sn;
-                        self.in_login = false;
-                        return Ok(());
-                    }
-                    Stage::LoginOperationalNegotiation => {
-                        csg = Stage::LoginOperationalNegotiation;
-                        keys = answers;
-                        keys.extend(neg.operational_proposal());
-                    }
-                    other => {
-                        return Err(format!(
-                            "{}: the target moved login to stage {other:?}",
-                            self.label
-                        ))
-                    }
-                }
-            } else {
-                keys = answers;
-            }
+        let neg = session::login(self, url, opts, KeyNegotiation::new_iser(), deadline)?;
+        if !neg.iser_result.rdma_extensions {
+            return Err(format!(
+                "{}: the target did not accept RDMAExtensions=Yes (not an iSER portal?)",
+                self.label
+            ));
         }
-        Err(format!("{}: login did not finish in 16 rounds", self.label))
+        if neg.result.header_digest || neg.result.data_digest {
+            return Err(format!(
+                "{}: the target chose digests on an iSER connection",
+                self.label
+            ));
+        }
+        self.neg = neg.result;
+        self.iser = neg.iser_result;
+        self.in_login = false;
+        Ok(())
     }
 
     fn wait_login_pdu(&mut self, deadline: Instant) -> Result<(Bhs, Vec<u8>), String> {
@@ -739,46 +563,7 @@ impl IserConn {
             ));
         }
         let deadline = self.deadline();
-        while !self.window_open() {
-            self.wait_progress(deadline, "the CmdSN window to open")?;
-        }
-        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
-        let itt = MGMT_ITT | self.next_mgmt;
-        self.mgmt = Mgmt {
-            itt,
-            want: read_len as usize,
-            done: None,
-            logout: None,
-        };
-        let mut c = [0u8; 16];
-        c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: read_len > 0,
-            write: false,
-            attr: 1,
-            lun: self.lun,
-            itt: Itt(itt),
-            expected_data_transfer_length: read_len,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-            cdb: c,
-        };
-        self.cmd_sn = self.cmd_sn.next();
-        let hdr = IserHeader::Control {
-            write: None,
-            read: (read_len > 0).then(|| TaggedBuffer {
-                stag: self.mgmt_mr.rkey(),
-                base_offset: self.mgmt_mr.addr(),
-            }),
-        };
-        self.send_ctrl(hdr, Op::ScsiCommand(cmd), &[])?;
-        self.flush()?;
-        while self.mgmt.done.is_none() {
-            self.wait_progress(deadline, "a SCSI response")?;
-        }
-        let (status, sense, n) = self.mgmt.done.take().unwrap_or((0xff, None, 0));
+        let (status, sense, n) = session::run_mgmt(self, cdb, read_len, deadline)?;
         let mut data = vec![0u8; n.min(MGMT_BUF)];
         self.mgmt_mr
             .read_at(0, &mut data)
@@ -808,34 +593,9 @@ impl IserConn {
         }
         self.logged_out = true;
         let deadline = self.deadline();
-        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
-        let itt = MGMT_ITT | self.next_mgmt;
-        self.mgmt = Mgmt {
-            itt,
-            ..Mgmt::default()
-        };
-        let req = LogoutRequest {
-            immediate: true,
-            reason_code: logout::CLOSE_SESSION,
-            itt: Itt(itt),
-            cid: 0,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-        };
-        let plain = IserHeader::Control {
-            write: None,
-            read: None,
-        };
-        self.send_ctrl(plain, Op::LogoutRequest(req), &[])?;
-        self.flush()?;
-        while self.mgmt.logout.is_none() {
-            self.wait_progress(deadline, "the Logout Response")?;
-        }
+        session::logout_exchange(self, deadline)?;
         let _ = self.id.disconnect();
-        match self.mgmt.logout {
-            Some(0) | None => Ok(()),
-            Some(r) => Err(format!("{}: logout answered with response {r}", self.label)),
-        }
+        session::logout_result(&self.s, &self.label)
     }
 
     // ---- the data path -------------------------------------------------------------------
@@ -864,59 +624,34 @@ impl IserConn {
         self.data = Some(mr);
         self.bs = bs;
         self.copy_reads = copy_reads;
-        self.tasks = (0..qd)
-            .map(|slot| Task {
-                state: TaskState::Idle,
-                itt: slot as u32,
-                seq: 0,
-                dir: Dir::Read,
-                lba: 0,
-                blocks: 0,
-                len: 0,
-                buf: vec![(slot as u8) | 1; bs],
-                dirty: false,
-            })
-            .collect();
-        self.blocked = VecDeque::with_capacity(qd);
+        self.t.start(qd, bs);
         Ok(())
     }
 
     pub fn inflight(&self) -> usize {
-        self.inflight
+        self.t.inflight
     }
 
     pub fn buf(&self, slot: usize) -> &[u8] {
-        &self.tasks[slot].buf
+        &self.t.slots[slot].buf
     }
 
     pub fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
-        let t = &mut self.tasks[slot];
+        let t = &mut self.t.slots[slot];
         t.dirty = true;
         &mut t.buf
     }
 
     pub fn lba(&self, slot: usize) -> u64 {
-        self.tasks[slot].lba
+        self.t.slots[slot].lba
     }
 
     /// Queues one I/O on an idle slot; it goes out with the next [`Self::flush`], or waits
     /// for the CmdSN window.
     pub fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32) {
-        let block_size = self.block_size;
-        let t = &mut self.tasks[slot];
-        debug_assert_eq!(t.state, TaskState::Idle);
-        t.seq = (t.seq + 1) & 0x7fff;
-        t.itt = ((t.seq as u32) << 16) | slot as u32;
-        t.dir = dir;
-        t.lba = lba;
-        t.blocks = blocks;
-        t.len = blocks * block_size;
-        self.inflight += 1;
-        if self.blocked.is_empty() && self.window_open() {
+        let open = self.s.window_open();
+        if self.t.submit(slot, dir, lba, blocks, self.block_size, open) {
             self.send_command(slot);
-        } else {
-            self.tasks[slot].state = TaskState::Blocked;
-            self.blocked.push_back(slot);
         }
     }
 
@@ -927,7 +662,7 @@ impl IserConn {
         let Some(data) = self.data.as_mut() else {
             return;
         };
-        let t = &mut self.tasks[slot];
+        let t = &mut self.t.slots[slot];
         t.state = TaskState::InFlight;
         let write = t.dir == Dir::Write;
         let len = t.len.min(bs as u32);
@@ -943,20 +678,14 @@ impl IserConn {
         };
         let va = data.addr() + (slot * bs) as u64;
         let hdr = rw_header(t.dir, len, immediate, data.rkey(), va);
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: !write,
+        let cmd = self.s.command(
+            Itt(t.itt),
+            !write,
             write,
-            attr: 1,
-            lun: self.lun,
-            itt: Itt(t.itt),
-            expected_data_transfer_length: len,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-            cdb: rw_cdb(t.dir, t.lba, t.blocks),
-        };
-        self.cmd_sn = self.cmd_sn.next();
+            len,
+            rw_cdb(t.dir, t.lba, t.blocks),
+            true,
+        );
         let head = encode_headers(hdr, Op::ScsiCommand(cmd), immediate as usize);
         let _ = self.ctrl.write_at(cmd_off, &head);
         let (Ok(s0), Ok(s1)) = (
@@ -972,52 +701,24 @@ impl IserConn {
         });
     }
 
-    fn slot_of(&self, itt: Itt) -> Result<usize, String> {
-        let slot = (itt.0 & 0xffff) as usize;
-        match self.tasks.get(slot) {
-            Some(t)
-                if t.itt == itt.0 && t.state == TaskState::InFlight && itt.0 & MGMT_ITT == 0 =>
-            {
-                Ok(slot)
-            }
-            _ => Err(format!(
-                "{}: the target answered an unknown task (ITT {:#x})",
-                self.label, itt.0
-            )),
-        }
-    }
-
-    fn complete(
-        &mut self,
-        slot: usize,
-        status: u8,
-        sense: Option<Sense>,
-        residual: bool,
-        out: &mut Vec<Completion>,
-    ) {
+    fn complete(&mut self, o: Outcome, out: &mut Vec<Completion>) {
+        let Outcome {
+            slot,
+            status,
+            sense,
+            residual,
+        } = o;
         let bs = self.bs;
-        let t = &mut self.tasks[slot];
-        t.state = TaskState::Idle;
-        self.inflight -= 1;
+        let t = self.t.finish(slot);
         let result = if status != status::GOOD {
-            Err(IoError {
-                status,
-                sense,
-                what: format!(
-                    "{} of {} blocks at LBA {}: {}",
-                    if t.dir == Dir::Read { "READ" } else { "WRITE" },
-                    t.blocks,
-                    t.lba,
-                    status_name(status)
-                ),
-            })
+            Err(t.status_error(status, sense))
         } else if residual {
             Err(IoError {
                 status,
                 sense: None,
                 what: format!(
                     "{} of {} blocks at LBA {}: the target reports a residual",
-                    if t.dir == Dir::Read { "READ" } else { "WRITE" },
+                    t.op_name(),
                     t.blocks,
                     t.lba
                 ),
@@ -1060,11 +761,7 @@ impl IserConn {
             }
         }
         self.repost()?;
-        while let Some(&slot) = self.blocked.front() {
-            if !self.window_open() {
-                break;
-            }
-            self.blocked.pop_front();
+        while let Some(slot) = self.t.unblock(self.s.window_open()) {
             self.send_command(slot);
         }
         Ok(got)
@@ -1133,110 +830,61 @@ impl IserConn {
     }
 
     fn handle(&mut self, h: Bhs, data: &[u8], out: &mut Vec<Completion>) -> Result<(), String> {
-        match h.op {
-            Op::ScsiResponse(r) => {
-                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
-                self.saw_stat_sn(r.stat_sn);
-                let sense = if r.status == status::CHECK_CONDITION {
-                    Sense::parse(data)
-                } else {
-                    None
+        if let Op::DataIn(_) | Op::R2t(_) = h.op {
+            return Err(format!(
+                "{}: the target sent a {:?} PDU on an iSER connection (data moves by RDMA)",
+                self.label,
+                h.op.opcode()
+            ));
+        }
+        let (tasks, label) = (&self.t, self.label.as_str());
+        match self
+            .s
+            .receive(label, &h.op, data, |itt| tasks.slot_of(label, itt))?
+        {
+            Received::Done => {}
+            Received::Ping(reply) => {
+                let plain = IserHeader::Control {
+                    write: None,
+                    read: None,
                 };
-                if r.itt.0 & MGMT_ITT != 0 {
-                    if r.itt.0 == self.mgmt.itt {
-                        let st = if r.response != 0 { 0xff } else { r.status };
-                        let n = if r.residual_underflow {
-                            self.mgmt.want.saturating_sub(r.residual_count as usize)
-                        } else {
-                            self.mgmt.want
-                        };
-                        self.mgmt.done = Some((st, sense, n));
-                    }
-                    return Ok(());
-                }
-                let slot = self.slot_of(r.itt)?;
-                if r.response != 0 {
-                    return Err(format!(
-                        "{}: the target failed a command (iSCSI response {:#04x})",
-                        self.label, r.response
-                    ));
-                }
-                let residual =
-                    (r.residual_underflow || r.residual_overflow) && r.status == status::GOOD;
-                self.complete(slot, r.status, sense, residual, out);
+                let echo = data.len().min(self.iser.target_recv_dsl as usize);
+                self.send_ctrl(plain, Op::NopOut(reply), &data[..echo])?;
             }
-            Op::NopIn(n) => {
-                self.update_window(n.exp_cmd_sn, n.max_cmd_sn);
-                if !n.itt.is_reserved() {
-                    self.saw_stat_sn(n.stat_sn);
-                }
-                if !n.ttt.is_reserved() {
-                    let reply = NopOut {
-                        immediate: true,
-                        lun: n.lun,
-                        itt: Itt::RESERVED,
-                        ttt: n.ttt,
-                        cmd_sn: self.cmd_sn,
-                        exp_stat_sn: self.exp_stat_sn,
-                    };
-                    let plain = IserHeader::Control {
-                        write: None,
-                        read: None,
-                    };
-                    let echo = data.len().min(self.iser.target_recv_dsl as usize);
-                    self.send_ctrl(plain, Op::NopOut(reply), &data[..echo])?;
-                }
-            }
-            Op::AsyncMessage(a) => {
-                self.update_window(a.exp_cmd_sn, a.max_cmd_sn);
-                self.saw_stat_sn(a.stat_sn);
-                match a.async_event {
-                    0 | 4 => {}
-                    1 => {
-                        return Err(format!(
-                            "{}: the target asked for logout (Async Message)",
-                            self.label
-                        ))
-                    }
-                    e => {
-                        return Err(format!(
-                            "{}: the target is dropping the connection (Async Message event {e})",
-                            self.label
-                        ))
-                    }
-                }
-            }
-            Op::Reject(r) => {
-                self.saw_stat_sn(r.stat_sn);
-                return Err(format!(
-                    "{}: the target rejected a PDU (reason {:#04x})",
-                    self.label, r.reason
-                ));
-            }
-            Op::LogoutResponse(l) => {
-                self.saw_stat_sn(l.stat_sn);
-                if l.itt.0 == self.mgmt.itt {
-                    self.mgmt.logout = Some(l.response);
-                }
-            }
-            Op::TextResponse(t) => self.saw_stat_sn(t.stat_sn),
-            Op::TaskMgmtResponse(t) => self.saw_stat_sn(t.stat_sn),
-            Op::DataIn(_) | Op::R2t(_) => {
-                return Err(format!(
-                    "{}: the target sent a {:?} PDU on an iSER connection (data moves by RDMA)",
-                    self.label,
-                    h.op.opcode()
-                ))
-            }
-            other => {
-                return Err(format!(
-                    "{}: unexpected PDU from the target: {:?}",
-                    self.label,
-                    other.opcode()
-                ))
-            }
+            Received::Complete(o) => self.complete(o, out),
         }
         Ok(())
+    }
+}
+
+impl Transport for IserConn {
+    fn state(&mut self) -> &mut SessionState {
+        &mut self.s
+    }
+
+    /// A management command that reads gets its data RDMA-Written into the management buffer.
+    fn send_control(&mut self, op: Op, data: &[u8], _deadline: Instant) -> Result<(), String> {
+        let read = matches!(&op, Op::ScsiCommand(c) if c.read);
+        let hdr = IserHeader::Control {
+            write: None,
+            read: read.then(|| TaggedBuffer {
+                stag: self.mgmt_mr.rkey(),
+                base_offset: self.mgmt_mr.addr(),
+            }),
+        };
+        self.send_ctrl(hdr, op, data)?;
+        self.flush()?;
+        Ok(())
+    }
+
+    fn recv_login(&mut self, deadline: Instant, text: &mut Vec<u8>) -> Result<Bhs, String> {
+        let (h, data) = self.wait_login_pdu(deadline)?;
+        text.extend_from_slice(&data);
+        Ok(h)
+    }
+
+    fn progress(&mut self, deadline: Instant, what: &str) -> Result<(), String> {
+        self.wait_progress(deadline, what)
     }
 }
 
@@ -1321,8 +969,10 @@ impl Session {
     /// Connects and logs in over the URL's transport; `qd`: the I/Os it will carry at once.
     pub fn login(url: &TargetUrl, opts: &LoginOptions, qd: usize) -> Result<Session, String> {
         match url.transport {
-            Transport::Tcp => Conn::login(url, opts).map(Session::Tcp),
-            Transport::Iser => IserConn::login(url, opts, qd).map(|c| Session::Iser(Box::new(c))),
+            url::Transport::Tcp => Conn::login(url, opts).map(Session::Tcp),
+            url::Transport::Iser => {
+                IserConn::login(url, opts, qd).map(|c| Session::Iser(Box::new(c)))
+            }
         }
     }
 
@@ -1435,7 +1085,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use riser_iscsi::pdu::{Opcode, ScsiResponse};
+    use riser_iscsi::pdu::{Opcode, ScsiCommand, ScsiResponse};
+    use riser_iscsi::serial::Sn;
 
     fn cmd(dir: Dir, len: u32) -> ScsiCommand {
         ScsiCommand {

@@ -19,6 +19,7 @@ mod init;
 mod iser;
 mod plot;
 mod report;
+mod session;
 mod url;
 mod verify;
 
