@@ -12,22 +12,14 @@ secs=${BENCH_TIME:-5}
 rounds=${BENCH_ROUNDS:-3}
 riser_port=3262
 tgt_port=3263
-# tgtd's management instance (tgtd -C / tgtadm -C): not the default 0, so a tgtd of the
-# machine is never touched.
+# tgtd's management instance (see lib-tgt.sh).
 tgt_ctl=3263
-tadm() { tgtadm -C "$tgt_ctl" "$@"; }
+. scripts/lib-tgt.sh
 work=$(mktemp -d /tmp/bench-iscsi.XXXXXX)
-riser_pid=; tgt_pid=
+riser_pid=
 cleanup() {
   [ -n "$riser_pid" ] && kill "$riser_pid" 2>/dev/null || true
-  if [ -n "$tgt_pid" ]; then
-    # tgtd ignores SIGTERM.
-    tadm --lld iscsi --mode target --op delete --tid 1 --force >/dev/null 2>&1 || true
-    tadm --op delete --mode system >/dev/null 2>&1 || true
-    sleep 0.5
-    kill -9 "$tgt_pid" 2>/dev/null || true
-    rm -f "/var/run/tgtd/socket.$tgt_ctl" "/var/run/tgtd/socket.$tgt_ctl.lock"
-  fi
+  tgt_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -40,19 +32,11 @@ cat > "$work/riser.json" <<JSON
 JSON
 taskset -c 0 ./target/release/riser -m 0x1 --poll-mode busy -r "$work/riser.sock" --json "$work/riser.json" >"$work/riser.log" 2>&1 &
 riser_pid=$!
-setsid taskset -c 0 /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$work/tgtd.log" 2>&1 </dev/null &
-tgt_pid=$!
-for _ in $(seq 100); do
-  tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
-  sleep 0.1
-done
-tadm --lld iscsi --mode target --op new --tid 1 --targetname iqn.2024-01.test.peer:null
-tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype null --backing-store /dev/null
-tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+tgt_start "$work/tgtd.log"
 sleep 0.5
 
 riser_url="iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"
-tgt_url="iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"
+tgt_url="iscsi://127.0.0.1:$tgt_port/$tgt_iqn/1"
 iperf() { # URL -> IOPS (libiscsi's iscsi-perf; -b in 512-byte blocks)
   timeout $((secs + 30)) taskset -c 1 iscsi-perf -t "$secs" -m 32 -b 8 -r "$1" 2>&1 | tr '\r' '\n' |
     sed -n 's/^ *iops average \([0-9]*\).*/\1/p' | tail -1

@@ -22,27 +22,19 @@ seq_qd=${MATRIX_SEQ_QD:-8}
 out=${BENCH_OUT:-target/bench/matrix-$(date +%Y%m%d-%H%M%S)}
 riser_port=3264
 tgt_port=3265
-# tgtd's management instance (tgtd -C / tgtadm -C): not the default 0, so a tgtd of the
-# machine or of bench-iscsi.sh is never touched.
+# tgtd's management instance (see lib-tgt.sh): not bench-iscsi.sh's.
 tgt_ctl=3265
+. scripts/lib-tgt.sh
 for b in "$perf" "$riser"; do
   [ -x "$b" ] || { echo "bench-perf-matrix: $b not built: make release" >&2; exit 1; }
 done
 command -v /usr/sbin/tgtd >/dev/null || { echo "bench-perf-matrix: tgtd missing: scripts/setup.sh bench" >&2; exit 1; }
 mkdir -p "$out/runs"
 work=$(mktemp -d /tmp/bench-matrix.XXXXXX)
-riser_pid=; tgt_pid=
-tadm() { tgtadm -C "$tgt_ctl" "$@"; }
+riser_pid=
 cleanup() {
   [ -n "$riser_pid" ] && kill "$riser_pid" 2>/dev/null || true
-  if [ -n "$tgt_pid" ]; then
-    # tgtd ignores SIGTERM.
-    tadm --lld iscsi --mode target --op delete --tid 1 --force >/dev/null 2>&1 || true
-    tadm --op delete --mode system >/dev/null 2>&1 || true
-    sleep 0.5
-    kill -9 "$tgt_pid" 2>/dev/null || true
-    rm -f "/var/run/tgtd/socket.$tgt_ctl" "/var/run/tgtd/socket.$tgt_ctl.lock"
-  fi
+  tgt_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -56,15 +48,7 @@ cat > "$work/riser.json" <<JSON
 JSON
 taskset -c 0 "$riser" -m 0x1 --poll-mode busy -r "$work/riser.sock" --json "$work/riser.json" >"$out/riser.log" 2>&1 &
 riser_pid=$!
-setsid taskset -c 0 /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$out/tgtd.log" 2>&1 </dev/null &
-tgt_pid=$!
-for _ in $(seq 100); do
-  tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
-  sleep 0.1
-done
-tadm --lld iscsi --mode target --op new --tid 1 --targetname iqn.2024-01.test.peer:null
-tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype null --backing-store /dev/null
-tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+tgt_start "$out/tgtd.log"
 for _ in $(seq 100); do
   (exec 3<>/dev/tcp/127.0.0.1/$riser_port) 2>/dev/null && break
   sleep 0.1
@@ -72,7 +56,7 @@ done
 
 declare -A url=(
   [riser]="iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"
-  [tgt]="iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"
+  [tgt]="iscsi://127.0.0.1:$tgt_port/$tgt_iqn/1"
 )
 # case name | --rw | --bs | --qd
 cases=(
