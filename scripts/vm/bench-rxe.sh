@@ -35,26 +35,12 @@ export RISER_LOG=${RISER_LOG:-info}
 riser_port=3261
 riser_iqn=iqn.2016-06.io.riser:bench
 lio_iqn=iqn.2003-01.org.linux-iscsi.riser-vm:lio
-cfs=/sys/kernel/config/target
 
 step "setup: fio on vCPU(s) ${fio_cpus:-any}, $ncpu vCPUs, ${size_mib} MiB LUNs, ${time_s} s per run, $rounds round(s) of: $(for m in $modes; do printf 'riser-%s, LIO, ' "$m"; done)"
 
 # ---- LIO + isert through configfs (targetcli does not work here) ---------------------------
 step "LIO: rd_mcp ramdisk ${size_mib} MiB, iSER portal $RXE_IP:3260"
-modprobe -a target_core_mod iscsi_target_mod ib_isert || fail "cannot load LIO's modules"
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
-mkdir -p "$cfs/core/rd_mcp_0/rd0"
-echo "rd_pages=$((size_mib * 256))" >"$cfs/core/rd_mcp_0/rd0/control"
-echo 1 >"$cfs/core/rd_mcp_0/rd0/enable"
-tpg=$cfs/iscsi/$lio_iqn/tpgt_1
-mkdir -p "$tpg/lun/lun_0"
-ln -s "$cfs/core/rd_mcp_0/rd0" "$tpg/lun/lun_0/rd0"
-mkdir -p "$tpg/np/$RXE_IP:3260"
-echo 1 >"$tpg/np/$RXE_IP:3260/iser"
-for a in authentication=0 generate_node_acls=1 demo_mode_write_protect=0 cache_dynamic_acls=1; do
-  echo "${a#*=}" >"$tpg/attrib/${a%=*}"
-done
-echo 1 >"$tpg/enable"
+lio_iser_target "$lio_iqn" "$size_mib"
 echo "LIO: $lio_iqn, default_cmdsn_depth $(cat "$tpg/attrib/default_cmdsn_depth")"
 
 # ---- riser: its own port, started for its turns only ----------------------------------------

@@ -18,6 +18,11 @@
 #   raw_verify DISK MIB TAG       MIB MiB of random data, dd oflag=direct, read back, cmp
 #   make_tree DIR                 a file tree (3 MiB of /usr/share/doc + a 2 MiB random file)
 #   fs_verify DISK TREE TAG       mkfs.ext4, mount, copy TREE, umount, fsck -fn, mount, sha256
+#   lio_iser_target IQN MIB [IMG IMG_MIB]
+#                                 the kernel's iSER target (LIO + ib_isert) through configfs:
+#                                 IQN, LUN 0 an rd_mcp ramdisk of MIB MiB, LUN 1 (if IMG) a
+#                                 fileio LUN on IMG (IMG_MIB MiB of zeros, written here), an iSER
+#                                 portal on $RXE_IP:3260, no auth, any initiator; sets $tpg
 #
 # Everything is under set -euo pipefail in the caller.
 
@@ -215,4 +220,33 @@ fs_verify() {
   umount "$mnt" || fail "$tag: second umount failed"
   lap sha256
   echo "$tag: ext4 on /dev/$disk: $(wc -l <"$tree.sha256") files copied, fsck clean, checksums identical after remount (at:$times)"
+}
+
+# LIO + isert through configfs (targetcli does not work here). Sets tpg, the target portal
+# group's configfs directory (teardown: echo 0 >"$tpg/enable").
+lio_iser_target() {
+  local iqn=$1 mib=$2 img=${3:-} img_mib=${4:-} a cfs=/sys/kernel/config/target
+  local mods=(target_core_mod iscsi_target_mod ib_isert)
+  [ -z "$img" ] || mods+=(target_core_file)
+  modprobe -a "${mods[@]}" || fail "cannot load LIO's modules"
+  mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+  mkdir -p "$cfs/core/rd_mcp_0/rd0"
+  echo "rd_pages=$((mib * 256))" >"$cfs/core/rd_mcp_0/rd0/control"
+  echo 1 >"$cfs/core/rd_mcp_0/rd0/enable"
+  if [ -n "$img" ]; then
+    dd if=/dev/zero of="$img" bs=1M count="$img_mib" status=none
+    mkdir -p "$cfs/core/fileio_0/f0"
+    echo "fd_dev_name=$img,fd_dev_size=$((img_mib << 20))" >"$cfs/core/fileio_0/f0/control"
+    echo 1 >"$cfs/core/fileio_0/f0/enable"
+  fi
+  tpg=$cfs/iscsi/$iqn/tpgt_1
+  mkdir -p "$tpg/lun/lun_0" ${img:+"$tpg/lun/lun_1"}
+  ln -s "$cfs/core/rd_mcp_0/rd0" "$tpg/lun/lun_0/rd0"
+  [ -z "$img" ] || ln -s "$cfs/core/fileio_0/f0" "$tpg/lun/lun_1/f0"
+  mkdir -p "$tpg/np/$RXE_IP:3260"
+  echo 1 >"$tpg/np/$RXE_IP:3260/iser"
+  for a in authentication=0 generate_node_acls=1 demo_mode_write_protect=0 cache_dynamic_acls=1; do
+    echo "${a#*=}" >"$tpg/attrib/${a%=*}"
+  done
+  echo 1 >"$tpg/enable"
 }

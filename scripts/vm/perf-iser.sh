@@ -27,7 +27,6 @@ riser_core=$((ncpu - 1))
 riser_port=3261
 riser_iqn=iqn.2016-06.io.riser:perf
 lio_iqn=iqn.2003-01.org.linux-iscsi.riser-vm:perf
-cfs=/sys/kernel/config/target
 lun_mib=32
 file_mib=8
 
@@ -83,26 +82,8 @@ riser_stop
 
 # ---- (b) LIO + isert ------------------------------------------------------------------------
 step "LIO: rd_mcp ${lun_mib} MiB (LUN 0) and fileio on tmpfs ${file_mib} MiB (LUN 1), iSER portal $RXE_IP:3260"
-modprobe -a target_core_mod iscsi_target_mod ib_isert target_core_file || fail "cannot load LIO's modules"
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
-mkdir -p "$cfs/core/rd_mcp_0/rd0"
-echo "rd_pages=$((lun_mib * 256))" >"$cfs/core/rd_mcp_0/rd0/control"
-echo 1 >"$cfs/core/rd_mcp_0/rd0/enable"
 img=/tmp/lio-file.img
-dd if=/dev/zero of="$img" bs=1M count="$file_mib" status=none
-mkdir -p "$cfs/core/fileio_0/f0"
-echo "fd_dev_name=$img,fd_dev_size=$((file_mib << 20))" >"$cfs/core/fileio_0/f0/control"
-echo 1 >"$cfs/core/fileio_0/f0/enable"
-tpg=$cfs/iscsi/$lio_iqn/tpgt_1
-mkdir -p "$tpg/lun/lun_0" "$tpg/lun/lun_1"
-ln -s "$cfs/core/rd_mcp_0/rd0" "$tpg/lun/lun_0/rd0"
-ln -s "$cfs/core/fileio_0/f0" "$tpg/lun/lun_1/f0"
-mkdir -p "$tpg/np/$RXE_IP:3260"
-echo 1 >"$tpg/np/$RXE_IP:3260/iser"
-for a in authentication=0 generate_node_acls=1 demo_mode_write_protect=0 cache_dynamic_acls=1; do
-  echo "${a#*=}" >"$tpg/attrib/${a%=*}"
-done
-echo 1 >"$tpg/enable"
+lio_iser_target "$lio_iqn" "$lun_mib" "$img" "$file_mib"
 lio_url="iser://$RXE_IP/$lio_iqn/0"
 step "riser-perf --verify over iSER against LIO"
 verify_ok LIO "$lio_url" 4096 --lba-range 0:16384
