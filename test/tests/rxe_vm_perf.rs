@@ -21,7 +21,7 @@ fn rxe_vm_perf_iser_verify_riser_and_lio() {
     let out = run.expect_ok("PERF ISER OK");
     let lines: Vec<&str> = out.lines().collect();
     let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
-    for (target, kib) in [("riser", 4), ("riser", 256), ("LIO", 4), ("LIO", 256)] {
+    for (target, kib) in [("riser", 4), ("riser", 256), ("riser", 1024), ("LIO", 4), ("LIO", 256)] {
         let p = format!("perf-iser: {target} verify {kib}k: PASSED, ");
         assert!(has(&p), "no `{p}...` line:\n{out}");
     }
