@@ -73,7 +73,7 @@ step "riser-perf --verify over iSER against riser"
 verify_ok riser "$riser_url" 4096 --lba-range 0:16384
 verify_ok riser "$riser_url" 262144
 # 1 MiB per command: more than the 8 data chunks of 128 KiB a read or write takes at once.
-verify_ok riser "$riser_url" 1048576 --qd 4
+verify_ok riser "$riser_url" 1048576
 rpc iscsi_get_connections >"$logs/riser-conns.json"
 wait_no_connections 30
 step "riser-perf randread 4 KiB QD 32 against riser"
