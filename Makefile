@@ -34,10 +34,12 @@ bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh
 
-# iSER in the soft-RoCE VM: Linux ib_iser + fio against riser and against LIO/isert.
+# iSER in the soft-RoCE VM, riser against LIO/isert: Linux ib_iser + fio, then the riser-perf
+# matrix over iser:// (table, JSON and chart under target/bench/matrix-rxe-DATE/).
 bench-rxe: build
 	@scripts/setup.sh bench
 	scripts/bench-rxe.sh
+	scripts/bench-matrix-rxe.sh
 
 # Multi-reactor scaling over iSCSI/TCP on loopback (needs about 16 cores; see the script).
 bench-scale: release
