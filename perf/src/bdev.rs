@@ -29,7 +29,6 @@ const MAX_QD: u32 = 65_536;
 /// Preallocated buffers per reactor (qd x bs) may not exceed this.
 const MAX_BUFFER_BYTES: u64 = 4 << 30;
 /// `--time` and `--ramp` are capped so that deadlines never overflow an `Instant`.
-const MAX_SECONDS: u64 = 7 * 24 * 3600;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -230,24 +229,7 @@ impl BdevArgs {
                 MAX_BUFFER_BYTES / MIB
             ));
         }
-        if self.time == 0 || self.time > MAX_SECONDS {
-            return Err(format!(
-                "--time {} is out of range: use 1 to {MAX_SECONDS} seconds",
-                self.time
-            ));
-        }
-        if self.ramp > MAX_SECONDS {
-            return Err(format!(
-                "--ramp {} is out of range: use 0 to {MAX_SECONDS} seconds",
-                self.ramp
-            ));
-        }
-        if self.rwmixread > 100 {
-            return Err(format!(
-                "--rwmixread {} is out of range: use 0 to 100",
-                self.rwmixread
-            ));
-        }
+        crate::check_run_flags(self.time, self.ramp, self.rwmixread as u64)?;
         if self.size_mib == 0 {
             return Err("--size-mib must be at least 1".into());
         }

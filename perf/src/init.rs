@@ -29,7 +29,7 @@ use crate::url::{self, TargetUrl, Transport};
 use crate::verify::{self, Mismatches};
 
 const MIB: f64 = 1024.0 * 1024.0;
-const MAX_SECONDS: u64 = 7 * 24 * 3600;
+use crate::MAX_SECONDS;
 const MAX_SESSIONS: usize = 1024;
 /// Buffers of one thread (sessions x qd x bs) may not exceed this.
 const MAX_BUFFER_BYTES: u64 = 4 << 30;
@@ -248,28 +248,11 @@ impl InitArgs {
                 self.qd
             ));
         }
-        if self.time == 0 || self.time > MAX_SECONDS {
-            return Err(format!(
-                "--time {} is out of range: use 1 to {MAX_SECONDS} seconds",
-                self.time
-            ));
-        }
-        if self.ramp > MAX_SECONDS {
-            return Err(format!(
-                "--ramp {} is out of range: use 0 to {MAX_SECONDS} seconds",
-                self.ramp
-            ));
-        }
+        crate::check_run_flags(self.time, self.ramp, self.rwmixread as u64)?;
         if self.verify_pause > MAX_SECONDS {
             return Err(format!(
                 "--verify-pause {} is out of range",
                 self.verify_pause
-            ));
-        }
-        if self.rwmixread > 100 {
-            return Err(format!(
-                "--rwmixread {} is out of range: use 0 to 100",
-                self.rwmixread
             ));
         }
         if self.login_timeout == 0 || self.login_timeout > 3600 {

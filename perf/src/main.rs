@@ -54,6 +54,24 @@ enum Command {
     Chart(plot::ChartArgs),
 }
 
+/// Longest --time / --ramp of both modes: a week.
+pub(crate) const MAX_SECONDS: u64 = 7 * 24 * 3600;
+
+/// Checks a numeric flag: `--flag V is out of range: use LO to HI[ unit]`.
+pub(crate) fn in_range(flag: &str, v: u64, lo: u64, hi: u64, unit: &str) -> Result<(), String> {
+    if v < lo || v > hi {
+        return Err(format!("{flag} {v} is out of range: use {lo} to {hi}{unit}"));
+    }
+    Ok(())
+}
+
+/// The checks both modes make of --time, --ramp and --rwmixread.
+pub(crate) fn check_run_flags(time: u64, ramp: u64, rwmixread: u64) -> Result<(), String> {
+    in_range("--time", time, 1, MAX_SECONDS, " seconds")?;
+    in_range("--ramp", ramp, 0, MAX_SECONDS, " seconds")?;
+    in_range("--rwmixread", rwmixread, 0, 100, "")
+}
+
 fn main() -> ExitCode {
     // Log lines (e.g. "could not pin") go to stderr; RUST_LOG overrides.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
