@@ -966,5 +966,11 @@ impl Login {
     }
 }
 
+pub mod transport;
+
+pub use transport::{
+    LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+};
+
 #[cfg(test)]
 mod tests;

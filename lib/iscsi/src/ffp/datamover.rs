@@ -110,3 +110,31 @@ pub trait Datamover {
     /// Whether everything queued has been handed to the transport.
     fn idle(&self) -> bool;
 }
+
+/// A boxed datamover (the server holds each transport's datamover as a trait object).
+impl<T: Datamover + ?Sized> Datamover for Box<T> {
+    fn send_control(&mut self, pdu: Pdu) {
+        (**self).send_control(pdu)
+    }
+    fn put_data(&mut self, req: PutData) {
+        (**self).put_data(req)
+    }
+    fn get_data(&mut self, req: GetData) {
+        (**self).get_data(req)
+    }
+    fn notice_key_values(&mut self, params: DatamoverParams) {
+        (**self).notice_key_values(params)
+    }
+    fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
+        (**self).deallocate_task_resources(itt)
+    }
+    fn connection_terminate(&mut self) {
+        (**self).connection_terminate()
+    }
+    fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        (**self).poll(events)
+    }
+    fn idle(&self) -> bool {
+        (**self).idle()
+    }
+}

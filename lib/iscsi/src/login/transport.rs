@@ -1,0 +1,108 @@
+//! The login phase of RFC 5047's Datamover Interface: what a transport (TCP, iSER, the
+//! in-memory one of the tests) offers the one login driver, next to the full-feature
+//! [`Datamover`].
+//!
+//! A [`PortalTransport`] listens on a portal and hands every new connection, as a
+//! [`LoginTransport`], to a [`LoginSink`] (the server). The login driver then exchanges Login
+//! PDUs through it, asks it for Allocate_Connection_Resources once the login has got past any
+//! security stage (never before: the rule against denial of service), and finally calls
+//! Enable_Datamover, which consumes the login transport and yields the connection's
+//! [`Datamover`] for full-feature phase.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::ffp::Datamover;
+use crate::negotiate::Transport;
+use crate::pdu::{Pdu, BHS_LEN};
+
+/// Why a login transport gave up. The driver logs it and drops the connection.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TransportError {
+    /// The initiator closed the connection (or the link / device went away).
+    #[error("closed by the initiator")]
+    Closed,
+    /// Nothing arrived before the login's deadline.
+    #[error("timed out")]
+    TimedOut,
+    /// The transport cannot go on (I/O error, unparseable stream, no resources); the text says
+    /// what happened.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What [`LoginTransport::recv_login`] got.
+#[derive(Debug)]
+pub enum LoginRx {
+    /// A Login (or other) PDU for the login state machine.
+    Pdu(Pdu),
+    /// A PDU that could not be decoded. With its header the state machine answers it (a
+    /// Login Response with Initiator Error); without, the driver logs it and waits for more.
+    Malformed { header: Option<[u8; BHS_LEN]>, reason: String },
+}
+
+/// What Allocate_Connection_Resources (RFC 5047 §7.1) may size its resources by: the values
+/// known for the connection when the login reaches operational negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceKeys {
+    /// Commands the target lets the session have outstanding (its queue depth).
+    pub queue_depth: u32,
+}
+
+/// One connection during login, on any transport (RFC 5047's login-phase primitives).
+pub trait LoginTransport: Send {
+    /// The transport, as negotiation needs it (iSER has its own keys and limits).
+    fn kind(&self) -> Transport;
+    /// The initiator's address.
+    fn peer(&self) -> SocketAddr;
+    /// The target portal's address the connection came in on, if known.
+    fn local(&self) -> Option<SocketAddr>;
+    /// The reactor whose resources the connection already uses (an iSER QP completes on that
+    /// reactor's CQ): a new session goes there. None: the server picks.
+    fn reactor_hint(&self) -> Option<usize> {
+        None
+    }
+    /// Waits, at most until `deadline`, for the next PDU of the login (Receive_Login_PDU).
+    fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError>;
+    /// Sends a Login Response (Send_Control during login). The transport sees from the PDU
+    /// whether it is the last one (final status or transit to full-feature phase).
+    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError>;
+    /// Allocate_Connection_Resources: called once, when the login got past any security
+    /// stage, before the final Login Response.
+    fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError>;
+    /// Enable_Datamover: the final Login Response is out; the connection becomes a
+    /// [`Datamover`] for full-feature phase.
+    fn enable_datamover(self: Box<Self>) -> Result<Box<dyn Datamover + Send>, TransportError>;
+    /// The login failed and its last response was sent: let it reach the initiator before the
+    /// connection is dropped (best effort).
+    fn linger(&mut self) {}
+}
+
+/// A portal, as the server tells a transport's listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortalSpec {
+    pub addr: SocketAddr,
+    /// The Target Portal Group Tag of the portal's group.
+    pub portal_group_tag: u16,
+}
+
+/// The server's side of a listener: takes new connections and places them on reactors.
+pub trait LoginSink: Send + Sync {
+    /// A new connection arrived on `portal`: the sink runs its login. False: refused (too many
+    /// logins in progress); the listener drops the connection.
+    fn accept(&self, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool;
+    /// The reactor a connection that is about to log in should be prepared for.
+    fn place(&self) -> usize;
+}
+
+/// A transport's listeners: TCP's accept loop, iSER's RDMA CM portal.
+pub trait PortalTransport: Send + Sync {
+    /// Which transport this listens for.
+    fn kind(&self) -> Transport;
+    /// Starts listening on `portal` (in a thread of its own); runs until `stop` is set.
+    fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String>;
+}
