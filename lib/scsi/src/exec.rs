@@ -1231,7 +1231,7 @@ impl LunChannel {
             op::PREVENT_ALLOW => {
                 let prevent = cdb.u8(4) & 0x03;
                 if prevent & 0x02 != 0 {
-                    // Medium changer prevention is not applicable (SBC-3 5.13? / SPC-4 6.13).
+                    // Medium changer prevention is not applicable (SBC-3 PREVENT ALLOW MEDIUM REMOVAL; SPC-4 6.13).
                     return Err(CmdError::invalid_cdb(4, Some(1)));
                 }
                 let mut st = lun.lock();

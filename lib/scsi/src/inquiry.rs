@@ -133,7 +133,7 @@ pub(crate) fn device_identification(lun: &Lun, nexus: Option<&Nexus>) -> Vec<u8>
         let mut tpg = [0u8; 4];
         put_be16(&mut tpg, 2, n.target_port_group);
         designator(&mut v, true, 1, 1, 5, &tpg);
-        // SCSI name strings: target port name and target device name (RFC 7143 13.?).
+        // SCSI name strings: target port name and target device name (RFC 7143).
         designator(&mut v, true, 3, 1, 8, &name_string(&n.target_port()));
         designator(&mut v, true, 3, 2, 8, &name_string(&n.target_name));
     } else if !lun.config().target_name.is_empty() {

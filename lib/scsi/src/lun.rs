@@ -402,7 +402,7 @@ impl Lun {
     /// every reactor with [`LunChannel::abort_all`](crate::LunChannel::abort_all)): SPC-2
     /// reservations are released, medium removal is allowed, mode parameters return to
     /// their defaults on a cold reset, and every nexus gets a reset unit attention
-    /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4 5.12.?).
+    /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4).
     pub fn reset(&self, kind: ResetKind) {
         let mut st = self.lock();
         st.spc2_holder = None;

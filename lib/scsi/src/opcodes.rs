@@ -627,7 +627,7 @@ pub(crate) fn lookup(cdb: &Cdb) -> CmdResult<&'static CmdDesc> {
             Some(_) => {}
         }
     }
-    // A known opcode with a service action riser does not implement (SPC-4 4.2.5.?):
+    // A known opcode with a service action riser does not implement (SPC-4):
     // the field pointer names byte 1, as initiators expect for "not supported".
     Err(CmdError::invalid_cdb(1, Some(4)))
 }

@@ -112,8 +112,8 @@ pub fn is_target_level(cdb: &Cdb) -> bool {
     cdb.opcode() == op::REPORT_LUNS
 }
 
-/// The answer for a task addressed to a LUN that does not exist (SPC-4 6.6.2, SAM-5
-/// 5.8.?): INQUIRY returns data with peripheral qualifier 011b and device type 1Fh;
+/// The answer for a task addressed to a LUN that does not exist (SPC-4 6.6.2, SAM-5):
+/// INQUIRY returns data with peripheral qualifier 011b and device type 1Fh;
 /// REQUEST SENSE returns LOGICAL UNIT NOT SUPPORTED as sense data; REPORT LUNS must go
 /// to [`report_luns`]; everything else is CHECK CONDITION, ILLEGAL REQUEST, LOGICAL UNIT
 /// NOT SUPPORTED.
