@@ -1,0 +1,253 @@
+//! Persistent reservations and RESERVE/RELEASE.
+
+use super::*;
+
+fn prout(sa: u8, ty: u8, key: u64, sark: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut c = vec![0u8; 10];
+    c[0] = op::PERSISTENT_RESERVE_OUT;
+    c[1] = sa;
+    c[2] = ty;
+    c[8] = 24;
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    (c, p)
+}
+
+fn prin(sa: u8) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = op::PERSISTENT_RESERVE_IN;
+    c[1] = sa;
+    c[7] = 0x10;
+    c
+}
+
+impl Env {
+    fn pr_ok(&mut self, n: &Arc<Nexus>, sa: u8, ty: u8, key: u64, sark: u64) {
+        let (c, p) = prout(sa, ty, key, sark);
+        self.ok(n, &c, 24, Some(p));
+    }
+    fn pr_conflict(&mut self, n: &Arc<Nexus>, sa: u8, ty: u8, key: u64, sark: u64) {
+        let (c, p) = prout(sa, ty, key, sark);
+        self.conflict(n, &c, 24, Some(p));
+    }
+    fn keys(&mut self, n: &Arc<Nexus>) -> (u32, Vec<u64>) {
+        let d = self.ok(n, &prin(0), 4096, None);
+        let gen = u32::from_be_bytes(d[0..4].try_into().unwrap());
+        let len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+        (
+            gen,
+            d[8..8 + len]
+                .chunks(8)
+                .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+                .collect(),
+        )
+    }
+    fn reservation(&mut self, n: &Arc<Nexus>) -> Option<(u64, u8)> {
+        let d = self.ok(n, &prin(1), 4096, None);
+        if u32::from_be_bytes(d[4..8].try_into().unwrap()) == 0 {
+            return None;
+        }
+        Some((
+            u64::from_be_bytes(d[8..16].try_into().unwrap()),
+            d[21] & 0x0F,
+        ))
+    }
+    fn can_read(&mut self, n: &Arc<Nexus>) -> bool {
+        let r = self.run(n, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
+        assert!(
+            matches!(r.status, Status::Good | Status::ReservationConflict),
+            "{r:?}"
+        );
+        r.status == Status::Good
+    }
+    fn can_write(&mut self, n: &Arc<Nexus>) -> bool {
+        let r = self.run(n, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
+        assert!(
+            matches!(r.status, Status::Good | Status::ReservationConflict),
+            "{r:?}"
+        );
+        r.status == Status::Good
+    }
+}
+
+#[test]
+fn pr_register_reserve_release_each_type() {
+    use crate::pr_type::*;
+    // (type, registered b reads, registered b writes, unregistered b reads, writes)
+    let table = [
+        (EXCLUSIVE_ACCESS, false, false, false, false),
+        (WRITE_EXCLUSIVE, true, false, true, false),
+        (EXCLUSIVE_ACCESS_RO, true, true, false, false),
+        (WRITE_EXCLUSIVE_RO, true, true, true, false),
+        (EXCLUSIVE_ACCESS_AR, true, true, false, false),
+        (WRITE_EXCLUSIVE_AR, true, true, true, false),
+    ];
+    for (ty, rr, rw, ur, uw) in table {
+        let mut e = env();
+        let (a, b) = (e.a.clone(), e.b.clone());
+        e.pr_ok(&a, 6, 0, 0, 0xAA);
+        e.pr_ok(&b, 6, 0, 0, 0xBB);
+        assert_eq!(e.keys(&a), (2, vec![0xAA, 0xBB]));
+        e.pr_ok(&a, 1, ty, 0xAA, 0);
+        let all_reg = ty == EXCLUSIVE_ACCESS_AR || ty == WRITE_EXCLUSIVE_AR;
+        assert_eq!(
+            e.reservation(&b),
+            Some((if all_reg { 0 } else { 0xAA }, ty))
+        );
+        assert!(e.can_read(&a) && e.can_write(&a));
+        assert_eq!(
+            (e.can_read(&b), e.can_write(&b)),
+            (rr, rw),
+            "type {ty} registered"
+        );
+        // Reserving again with the same type is fine, another type or nexus conflicts.
+        e.pr_ok(&a, 1, ty, 0xAA, 0);
+        if !all_reg {
+            e.pr_conflict(&b, 1, ty, 0xBB, 0);
+        }
+        e.pr_conflict(&a, 1, if ty == 1 { 3 } else { 1 }, 0xAA, 0);
+        // Unregister b.
+        e.pr_ok(&b, 0, 0, 0xBB, 0);
+        assert_eq!(
+            (e.can_read(&b), e.can_write(&b)),
+            (ur, uw),
+            "type {ty} unregistered"
+        );
+        // Release with the wrong type, then properly.
+        let (c, p) = prout(2, if ty == 1 { 3 } else { 1 }, 0xAA, 0);
+        e.check(&a, &c, 24, Some(p), (5, 0x26, 0x04));
+        e.pr_ok(&a, 2, ty, 0xAA, 0);
+        assert_eq!(e.reservation(&a), None);
+        assert!(e.can_write(&b));
+        e.pr_ok(&a, 0, 0, 0xAA, 0);
+        assert_eq!(e.keys(&a).1, Vec::<u64>::new());
+    }
+}
+
+#[test]
+fn pr_ownership_register_rules_and_preempt() {
+    use crate::pr_type::*;
+    let mut e = env();
+    let (a, b) = (e.a.clone(), e.b.clone());
+    // REGISTER with a wrong key conflicts; unregistered RESERVE conflicts.
+    e.pr_conflict(&a, 0, 0, 0x1, 0x2);
+    e.pr_conflict(&a, 1, WRITE_EXCLUSIVE, 0x1, 0);
+    e.pr_ok(&a, 0, 0, 0, 0x11);
+    e.pr_conflict(&a, 0, 0, 0x99, 0x12);
+    e.pr_ok(&a, 0, 0, 0x11, 0x12); // change key
+    e.pr_ok(&b, 0, 0, 0, 0x22);
+    // Holder unregisters: a registrants-only reservation goes, b is told.
+    e.pr_ok(&a, 1, WRITE_EXCLUSIVE_RO, 0x12, 0);
+    e.pr_ok(&a, 0, 0, 0x12, 0);
+    assert_eq!(e.reservation(&a), None);
+    e.check(
+        &b,
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        0,
+        None,
+        (6, 0x2A, 0x04),
+    );
+    // All registrants: survives until the last registrant leaves; any registrant releases.
+    e.pr_ok(&a, 0, 0, 0, 0x12);
+    e.pr_ok(&a, 1, EXCLUSIVE_ACCESS_AR, 0x12, 0);
+    e.pr_ok(&a, 0, 0, 0x12, 0);
+    assert_eq!(e.reservation(&a), Some((0, EXCLUSIVE_ACCESS_AR)));
+    e.pr_ok(&b, 2, EXCLUSIVE_ACCESS_AR, 0x22, 0);
+    assert_eq!(e.reservation(&a), None);
+    // PREEMPT: b removes a's registration and takes the reservation.
+    e.pr_ok(&a, 0, 0, 0, 0x12);
+    e.pr_ok(&a, 1, EXCLUSIVE_ACCESS, 0x12, 0);
+    assert!(!e.can_read(&b));
+    let (gen, _) = e.keys(&a);
+    e.pr_ok(&b, 4, WRITE_EXCLUSIVE, 0x22, 0x12);
+    assert_eq!(e.keys(&b), (gen + 1, vec![0x22]));
+    assert_eq!(e.reservation(&b), Some((0x22, WRITE_EXCLUSIVE)));
+    e.check(
+        &a,
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        0,
+        None,
+        (6, 0x2A, 0x05),
+    );
+    assert!(e.can_read(&a) && !e.can_write(&a));
+    // PREEMPT of a key nobody has, and with SARK 0 without all-registrants.
+    e.pr_conflict(&b, 4, WRITE_EXCLUSIVE, 0x22, 0x77);
+    let (c, p) = prout(4, WRITE_EXCLUSIVE, 0x22, 0);
+    e.check(&b, &c, 24, Some(p), (5, 0x26, 0));
+    // CLEAR.
+    e.pr_ok(&a, 6, 0, 0, 0x33);
+    e.pr_ok(&b, 3, 0, 0x22, 0);
+    e.check(
+        &a,
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        0,
+        None,
+        (6, 0x2A, 0x03),
+    );
+    assert_eq!(e.keys(&a).1, Vec::<u64>::new());
+    assert_eq!(e.reservation(&a), None);
+    // Parameter list length, SPEC_I_PT, APTPL, unknown service actions.
+    let (mut c, p) = prout(6, 0, 0, 0x44);
+    c[8] = 20;
+    e.check(&a, &c, 20, Some(p[..20].to_vec()), (5, 0x1A, 0));
+    let (c, mut p) = prout(6, 0, 0, 0x44);
+    p[20] = 0x01;
+    e.check(&a, &c, 24, Some(p), (5, 0x26, 0));
+    for sa in 4..0x20u8 {
+        e.check(&a, &prin(sa), 4096, None, ILLEGAL_FIELD);
+    }
+    let (c, p) = prout(7, 0, 0, 0x44);
+    e.check(&a, &c, 24, Some(p), ILLEGAL_FIELD);
+    // REPORT CAPABILITIES and READ FULL STATUS.
+    let d = e.ok(&a, &prin(2), 4096, None);
+    assert_eq!(u16::from_be_bytes([d[0], d[1]]), 8);
+    assert_eq!((d[4], d[5]), (0xEA, 0x01));
+    e.pr_ok(&a, 6, 0, 0, 0x55);
+    e.pr_ok(&a, 1, WRITE_EXCLUSIVE, 0x55, 0);
+    let d = e.ok(&a, &prin(3), 4096, None);
+    assert_eq!(u64::from_be_bytes(d[8..16].try_into().unwrap()), 0x55);
+    assert_eq!(d[8 + 12] & 1, 1);
+    assert_eq!(d[8 + 13], WRITE_EXCLUSIVE);
+    let tid_len = u32::from_be_bytes(d[28..32].try_into().unwrap()) as usize;
+    let tid = &d[32..32 + tid_len];
+    assert_eq!(tid[0], 0x45);
+    assert!(tid[4..].starts_with(b"iqn.2024-01.test:init1,i,0x23d000000001"));
+    // Truncated READ KEYS keeps the header.
+    let mut c = prin(0);
+    c[7] = 0;
+    c[8] = 4;
+    assert_eq!(e.ok(&a, &c, 4, None).len(), 4);
+}
+
+#[test]
+fn spc2_reserve_release() {
+    let mut e = env();
+    let (a, b) = (e.a.clone(), e.b.clone());
+    let r6 = [op::RESERVE6, 0, 0, 0, 0, 0];
+    let rl6 = [op::RELEASE6, 0, 0, 0, 0, 0];
+    e.ok(&a, &r6, 0, None);
+    e.ok(&a, &r6, 0, None);
+    e.conflict(&b, &r6, 0, None);
+    e.ok(&b, &rl6, 0, None); // not the holder: no effect
+    e.conflict(&b, &[op::MODE_SENSE6, 0, 0x3F, 0, 255, 0], 255, None);
+    e.conflict(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.ok(&b, &[op::INQUIRY, 0, 0, 0, 36, 0], 36, None);
+    e.ok(&a, &[op::MODE_SENSE6, 0, 0x3F, 0, 255, 0], 255, None);
+    e.ok(&a, &rl6, 0, None);
+    e.ok(&b, &r6, 0, None);
+    // The holder's nexus goes away: the reservation goes with it.
+    e.lun.nexus_lost(&b);
+    e.ch.forget_nexus(&b);
+    e.ok(&a, &r6, 0, None);
+    // A LUN reset releases it too.
+    e.lun.reset(crate::ResetKind::LunReset);
+    e.run(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.run(&b, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.ok(&b, &r6, 0, None);
+    e.ok(&b, &rl6, 0, None);
+    // Persistent reservations and RESERVE do not mix.
+    e.run(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.pr_ok(&a, 6, 0, 0, 0x1);
+    e.conflict(&a, &r6, 0, None);
+}
