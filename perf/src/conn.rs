@@ -33,9 +33,6 @@ use riser_iscsi::text::parse_number;
 use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
 use crate::url::TargetUrl;
 
-// The iSER transport. Declared here rather than in main.rs (owned by other work at the time);
-// it belongs next to `mod conn;` there.
-
 pub const INITIATOR_NAME: &str = "iqn.2024-01.io.riser:perf";
 /// What we declare as MaxRecvDataSegmentLength: the largest Data-In the target may send.
 pub const OUR_MAX_RECV_DSL: u32 = 262_144;

@@ -1,31 +1,17 @@
-//! `riser-perf`: benchmarks for riser.
-//!
-//! Two ways of generating load, sharing `report`:
-//! - `riser-perf [flags] URL...` (the default): an iSCSI initiator of its own ([`init`],
-//!   [`conn`]) that drives any target (riser, tgt, LIO, ...) over TCP from polled client
-//!   threads, or checks data integrity with `--verify`.
+//! `riser-perf`: benchmarks for riser. The command line over the `riser_perf` library:
+//! - `riser-perf [flags] URL...` (the default): the iSCSI initiator mode ([`init`]).
 //! - `riser-perf bdev ...`: in-process, bdevperf-like ([`bdev`]).
 //! - `riser-perf chart RESULTS.json -o FILE.svg`: the table and chart of a benchmark matrix
-//!   ([`plot`], which also draws `--plot FILE.svg`, the latency chart of one run).
+//!   ([`plot`]).
 //!
 //! Clap sees the first non-flag argument: the name of a subcommand selects it, anything else
 //! is a URL of the initiator mode (`args_conflicts_with_subcommands`).
 
-mod bdev;
-mod conn;
-#[cfg(test)]
-mod fake_target;
-mod init;
-mod iser;
-mod plot;
-mod report;
-mod session;
-mod url;
-mod verify;
-
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use riser_perf::{bdev, init, plot};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,24 +38,6 @@ enum Command {
     /// --json reports of every run), prints the medians and ratios as a table, writes the
     /// chart (-o FILE.svg) and the medians (--summary FILE.json).
     Chart(plot::ChartArgs),
-}
-
-/// Longest --time / --ramp of both modes: a week.
-pub(crate) const MAX_SECONDS: u64 = 7 * 24 * 3600;
-
-/// Checks a numeric flag: `--flag V is out of range: use LO to HI[ unit]`.
-pub(crate) fn in_range(flag: &str, v: u64, lo: u64, hi: u64, unit: &str) -> Result<(), String> {
-    if v < lo || v > hi {
-        return Err(format!("{flag} {v} is out of range: use {lo} to {hi}{unit}"));
-    }
-    Ok(())
-}
-
-/// The checks both modes make of --time, --ramp and --rwmixread.
-pub(crate) fn check_run_flags(time: u64, ramp: u64, rwmixread: u64) -> Result<(), String> {
-    in_range("--time", time, 1, MAX_SECONDS, " seconds")?;
-    in_range("--ramp", ramp, 0, MAX_SECONDS, " seconds")?;
-    in_range("--rwmixread", rwmixread, 0, 100, "")
 }
 
 fn main() -> ExitCode {
