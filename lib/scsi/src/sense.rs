@@ -96,7 +96,11 @@ impl Asc {
     pub const INQUIRY_DATA_HAS_CHANGED: Asc = Asc::new(0x3F, 0x03);
     pub const REPORTED_LUNS_DATA_HAS_CHANGED: Asc = Asc::new(0x3F, 0x0E);
     pub const INTERNAL_TARGET_FAILURE: Asc = Asc::new(0x44, 0x00);
+    /// A broken data transfer (e.g. an iSCSI Data-Out sequence that cannot be completed).
+    pub const DATA_PHASE_ERROR: Asc = Asc::new(0x4B, 0x00);
     pub const MEDIUM_REMOVAL_PREVENTED: Asc = Asc::new(0x53, 0x02);
+    /// The device server lacks the resources (e.g. buffer memory) to process the command.
+    pub const INSUFFICIENT_RESOURCES: Asc = Asc::new(0x55, 0x03);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: Asc = Asc::new(0x55, 0x04);
     pub const CAPACITY_DATA_HAS_CHANGED: Asc = Asc::new(0x2A, 0x09);
 }

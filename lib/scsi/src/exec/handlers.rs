@@ -3,6 +3,7 @@
 
 use riser_bdev::{IoBuf, IoKind};
 
+use super::rmw::{self, Rmw};
 use super::*;
 
 impl LunChannel {
@@ -400,12 +401,7 @@ impl LunChannel {
         let data = self.exact(data_out, need_len);
         Ok(Action::Job(
             Need::Exclusive(b.lba, b.blocks),
-            Job::CompareAndWrite {
-                lba: b.lba,
-                blocks: b.blocks,
-                data,
-                writing: false,
-            },
+            Job::Rmw(Rmw::new(b.lba, b.blocks, data, rmw::compare_and_write)),
         ))
     }
 
@@ -438,12 +434,7 @@ impl LunChannel {
         let data = self.exact(data_out, (blocks * bs) as usize);
         Ok(Action::Job(
             Need::Exclusive(b.lba, blocks),
-            Job::OrWrite {
-                lba: b.lba,
-                blocks,
-                data,
-                writing: false,
-            },
+            Job::Rmw(Rmw::new(b.lba, blocks, data, rmw::or_write)),
         ))
     }
 

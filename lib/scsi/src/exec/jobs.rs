@@ -1,0 +1,404 @@
+//! The block-level jobs of the executor: admission through the range lock, then the
+//! bdev I/Os of each step, advanced by their completions.
+
+use riser_bdev::{IoBuf, IoCompletion, IoKind};
+
+use super::*;
+
+impl LunChannel {
+    /// Tries to admit and start the op; false if it must wait for the range lock.
+    pub(super) fn try_start(&mut self, slot: usize) -> bool {
+        let lun = self.lun.clone();
+        let Some(o) = self.ops[slot].as_mut() else {
+            return true;
+        };
+        if o.started {
+            return true;
+        }
+        match &o.need {
+            Need::None => {}
+            Need::Shared(ranges) => match lun.ranges.admit_write(&self.counter, ranges) {
+                WriteAdmission::Fast => o.adm = Adm::Fast,
+                WriteAdmission::Registered(g) => o.adm = Adm::Grant(g),
+                WriteAdmission::Wait => return false,
+            },
+            Need::Exclusive(lba, n) => {
+                if !o.begun_exclusive {
+                    lun.ranges.begin_exclusive();
+                    o.begun_exclusive = true;
+                }
+                match lun.ranges.try_exclusive(*lba, *n) {
+                    Some(g) => o.adm = Adm::Grant(g),
+                    None => return false,
+                }
+            }
+        }
+        o.started = true;
+        self.start(slot);
+        true
+    }
+
+    fn start(&mut self, slot: usize) {
+        let bs = self.lun.block_size() as usize;
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        match &mut o.job {
+            Job::Read { lba, blocks, .. } => {
+                let (lba, blocks) = (*lba, *blocks);
+                let b = self.buf(blocks as usize * bs);
+                self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
+            }
+            Job::Write { lba, blocks, buf }
+            | Job::WriteVerify {
+                lba, blocks, buf, ..
+            } => {
+                let (lba, blocks, b) = (*lba, *blocks, buf.take());
+                self.submit_io(slot, IoKind::Write, lba, blocks, b);
+            }
+            Job::Flush { lba, blocks } => {
+                let (lba, blocks) = (*lba, *blocks);
+                self.submit_io(slot, IoKind::Flush, lba, blocks, None);
+            }
+            Job::Unmap { ranges } => {
+                let ranges = std::mem::take(ranges);
+                if ranges.is_empty() {
+                    self.finish(slot);
+                    return;
+                }
+                for (lba, n) in ranges {
+                    self.submit_io(slot, IoKind::Unmap, lba, n, None);
+                }
+            }
+            Job::WriteZeroes { lba, blocks } => {
+                let (lba, blocks) = (*lba, *blocks);
+                self.submit_io(slot, IoKind::WriteZeroes, lba, blocks, None);
+            }
+            Job::WriteSame { .. } => self.write_same_next(slot),
+            Job::Copy(_) => self.copy_next(slot, None),
+            Job::Sanitize(_) => self.sanitize_next(slot, None),
+            Job::Compare { lba, blocks, .. }
+            | Job::Rmw(Rmw { lba, blocks, .. })
+            | Job::LbaStatus { lba, blocks, .. } => {
+                let (lba, blocks) = (*lba, *blocks);
+                let b = self.buf(blocks as usize * bs);
+                self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
+            }
+        }
+    }
+
+    /// Submits the next chunk of a WRITE SAME, or finishes it.
+    fn write_same_next(&mut self, slot: usize) {
+        let bs = self.lun.block_size() as u64;
+        let chunk_blocks = (WRITE_SAME_CHUNK_BYTES / bs).max(1);
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        let Job::WriteSame {
+            next,
+            end,
+            pattern,
+            buf,
+        } = &mut o.job
+        else {
+            return;
+        };
+        if *next >= *end {
+            self.finish(slot);
+            return;
+        }
+        let n = (*end - *next).min(chunk_blocks);
+        let lba = *next;
+        *next += n;
+        let want = (n * bs) as usize;
+        let b = match buf.take() {
+            Some(b) if b.as_slice().len() == want => b,
+            _ => {
+                let pattern = pattern.clone();
+                let mut b = self.buf(want);
+                for chunk in b.as_mut_slice().chunks_exact_mut(bs as usize) {
+                    chunk.copy_from_slice(&pattern);
+                }
+                b
+            }
+        };
+        self.submit_io(slot, IoKind::Write, lba, n, Some(b));
+    }
+
+    /// Submits the next chunk of a sanitize operation (the next pass when one is done), or
+    /// finishes it. `buf` is the chunk buffer coming back from the last write.
+    fn sanitize_next(&mut self, slot: usize, buf: Option<IoBuf>) {
+        let bs = self.lun.block_size() as u64;
+        let end = self.lun.num_blocks();
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        let Job::Sanitize(j) = &mut o.job else {
+            return;
+        };
+        if buf.is_some() {
+            j.buf = buf;
+        }
+        if j.next >= end {
+            if j.pass + 1 >= j.op.passes() {
+                self.finish(slot);
+                return;
+            }
+            j.pass += 1;
+            j.next = 0;
+        }
+        let lba = j.next;
+        if j.op == SanitizeOp::BlockErase {
+            let n = (end - lba).min((sanitize::SANITIZE_UNMAP_CHUNK_BYTES / bs).max(1));
+            j.next += n;
+            j.done_to = j.next;
+            self.submit_io(slot, IoKind::Unmap, lba, n, None);
+            return;
+        }
+        let n = (end - lba).min((sanitize::SANITIZE_WRITE_CHUNK_BYTES / bs).max(1));
+        j.next += n;
+        j.done_to = j.next;
+        let want = (n * bs) as usize;
+        let reuse = match j.buf.take() {
+            Some(b) if b.as_slice().len() == want => Some(b),
+            _ => None,
+        };
+        let mut b = match reuse {
+            Some(b) => b,
+            None => {
+                j.buf_pass = None;
+                self.buf(want)
+            }
+        };
+        let Some(Op {
+            job: Job::Sanitize(j),
+            ..
+        }) = self.ops[slot].as_mut()
+        else {
+            return;
+        };
+        match &j.op {
+            SanitizeOp::Overwrite {
+                pattern, invert, ..
+            } => {
+                // The buffer keeps its contents across writes: refill it only for a new
+                // buffer or a new pass.
+                if j.buf_pass != Some(j.pass) {
+                    sanitize::fill_overwrite(b.as_mut_slice(), pattern, *invert, j.pass);
+                    j.buf_pass = Some(j.pass);
+                }
+            }
+            // Fresh unpredictable data for every chunk.
+            _ => j.rng.fill(b.as_mut_slice()),
+        }
+        self.submit_io(slot, IoKind::Write, lba, n, Some(b));
+    }
+
+    /// A sanitize operation ended: the LU leaves the sanitize state, or enters the failure
+    /// mode (SBC-3 4.11) if it did not complete.
+    pub(super) fn sanitize_ended(&self, ause: bool, failed: bool) {
+        let mut st = self.lun.lock();
+        if matches!(st.sanitize, SanitizeState::Running { .. }) {
+            st.sanitize = if failed {
+                SanitizeState::Failed { ause }
+            } else {
+                SanitizeState::Idle
+            };
+        }
+        self.lun.refresh_attn(&st);
+    }
+
+    /// Advances an EXTENDED COPY: after a read, write the chunk to the destination; after
+    /// a write (or at the start), read the next chunk.
+    fn copy_next(&mut self, slot: usize, buf: Option<IoBuf>) {
+        let bs = self.lun.block_size() as u64;
+        let max_chunk = (xcopy::COPY_CHUNK_BYTES / bs).max(1);
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        let Job::Copy(j) = &mut o.job else { return };
+        if let (false, Some(b)) = (j.writing, buf.as_ref()) {
+            // The chunk was read: write it.
+            let _ = b;
+            let seg = j.segments[j.idx];
+            let (lba, n) = (seg.dst + j.pos, j.chunk);
+            j.writing = true;
+            self.submit_io(slot, IoKind::Write, lba, n, buf);
+            return;
+        }
+        if j.writing {
+            j.writing = false;
+            j.pos += j.chunk;
+            j.copied += j.chunk;
+            j.chunk = 0;
+            if j.pos >= j.segments[j.idx].blocks {
+                j.idx += 1;
+                j.pos = 0;
+            }
+        }
+        if j.idx >= j.segments.len() {
+            if let Some(key) = j.record.take() {
+                let status = CopyStatus {
+                    ok: true,
+                    segments_processed: j.idx as u16,
+                    blocks: j.copied,
+                };
+                self.lun.lock().copies.by_list.insert(key, status);
+            }
+            self.finish(slot);
+            return;
+        }
+        let seg = j.segments[j.idx];
+        let n = (seg.blocks - j.pos).min(max_chunk);
+        j.chunk = n;
+        let lba = seg.src + j.pos;
+        let b = self.buf((n * bs) as usize);
+        self.submit_io(slot, IoKind::Read, lba, n, Some(b));
+    }
+
+    pub(super) fn on_completion(&mut self, slot: usize, c: IoCompletion) {
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
+            return;
+        };
+        o.inflight = o.inflight.saturating_sub(1);
+        if let Err(e) = &c.result {
+            if o.err.is_none() {
+                o.err = Some(bdev_error(c.kind, e));
+            }
+        }
+        if o.inflight > 0 {
+            return;
+        }
+        if o.aborted || o.err.is_some() {
+            self.finish(slot);
+            return;
+        }
+        self.advance(slot, c.buf);
+    }
+
+    /// The op's outstanding I/O finished successfully: next step.
+    fn advance(&mut self, slot: usize, buf: Option<IoBuf>) {
+        let bs = self.lun.block_size() as usize;
+        let Some(o) = self.ops[slot].as_mut() else {
+            return;
+        };
+        match &mut o.job {
+            Job::Read { ret_len, .. } => {
+                let n = *ret_len;
+                match buf {
+                    Some(b) => self.complete(slot, Some((b, n))),
+                    None => self.fail(slot, CmdError::internal()),
+                }
+            }
+            Job::Write { .. } | Job::Flush { .. } | Job::Unmap { .. } | Job::WriteZeroes { .. } => {
+                self.finish(slot)
+            }
+            Job::WriteVerify {
+                lba,
+                blocks,
+                written,
+                check,
+                ..
+            } => {
+                if written.is_none() && *check {
+                    // Written: read back and compare (SBC-3 5.40 BYTCHK=1).
+                    *written = buf;
+                    let (lba, blocks) = (*lba, *blocks);
+                    let b = self.buf(blocks as usize * bs);
+                    self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
+                } else if let (Some(w), Some(r)) = (written.as_ref(), buf.as_ref()) {
+                    match first_difference(w.as_slice(), r.as_slice()) {
+                        Some(off) => self.fail(slot, CmdError::miscompare(off as u64)),
+                        None => self.finish(slot),
+                    }
+                } else {
+                    self.finish(slot)
+                }
+            }
+            Job::WriteSame { buf: keep, .. } => {
+                *keep = buf;
+                self.write_same_next(slot);
+            }
+            Job::Compare {
+                expect,
+                repeat_block,
+                ..
+            } => {
+                let Some(r) = buf else {
+                    return self.fail(slot, CmdError::internal());
+                };
+                let got = r.as_slice();
+                let want = expect.as_slice();
+                let diff = if *repeat_block {
+                    got.chunks(bs)
+                        .enumerate()
+                        .find_map(|(i, blk)| first_difference(blk, want).map(|d| i * bs + d))
+                } else {
+                    first_difference(got, want)
+                };
+                match diff {
+                    Some(off) => self.fail(slot, CmdError::miscompare(off as u64)),
+                    None => self.finish(slot),
+                }
+            }
+            Job::Rmw(_) => self.rmw_next(slot, buf),
+            Job::Copy(_) => self.copy_next(slot, buf),
+            Job::Sanitize(j) => {
+                // The chunk is on the medium: record how far the operation got, for the
+                // progress indication and for a takeover.
+                let (pass, done_to) = (j.pass, j.done_to);
+                let mut st = self.lun.lock();
+                if let SanitizeState::Running { pass: p, next, .. } = &mut st.sanitize {
+                    *p = pass;
+                    *next = done_to;
+                }
+                drop(st);
+                self.sanitize_next(slot, buf)
+            }
+            Job::LbaStatus {
+                lba,
+                blocks,
+                alloc,
+                runs,
+                scanned,
+            } => {
+                let Some(r) = buf else {
+                    return self.fail(slot, CmdError::internal());
+                };
+                lba_status_scan(runs, *lba, r.as_slice(), bs);
+                *scanned += *blocks;
+                let next = *lba + *blocks;
+                // Descriptors that fit in the allocation length (8-byte header, 16 each).
+                let fit = (alloc.saturating_sub(8) / 16).max(1);
+                let cap = (LBA_STATUS_MAX_SCAN_BYTES / bs as u64).max(1);
+                let left = self.lun.num_blocks().saturating_sub(next);
+                if left > 0 && runs.len() <= fit && *scanned < cap {
+                    // Everything seen so far fits in what the initiator will get: the last
+                    // run may go on, so look further.
+                    let window = (LBA_STATUS_WINDOW_BYTES / bs as u64)
+                        .max(1)
+                        .min(left)
+                        .min(cap - *scanned);
+                    *lba = next;
+                    *blocks = window;
+                    let b = r;
+                    let b = if b.as_slice().len() == window as usize * bs {
+                        b
+                    } else {
+                        self.buf(window as usize * bs)
+                    };
+                    self.submit_io(slot, IoKind::Read, next, window, Some(b));
+                    return;
+                }
+                let mut v = lba_status_data(runs);
+                v.truncate(*alloc);
+                let n = v.len();
+                if let Some(o) = self.ops[slot].as_mut() {
+                    o.xfer = n as u64;
+                }
+                let b = Self::vec_buf(v);
+                self.complete(slot, Some((b, n)));
+            }
+        }
+    }
+}
