@@ -31,6 +31,7 @@ use riser_iscsi::serial::{Itt, Sn, Ttt};
 use riser_iscsi::text::parse_number;
 
 use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
+use crate::sys::wait_fd;
 use crate::url::TargetUrl;
 
 pub const INITIATOR_NAME: &str = "iqn.2024-01.io.riser:perf";
@@ -579,26 +580,6 @@ pub struct Conn {
 
 fn io_err(label: &str, what: &str, e: io::Error) -> String {
     format!("{label}: {what}: {e}")
-}
-
-/// Waits until `fd` is readable (or writable) or `timeout` passes; false on timeout.
-pub(crate) fn wait_fd(fd: i32, write: bool, timeout: Duration) -> Result<bool, String> {
-    let mut p = libc::pollfd {
-        fd,
-        events: if write { libc::POLLOUT } else { libc::POLLIN },
-        revents: 0,
-    };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd, count 1.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(format!("poll: {e}"));
-    }
-    Ok(r > 0)
 }
 
 /// Appends one PDU in TCP form: header (+ digest), data, padding (+ digest).

@@ -26,6 +26,7 @@ use crate::iser::Session;
 use crate::conn::{Completion, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
 use crate::report::{new_histogram, Latency, Report, WorkerResult};
 use crate::url::{self, TargetUrl, Transport};
+use crate::sys::{self, pin_to, rusage, thread_cpu};
 use crate::verify::{self, Mismatches};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -554,40 +555,6 @@ fn session_info(c: &Session) -> SessionInfo {
     }
 }
 
-/// CPU time of the calling thread (user, system) in ns.
-fn thread_cpu() -> (u64, u64) {
-    rusage(libc::RUSAGE_THREAD)
-}
-
-fn rusage(who: libc::c_int) -> (u64, u64) {
-    // SAFETY: getrusage writes one rusage struct; zeroed is a valid initial value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage.
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return (0, 0);
-    }
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    (ns(ru.ru_utime), ns(ru.ru_stime))
-}
-
-fn pin_to(core: usize) -> Result<(), String> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if core >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-            return Err(format!("core {core} is beyond the CPU set size"));
-        }
-        libc::CPU_SET(core, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(format!(
-                "cannot pin to core {core}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
-    Ok(())
-}
-
 enum Msg {
     Ready(Vec<(usize, SessionInfo)>),
     Failed(String),
@@ -852,14 +819,8 @@ impl Client {
                 revents: 0,
             });
         }
-        // SAFETY: a valid array of pollfd of the given length.
-        unsafe {
-            libc::poll(
-                self.pollfds.as_mut_ptr(),
-                self.pollfds.len() as libc::nfds_t,
-                1,
-            );
-        }
+        // Woken by a ready descriptor, the 1 ms timeout or a signal: all the same here.
+        let _ = sys::poll(&mut self.pollfds, 1);
         for j in &mut self.jobs {
             j.conn.woke();
         }

@@ -40,10 +40,11 @@ use riser_rdma::{
 };
 
 use crate::conn::{
-    rw_cdb, status, wait_fd, CmdResult, Completion, Conn, Dir, IoError, IserKeys, KeyNegotiation,
+    rw_cdb, status, CmdResult, Completion, Conn, Dir, IoError, IserKeys, KeyNegotiation,
     LoginOptions, Negotiated, ScsiExec, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
 };
 use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
+use crate::sys::wait_fd;
 use crate::url::{self, TargetUrl};
 
 /// iSER header + BHS: a bare control-type PDU.

@@ -21,6 +21,7 @@ pub mod iser;
 pub mod plot;
 pub mod report;
 pub mod session;
+pub mod sys;
 pub mod url;
 pub mod verify;
 
