@@ -14,7 +14,7 @@ use std::rc::Rc;
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
-use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, BHS_LEN, MAX_AHS_LENGTH};
+use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
 use riser_iscsi::serial::{Itt, Sn, Ttt};
 
 /// Most bytes read from the socket in one poll, so one busy connection cannot starve the
@@ -183,7 +183,7 @@ impl TcpDatamover {
         let len = pdu.data.len() as u32;
         log::trace!("Data-Out itt {:#x} ttt {:#x} DataSN {} offset {} len {len} F {}", itt.0, d.ttt.0, d.data_sn.get(), d.buffer_offset, d.final_bit);
         let Some(ri) = s.r2ts.iter().position(|r| r.ttt == d.ttt) else {
-            events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: 0x09 });
+            events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: RejectReason::InvalidPduField });
             return;
         };
         let r = &mut s.r2ts[ri];
@@ -277,12 +277,12 @@ impl TcpDatamover {
                                         }
                                     }
                                 }
-                                events.push(DmEvent::Reject { header: h, reason: reason as u8 });
+                                events.push(DmEvent::Reject { header: h, reason });
                             }
                         }
                         ErrorAction::RejectAndDrop(reason) => {
                             if let Some(h) = header {
-                                events.push(DmEvent::Reject { header: h, reason: reason as u8 });
+                                events.push(DmEvent::Reject { header: h, reason });
                             }
                             self.dead = true;
                             events.push(DmEvent::Terminated(format!("protocol error: {e}")));

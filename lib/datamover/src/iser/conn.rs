@@ -19,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
-use riser_iscsi::pdu::{Op, Pdu, BHS_LEN};
+use riser_iscsi::pdu::{Op, Pdu, RejectReason, BHS_LEN};
 use riser_iscsi::serial::Itt;
 
 use super::header::{IserHeader, TaggedBuffer, ISER_HDR_LEN};
@@ -452,7 +452,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                         let mut h = [0u8; BHS_LEN];
                         let n = msg.len().saturating_sub(ISER_HDR_LEN).min(BHS_LEN);
                         h[..n].copy_from_slice(&msg[ISER_HDR_LEN..ISER_HDR_LEN + n]);
-                        events.push(DmEvent::Reject { header: h, reason: 0x04 });
+                        events.push(DmEvent::Reject { header: h, reason: RejectReason::ProtocolError });
                     }
                 }
             }

@@ -7,7 +7,7 @@
 
 use riser_bdev::IoBuf;
 
-use crate::pdu::{Lun, Pdu};
+use crate::pdu::{Lun, Pdu, RejectReason};
 use crate::serial::{Itt, Sn};
 
 /// The sequence numbers the target puts in every PDU it sends (RFC 7143 §11.1).
@@ -56,7 +56,7 @@ pub enum DmEvent {
     /// the command fails with CHECK CONDITION; the connection goes on.
     DataFailed { itt: Itt, buf: IoBuf, reason: &'static str },
     /// Send a Reject quoting this header (a datamover-level protocol error on a data PDU).
-    Reject { header: [u8; 48], reason: u8 },
+    Reject { header: [u8; 48], reason: RejectReason },
     /// Connection_Terminate_Notify: the connection is gone (peer closed, fatal error).
     Terminated(String),
 }

@@ -284,7 +284,7 @@ impl Ffp {
         let s = self.sn();
         let pdu = Pdu::with_data(
             Op::Reject(Reject {
-                reason: reason as u8,
+                reason: reason.code(),
                 stat_sn: s.stat_sn,
                 exp_cmd_sn: s.exp_cmd_sn,
                 max_cmd_sn: s.max_cmd_sn,
@@ -303,14 +303,8 @@ impl Ffp {
     }
 
     /// Rejects a raw header (the datamover could not decode or accept it).
-    pub fn reject_raw(&mut self, header: &[u8; BHS_LEN], reason: u8) {
-        let r = match reason {
-            0x02 => RejectReason::DataDigestError,
-            0x05 => RejectReason::CommandNotSupported,
-            0x09 => RejectReason::InvalidPduField,
-            _ => RejectReason::ProtocolError,
-        };
-        self.reject(header, r);
+    pub fn reject_raw(&mut self, header: &[u8; BHS_LEN], reason: RejectReason) {
+        self.reject(header, reason);
     }
 
     /// A control-type PDU from the datamover (Control_Notify).

@@ -133,20 +133,54 @@ impl LoginStatus {
     }
 }
 
-/// Reject reason codes (RFC 7143 §11.17.1).
+/// Reject reason codes (RFC 7143 §11.17.1), the one reason type of the crate: the
+/// full-feature phase, the framer and the datamovers all say why with it. The Reject header
+/// keeps the raw byte ([`Reject::reason`](super::Reject::reason)), since a received Reject may
+/// carry a code this enum does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum RejectReason {
+    /// Data (payload) digest error; the initiator may resend the data (ERL > 0).
     DataDigestError = 0x02,
     SnackReject = 0x03,
+    /// The PDU breaks the protocol (e.g. a PDU that is not allowed now, or a malformed one).
     ProtocolError = 0x04,
     CommandNotSupported = 0x05,
+    /// Too many immediate commands.
     ImmediateCommandReject = 0x06,
     TaskInProgress = 0x07,
     InvalidDataAck = 0x08,
     InvalidPduField = 0x09,
+    /// Long operation reject: the target cannot generate a Target Transfer Tag (out of
+    /// resources).
     LongOperationReject = 0x0a,
     WaitingForLogout = 0x0c,
+}
+
+impl RejectReason {
+    /// The reason code on the wire (byte 2 of the Reject BHS).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The reason a wire code stands for; `None` for reserved and deprecated codes (0x01,
+    /// 0x0b, 0x0d and above).
+    pub const fn from_code(code: u8) -> Option<RejectReason> {
+        use RejectReason::*;
+        Some(match code {
+            0x02 => DataDigestError,
+            0x03 => SnackReject,
+            0x04 => ProtocolError,
+            0x05 => CommandNotSupported,
+            0x06 => ImmediateCommandReject,
+            0x07 => TaskInProgress,
+            0x08 => InvalidDataAck,
+            0x09 => InvalidPduField,
+            0x0a => LongOperationReject,
+            0x0c => WaitingForLogout,
+            _ => return None,
+        })
+    }
 }
 
 /// SCSI Response "Response" field (RFC 7143 §11.4.3).

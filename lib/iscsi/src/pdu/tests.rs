@@ -203,6 +203,19 @@ fn all_ops() -> Vec<Op> {
 }
 
 #[test]
+fn reject_reason_codes() {
+    for code in 0..=255u8 {
+        if let Some(r) = RejectReason::from_code(code) {
+            assert_eq!(r.code(), code);
+        }
+    }
+    assert_eq!(RejectReason::ProtocolError.code(), 0x04);
+    assert_eq!(RejectReason::from_code(0x09), Some(RejectReason::InvalidPduField));
+    assert_eq!(RejectReason::from_code(0x0b), None, "deprecated");
+    assert_eq!(RejectReason::from_code(0x01), None, "reserved");
+}
+
+#[test]
 fn every_opcode_round_trips() {
     let ops = all_ops();
     assert_eq!(ops.len(), 18);
