@@ -5,6 +5,6 @@ pub mod session;
 
 pub use datamover::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 pub use session::{
-    fixed_sense, Action, CmdWindow, Ffp, FfpConfig, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder,
+    Action, CmdWindow, Ffp, FfpConfig, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder,
     STATUS_CHECK_CONDITION, STATUS_GOOD,
 };

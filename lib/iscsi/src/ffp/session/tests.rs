@@ -1,0 +1,266 @@
+//! Unit tests of the full-feature phase state machine.
+
+use super::*;
+use crate::pdu::{DataOut, LogoutRequest, NopOut, TaskMgmtRequest};
+
+fn cmd(itt: u32, cmd_sn: u32, read: bool, write: bool, edtl: u32) -> ScsiCommand {
+    ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read,
+        write,
+        attr: 1,
+        lun: Lun(0),
+        itt: Itt(itt),
+        expected_data_transfer_length: edtl,
+        cmd_sn: Sn(cmd_sn),
+        exp_stat_sn: Sn(0),
+        cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+    }
+}
+
+fn ffp(cfg: FfpConfig) -> (Ffp, Instant) {
+    let now = Instant::now();
+    (Ffp::new(cfg, Sn(10), Sn(100), now), now)
+}
+
+fn drain(f: &mut Ffp) -> Vec<Action> {
+    std::iter::from_fn(|| f.poll_action()).collect()
+}
+
+fn sent(a: &Action) -> &Pdu {
+    match a {
+        Action::Send(p) => p,
+        _ => panic!("expected Send"),
+    }
+}
+
+#[test]
+fn read_executes_and_response_carries_window() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    let a = drain(&mut f);
+    let Action::Execute(req) = &a[0] else { panic!("expected Execute") };
+    assert_eq!((req.itt, req.edtl, req.cdb[0]), (Itt(1), 512, 0x28));
+    f.on_scsi_done(ScsiDone {
+        itt: Itt(1),
+        status: STATUS_GOOD,
+        sense: vec![],
+        data_in: Some(Box::new(vec![7u8; 512])),
+        data_in_len: 512,
+        residual: Residual::None,
+        data_out: None,
+    });
+    let a = drain(&mut f);
+    let Action::PutData(p) = &a[0] else { panic!("expected PutData") };
+    let Op::ScsiResponse(r) = &p.response.bhs.op else { panic!() };
+    assert_eq!(r.stat_sn, Sn(100));
+    assert_eq!(r.exp_cmd_sn, Sn(11));
+    // Window: 10..=13 at start; one command done opens one more slot.
+    assert_eq!(r.max_cmd_sn, Sn(14));
+}
+
+#[test]
+fn out_of_window_commands_are_dropped_and_gaps_held() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    // A second connection of the same session shares the window.
+    let mut g = Ffp::join(FfpConfig { queue_depth: 4, ..Default::default() }, f.window(), Sn(0), now);
+    g.on_pdu(Pdu::new(Op::ScsiCommand(cmd(9, 12, false, false, 0))), now);
+    assert!(drain(&mut g).is_empty(), "CmdSN 12 waits for 10 and 11");
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 20, false, false, 0))), now);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 9, false, false, 0))), now);
+    assert!(drain(&mut f).is_empty(), "out-of-window CmdSNs must be ignored");
+    // 11 arrives before 10: held, then both run in CmdSN order.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(3, 11, false, false, 0))), now);
+    assert!(drain(&mut f).is_empty());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(4, 10, false, false, 0))), now);
+    let itts: Vec<Itt> = drain(&mut f)
+        .iter()
+        .map(|a| match a {
+            Action::Execute(r) => r.itt,
+            _ => panic!(),
+        })
+        .collect();
+    assert_eq!(itts, vec![Itt(4), Itt(3)]);
+    assert_eq!(f.sn().exp_cmd_sn, Sn(12));
+    g.release_held();
+    assert!(matches!(drain(&mut g).as_slice(), [Action::Execute(r)] if r.itt == Itt(9)));
+    assert_eq!(f.sn().exp_cmd_sn, Sn(13), "both connections see one window");
+}
+
+#[test]
+fn write_with_immediate_unsolicited_and_solicited_data() {
+    let (mut f, now) = ffp(FfpConfig {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 2048,
+        ..Default::default()
+    });
+    let mut c = cmd(5, 10, false, true, 8192);
+    c.final_bit = false;
+    f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![1u8; 1024]), now);
+    assert!(drain(&mut f).is_empty(), "waits for unsolicited Data-Out");
+    let d = DataOut {
+        final_bit: true,
+        lun: Lun(0),
+        itt: Itt(5),
+        ttt: Ttt::RESERVED,
+        exp_stat_sn: Sn(0),
+        data_sn: Sn(0),
+        buffer_offset: 1024,
+    };
+    f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![2u8; 1024]), now);
+    let a = drain(&mut f);
+    let Action::GetData(g) = &a[0] else { panic!("expected GetData") };
+    assert_eq!((g.offset, g.len), (2048, 8192 - 2048));
+    assert_eq!(&g.buf.as_slice()[..1024], &[1u8; 1024][..]);
+    assert_eq!(&g.buf.as_slice()[1024..2048], &[2u8; 1024][..]);
+    let Some(Action::GetData(g)) = a.into_iter().next() else { unreachable!() };
+    f.on_data_ready(g.itt, g.buf);
+    let a = drain(&mut f);
+    let Action::Execute(r) = &a[0] else { panic!("expected Execute") };
+    assert_eq!(r.data_out_len, 8192);
+}
+
+#[test]
+fn bad_unsolicited_data_sn_fails_the_command_not_the_connection() {
+    let (mut f, now) = ffp(FfpConfig { initial_r2t: false, ..Default::default() });
+    let mut c = cmd(6, 10, false, true, 4096);
+    c.final_bit = false;
+    f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
+    let d = DataOut {
+        final_bit: true,
+        lun: Lun(0),
+        itt: Itt(6),
+        ttt: Ttt::RESERVED,
+        exp_stat_sn: Sn(0),
+        data_sn: Sn(3),
+        buffer_offset: 0,
+    };
+    f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![0u8; 512]), now);
+    let a = drain(&mut f);
+    let Op::ScsiResponse(r) = &sent(&a[0]).bhs.op else { panic!() };
+    assert_eq!(r.status, STATUS_CHECK_CONDITION);
+    assert!(!f.is_closing());
+    assert_eq!(f.active_tasks(), 0);
+}
+
+#[test]
+fn nop_echo_ping_and_timeout() {
+    let (mut f, now) = ffp(FfpConfig {
+        nop_in_interval: Duration::from_secs(5),
+        nop_timeout: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let nop = NopOut { immediate: true, lun: Lun(0), itt: Itt(9), ttt: Ttt::RESERVED, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    f.on_pdu(Pdu::with_data(Op::NopOut(nop), b"ping".to_vec()), now);
+    let a = drain(&mut f);
+    assert_eq!(sent(&a[0]).data, b"ping");
+    f.on_timer(now + Duration::from_secs(6));
+    let a = drain(&mut f);
+    let Op::NopIn(n) = &sent(&a[0]).bhs.op else { panic!() };
+    assert!(n.itt.is_reserved() && !n.ttt.is_reserved());
+    f.on_timer(now + Duration::from_secs(17));
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Close { logout: false, .. }]));
+}
+
+#[test]
+fn logout_closes_and_tmf_aborts() {
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    drain(&mut f);
+    let t = TaskMgmtRequest {
+        immediate: true,
+        function: tmf::ABORT_TASK | 0x80,
+        lun: Lun(0),
+        itt: Itt(2),
+        referenced_task_tag: Itt(1),
+        cmd_sn: Sn(11),
+        exp_stat_sn: Sn(0),
+        ref_cmd_sn: Sn(10),
+        exp_data_sn: Sn(0),
+    };
+    f.on_pdu(Pdu::new(Op::TaskMgmtRequest(t)), now);
+    let a = drain(&mut f);
+    assert!(matches!(a[0], Action::Abort { itt: Itt(1), .. }));
+    let Op::TaskMgmtResponse(r) = &sent(&a[1]).bhs.op else { panic!() };
+    assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
+    // The aborted task's completion is dropped.
+    f.on_scsi_done(ScsiDone { itt: Itt(1), status: 0, sense: vec![], data_in: None, data_in_len: 0, residual: Residual::None, data_out: None });
+    assert!(drain(&mut f).is_empty());
+    let l = LogoutRequest { immediate: true, reason_code: logout::CLOSE_SESSION, itt: Itt(3), cid: 0, cmd_sn: Sn(11), exp_stat_sn: Sn(0) };
+    f.on_pdu(Pdu::new(Op::LogoutRequest(l)), now);
+    let a = drain(&mut f);
+    assert!(matches!(sent(&a[0]).bhs.op, Op::LogoutResponse(_)));
+    assert!(matches!(a[1], Action::Close { logout: true, whole_session: true, .. }));
+}
+
+#[test]
+fn unknown_opcode_and_snack_are_rejected() {
+    let (mut f, now) = ffp(FfpConfig::default());
+    let mut raw = [0u8; 48];
+    raw[0] = 0x1c;
+    let bhs = Bhs::parse(&raw).unwrap();
+    f.on_pdu(Pdu::new(bhs.op), now);
+    let a = drain(&mut f);
+    let Op::Reject(r) = &sent(&a[0]).bhs.op else { panic!() };
+    assert_eq!(r.reason, RejectReason::CommandNotSupported as u8);
+    assert_eq!(sent(&a[0]).data.len(), 48);
+    assert!(!f.is_closing());
+}
+
+#[test]
+fn text_with_continue_and_no_data_is_harmless() {
+    struct R;
+    impl TextResponder for R {
+        fn respond(&mut self, _: &Pairs) -> Pairs {
+            vec![("TargetName".into(), "iqn.x".into())]
+        }
+    }
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.set_responder(Box::new(R));
+    let t = crate::pdu::TextRequest { immediate: true, final_bit: false, continue_bit: true, lun: Lun(0), itt: Itt(4), ttt: Ttt::RESERVED, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    f.on_pdu(Pdu::new(Op::TextRequest(t.clone())), now);
+    let a = drain(&mut f);
+    assert!(matches!(sent(&a[0]).bhs.op, Op::TextResponse(_)));
+    let t2 = crate::pdu::TextRequest { final_bit: true, continue_bit: false, ..t };
+    f.on_pdu(Pdu::with_data(Op::TextRequest(t2), b"SendTargets=All\0".to_vec()), now);
+    let a = drain(&mut f);
+    assert_eq!(sent(&a[0]).data, b"TargetName=iqn.x\0");
+}
+
+/// The fixed-format sense data (SPC-4 4.5.3) of a SCSI Response: SenseLength, then 18 bytes.
+fn fixed_sense_segment(key: u8, asc: u8, ascq: u8) -> Vec<u8> {
+    let mut v = vec![0, 18, 0x70, 0, key, 0, 0, 0, 0, 10];
+    v.extend_from_slice(&[0, 0, 0, 0, asc, ascq, 0, 0, 0, 0]);
+    v
+}
+
+#[test]
+fn commands_failed_in_the_iscsi_layer_carry_fixed_sense() {
+    // A write beyond largest_write: ILLEGAL REQUEST, INVALID FIELD IN CDB.
+    let (mut f, now) = ffp(FfpConfig { largest_write: 4096, ..Default::default() });
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 8192))), now);
+    let a = drain(&mut f);
+    let p = sent(&a[0]);
+    let Op::ScsiResponse(r) = &p.bhs.op else { panic!() };
+    assert_eq!((r.status, r.residual_underflow, r.residual_count), (STATUS_CHECK_CONDITION, true, 8192));
+    assert_eq!(p.data, fixed_sense_segment(0x05, 0x24, 0x00));
+    // Unsolicited data out of order: ABORTED COMMAND, DATA PHASE ERROR.
+    let (mut f, now) = ffp(FfpConfig { initial_r2t: false, ..Default::default() });
+    let mut c = cmd(6, 10, false, true, 4096);
+    c.final_bit = false;
+    f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
+    let d = DataOut { final_bit: true, lun: Lun(0), itt: Itt(6), ttt: Ttt::RESERVED, exp_stat_sn: Sn(0), data_sn: Sn(0), buffer_offset: 512 };
+    f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![0u8; 512]), now);
+    let a = drain(&mut f);
+    assert_eq!(sent(&a[0]).data, fixed_sense_segment(0x0b, 0x4b, 0x00));
+    // Failed solicited data: the same.
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 10, false, true, 4096))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::GetData(_)]));
+    f.on_data_failed(Itt(7), "digest error");
+    let a = drain(&mut f);
+    assert_eq!(sent(&a[0]).data, fixed_sense_segment(0x0b, 0x4b, 0x00));
+    assert_eq!(SENSE_NO_RESOURCES.fixed().as_slice(), &fixed_sense_segment(0x0b, 0x55, 0x03)[2..]);
+}
