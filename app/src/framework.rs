@@ -97,16 +97,6 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
         ))
     });
     let a = app.clone();
-    reg.add("iscsi_get_connections", move |_: NoParams| {
-        Ok(Value::Array(a.server.connections().list().iter().map(|c| c.to_json()).collect()))
-    });
-    let a = app.clone();
-    reg.add("iscsi_get_stats", move |_: NoParams| {
-        // SPDK's shape: connections by state. riser's are running until they are gone.
-        let running = a.server.connections().list().len();
-        Ok(json!({"invalid": 0, "running": running, "exiting": 0, "idle": 0}))
-    });
-    let a = app.clone();
     reg.add("framework_get_config", move |p: GetConfig| {
         subsystem_config(&a, &p.name)
             .map(Value::Array)

@@ -1,7 +1,6 @@
 //! `riser`: the daemon. Parses flags, starts the reactors and the JSON-RPC server, replays a
 //! config file, and shuts everything down cleanly on SIGINT / SIGTERM.
 
-mod bdev_rpc;
 mod config;
 mod framework;
 
@@ -13,8 +12,9 @@ use clap::Parser;
 use riser_bdev::BdevRegistry;
 use riser_reactor::{parse_core_mask, PollMode, ReactorConfig, ReactorHandle, ReactorSet};
 use riser_rpc::{RpcRegistry, RpcServer};
-use riser_target::server::IscsiServer;
-use riser_target::IscsiTarget;
+use riser_config::IscsiTarget;
+use riser_datamover::{IserPortal, TcpPortal};
+use riser_server::IscsiServer;
 
 /// riser: a user-space, polled-mode iSCSI target with an iSER (RDMA) datamover.
 ///
@@ -112,12 +112,13 @@ fn run(args: Args) -> Result<(), String> {
 
     let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
     let target = Arc::new(IscsiTarget::new(bdevs.clone()));
-    let server = IscsiServer::new(target.clone(), reactors.handle());
+    let server = IscsiServer::new(target.clone(), reactors.handle(), vec![Arc::new(TcpPortal), Arc::new(IserPortal)]);
     let app = Arc::new(App { bdevs, target: target.clone(), server: server.clone(), reactors: reactors.handle() });
     let mut registry = RpcRegistry::new();
     framework::register(&mut registry, &app);
-    bdev_rpc::register(&mut registry, &app);
-    riser_target::rpc::register(&mut registry, target.clone());
+    riser_bdev::rpc::register(&mut registry, &app.bdevs);
+    riser_config::rpc::register(&mut registry, target.clone());
+    riser_server::rpc::register(&mut registry, &server);
     let registry = framework::finish(registry);
 
     if let Some(path) = &args.json {

@@ -12,6 +12,7 @@ mod io;
 mod malloc;
 mod null;
 mod registry;
+pub mod rpc;
 
 pub use io::{
     run_sync, validate, BdevError, BdevInfo, BdevIo, Buffer, IoBuf, IoChannel, IoCompletion,

@@ -7,4 +7,6 @@
 pub mod iser;
 pub mod tcp;
 
+pub use iser::portal::IserPortal;
+pub use tcp::portal::TcpPortal;
 pub use tcp::TcpDatamover;

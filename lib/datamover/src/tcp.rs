@@ -6,6 +6,8 @@
 //! Data-Out PDUs that answer them land directly in the task's buffer. Read data is never
 //! copied on the way out: the send queue holds slices of the task's buffer.
 
+pub mod portal;
+
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};

@@ -969,7 +969,7 @@ impl Login {
 pub mod transport;
 
 pub use transport::{
-    LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+    EnableDatamover, LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
 };
 
 #[cfg(test)]

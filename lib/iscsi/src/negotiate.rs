@@ -44,7 +44,7 @@ pub enum DigestPolicy {
 }
 
 /// The transport under this connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Transport {
     #[default]
     Tcp,

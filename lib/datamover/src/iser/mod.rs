@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod header;
+pub mod portal;
 pub mod shared_cq;
 pub mod verbs;
 

@@ -75,12 +75,18 @@ pub trait LoginTransport: Send {
     /// stage, before the final Login Response.
     fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError>;
     /// Enable_Datamover: the final Login Response is out; the connection becomes a
-    /// [`Datamover`] for full-feature phase.
-    fn enable_datamover(self: Box<Self>) -> Result<Box<dyn Datamover + Send>, TransportError>;
+    /// [`Datamover`] for full-feature phase, built by the returned [`EnableDatamover`] on the
+    /// reactor that will own it.
+    fn enable_datamover(self: Box<Self>) -> Result<EnableDatamover, TransportError>;
     /// The login failed and its last response was sent: let it reach the initiator before the
     /// connection is dropped (best effort).
     fn linger(&mut self) {}
 }
+
+/// The second half of Enable_Datamover, run on the reactor that will own the connection: it
+/// yields the connection's datamover there (a datamover belongs to one reactor and need not be
+/// `Send`; what it is built from is).
+pub type EnableDatamover = Box<dyn FnOnce() -> Result<Box<dyn Datamover>, TransportError> + Send>;
 
 /// A portal, as the server tells a transport's listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,6 @@
 //! Lock order: the target's lock, then the bdev registry's lock (never the other way round),
 //! then a node's own small lock. Hooks run with no lock held.
 
-pub mod conn;
-pub mod server;
-mod iser_portal;
 pub mod initiator_group;
 pub mod node;
 pub mod options;

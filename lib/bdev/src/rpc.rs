@@ -1,14 +1,23 @@
-//! Block device methods (SPDK names and parameters).
+//! Block device methods (SPDK names and parameters): create, delete and list null and
+//! malloc bdevs in a [`BdevRegistry`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use riser_bdev::{info_json, RegistryError};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::App;
+use crate::{info_json, BdevRegistry, RegistryError};
+
+/// The registry behind its lock; a poisoned lock (a panicked RPC thread) is still usable data.
+struct Bdevs(Arc<Mutex<BdevRegistry>>);
+
+impl Bdevs {
+    fn bdevs(&self) -> MutexGuard<'_, BdevRegistry> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,7 +85,9 @@ fn no_metadata(md_size: u32) -> Result<(), RpcError> {
     Ok(())
 }
 
-pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
+/// Registers the bdev methods on `reg`, acting on `bdevs`.
+pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
+    let app = Arc::new(Bdevs(bdevs.clone()));
     let a = app.clone();
     reg.add("bdev_malloc_create", move |p: MallocCreate| {
         no_metadata(p.md_size)?;

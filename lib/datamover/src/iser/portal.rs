@@ -1,0 +1,505 @@
+//! iSER portals: an rdma_cm listener per portal, connection setup as Linux ib_iser expects,
+//! and the [`LoginTransport`] of a connection logging in over RC SENDs (RFC 7145, the IB
+//! generalization). The login itself is run by the server's login driver, like any other.
+//!
+//! One control-plane thread per portal owns the CM event channel. A connection's life:
+//! 1. CONNECT_REQUEST: a reactor is chosen for the connection (the server's placement: the
+//!    least loaded) and its RC QP created on that reactor's shared CQ for the device (see
+//!    [`super::shared_cq`]: one CQ per reactor and device, polled in batches); ONE login
+//!    receive buffer is posted, then accept (initiator depth = min(the peer's responder
+//!    resources, the device's limit); private data: no zero-based VA, Send with Invalidate
+//!    when the initiator supports it). The connection goes to the server's login driver as an
+//!    [`IserLogin`]; the portal thread keeps only its CM state (established, closed).
+//! 2. Login PDUs arrive in RC SENDs behind the 28-byte iSER header; the login receive is
+//!    reposted before each non-final response.
+//! 3. Allocate_Connection_Resources (when the login reaches operational negotiation, after any
+//!    security stage: the rule against denial of service): receive ring, send buffers, data
+//!    chunks, all registered once; the whole receive ring is posted before the final Login
+//!    Response goes out through the datamover.
+//! 4. Enable_Datamover: the datamover moves to the session's reactor: the one chosen at
+//!    connect for a new session (so its completions are polled where they arrive), the
+//!    session's own for a connection joining one (its CQ is then polled from both).
+//!
+//! DISCONNECTED and other CM events mark the connection's CM state closed: a login ends, a
+//! connection in full-feature phase terminates (its datamover sees the mark).
+//! DEVICE_REMOVAL (the RDMA device went away, e.g. `rdma link delete`): the kernel cannot
+//! finish removing a soft-RoCE device while a process holds anything on it, so the portal
+//! drops its listener and cached PD, the connections on the device close, librdmacm is asked
+//! to re-read its device list (it then closes its own context of the device), and the portal
+//! listens again once the address has a device.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use riser_bdev::IoBuf;
+use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
+use riser_iscsi::login::{
+    EnableDatamover, LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+};
+use riser_iscsi::negotiate::Transport;
+use riser_iscsi::pdu::{Op, Pdu, Stage, BHS_LEN};
+use riser_iscsi::serial::Itt;
+use riser_rdma::{
+    CmEventType, CmId, CmIdKey, CompletionQueue, ConnParam, Context, EventChannel, ProtectionDomain, QpCaps, QpInitAttr,
+};
+
+use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
+use super::header::{cm, IserHeader, ISER_HDR_LEN};
+use super::shared_cq::CqSet;
+use super::verbs::{registered_pool, VerbsCq, VerbsQp};
+
+const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
+const WR_LOGIN_RECV: u64 = 0xA1 << 56;
+const WR_LOGIN_SEND: u64 = 0xA2 << 56;
+/// Entries of a shared CQ (at most; less if the device allows less).
+const SHARED_CQ_ENTRIES: u32 = 16384;
+/// How long a login waiting for its next PDU sleeps between polls of its QP.
+const LOGIN_POLL_IDLE: Duration = Duration::from_micros(500);
+/// How long the portal thread sleeps when no CM event came.
+const PORTAL_IDLE: Duration = Duration::from_micros(500);
+/// How long a failed login's last response is given to go out before the QP is destroyed.
+const FAILED_LINGER: Duration = Duration::from_millis(20);
+
+/// The shared CQs of every iSER portal, by (device, reactor).
+static CQS: std::sync::LazyLock<CqSet<VerbsCq>> = std::sync::LazyLock::new(CqSet::default);
+
+/// What the portal thread learns of a connection from the CM, for whoever holds the
+/// connection (the login driver, then the connection's reactor).
+#[derive(Debug, Default)]
+struct CmState {
+    established: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// iSER portals: one rdma_cm listener thread per portal.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IserPortal;
+
+impl PortalTransport for IserPortal {
+    fn kind(&self) -> Transport {
+        Transport::Iser
+    }
+
+    fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String> {
+        let addr = portal.addr;
+        let channel = EventChannel::new().map_err(|e| format!("rdma_cm event channel: {e}"))?;
+        let listener = listen(&channel, addr)?;
+        thread::Builder::new()
+            .name(format!("iser-{}", addr.port()))
+            .spawn(move || run(channel, listener, portal, sink, stop))
+            .map_err(|e| format!("cannot start the iSER portal thread: {e}"))?;
+        Ok(())
+    }
+}
+
+/// A listening id on `addr` (bound to the device that has the address).
+fn listen(channel: &EventChannel, addr: SocketAddr) -> Result<CmId, String> {
+    let listener = CmId::new(channel).map_err(|e| format!("rdma_cm id: {e}"))?;
+    listener.bind_addr(addr).map_err(|e| format!("bind {addr} (is there an RDMA device with this address?): {e}"))?;
+    listener.listen(128).map_err(|e| format!("listen on {addr}: {e}"))?;
+    Ok(listener)
+}
+
+/// How often a portal whose device went away tries to listen again.
+const RELISTEN_EVERY: Duration = Duration::from_secs(1);
+/// How long after a device removal the portal keeps asking librdmacm to re-read the device
+/// list (see [`riser_rdma::refresh_cm_devices`]), once per [`RELISTEN_EVERY`].
+const REFRESH_FOR: Duration = Duration::from_secs(120);
+
+fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) {
+    let (addr, tag) = (portal.addr, portal.portal_group_tag);
+    log::info!("iSER portal {addr} (portal group {tag}): listening");
+    // None while the portal's device is gone (DEVICE_REMOVAL): retried every RELISTEN_EVERY.
+    let mut listener = Some(listener);
+    let mut listener_key = listener.as_ref().map(CmId::key);
+    // After a device removal: when to retry / refresh next, and until when to refresh.
+    let mut next_retry = Instant::now();
+    let mut refresh_until: Option<Instant> = None;
+    let mut pds: HashMap<String, Arc<ProtectionDomain>> = HashMap::new();
+    // Every connection of this portal still held by a login or a reactor, by CM id.
+    let mut conns: HashMap<CmIdKey, Arc<CmState>> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        let mut busy = false;
+        loop {
+            match channel.poll_event() {
+                Ok(Some(ev)) => {
+                    busy = true;
+                    // Connections whose login or reactor let them go get no more events.
+                    conns.retain(|_, c| Arc::strong_count(c) > 1);
+                    if ev.event_type == CmEventType::DeviceRemoval {
+                        // Everything on the device must go for its removal to complete: the
+                        // cached PD now (connections hold their own until they are freed),
+                        // the listener and the connections below (each id gets this event).
+                        pds.clear();
+                        refresh_until = Some(Instant::now() + REFRESH_FOR);
+                        next_retry = Instant::now() + RELISTEN_EVERY;
+                        if listener_key == Some(ev.id) {
+                            log::warn!(
+                                "iSER portal {addr}: RDMA device removed; {} connection(s) on it close, listening again once the address has a device",
+                                conns.len()
+                            );
+                            listener = None;
+                            listener_key = None;
+                            continue;
+                        }
+                    }
+                    match ev.event_type {
+                        CmEventType::ConnectRequest => {
+                            if let Some(id) = ev.new_id {
+                                let key = id.key();
+                                match setup(id, &mut pds, &ev.private_data, ev.responder_resources, ev.initiator_depth, sink.place()) {
+                                    Ok(login) => {
+                                        let state = login.cm.clone();
+                                        let peer = login.peer;
+                                        conns.insert(key, state);
+                                        if !sink.accept(portal, Box::new(login)) {
+                                            log::warn!("iSER portal {addr}: too many logins in progress; refusing {peer}");
+                                            conns.remove(&key);
+                                        }
+                                    }
+                                    Err(e) => log::warn!("iSER portal {addr}: connection refused: {e}"),
+                                }
+                            }
+                        }
+                        CmEventType::Established => {
+                            if let Some(c) = conns.get(&ev.id) {
+                                c.established.store(true, Ordering::Release);
+                            }
+                        }
+                        t => {
+                            if let Some(c) = conns.remove(&ev.id) {
+                                log::info!("iSER portal {addr}: {t:?}: the connection closes");
+                                c.closed.store(true, Ordering::Release);
+                            }
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    log::error!("iSER portal {addr}: CM event channel failed: {e}");
+                    thread::sleep(Duration::from_millis(100));
+                    break;
+                }
+            }
+        }
+        if (listener.is_none() || refresh_until.is_some()) && Instant::now() >= next_retry {
+            next_retry = Instant::now() + RELISTEN_EVERY;
+            if refresh_until.is_some_and(|t| Instant::now() < t) {
+                if let Err(e) = riser_rdma::refresh_cm_devices() {
+                    log::debug!("iSER portal {addr}: {e}");
+                }
+            } else {
+                refresh_until = None;
+            }
+            if listener.is_none() {
+                match listen(&channel, addr) {
+                    Ok(l) => {
+                        log::info!("iSER portal {addr} (portal group {tag}): listening again");
+                        listener_key = Some(l.key());
+                        listener = Some(l);
+                    }
+                    Err(e) => log::debug!("iSER portal {addr}: not listening yet: {e}"),
+                }
+            }
+        }
+        if !busy {
+            thread::sleep(PORTAL_IDLE);
+        }
+    }
+    drop(listener);
+    log::info!("iSER portal {addr}: stopped");
+}
+
+/// CONNECT_REQUEST: QP on `reactor`'s shared CQ, one login receive, accept.
+fn setup(
+    mut id: CmId,
+    pds: &mut HashMap<String, Arc<ProtectionDomain>>,
+    private_data: &[u8],
+    peer_responder_resources: u8,
+    peer_initiator_depth: u8,
+    reactor: usize,
+) -> Result<IserLogin, String> {
+    let ctx: Arc<Context> = id.context().map_err(|e| e.to_string())?.ok_or("no device for the connection")?;
+    let attr = ctx.query_device().map_err(|e| e.to_string())?;
+    let pd = match pds.get(ctx.name()).filter(|pd| pd.context().as_raw() == ctx.as_raw()) {
+        Some(pd) => pd.clone(),
+        None => {
+            let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+            pds.insert(ctx.name().to_string(), pd.clone());
+            pd
+        }
+    };
+    let cfg = IserConfig::default();
+    let max_wr = attr.max_qp_wr.max(64) as u32;
+    let send_wr = 1024u32.min(max_wr);
+    let recv_wr = (cfg.recv_slots as u32 + 8).min(max_wr);
+    let depth = send_wr + recv_wr;
+    let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
+    let shared = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
+        let cq = CompletionQueue::new(&ctx, cap, None, 0).map_err(|e| format!("cannot create a CQ of {cap} entries: {e}"))?;
+        Ok((VerbsCq::new(cq), cap))
+    })?;
+    id.create_qp(
+        &pd,
+        &QpInitAttr {
+            send_cq: shared.source().cq().clone(),
+            recv_cq: shared.source().cq().clone(),
+            srq: None,
+            caps: QpCaps { max_send_wr: send_wr, max_recv_wr: recv_wr, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            sq_sig_all: false,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let qp_num = id.qp().map(|q| q.qp_num()).ok_or("no queue pair")?;
+    let member = shared.join(qp_num, depth)?;
+    let peer = id.peer_addr().ok_or("no peer address")?;
+    let local = id.local_addr();
+    // Our RDMA Reads are bounded by what the peer can answer (its responder resources).
+    let rd_depth = peer_responder_resources.min(attr.max_qp_init_rd_atom.min(255) as u8).max(1);
+    let login_buf = registered_pool(&pd, 2, LOGIN_SLOT)?;
+    let mut qp = VerbsQp::shared(id, member);
+    qp.post_recv(WR_LOGIN_RECV, login_buf.sge(0, LOGIN_SLOT))?;
+    let flags = cm::flags(private_data);
+    log::debug!(
+        "iSER connect from {peer}: private data flags {flags:#04x}, peer IRD {peer_responder_resources} ORD {peer_initiator_depth}, reactor {reactor}, QP {qp_num}"
+    );
+    // Send with Invalidate only when the initiator said it takes it (Linux ib_iser does when
+    // it registers every task's memory, its default); no private data: not.
+    let send_invalidate = private_data.len() >= 4 && flags & cm::SEND_W_INV_NOT_SUPPORTED == 0;
+    let reply = cm::reply(send_invalidate);
+    qp.cm_id()
+        .accept(&ConnParam {
+            private_data: &reply,
+            responder_resources: peer_initiator_depth.min(attr.max_qp_rd_atom.min(255) as u8),
+            initiator_depth: rd_depth,
+            rnr_retry_count: 7,
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(IserLogin {
+        qp: Some(qp),
+        dm: None,
+        pd,
+        login_buf,
+        peer,
+        local,
+        rdma_reads: rd_depth as u32,
+        send_invalidate,
+        reactor,
+        cm: Arc::new(CmState::default()),
+        rx: VecDeque::new(),
+        early: Vec::new(),
+    })
+}
+
+/// One iSER connection during login. Until Allocate_Connection_Resources it drives its QP
+/// itself (one login receive, one send slot); after, through its datamover.
+pub struct IserLogin {
+    qp: Option<VerbsQp>,
+    dm: Option<IserDatamover<VerbsQp>>,
+    pd: Arc<ProtectionDomain>,
+    login_buf: Pool,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    rdma_reads: u32,
+    /// Both sides agreed to Send with Invalidate (CM private data).
+    send_invalidate: bool,
+    /// The reactor whose CQ the QP completes on: a new session goes there.
+    reactor: usize,
+    cm: Arc<CmState>,
+    /// Login PDUs received and not yet handed out.
+    rx: VecDeque<LoginRx>,
+    /// Events of full-feature phase that arrived while the last Login Response went out:
+    /// the connection gets them first.
+    early: Vec<DmEvent>,
+}
+
+impl IserLogin {
+    /// Polls the QP (or the datamover) once; received login PDUs go to `rx`.
+    fn poll(&mut self) -> Result<(), TransportError> {
+        if let Some(dm) = self.dm.as_mut() {
+            let mut ev = Vec::new();
+            dm.poll(&mut ev);
+            for e in ev {
+                match e {
+                    DmEvent::Control(pdu) => self.rx.push_back(LoginRx::Pdu(pdu)),
+                    DmEvent::Terminated(why) => return Err(TransportError::Failed(why)),
+                    _ => {}
+                }
+            }
+        } else if let Some(qp) = self.qp.as_mut() {
+            let mut wcs: Vec<Completion> = Vec::new();
+            qp.poll(&mut wcs, 8);
+            for wc in wcs {
+                if wc.error.is_some() {
+                    return Err(TransportError::Failed("connection lost".into()));
+                }
+                if wc.wr_id == WR_LOGIN_RECV {
+                    let msg = self.login_buf.read(0, wc.byte_len as usize);
+                    let rx = match IserHeader::parse(&msg) {
+                        Ok(IserHeader::Control { .. }) => match Pdu::decode_message(&msg[ISER_HDR_LEN..], 8192) {
+                            Ok(pdu) => LoginRx::Pdu(pdu),
+                            Err(e) => LoginRx::Malformed { header: None, reason: format!("bad PDU: {e}") },
+                        },
+                        _ => LoginRx::Malformed { header: None, reason: "unexpected message".into() },
+                    };
+                    self.rx.push_back(rx);
+                }
+            }
+        } else {
+            return Err(TransportError::Closed);
+        }
+        Ok(())
+    }
+}
+
+impl LoginTransport for IserLogin {
+    fn kind(&self) -> Transport {
+        Transport::Iser
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn local(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    fn reactor_hint(&self) -> Option<usize> {
+        Some(self.reactor)
+    }
+
+    fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError> {
+        loop {
+            if let Some(rx) = self.rx.pop_front() {
+                return Ok(rx);
+            }
+            if self.cm.closed.load(Ordering::Acquire) {
+                return Err(TransportError::Closed);
+            }
+            if self.cm.established.load(Ordering::Acquire) {
+                self.poll()?;
+                if !self.rx.is_empty() {
+                    continue;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(TransportError::TimedOut);
+            }
+            thread::sleep(LOGIN_POLL_IDLE);
+        }
+    }
+
+    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
+        let last = matches!(&pdu.bhs.op, Op::LoginResponse(r) if r.status.class != 0 || (r.transit_bit && r.nsg == Stage::FullFeaturePhase));
+        if let Some(dm) = self.dm.as_mut() {
+            dm.send_control(pdu);
+            // Push it out now; what arrives meanwhile is kept for later.
+            let mut ev = Vec::new();
+            dm.poll(&mut ev);
+            for e in ev {
+                match e {
+                    DmEvent::Control(pdu) if !last => self.rx.push_back(LoginRx::Pdu(pdu)),
+                    e => self.early.push(e),
+                }
+            }
+            return Ok(());
+        }
+        let qp = self.qp.as_mut().ok_or(TransportError::Closed)?;
+        if !last {
+            qp.post_recv(WR_LOGIN_RECV, self.login_buf.sge(0, LOGIN_SLOT)).map_err(TransportError::Failed)?;
+        }
+        let mut msg = IserHeader::TARGET_CONTROL.to_vec();
+        pdu.encode_message(&mut msg).map_err(|e| TransportError::Failed(format!("cannot encode response: {e}")))?;
+        self.login_buf.write(1, &msg);
+        let wr = SendWr { wr_id: WR_LOGIN_SEND, op: SendOp::Send, sge: self.login_buf.sge(1, msg.len()), signaled: true };
+        qp.post_send(&[wr]).map_err(TransportError::Failed)
+    }
+
+    fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {
+        let cfg = IserConfig {
+            max_rdma_reads: self.rdma_reads,
+            data_chunks: 64,
+            send_invalidate: self.send_invalidate,
+            ..IserConfig::default()
+        };
+        let [r, s, d] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
+        let pools = (|| -> Result<(Pool, Pool, Pool), String> {
+            Ok((registered_pool(&self.pd, r.0, r.1)?, registered_pool(&self.pd, s.0, s.1)?, registered_pool(&self.pd, d.0, d.1)?))
+        })()
+        .map_err(TransportError::Failed)?;
+        let qp = self.qp.take().ok_or(TransportError::Closed)?;
+        let dm = IserDatamover::new(qp, cfg, pools)
+            .map_err(|e| TransportError::Failed(format!("cannot post the receive ring: {e}")))?;
+        self.dm = Some(dm);
+        Ok(())
+    }
+
+    fn enable_datamover(self: Box<Self>) -> Result<EnableDatamover, TransportError> {
+        let me = *self;
+        let dm = me
+            .dm
+            .ok_or_else(|| TransportError::Failed("login completed without datamover resources".into()))?;
+        let (cm, early) = (me.cm, me.early);
+        Ok(Box::new(move || Ok(Box::new(IserConnection { dm, cm, early, cm_closed: false }) as Box<dyn Datamover>)))
+    }
+
+    fn linger(&mut self) {
+        // Let the response go out, then drop everything.
+        if let Some(dm) = self.dm.as_mut() {
+            let mut ev = Vec::new();
+            dm.poll(&mut ev);
+        }
+        thread::sleep(FAILED_LINGER);
+    }
+}
+
+/// The datamover of an iSER connection in full-feature phase, with what its CM says: a
+/// DISCONNECTED (or device removal) terminates it.
+struct IserConnection {
+    dm: IserDatamover<VerbsQp>,
+    cm: Arc<CmState>,
+    early: Vec<DmEvent>,
+    cm_closed: bool,
+}
+
+impl Datamover for IserConnection {
+    fn send_control(&mut self, pdu: Pdu) {
+        self.dm.send_control(pdu)
+    }
+    fn put_data(&mut self, req: PutData) {
+        self.dm.put_data(req)
+    }
+    fn get_data(&mut self, req: GetData) {
+        self.dm.get_data(req)
+    }
+    fn notice_key_values(&mut self, params: DatamoverParams) {
+        self.dm.notice_key_values(params)
+    }
+    fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
+        self.dm.deallocate_task_resources(itt)
+    }
+    fn connection_terminate(&mut self) {
+        self.dm.connection_terminate()
+    }
+    fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let early = self.early.len();
+        events.append(&mut self.early);
+        if !self.cm_closed && self.cm.closed.load(Ordering::Acquire) {
+            // The peer or the device is gone: nothing queued can reach it any more.
+            self.cm_closed = true;
+            self.dm.connection_terminate();
+            events.push(DmEvent::Terminated("disconnected (RDMA CM event)".into()));
+            return early + 1;
+        }
+        early + self.dm.poll(events)
+    }
+    fn idle(&self) -> bool {
+        self.early.is_empty() && self.dm.idle()
+    }
+}

@@ -1,0 +1,148 @@
+//! iSCSI over TCP during login: the portal's accept loop and the [`LoginTransport`] of one
+//! accepted socket. Login PDUs are read exactly as far as the next PDU needs, so nothing of
+//! full-feature phase is read here and lost; Enable_Datamover turns the socket into a
+//! [`TcpDatamover`].
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use riser_iscsi::ffp::Datamover;
+use riser_iscsi::framer::{Framer, FramerLimits};
+use riser_iscsi::login::{
+    EnableDatamover, LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+};
+use riser_iscsi::negotiate::Transport;
+use riser_iscsi::pdu::{Digests, Pdu};
+
+use super::TcpDatamover;
+
+/// How long the accept loop sleeps when no connection is waiting.
+const ACCEPT_IDLE: Duration = Duration::from_millis(10);
+
+/// TCP portals: one accept thread per portal.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TcpPortal;
+
+impl PortalTransport for TcpPortal {
+    fn kind(&self) -> Transport {
+        Transport::Tcp
+    }
+
+    fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String> {
+        let addr = portal.addr;
+        let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen: {e}"))?;
+        l.set_nonblocking(true).map_err(|e| format!("cannot listen: {e}"))?;
+        thread::Builder::new()
+            .name(format!("portal-{}", addr.port()))
+            .spawn(move || accept_loop(l, portal, sink, stop))
+            .map_err(|e| format!("cannot start listener: {e}"))?;
+        Ok(())
+    }
+}
+
+fn accept_loop(l: TcpListener, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) {
+    let addr = portal.addr;
+    while !stop.load(Ordering::Acquire) {
+        match l.accept() {
+            Ok((sock, peer)) => {
+                let local = sock.local_addr().ok();
+                let _ = sock.set_nodelay(true);
+                let conn = TcpLogin::new(sock, peer, local);
+                if !sink.accept(portal, Box::new(conn)) {
+                    log::warn!("iSCSI portal {addr}: too many logins in progress; refusing {peer}");
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(ACCEPT_IDLE),
+            Err(e) => {
+                log::warn!("iSCSI portal {addr}: accept: {e}");
+                thread::sleep(ACCEPT_IDLE);
+            }
+        }
+    }
+}
+
+/// One TCP connection during login (blocking reads with the login's deadline).
+pub struct TcpLogin {
+    sock: TcpStream,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    framer: Framer,
+    buf: Vec<u8>,
+}
+
+impl TcpLogin {
+    pub fn new(sock: TcpStream, peer: SocketAddr, local: Option<SocketAddr>) -> TcpLogin {
+        TcpLogin { sock, peer, local, framer: Framer::with_limits(FramerLimits::LOGIN), buf: vec![0u8; 16 * 1024] }
+    }
+}
+
+impl LoginTransport for TcpLogin {
+    fn kind(&self) -> Transport {
+        Transport::Tcp
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn local(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError> {
+        loop {
+            match self.framer.next_pdu() {
+                Ok(Some(pdu)) => return Ok(LoginRx::Pdu(pdu)),
+                Ok(None) => {}
+                Err(e) => {
+                    let reason = e.to_string();
+                    return match e.header() {
+                        Some(h) => Ok(LoginRx::Malformed { header: Some(*h), reason }),
+                        None => Err(TransportError::Failed(reason)),
+                    };
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TransportError::TimedOut);
+            }
+            let _ = self.sock.set_read_timeout(Some(deadline - now));
+            // Read exactly what the next PDU needs, so nothing of full-feature phase is read
+            // here and lost.
+            let want = self.framer.bytes_needed().clamp(1, self.buf.len());
+            match self.sock.read(&mut self.buf[..want]) {
+                Ok(0) => return Err(TransportError::Closed),
+                Ok(n) => self.framer.feed(&self.buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(TransportError::TimedOut)
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::Failed(e.to_string())),
+            }
+        }
+    }
+
+    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
+        let bytes = pdu
+            .to_bytes(Digests::default())
+            .map_err(|e| TransportError::Failed(format!("cannot encode response: {e}")))?;
+        self.sock.write_all(&bytes).map_err(|e| TransportError::Failed(format!("send failed: {e}")))
+    }
+
+    fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {
+        // A byte stream needs nothing beyond its socket.
+        Ok(())
+    }
+
+    fn enable_datamover(self: Box<Self>) -> Result<EnableDatamover, TransportError> {
+        let sock = self.sock;
+        Ok(Box::new(move || {
+            let dm = TcpDatamover::new(sock, &[]).map_err(|e| TransportError::Failed(e.to_string()))?;
+            Ok(Box::new(dm) as Box<dyn Datamover>)
+        }))
+    }
+}

@@ -1,0 +1,192 @@
+//! Enable_Datamover: the final Login Response is out; the connection gets its parameters
+//! (Notice_Key_Values), a reactor (its session's, or the least loaded for a new session) and
+//! moves there, where its datamover is built and its [`Connection`] starts polling.
+
+use std::rc::{Rc, Weak};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use riser_iscsi::ffp::{DatamoverParams, Ffp, FfpConfig, TextResponder};
+use riser_iscsi::login::{LoginOutcome, LoginTransport, SessionDecision};
+use riser_iscsi::negotiate::Transport;
+use riser_iscsi::params::SessionType;
+use riser_iscsi::text::Pairs;
+use riser_scsi::Nexus;
+use serde_json::json;
+
+use crate::conn::Connection;
+use crate::login::DISCOVERY_QUEUE_DEPTH;
+use crate::registry::ConnInfo;
+use crate::sessions::{isid_u64, SessionWindows};
+use crate::IscsiServer;
+
+use riser_config::{IscsiTarget, SendTargets};
+use std::net::IpAddr;
+
+impl IscsiServer {
+    /// Enable_Datamover for a login that completed on `t`. Returns the connection's id.
+    pub fn enable(self: &Arc<Self>, t: Box<dyn LoginTransport>, o: LoginOutcome) -> Option<u64> {
+        let (peer, local, kind) = (t.peer(), t.local(), t.kind());
+        let opts = self.target.options();
+        let s = &o.session;
+        let c = &o.connection;
+        let discovery = s.session_type == SessionType::Discovery;
+        let node = s.target_name.as_deref().and_then(|n| self.target.find_node(n));
+        if !discovery && node.is_none() {
+            log::warn!("login from {peer}: target vanished during login");
+            return None;
+        }
+        let queue_depth = node.as_ref().map_or(DISCOVERY_QUEUE_DEPTH, |n| n.queue_depth());
+        let iser = kind == Transport::Iser;
+        let ffp_cfg = FfpConfig {
+            cid: o.identity.cid,
+            queue_depth,
+            immediate_data: s.immediate_data,
+            initial_r2t: s.initial_r2t,
+            first_burst_length: s.first_burst_length,
+            max_burst_length: s.max_burst_length,
+            // iSER initiators post 128-byte receive buffers for full-feature data (Linux,
+            // libiscsi): keep what the target sends within that.
+            initiator_mrdsl: if iser { c.send_limit(true).min(128) } else { c.send_limit(false) },
+            target_mrdsl: c.recv_limit(iser),
+            nop_in_interval: Duration::from_secs(opts.nop_in_interval as u64),
+            nop_timeout: Duration::from_secs(opts.nop_timeout as u64),
+            discovery,
+            largest_write: riser_scsi::MAX_TRANSFER_BYTES as u32,
+        };
+        let dm_params = DatamoverParams {
+            initiator_max_recv_data_segment_length: c.send_limit(iser),
+            target_max_recv_data_segment_length: c.recv_limit(iser),
+            max_burst_length: s.max_burst_length,
+            first_burst_length: s.first_burst_length,
+            max_outstanding_r2t: s.max_outstanding_r2t as u32,
+            header_digest: c.header_digest,
+            data_digest: c.data_digest,
+        };
+        let isid = isid_u64(&o.identity.isid.0);
+        let target_name = s.target_name.clone().unwrap_or_default();
+        let tsih = o.tsih();
+        let joining = matches!(o.decision, SessionDecision::AddConnection { .. });
+        let reactor = self
+            .session_reactor(tsih, (!joining).then_some(s))
+            .unwrap_or_else(|| self.reactors.least_loaded());
+        let lcore = self.reactors.stats().get(reactor).map_or(0, |s| s.core);
+        let info = Arc::new(ConnInfo {
+            id: self.conns.next_id(),
+            cid: o.identity.cid,
+            tsih,
+            isid,
+            reactor,
+            lcore,
+            initiator_name: s.initiator_name.clone(),
+            initiator_addr: peer.to_string(),
+            target_addr: local.map(|l| l.to_string()).unwrap_or_default(),
+            target_node_name: target_name.clone(),
+            transport: if iser { "iser" } else { "tcp" },
+            params: json!({
+                "SessionType": if discovery { "Discovery" } else { "Normal" },
+                "HeaderDigest": if c.header_digest { "CRC32C" } else { "None" },
+                "DataDigest": if c.data_digest { "CRC32C" } else { "None" },
+                "MaxRecvDataSegmentLength": c.max_recv_data_segment_length,
+                "InitiatorMaxRecvDataSegmentLength": c.max_send_data_segment_length,
+                "MaxBurstLength": s.max_burst_length,
+                "FirstBurstLength": s.first_burst_length,
+                "InitialR2T": s.initial_r2t,
+                "ImmediateData": s.immediate_data,
+                "MaxOutstandingR2T": s.max_outstanding_r2t,
+                "MaxConnections": s.max_connections,
+                "ErrorRecoveryLevel": s.error_recovery_level,
+                "QueueDepth": queue_depth,
+                "RDMAExtensions": s.rdma_extensions,
+                "TargetRecvDataSegmentLength": c.target_recv_data_segment_length,
+                "InitiatorRecvDataSegmentLength": c.initiator_recv_data_segment_length,
+            }),
+            kill: AtomicBool::new(false),
+            pdus_in: Default::default(),
+            tasks_done: Default::default(),
+        });
+        let make_dm = match t.enable_datamover() {
+            Ok(f) => f,
+            Err(e) => {
+                log::error!("connection from {peer}: cannot switch to full-feature phase: {e}");
+                return None;
+            }
+        };
+        let nexus = Arc::new(Nexus::new(&s.initiator_name, isid, &target_name, o.identity.portal_group_tag));
+        let responder = SendTargetsResponder {
+            target: self.target.clone(),
+            initiator_name: s.initiator_name.clone(),
+            initiator_addr: peer.ip(),
+            local_addr: local.map(|l| l.ip()).unwrap_or(peer.ip()),
+        };
+        let registry = self.conns.clone();
+        let conn_id = info.id;
+        let (exp_cmd_sn, stat_sn) = (o.exp_cmd_sn, o.stat_sn);
+        self.reactors.add_load(reactor, 1);
+        log::info!(
+            "connection {} from {peer} ({}) to {} logged in (TSIH {}, reactor {reactor})",
+            info.id,
+            s.initiator_name,
+            if discovery { "discovery" } else { &target_name },
+            tsih
+        );
+        let sent = self.reactors.send_blocking(reactor, move |ctx| {
+            let now = ctx.now();
+            let mut dm = match make_dm() {
+                Ok(dm) => dm,
+                Err(e) => {
+                    log::error!("connection {}: cannot switch to full-feature phase: {e}", info.id);
+                    ctx.handle().add_load(reactor, -1);
+                    return;
+                }
+            };
+            dm.notice_key_values(dm_params);
+            let windows = ctx.local(SessionWindows::default);
+            windows.0.retain(|_, w| w.strong_count() > 0);
+            let mut ffp = if joining {
+                match windows.0.get(&tsih).and_then(Weak::upgrade) {
+                    Some(w) => Ffp::join(ffp_cfg, w, stat_sn, now),
+                    None => {
+                        log::warn!("connection {}: session {tsih} ended during login", info.id);
+                        ctx.handle().add_load(reactor, -1);
+                        return;
+                    }
+                }
+            } else {
+                let ffp = Ffp::new(ffp_cfg, exp_cmd_sn, stat_sn, now);
+                windows.0.insert(tsih, Rc::downgrade(&ffp.window()));
+                ffp
+            };
+            ffp.set_responder(Box::new(responder));
+            Connection::new(info, registry, dm, ffp, node, nexus, now).start(ctx);
+        });
+        if sent.is_err() {
+            log::warn!("connection from {peer}: reactors are stopping");
+            return None;
+        }
+        Some(conn_id)
+    }
+}
+
+/// Answers SendTargets from the target configuration, for this initiator.
+struct SendTargetsResponder {
+    target: Arc<IscsiTarget>,
+    initiator_name: String,
+    initiator_addr: IpAddr,
+    local_addr: IpAddr,
+}
+
+impl TextResponder for SendTargetsResponder {
+    fn respond(&mut self, request: &Pairs) -> Pairs {
+        let mut out = Pairs::new();
+        for (_, v) in request {
+            let which = if v == "All" { SendTargets::All } else { SendTargets::One(v) };
+            for (name, addrs) in self.target.send_targets(&self.initiator_name, self.initiator_addr, self.local_addr, which) {
+                out.push(("TargetName".into(), name));
+                out.extend(addrs.into_iter().map(|a| ("TargetAddress".to_string(), a)));
+            }
+        }
+        out
+    }
+}

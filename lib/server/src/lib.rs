@@ -1,0 +1,136 @@
+//! The iSCSI server: portal listeners over any transport, ONE login driver for every
+//! transport, the session table and TSIH, reactor placement, the connection glue between the
+//! iSCSI layer, the datamover and SCSI, and the connection registry.
+//!
+//! Transports reach the server only as trait objects ([`PortalTransport`] listeners yielding
+//! [`riser_iscsi::login::LoginTransport`]s): the server names no socket, verb or rdma_cm call.
+//!
+//! - [`listeners`]: one listener per configured portal, started and stopped as portal groups
+//!   change.
+//! - [`login`]: the login driver (timeouts, policy and ACLs, reinstatement, RFC 5047's events
+//!   in order), a thread per login.
+//! - [`sessions`]: the session table (TSIH, reinstatement, connections joining a session).
+//! - [`enable`]: Enable_Datamover: keys to parameters, reactor placement, the connection
+//!   moves to its reactor.
+//! - [`conn`]: a connection in full-feature phase on its reactor.
+//! - [`registry`]: every live connection, for listing and for closing.
+//! - [`rpc`]: `iscsi_get_connections`, `iscsi_get_stats`.
+
+pub mod conn;
+pub mod enable;
+pub mod listeners;
+pub mod login;
+pub mod registry;
+pub mod rpc;
+pub mod sessions;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use riser_config::{IscsiTarget, TargetNode};
+use riser_iscsi::login::PortalTransport;
+use riser_iscsi::negotiate::Transport;
+use riser_reactor::ReactorHandle;
+
+pub use conn::Connection;
+pub use registry::{ConnInfo, ConnRegistry};
+
+use sessions::Sessions;
+
+/// Everything the listeners and login threads share.
+pub struct IscsiServer {
+    target: Arc<IscsiTarget>,
+    reactors: ReactorHandle,
+    conns: Arc<ConnRegistry>,
+    sessions: Sessions,
+    /// The transports portals can listen with (TCP, iSER).
+    transports: Vec<Arc<dyn PortalTransport>>,
+    /// Running listeners by (address, transport).
+    listeners: Mutex<HashMap<(SocketAddr, Transport), Arc<AtomicBool>>>,
+    /// Logins in progress.
+    logins: AtomicUsize,
+    stopping: AtomicBool,
+}
+
+impl IscsiServer {
+    /// A server for `target`'s configuration, running connections on `reactors`, with one
+    /// listener kind per transport in `transports`.
+    pub fn new(target: Arc<IscsiTarget>, reactors: ReactorHandle, transports: Vec<Arc<dyn PortalTransport>>) -> Arc<IscsiServer> {
+        let conns = Arc::new(ConnRegistry::with_reactors(reactors.clone()));
+        let server = Arc::new(IscsiServer {
+            target: target.clone(),
+            reactors,
+            conns,
+            sessions: Sessions::default(),
+            transports,
+            listeners: Mutex::new(HashMap::new()),
+            logins: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&server);
+        target.on_portals_changed(move || {
+            if let Some(s) = weak.upgrade() {
+                s.sync_listeners();
+            }
+        });
+        let weak = Arc::downgrade(&server);
+        server.conns.on_gone(move |c| {
+            if let Some(s) = weak.upgrade() {
+                s.connection_gone(c.tsih);
+            }
+        });
+        let weak = Arc::downgrade(&server);
+        target.on_node_deleting(move |node| {
+            if let Some(s) = weak.upgrade() {
+                s.close_node(node);
+            }
+        });
+        server
+    }
+
+    pub fn connections(&self) -> &Arc<ConnRegistry> {
+        &self.conns
+    }
+
+    pub fn target(&self) -> &Arc<IscsiTarget> {
+        &self.target
+    }
+
+    /// Stops listening and closes every connection.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for stop in self.listeners.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            stop.store(true, Ordering::Release);
+        }
+        self.conns.kill_where(|_| true);
+    }
+
+    fn close_node(&self, node: &Arc<TargetNode>) {
+        let name = node.name().to_string();
+        let n = self.conns.kill_where(|c| c.target_node_name == name);
+        if n > 0 {
+            log::info!("target node {name} deleted: closing {n} connection(s)");
+            // Let the reactors see the kill flag and tear down before the node goes.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && self.conns.list().iter().any(|c| c.target_node_name == name) {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.sessions.forget_target(&name);
+    }
+
+    /// Forgets a session once its last connection is gone.
+    pub fn connection_gone(&self, tsih: u16) {
+        if !self.conns.list().iter().any(|c| c.tsih == tsih) {
+            self.sessions.forget(tsih);
+        }
+    }
+
+    pub fn sessions_count(&self) -> usize {
+        self.sessions.len()
+    }
+}

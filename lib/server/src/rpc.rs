@@ -1,0 +1,27 @@
+//! The iSCSI server's methods: `iscsi_get_connections` and `iscsi_get_stats` (SPDK's names).
+
+use std::sync::Arc;
+
+use riser_rpc::RpcRegistry;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::IscsiServer;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+/// Registers the server's methods on `reg`.
+pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {
+    let s = server.clone();
+    reg.add("iscsi_get_connections", move |_: NoParams| {
+        Ok(Value::Array(s.connections().list().iter().map(|c| c.to_json()).collect()))
+    });
+    let s = server.clone();
+    reg.add("iscsi_get_stats", move |_: NoParams| {
+        // SPDK's shape: connections by state. riser's are running until they are gone.
+        let running = s.connections().list().len();
+        Ok(json!({"invalid": 0, "running": running, "exiting": 0, "idle": 0}))
+    });
+}
