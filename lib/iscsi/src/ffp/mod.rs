@@ -1,10 +1,13 @@
-//! Full-feature phase: the sans-IO connection state machine and the Datamover trait.
+//! Full-feature phase: the sans-IO connection state machine, the Datamover trait, and the
+//! configuration a connection runs with (from its login's outcome).
 
+pub mod config;
 pub mod datamover;
 pub mod session;
 
+pub use config::{connection_config, FfpConfig, TargetLimits, ISER_INITIATOR_RECV_DATA_SEGMENT, LARGEST_WRITE};
 pub use datamover::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 pub use session::{
-    Action, CmdWindow, Ffp, FfpConfig, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder,
-    STATUS_CHECK_CONDITION, STATUS_GOOD,
+    Action, CmdWindow, Ffp, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder, STATUS_CHECK_CONDITION,
+    STATUS_GOOD,
 };

@@ -9,12 +9,13 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use riser_bdev::IoBuf;
 pub use riser_scsi::Residual;
 use riser_scsi::{Asc, Sense, SenseKey, Status};
 
+use super::config::FfpConfig;
 use super::datamover::{GetData, PutData, SnState};
 use crate::pdu::{
     logout, response, tmf, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason,
@@ -26,49 +27,6 @@ use crate::text::{encode_pairs, Pairs, TextAssembler};
 /// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
 pub const STATUS_GOOD: u8 = Status::Good as u8;
 pub const STATUS_CHECK_CONDITION: u8 = Status::CheckCondition as u8;
-
-/// Negotiated and configured values the full-feature phase runs with.
-#[derive(Clone, Debug)]
-pub struct FfpConfig {
-    pub cid: u16,
-    /// Commands the target accepts at once (the CmdSN window).
-    pub queue_depth: u32,
-    pub immediate_data: bool,
-    pub initial_r2t: bool,
-    pub first_burst_length: u32,
-    pub max_burst_length: u32,
-    /// Largest data segment the initiator accepts.
-    pub initiator_mrdsl: u32,
-    /// Largest data segment the target accepts (the datamover enforces it on receive).
-    pub target_mrdsl: u32,
-    /// Send a NOP-In ping after this much silence (zero: never).
-    pub nop_in_interval: Duration,
-    /// Drop the connection when a ping stays unanswered this long.
-    pub nop_timeout: Duration,
-    /// Discovery sessions accept only Text (SendTargets), NOP and Logout.
-    pub discovery: bool,
-    /// Largest write (EDTL) accepted; larger ones get CHECK CONDITION.
-    pub largest_write: u32,
-}
-
-impl Default for FfpConfig {
-    fn default() -> Self {
-        FfpConfig {
-            cid: 0,
-            queue_depth: 64,
-            immediate_data: true,
-            initial_r2t: true,
-            first_burst_length: 65536,
-            max_burst_length: 262144,
-            initiator_mrdsl: 8192,
-            target_mrdsl: 8192,
-            nop_in_interval: Duration::from_secs(30),
-            nop_timeout: Duration::from_secs(60),
-            discovery: false,
-            largest_write: 16 << 20,
-        }
-    }
-}
 
 /// The CmdSN window of a session (RFC 7143 §3.2.2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

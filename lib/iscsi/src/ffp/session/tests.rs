@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::pdu::{DataOut, LogoutRequest, NopOut, TaskMgmtRequest};
+use std::time::Duration;
 
 fn cmd(itt: u32, cmd_sn: u32, read: bool, write: bool, edtl: u32) -> ScsiCommand {
     ScsiCommand {
