@@ -15,13 +15,14 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use riser_bdev::{Bdev, BdevIo, BdevRegistry, IoBuf, IoChannel, IoCompletion, IoKind};
 use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, ReactorSet};
 
-use crate::report::{new_histogram, Report, WorkerResult};
+use crate::conn::Dir;
+use crate::report::{Recorder, Report, Window, WorkerResult};
+use crate::workload::{self, PollModeArg, Workload};
 
 const MIB: u64 = 1024 * 1024;
 /// Tags are slot indices; this also bounds the per-reactor buffer count.
@@ -39,23 +40,6 @@ pub enum DevKind {
     Malloc,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Workload {
-    /// Sequential reads.
-    Read,
-    /// Sequential writes.
-    Write,
-    /// Uniformly random reads.
-    Randread,
-    /// Uniformly random writes.
-    Randwrite,
-    /// Sequential, reads and writes mixed per --rwmixread.
-    Rw,
-    /// Random, reads and writes mixed per --rwmixread.
-    Randrw,
-}
-
 impl DevKind {
     pub fn name(self) -> &'static str {
         match self {
@@ -71,47 +55,6 @@ impl DevKind {
             DevKind::Malloc => "Malloc0",
         }
     }
-}
-
-impl Workload {
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::Read => "read",
-            Workload::Write => "write",
-            Workload::Randread => "randread",
-            Workload::Randwrite => "randwrite",
-            Workload::Rw => "rw",
-            Workload::Randrw => "randrw",
-        }
-    }
-
-    pub fn random(self) -> bool {
-        matches!(
-            self,
-            Workload::Randread | Workload::Randwrite | Workload::Randrw
-        )
-    }
-
-    /// Percentage of reads this workload issues, given `--rwmixread`.
-    pub fn read_pct(self, rwmixread: u8) -> u8 {
-        match self {
-            Workload::Read | Workload::Randread => 100,
-            Workload::Write | Workload::Randwrite => 0,
-            Workload::Rw | Workload::Randrw => rwmixread,
-        }
-    }
-
-    fn mixed(self) -> bool {
-        matches!(self, Workload::Rw | Workload::Randrw)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PollModeArg {
-    /// Spin: lowest latency, each core at 100 %.
-    Busy,
-    /// Sleep after a run of idle loops (small or shared machines, CI).
-    Adaptive,
 }
 
 /// Flags of `riser-perf bdev`.
@@ -306,118 +249,40 @@ impl Plan {
     }
 }
 
-/// xorshift64*: a few instructions per number and plenty good for picking offsets.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        // Spread small seeds (reactor ids) over all bits (splitmix64 finalizer); the state
-        // must never be zero or xorshift stays at zero forever.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        Rng(if z == 0 { 0x2545_F491_4F6C_DD1D } else { z })
-    }
-
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `0..n` (n > 0) by multiply-and-shift: no division, bias below 2^-32 for
-    /// any device size that fits in memory.
-    #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-}
-
 /// Picks the kind and offset of every I/O of one reactor.
 #[derive(Clone, Debug)]
 pub struct OpGen {
-    rng: Rng,
-    /// Number of I/O-sized, I/O-aligned places on the device.
-    slots: u64,
+    units: workload::OpGen,
     io_blocks: u64,
-    random: bool,
-    next_seq: u64,
-    read_pct: u8,
 }
 
 impl OpGen {
     /// For reactor `index` of `count`; `plan` must be validated (at least one slot).
     pub fn new(plan: &Plan, index: usize, count: usize) -> OpGen {
-        let slots = (plan.num_blocks / plan.io_blocks).max(1);
-        // Sequential streams start spread over the device so reactors do not all read the
-        // same blocks at the same time.
-        let start = (slots as u128 * index as u128 / count.max(1) as u128) as u64;
+        let slots = plan.num_blocks / plan.io_blocks;
         OpGen {
-            rng: Rng::new(index as u64),
-            slots,
+            // Seeded with the reactor id.
+            units: workload::OpGen::new(
+                plan.workload,
+                plan.read_pct,
+                slots,
+                index as u64,
+                count as u64,
+                index as u64,
+            ),
             io_blocks: plan.io_blocks,
-            random: plan.workload.random(),
-            next_seq: start,
-            read_pct: plan.read_pct,
         }
     }
 
     /// The next I/O: (kind, offset in blocks).
     #[inline]
     pub fn next(&mut self) -> (IoKind, u64) {
-        let kind = match self.read_pct {
-            100 => IoKind::Read,
-            0 => IoKind::Write,
-            p => {
-                if self.rng.below(100) < p as u64 {
-                    IoKind::Read
-                } else {
-                    IoKind::Write
-                }
-            }
-        };
-        let slot = if self.random {
-            self.rng.below(self.slots)
-        } else {
-            let s = self.next_seq;
-            self.next_seq = if s + 1 == self.slots { 0 } else { s + 1 };
-            s
+        let (dir, slot) = self.units.next();
+        let kind = match dir {
+            Dir::Read => IoKind::Read,
+            Dir::Write => IoKind::Write,
         };
         (kind, slot * self.io_blocks)
-    }
-}
-
-/// Records runs of equal latencies with one histogram call: on a device that completes a
-/// whole batch in one pass, a pass produces one run, so the histogram is touched once per
-/// pass instead of once per I/O.
-struct LatRun {
-    val: u64,
-    n: u64,
-}
-
-impl LatRun {
-    #[inline]
-    fn add(&mut self, v: u64, h: &mut Histogram<u64>) {
-        if v == self.val {
-            self.n += 1;
-        } else {
-            self.flush(h);
-            self.val = v;
-            self.n = 1;
-        }
-    }
-
-    fn flush(&mut self, h: &mut Histogram<u64>) {
-        if self.n > 0 {
-            h.saturating_record_n(self.val, self.n);
-            self.n = 0;
-        }
     }
 }
 
@@ -443,23 +308,13 @@ struct Job {
 
     gate: StartGate,
     abort: Arc<AtomicBool>,
-    ramp_ns: u64,
-    time_ns: u64,
+    window: Window,
     base: Option<Instant>,
     started: bool,
-    measuring: bool,
-    stopping: bool,
-    measure_start_ns: u64,
-    elapsed_ns: u64,
-    stats_at_start: (u64, u64),
-    stats_at_end: (u64, u64),
 
-    ios: u64,
-    reads: u64,
+    rec: Recorder,
     errors: u64,
     first_error: Option<String>,
-    hist: Histogram<u64>,
-    run: LatRun,
     tx: Option<ResultTx>,
 }
 
@@ -506,22 +361,12 @@ impl Job {
             inflight: 0,
             gate,
             abort,
-            ramp_ns: plan.ramp.as_nanos() as u64,
-            time_ns: plan.time.as_nanos() as u64,
+            window: Window::new(plan.ramp, plan.time),
             base: None,
             started: false,
-            measuring: false,
-            stopping: false,
-            measure_start_ns: 0,
-            elapsed_ns: 0,
-            stats_at_start: (0, 0),
-            stats_at_end: (0, 0),
-            ios: 0,
-            reads: 0,
+            rec: Recorder::default(),
             errors: 0,
             first_error: None,
-            hist: new_histogram(),
-            run: LatRun { val: 0, n: 0 },
             tx: Some(tx),
         }
     }
@@ -542,16 +387,9 @@ impl Job {
 
     /// Ends the measurement window (on time, on error, or on request) and stops issuing.
     fn stop(&mut self, ctx: &Ctx, now_ns: u64) {
-        if self.stopping {
-            return;
+        if self.window.stop(now_ns, || busy_idle(ctx)) {
+            self.rec.flush();
         }
-        self.stopping = true;
-        if self.measuring {
-            self.measuring = false;
-            self.elapsed_ns = now_ns - self.measure_start_ns;
-            self.stats_at_end = busy_idle(ctx);
-        }
-        self.run.flush(&mut self.hist);
     }
 
     /// One poll pass.
@@ -571,15 +409,12 @@ impl Job {
         let now_ns = now.saturating_duration_since(base).as_nanos() as u64;
 
         // Phase changes: a few compares per pass.
-        if !self.stopping {
-            if !self.measuring && now_ns >= self.ramp_ns {
-                self.measuring = true;
-                self.measure_start_ns = now_ns;
-                self.stats_at_start = busy_idle(ctx);
-            }
-            if now_ns >= self.ramp_ns + self.time_ns || self.abort.load(Ordering::Relaxed) {
-                self.stop(ctx, now_ns);
-            }
+        let abort = &self.abort;
+        if self
+            .window
+            .tick(now_ns, || abort.load(Ordering::Relaxed), || busy_idle(ctx))
+        {
+            self.rec.flush();
         }
 
         // Taken out and put back so the loop can call `&mut self` methods; no allocation.
@@ -598,13 +433,11 @@ impl Job {
                 self.stop(ctx, now_ns);
                 continue;
             }
-            if self.measuring {
-                self.run
-                    .add(now_ns.saturating_sub(self.submit_ns[slot]), &mut self.hist);
-                self.ios += 1;
-                self.reads += (c.kind == IoKind::Read) as u64;
+            if self.window.measuring() {
+                let lat = now_ns.saturating_sub(self.submit_ns[slot]);
+                self.rec.record(lat, c.kind == IoKind::Read);
             }
-            if self.stopping {
+            if self.window.stopping() {
                 self.idle_bufs[slot] = c.buf;
             } else {
                 self.submit(slot, c.buf, now_ns);
@@ -617,7 +450,7 @@ impl Job {
         // device that completes inside `submit` would otherwise show 0 ns latencies.
         if !self.started {
             self.started = true;
-            if !self.stopping {
+            if !self.window.stopping() {
                 for slot in 0..self.idle_bufs.len() {
                     let buf = self.idle_bufs[slot].take();
                     self.submit(slot, buf, now_ns);
@@ -626,7 +459,7 @@ impl Job {
             }
         }
 
-        if self.stopping && self.inflight == 0 {
+        if self.window.stopping() && self.inflight == 0 {
             self.finish();
             return PollStatus::Done;
         }
@@ -644,13 +477,13 @@ impl Job {
             None => Ok(WorkerResult {
                 reactor: self.reactor,
                 core: self.core,
-                ios: self.ios,
-                reads: self.reads,
+                ios: self.rec.ios,
+                reads: self.rec.reads,
                 errors: self.errors,
-                elapsed_ns: self.elapsed_ns,
-                busy_ns: self.stats_at_end.0.saturating_sub(self.stats_at_start.0),
-                idle_ns: self.stats_at_end.1.saturating_sub(self.stats_at_start.1),
-                hist: std::mem::replace(&mut self.hist, new_histogram()),
+                elapsed_ns: self.window.elapsed_ns(),
+                busy_ns: self.window.probe_delta().0,
+                idle_ns: self.window.probe_delta().1,
+                hist: self.rec.take_hist(),
             }),
         };
         // The receiver gone means the control thread gave up already; nothing to do.
@@ -943,20 +776,6 @@ mod tests {
         assert!((0..1000).all(|_| g.next().0 == IoKind::Read));
         let mut g = OpGen::new(&plan_for(Workload::Randwrite, 1 << 20, 8), 0, 1);
         assert!((0..1000).all(|_| g.next().0 == IoKind::Write));
-    }
-
-    #[test]
-    fn rng_below_is_roughly_uniform() {
-        let mut r = Rng::new(7);
-        let mut buckets = [0u32; 10];
-        for _ in 0..100_000 {
-            buckets[r.below(10) as usize] += 1;
-        }
-        assert!(
-            buckets.iter().all(|&b| (9_000..11_000).contains(&b)),
-            "{buckets:?}"
-        );
-        assert_ne!(Rng::new(0).next_u64(), Rng::new(1).next_u64());
     }
 
     fn short_run(extra: &[&str]) -> Report {

@@ -21,13 +21,13 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::bdev::{PollModeArg, Rng, Workload};
 use crate::iser::Session;
 use crate::conn::{Completion, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
-use crate::report::{new_histogram, Latency, Report, WorkerResult};
+use crate::report::{Latency, Recorder, Report, Window, WorkerResult};
 use crate::url::{self, TargetUrl, Transport};
 use crate::sys::{self, pin_to, rusage, thread_cpu};
 use crate::verify::{self, Mismatches};
+use crate::workload::{OpGen, PollModeArg, Workload};
 
 const MIB: f64 = 1024.0 * 1024.0;
 use crate::MAX_SECONDS;
@@ -409,59 +409,6 @@ impl Geometry {
     }
 }
 
-/// Picks the direction and unit of every benchmark I/O of one session.
-#[derive(Clone, Debug)]
-pub struct OpGen {
-    rng: Rng,
-    units: u64,
-    random: bool,
-    next_seq: u64,
-    read_pct: u8,
-}
-
-impl OpGen {
-    pub fn new(
-        workload: Workload,
-        read_pct: u8,
-        units: u64,
-        index: u64,
-        count: u64,
-        seed: u64,
-    ) -> OpGen {
-        let units = units.max(1);
-        OpGen {
-            rng: Rng::new(seed),
-            units,
-            random: workload.random(),
-            next_seq: (units as u128 * index as u128 / count.max(1) as u128) as u64,
-            read_pct,
-        }
-    }
-
-    #[inline]
-    pub fn next(&mut self) -> (Dir, u64) {
-        let dir = match self.read_pct {
-            100 => Dir::Read,
-            0 => Dir::Write,
-            p => {
-                if self.rng.below(100) < p as u64 {
-                    Dir::Read
-                } else {
-                    Dir::Write
-                }
-            }
-        };
-        let u = if self.random {
-            self.rng.below(self.units)
-        } else {
-            let s = self.next_seq;
-            self.next_seq = if s + 1 == self.units { 0 } else { s + 1 };
-            s
-        };
-        (dir, u)
-    }
-}
-
 // ---- threads and their coordination ------------------------------------------------------
 
 /// One session to open: which URL, which of that URL's sessions.
@@ -575,32 +522,6 @@ struct ThreadResult {
     blocks_checked: u64,
 }
 
-/// Records runs of equal latencies with one histogram call (see bdev.rs).
-struct LatRun {
-    val: u64,
-    n: u64,
-}
-
-impl LatRun {
-    #[inline]
-    fn add(&mut self, v: u64, h: &mut Histogram<u64>) {
-        if v == self.val {
-            self.n += 1;
-        } else {
-            self.flush(h);
-            self.val = v;
-            self.n = 1;
-        }
-    }
-
-    fn flush(&mut self, h: &mut Histogram<u64>) {
-        if self.n > 0 {
-            h.saturating_record_n(self.val, self.n);
-            self.n = 0;
-        }
-    }
-}
-
 struct Job {
     conn: Session,
     url: usize,
@@ -621,12 +542,11 @@ struct Client {
     live: Arc<Live>,
     jobs: Vec<Job>,
     done: Vec<Completion>,
-    ios: u64,
-    reads: u64,
+    /// The measured window (all of it in verify mode).
+    rec: Recorder,
+    /// Every I/O, for the live line.
     lat_total: u64,
     ios_total: u64,
-    hist: Histogram<u64>,
-    run: LatRun,
     mismatches: Mismatches,
     blocks_checked: u64,
     idle_passes: u32,
@@ -655,12 +575,9 @@ fn client_thread(
         live,
         jobs: Vec::new(),
         done: Vec::with_capacity(plan.qd * 2),
-        ios: 0,
-        reads: 0,
+        rec: Recorder::default(),
         lat_total: 0,
         ios_total: 0,
-        hist: new_histogram(),
-        run: LatRun { val: 0, n: 0 },
         mismatches: Mismatches::default(),
         blocks_checked: 0,
         idle_passes: 0,
@@ -777,15 +694,14 @@ impl Client {
     }
 
     fn result(&mut self, elapsed_ns: u64, cpu: (u64, u64)) -> Box<ThreadResult> {
-        self.run.flush(&mut self.hist);
         Box::new(ThreadResult {
             core: self.core,
-            ios: self.ios,
-            reads: self.reads,
+            ios: self.rec.ios,
+            reads: self.rec.reads,
             elapsed_ns,
             cpu_user_ns: cpu.0,
             cpu_sys_ns: cpu.1,
-            hist: std::mem::replace(&mut self.hist, new_histogram()),
+            hist: self.rec.take_hist(),
             mismatches: std::mem::take(&mut self.mismatches),
             blocks_checked: self.blocks_checked,
         })
@@ -833,11 +749,7 @@ impl Client {
 
     /// The timed benchmark: returns the measured window (ns) and the thread's CPU time in it.
     fn bench(&mut self, t0: Instant, geoms: &[Geometry]) -> Result<(u64, (u64, u64)), String> {
-        let ramp_ns = self.plan.ramp.as_nanos() as u64;
-        let end_ns = ramp_ns + self.plan.time.as_nanos() as u64;
-        let (mut measuring, mut stopping) = (false, false);
-        let (mut win_start, mut elapsed, mut stop_at) = (0u64, 0u64, 0u64);
-        let (mut cpu0, mut cpu) = ((0, 0), (0, 0));
+        let mut window = Window::new(self.plan.ramp, self.plan.time);
         let mut done = std::mem::take(&mut self.done);
 
         // Initial load.
@@ -857,24 +769,11 @@ impl Client {
 
         loop {
             let mut now_ns = t0.elapsed().as_nanos() as u64;
-            if !stopping {
-                if !measuring && now_ns >= ramp_ns {
-                    measuring = true;
-                    win_start = now_ns;
-                    cpu0 = thread_cpu();
-                }
-                if now_ns >= end_ns || self.ctl.stop.load(Ordering::Relaxed) {
-                    stopping = true;
-                    stop_at = now_ns;
-                    if measuring {
-                        measuring = false;
-                        elapsed = now_ns - win_start;
-                        let c = thread_cpu();
-                        cpu = (c.0 - cpu0.0, c.1 - cpu0.1);
-                    }
-                    self.run.flush(&mut self.hist);
-                }
+            let stop = &self.ctl.stop;
+            if window.tick(now_ns, || stop.load(Ordering::Relaxed), thread_cpu) {
+                self.rec.flush();
             }
+            let (measuring, stopping) = (window.measuring(), window.stopping());
             let mut any = false;
             let mut got = false;
             let mut inflight = 0;
@@ -893,9 +792,7 @@ impl Client {
                         self.ios_total += 1;
                         self.lat_total += lat;
                         if measuring {
-                            self.run.add(lat, &mut self.hist);
-                            self.ios += 1;
-                            self.reads += (j.dirs[slot] == Dir::Read) as u64;
+                            self.rec.record(lat, j.dirs[slot] == Dir::Read);
                         }
                         if !stopping {
                             let Some(gen) = j.gen.as_mut() else { continue };
@@ -918,7 +815,7 @@ impl Client {
                 if inflight == 0 {
                     break;
                 }
-                if now_ns.saturating_sub(stop_at) > DRAIN_TIMEOUT.as_nanos() as u64 {
+                if now_ns.saturating_sub(window.stop_ns()) > DRAIN_TIMEOUT.as_nanos() as u64 {
                     return Err(format!(
                         "{inflight} I/Os still outstanding {} s after the end of the run",
                         DRAIN_TIMEOUT.as_secs()
@@ -927,7 +824,7 @@ impl Client {
             }
         }
         self.done = done;
-        Ok((elapsed, cpu))
+        Ok((window.elapsed_ns(), window.probe_delta()))
     }
 
     /// One verify pass over every session's share of its URL's range.
@@ -991,10 +888,8 @@ impl Client {
                         let lat = now_ns.saturating_sub(j.submit_ns[slot]);
                         self.ios_total += 1;
                         self.lat_total += lat;
-                        self.run.add(lat, &mut self.hist);
-                        self.ios += 1;
+                        self.rec.record(lat, dir == Dir::Read);
                         if dir == Dir::Read {
-                            self.reads += 1;
                             let lba = j.conn.lba(slot);
                             let n = ((g.start + g.count - lba).min(g.io_blocks as u64)) as usize;
                             let data = &j.conn.buf(slot)[..n * bsz(&g)];
@@ -1445,7 +1340,7 @@ fn describe(plan: &Plan, infos: &[Option<SessionInfo>], geoms: &[Geometry]) -> S
         );
     }
     if plan.mode == Mode::Bench {
-        let mix = if matches!(plan.workload, Workload::Rw | Workload::Randrw) {
+        let mix = if plan.workload.mixed() {
             format!(" ({} % reads)", plan.read_pct)
         } else {
             String::new()
@@ -1736,21 +1631,6 @@ mod tests {
         let p = plan(&["--verify", "--lba-range", "900:4", U]).unwrap();
         let g = Geometry::resolve(&p, 512, 1000).unwrap();
         assert_eq!((g.units(true), g.unit(0)), (1, (900, 4)));
-    }
-
-    #[test]
-    fn opgen_sequential_and_mixed() {
-        let mut g = OpGen::new(Workload::Read, 100, 10, 1, 2, 0);
-        let u: Vec<u64> = (0..7).map(|_| g.next().1).collect();
-        assert_eq!(u, vec![5, 6, 7, 8, 9, 0, 1]);
-        let mut g = OpGen::new(Workload::Randrw, 70, 1 << 20, 0, 1, 3);
-        let reads = (0..100_000).filter(|_| g.next().0 == Dir::Read).count();
-        assert!((69_000..71_000).contains(&reads), "{reads}");
-        let mut g = OpGen::new(Workload::Randwrite, 0, 5, 0, 1, 3);
-        assert!((0..1000).all(|_| {
-            let (d, u) = g.next();
-            d == Dir::Write && u < 5
-        }));
     }
 
     #[test]

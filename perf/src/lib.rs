@@ -24,6 +24,7 @@ pub mod session;
 pub mod sys;
 pub mod url;
 pub mod verify;
+pub mod workload;
 
 /// Longest --time / --ramp of both modes: a week.
 pub const MAX_SECONDS: u64 = 7 * 24 * 3600;

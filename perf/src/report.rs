@@ -1,5 +1,6 @@
-//! Results of a benchmark run and how they are printed: one line per worker (reactor), then
-//! a total block; or one JSON object.
+//! What a benchmark worker measures ([`Recorder`], over a [`Window`]), the results of a run
+//! and how they are printed: one line per worker (reactor), then a total block; or one JSON
+//! object.
 //!
 //! Kept free of anything bdev-specific: the initiator mode (`riser-perf URL...`) hands in
 //! its client threads as workers (busy = the thread's CPU time) and formats its own summary.
@@ -17,6 +18,161 @@ pub const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
 pub fn new_histogram() -> Histogram<u64> {
     // Constant bounds that hdrhistogram always accepts (low >= 1, high >= 2 * low, sigfig <= 5).
     Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("constant histogram bounds are valid")
+}
+
+/// What a worker measures while its window is open: I/Os, reads, and their latencies in a
+/// histogram ([`new_histogram`]). Runs of equal latencies are recorded with one histogram
+/// call: on a device that completes a whole batch in one pass, a pass produces one run, so
+/// the histogram is touched once per pass instead of once per I/O.
+pub struct Recorder {
+    pub ios: u64,
+    /// Of which reads.
+    pub reads: u64,
+    hist: Histogram<u64>,
+    /// The run of equal latencies not recorded yet: (latency, count).
+    run: (u64, u64),
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            ios: 0,
+            reads: 0,
+            hist: new_histogram(),
+            run: (0, 0),
+        }
+    }
+}
+
+impl Recorder {
+    /// One completed I/O of `lat_ns`.
+    #[inline]
+    pub fn record(&mut self, lat_ns: u64, read: bool) {
+        self.ios += 1;
+        self.reads += read as u64;
+        if lat_ns == self.run.0 {
+            self.run.1 += 1;
+        } else {
+            self.flush();
+            self.run = (lat_ns, 1);
+        }
+    }
+
+    /// Records the pending run (at the end of the window).
+    pub fn flush(&mut self) {
+        if self.run.1 > 0 {
+            self.hist.saturating_record_n(self.run.0, self.run.1);
+            self.run.1 = 0;
+        }
+    }
+
+    /// The histogram of everything recorded (a fresh one is left in its place).
+    pub fn take_hist(&mut self) -> Histogram<u64> {
+        self.flush();
+        std::mem::replace(&mut self.hist, new_histogram())
+    }
+}
+
+/// The phases of a timed run, in ns from its start: load without measuring (the ramp),
+/// the measured window, then stopping (no new I/Os; those in flight drain). A probe
+/// (CPU time, reactor busy/idle time: two counters) is read as the window opens and closes.
+pub struct Window {
+    ramp_ns: u64,
+    end_ns: u64,
+    measuring: bool,
+    stopping: bool,
+    start_ns: u64,
+    stop_ns: u64,
+    elapsed_ns: u64,
+    probe_start: (u64, u64),
+    probe_end: (u64, u64),
+}
+
+impl Window {
+    /// `ramp` of load, then `time` measured.
+    pub fn new(ramp: std::time::Duration, time: std::time::Duration) -> Window {
+        let ramp_ns = ramp.as_nanos() as u64;
+        Window {
+            ramp_ns,
+            end_ns: ramp_ns + time.as_nanos() as u64,
+            measuring: false,
+            stopping: false,
+            start_ns: 0,
+            stop_ns: 0,
+            elapsed_ns: 0,
+            probe_start: (0, 0),
+            probe_end: (0, 0),
+        }
+    }
+
+    /// Moves on to `now_ns`: opens the window once the ramp is over, stops at the end of the
+    /// time or, before that, as soon as `abort()` says so. True when it stopped now.
+    #[inline]
+    pub fn tick(
+        &mut self,
+        now_ns: u64,
+        abort: impl FnOnce() -> bool,
+        mut probe: impl FnMut() -> (u64, u64),
+    ) -> bool {
+        if self.stopping {
+            return false;
+        }
+        if !self.measuring && now_ns >= self.ramp_ns {
+            self.measuring = true;
+            self.start_ns = now_ns;
+            self.probe_start = probe();
+        }
+        if now_ns >= self.end_ns || abort() {
+            return self.stop(now_ns, probe);
+        }
+        false
+    }
+
+    /// Stops now (the end, or an error): closes the window if it is open. False when it was
+    /// stopping already.
+    pub fn stop(&mut self, now_ns: u64, mut probe: impl FnMut() -> (u64, u64)) -> bool {
+        if self.stopping {
+            return false;
+        }
+        self.stopping = true;
+        self.stop_ns = now_ns;
+        if self.measuring {
+            self.measuring = false;
+            self.elapsed_ns = now_ns - self.start_ns;
+            self.probe_end = probe();
+        }
+        true
+    }
+
+    /// Within the measured window: completions count.
+    #[inline]
+    pub fn measuring(&self) -> bool {
+        self.measuring
+    }
+
+    /// Stopped: no new I/Os.
+    #[inline]
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// When it stopped.
+    pub fn stop_ns(&self) -> u64 {
+        self.stop_ns
+    }
+
+    /// The length of the measured window (0 if it never opened).
+    pub fn elapsed_ns(&self) -> u64 {
+        self.elapsed_ns
+    }
+
+    /// How much each of the probe's counters moved over the window.
+    pub fn probe_delta(&self) -> (u64, u64) {
+        (
+            self.probe_end.0.saturating_sub(self.probe_start.0),
+            self.probe_end.1.saturating_sub(self.probe_start.1),
+        )
+    }
 }
 
 /// What one worker (a reactor) measured over its measurement window.
