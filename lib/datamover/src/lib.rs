@@ -3,8 +3,11 @@
 //!
 //! * [`tcp`]: traditional iSCSI on a byte stream: Data-In, R2T and Data-Out PDUs, digests.
 //! * [`iser`]: iSCSI Extensions for RDMA (RFC 7145).
+//! * `mem` (feature `test-util`): in memory, for tests of everything above the datamover.
 
 pub mod iser;
+#[cfg(any(test, feature = "test-util"))]
+pub mod mem;
 pub mod tcp;
 
 pub use iser::portal::IserPortal;

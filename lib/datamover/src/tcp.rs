@@ -10,8 +10,9 @@ pub mod portal;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::rc::Rc;
+use std::time::Duration;
 
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
@@ -24,6 +25,36 @@ use riser_iscsi::serial::{Itt, Sn, Ttt};
 const MAX_READ_PER_POLL: usize = 1 << 20;
 /// Most iovecs in one writev.
 const MAX_IOV: usize = 64;
+
+/// The byte stream under iSCSI: a TCP socket, or an in-memory pipe in tests
+/// (`crate::mem`). Blocking reads with a timeout during login, non-blocking in full-feature
+/// phase.
+pub trait ByteStream: Read + Write + Send + 'static {
+    /// Blocking reads that give up after `timeout` (login phase).
+    fn set_read_timeout(&mut self, timeout: Duration) -> std::io::Result<()>;
+    /// Reads and writes that never block (full-feature phase, on a reactor).
+    fn set_nonblocking(&mut self) -> std::io::Result<()>;
+    /// Closes both directions.
+    fn shutdown(&mut self);
+    fn peer_addr(&self) -> Option<SocketAddr>;
+}
+
+impl ByteStream for TcpStream {
+    fn set_read_timeout(&mut self, timeout: Duration) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, Some(timeout))
+    }
+    fn set_nonblocking(&mut self) -> std::io::Result<()> {
+        TcpStream::set_nonblocking(self, true)?;
+        let _ = self.set_nodelay(true);
+        Ok(())
+    }
+    fn shutdown(&mut self) {
+        let _ = TcpStream::shutdown(self, Shutdown::Both);
+    }
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        TcpStream::peer_addr(self).ok()
+    }
+}
 
 /// A piece of the send queue.
 enum Chunk {
@@ -63,8 +94,9 @@ struct Solicit {
     sn: SnState,
 }
 
-pub struct TcpDatamover {
-    sock: TcpStream,
+/// The datamover of one connection over a byte stream (a TCP socket by default).
+pub struct TcpDatamover<S: ByteStream = TcpStream> {
+    sock: S,
     framer: Framer,
     params: DatamoverParams,
     digests: Digests,
@@ -78,11 +110,10 @@ pub struct TcpDatamover {
     rxbuf: Vec<u8>,
 }
 
-impl TcpDatamover {
+impl<S: ByteStream> TcpDatamover<S> {
     /// Takes over a logged-in connection. `leftover`: bytes read past the final login PDU.
-    pub fn new(sock: TcpStream, leftover: &[u8]) -> std::io::Result<TcpDatamover> {
-        sock.set_nonblocking(true)?;
-        let _ = sock.set_nodelay(true);
+    pub fn new(mut sock: S, leftover: &[u8]) -> std::io::Result<TcpDatamover<S>> {
+        sock.set_nonblocking()?;
         let mut framer = Framer::new();
         framer.feed(leftover);
         Ok(TcpDatamover {
@@ -101,7 +132,7 @@ impl TcpDatamover {
     }
 
     pub fn peer(&self) -> Option<std::net::SocketAddr> {
-        self.sock.peer_addr().ok()
+        self.sock.peer_addr()
     }
 
     fn push_pdu(&mut self, pdu: &Pdu) {
@@ -357,7 +388,7 @@ impl TcpDatamover {
     }
 }
 
-impl Datamover for TcpDatamover {
+impl<S: ByteStream> Datamover for TcpDatamover<S> {
     fn send_control(&mut self, pdu: Pdu) {
         self.push_pdu(&pdu);
     }
@@ -455,7 +486,7 @@ impl Datamover for TcpDatamover {
             work += self.write_socket(events);
         }
         if self.terminating && self.tx.is_empty() && !self.dead {
-            let _ = self.sock.shutdown(Shutdown::Both);
+            self.sock.shutdown();
             self.dead = true;
             events.push(DmEvent::Terminated("connection closed".into()));
             work += 1;
@@ -471,7 +502,8 @@ impl Datamover for TcpDatamover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use riser_iscsi::pdu::{DataOut, ScsiResponse};
+    use riser_iscsi::pdu::ScsiResponse;
+    use riser_iscsi::testing::{data_out, scsi_response};
     use std::net::TcpListener;
     use std::time::{Duration, Instant};
 
@@ -499,23 +531,9 @@ mod tests {
     }
 
     fn response(status: u8, sense: bool) -> Pdu {
+        let sn = SnState { stat_sn: Sn(77), exp_cmd_sn: Sn(3), max_cmd_sn: Sn(9) };
         Pdu::with_data(
-            Op::ScsiResponse(ScsiResponse {
-                bidi_read_residual_overflow: false,
-                bidi_read_residual_underflow: false,
-                residual_overflow: false,
-                residual_underflow: true,
-                response: 0,
-                status,
-                itt: Itt(5),
-                snack_tag: 0,
-                stat_sn: Sn(77),
-                exp_cmd_sn: Sn(3),
-                max_cmd_sn: Sn(9),
-                exp_data_sn: Sn(0),
-                bidi_read_residual_count: 0,
-                residual_count: 512,
-            }),
+            Op::ScsiResponse(ScsiResponse { residual_underflow: true, residual_count: 512, ..scsi_response(Itt(5), status, sn) }),
             if sense { vec![0, 2, 0x70, 0] } else { Vec::new() },
         )
     }
@@ -563,7 +581,7 @@ mod tests {
         let mut f = Framer::new();
         let answer = |c: &mut TcpStream, ttt: Ttt, sn: u32, off: u32, fill: u8| {
             let p = Pdu::with_data(
-                Op::DataOut(DataOut { final_bit: true, lun: Lun(0), itt: Itt(9), ttt, exp_stat_sn: Sn(0), data_sn: Sn(sn), buffer_offset: off }),
+                Op::DataOut(data_out(Itt(9), ttt, Sn(sn), off)),
                 vec![fill; 4096],
             );
             c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();
@@ -602,7 +620,7 @@ mod tests {
         let r2t = read_pdus(&mut c, &mut f, 1).remove(0);
         let Op::R2t(r) = r2t.bhs.op else { panic!("expected R2T") };
         let p = Pdu::with_data(
-            Op::DataOut(DataOut { final_bit: true, lun: Lun(0), itt: Itt(10), ttt: r.ttt, exp_stat_sn: Sn(0), data_sn: Sn(5), buffer_offset: 0 }),
+            Op::DataOut(data_out(Itt(10), r.ttt, Sn(5), 0)),
             vec![0u8; 4096],
         );
         c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();

@@ -3,7 +3,7 @@
 //! full-feature phase is read here and lost; Enable_Datamover turns the socket into a
 //! [`TcpDatamover`].
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use riser_iscsi::login::{
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{Digests, Pdu};
 
-use super::TcpDatamover;
+use super::{ByteStream, TcpDatamover};
 
 /// How long the accept loop sleeps when no connection is waiting.
 const ACCEPT_IDLE: Duration = Duration::from_millis(10);
@@ -65,22 +65,23 @@ fn accept_loop(l: TcpListener, portal: PortalSpec, sink: Arc<dyn LoginSink>, sto
     }
 }
 
-/// One TCP connection during login (blocking reads with the login's deadline).
-pub struct TcpLogin {
-    sock: TcpStream,
+/// One TCP connection during login (blocking reads with the login's deadline); over any
+/// [`ByteStream`] (the in-memory one of `crate::mem` in tests).
+pub struct TcpLogin<S: ByteStream = TcpStream> {
+    sock: S,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     framer: Framer,
     buf: Vec<u8>,
 }
 
-impl TcpLogin {
-    pub fn new(sock: TcpStream, peer: SocketAddr, local: Option<SocketAddr>) -> TcpLogin {
+impl<S: ByteStream> TcpLogin<S> {
+    pub fn new(sock: S, peer: SocketAddr, local: Option<SocketAddr>) -> TcpLogin<S> {
         TcpLogin { sock, peer, local, framer: Framer::with_limits(FramerLimits::LOGIN), buf: vec![0u8; 16 * 1024] }
     }
 }
 
-impl LoginTransport for TcpLogin {
+impl<S: ByteStream> LoginTransport for TcpLogin<S> {
     fn kind(&self) -> Transport {
         Transport::Tcp
     }
@@ -110,7 +111,7 @@ impl LoginTransport for TcpLogin {
             if now >= deadline {
                 return Err(TransportError::TimedOut);
             }
-            let _ = self.sock.set_read_timeout(Some(deadline - now));
+            let _ = self.sock.set_read_timeout(deadline - now);
             // Read exactly what the next PDU needs, so nothing of full-feature phase is read
             // here and lost.
             let want = self.framer.bytes_needed().clamp(1, self.buf.len());

@@ -1,0 +1,224 @@
+//! In memory, for tests of everything above the datamover (the login driver, the connection
+//! glue, the iSCSI layer, SCSI): a portal that takes "connections" from a test instead of a
+//! socket, each an in-memory duplex byte pipe carrying iSCSI PDUs exactly as TCP would. The
+//! server end runs the real TCP login transport and datamover over it (`TcpLogin`,
+//! `TcpDatamover`); the test end is a [`MemClient`] that sends and receives whole PDUs.
+//! No sockets, no RDMA: deterministic and fast.
+//!
+//! Behind the `test-util` feature (as tokio does).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use riser_iscsi::framer::Framer;
+use riser_iscsi::login::{LoginSink, PortalSpec, PortalTransport};
+use riser_iscsi::negotiate::Transport;
+use riser_iscsi::pdu::{Digests, Pdu};
+
+use crate::tcp::portal::TcpLogin;
+use crate::tcp::ByteStream;
+
+/// One direction of a pipe.
+#[derive(Default)]
+struct Half {
+    bytes: VecDeque<u8>,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Pipe {
+    half: Mutex<Half>,
+    ready: Condvar,
+}
+
+impl Pipe {
+    fn lock(&self) -> MutexGuard<'_, Half> {
+        self.half.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One end of an in-memory duplex byte stream.
+pub struct MemStream {
+    rx: Arc<Pipe>,
+    tx: Arc<Pipe>,
+    peer: SocketAddr,
+    /// None: never block; Some: block at most this long.
+    read_timeout: Option<Duration>,
+}
+
+/// Two connected ends: bytes written to one are read from the other.
+pub fn stream_pair(a: SocketAddr, b: SocketAddr) -> (MemStream, MemStream) {
+    let (p, q) = (Arc::new(Pipe::default()), Arc::new(Pipe::default()));
+    (
+        MemStream { rx: p.clone(), tx: q.clone(), peer: b, read_timeout: Some(Duration::from_secs(5)) },
+        MemStream { rx: q, tx: p, peer: a, read_timeout: Some(Duration::from_secs(5)) },
+    )
+}
+
+impl Read for MemStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let deadline = self.read_timeout.map(|t| Instant::now() + t);
+        let mut h = self.rx.lock();
+        loop {
+            if !h.bytes.is_empty() {
+                let n = buf.len().min(h.bytes.len());
+                for (d, s) in buf.iter_mut().zip(h.bytes.drain(..n)) {
+                    *d = s;
+                }
+                return Ok(n);
+            }
+            if h.closed {
+                return Ok(0);
+            }
+            let Some(deadline) = deadline else {
+                return Err(ErrorKind::WouldBlock.into());
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            h = self.rx.ready.wait_timeout(h, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+impl Write for MemStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut h = self.tx.lock();
+        if h.closed {
+            return Err(ErrorKind::BrokenPipe.into());
+        }
+        h.bytes.extend(buf);
+        self.tx.ready.notify_all();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ByteStream for MemStream {
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        self.read_timeout = Some(timeout);
+        Ok(())
+    }
+
+    fn set_nonblocking(&mut self) -> io::Result<()> {
+        self.read_timeout = None;
+        Ok(())
+    }
+
+    fn shutdown(&mut self) {
+        for p in [&self.rx, &self.tx] {
+            p.lock().closed = true;
+            p.ready.notify_all();
+        }
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        Some(self.peer)
+    }
+}
+
+impl Drop for MemStream {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The portals of an in-memory "network": the server listens through it like through TCP
+/// (it negotiates as TCP), tests connect with [`MemPortal::connect`]. Clone it to keep a
+/// handle for connecting after giving it to the server.
+#[derive(Clone, Default)]
+pub struct MemPortal {
+    listening: Arc<Mutex<HashMap<SocketAddr, (PortalSpec, Arc<dyn LoginSink>, Arc<AtomicBool>)>>>,
+}
+
+impl PortalTransport for MemPortal {
+    fn kind(&self) -> Transport {
+        Transport::Tcp
+    }
+
+    fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String> {
+        let mut l = self.listening.lock().unwrap_or_else(|p| p.into_inner());
+        l.insert(portal.addr, (portal, sink, stop));
+        Ok(())
+    }
+}
+
+impl MemPortal {
+    /// Connects from `from` to the portal listening on `to`; the server starts its login.
+    pub fn connect(&self, from: SocketAddr, to: SocketAddr) -> io::Result<MemClient> {
+        let (portal, sink) = {
+            let mut l = self.listening.lock().unwrap_or_else(|p| p.into_inner());
+            l.retain(|_, (_, _, stop)| !stop.load(std::sync::atomic::Ordering::Acquire));
+            let (portal, sink, _) = l.get(&to).ok_or(ErrorKind::ConnectionRefused)?;
+            (*portal, sink.clone())
+        };
+        let (server, client) = stream_pair(to, from);
+        if !sink.accept(portal, Box::new(TcpLogin::new(server, from, Some(to)))) {
+            return Err(ErrorKind::ConnectionRefused.into());
+        }
+        Ok(MemClient { stream: client, framer: Framer::new(), digests: Digests::default() })
+    }
+}
+
+/// The initiator's end of an in-memory connection: whole PDUs in and out.
+pub struct MemClient {
+    stream: MemStream,
+    framer: Framer,
+    digests: Digests,
+}
+
+impl MemClient {
+    /// Sends one PDU.
+    pub fn send(&mut self, pdu: &Pdu) -> io::Result<()> {
+        let bytes = pdu.to_bytes(self.digests).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+        self.stream.write_all(&bytes)
+    }
+
+    /// Sends raw bytes (a malformed PDU, say).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// The next PDU, waiting at most `timeout`. None: the target closed the connection.
+    pub fn recv(&mut self, timeout: Duration) -> io::Result<Option<Pdu>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.framer.next_pdu() {
+                Ok(Some(p)) => return Ok(Some(p)),
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(ErrorKind::InvalidData, e.to_string())),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            self.stream.read_timeout = Some(deadline - now);
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => self.framer.feed(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::TimedOut => return Err(e),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the target has closed the connection and everything it sent was read.
+    pub fn closed(&self) -> bool {
+        let h = self.stream.rx.lock();
+        h.closed && h.bytes.is_empty()
+    }
+
+    /// Closes the connection (the initiator disconnects).
+    pub fn close(mut self) {
+        self.stream.shutdown();
+    }
+}
