@@ -41,3 +41,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   apt-get install -y -qq cargo rustc >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo is still missing" >&2; exit 1; }
+# The workspace's rust-version (Cargo.toml): what the locked dependencies need.
+need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
+have=$(rustc --version | awk '{print $2}')
+if [ -n "$need" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" != "$need" ]; then
+  echo "setup.sh: rustc $have is older than the $need riser needs (Cargo.toml rust-version); install a newer toolchain (rustup) and put it first in PATH" >&2
+  exit 1
+fi
