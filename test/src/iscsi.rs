@@ -7,10 +7,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use riser_iscsi::framer::{Framer, FramerLimits};
-use riser_iscsi::pdu::{
-    Bhs, Digests, Isid, LoginRequest, Lun, NopOut, Op, Pdu, ScsiCommand, Stage, TextRequest, BHS_LEN,
-};
-use riser_iscsi::serial::{Itt, Sn, Ttt};
+use riser_iscsi::pdu::{Bhs, Digests, Isid, LoginRequest, NopOut, Op, Pdu, ScsiCommand, Stage, TextRequest, BHS_LEN};
+use riser_iscsi::serial::{Itt, Sn};
+use riser_iscsi::testing::{nop_out, read10, scsi_command, text_request, write10};
 use riser_iscsi::text::{encode_pairs, parse_pairs, Pairs};
 
 pub const INITIATOR: &str = "iqn.2024-01.io.riser.test:initiator";
@@ -182,24 +181,8 @@ impl Client {
 
     pub fn scsi_command(&mut self, cdb: &[u8], read: bool, write: bool, edtl: u32, data: Vec<u8>) -> Pdu {
         let itt = self.itt();
-        let mut c = [0u8; 16];
-        c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
-        let pdu = Pdu::with_data(
-            Op::ScsiCommand(ScsiCommand {
-                immediate: false,
-                final_bit: true,
-                read,
-                write,
-                attr: 1,
-                lun: Lun(0),
-                itt,
-                expected_data_transfer_length: edtl,
-                cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
-                cdb: c,
-            }),
-            data,
-        );
+        let cmd = ScsiCommand { exp_stat_sn: self.exp_stat_sn, ..scsi_command(itt, self.cmd_sn, read, write, edtl, cdb) };
+        let pdu = Pdu::with_data(Op::ScsiCommand(cmd), data);
         self.cmd_sn = self.cmd_sn.next();
         pdu
     }
@@ -208,10 +191,7 @@ impl Client {
     /// returns the SCSI status.
     pub fn write10(&mut self, lba: u32, data: &[u8]) -> Option<u8> {
         let blocks = (data.len() / 512) as u16;
-        let mut cdb = [0u8; 10];
-        cdb[0] = 0x2a;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let cdb = write10(lba, blocks);
         let pdu = self.scsi_command(&cdb, false, true, data.len() as u32, data.to_vec());
         self.send(&pdu).ok()?;
         self.wait_status()
@@ -219,10 +199,7 @@ impl Client {
 
     /// READ(10); returns (status, data).
     pub fn read10(&mut self, lba: u32, blocks: u16) -> Option<(u8, Vec<u8>)> {
-        let mut cdb = [0u8; 10];
-        cdb[0] = 0x28;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let cdb = read10(lba, blocks);
         let pdu = self.scsi_command(&cdb, true, false, blocks as u32 * 512, Vec::new());
         self.send(&pdu).ok()?;
         self.reply().map(|r| (r.status, r.data))
@@ -281,10 +258,8 @@ impl Client {
 
     pub fn nop(&mut self, ping: &[u8]) -> Option<Vec<u8>> {
         let itt = self.itt();
-        let pdu = Pdu::with_data(
-            Op::NopOut(NopOut { immediate: true, lun: Lun(0), itt, ttt: Ttt::RESERVED, cmd_sn: self.cmd_sn, exp_stat_sn: self.exp_stat_sn }),
-            ping.to_vec(),
-        );
+        let nop = NopOut { exp_stat_sn: self.exp_stat_sn, ..nop_out(itt, self.cmd_sn) };
+        let pdu = Pdu::with_data(Op::NopOut(nop), ping.to_vec());
         self.send(&pdu).ok()?;
         loop {
             let p = self.recv()?;
@@ -298,19 +273,8 @@ impl Client {
 
     pub fn text(&mut self, continue_bit: bool, data: &[u8]) -> Pdu {
         let itt = self.itt();
-        Pdu::with_data(
-            Op::TextRequest(TextRequest {
-                immediate: true,
-                final_bit: !continue_bit,
-                continue_bit,
-                lun: Lun(0),
-                itt,
-                ttt: Ttt::RESERVED,
-                cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
-            }),
-            data.to_vec(),
-        )
+        let text = TextRequest { exp_stat_sn: self.exp_stat_sn, ..text_request(itt, self.cmd_sn, continue_bit) };
+        Pdu::with_data(Op::TextRequest(text), data.to_vec())
     }
 }
 

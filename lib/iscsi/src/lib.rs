@@ -16,7 +16,8 @@
 //! | [`params`] | the table of every login/text key, `SessionParams`, `ConnectionParams` |
 //! | [`negotiate`] | the target-side negotiator (`Negotiator`, `TargetConfig`) |
 //! | [`login`] | the target-side login state machine of one connection (`Login`, `LoginPolicy`, `Authenticator`) |
-//! | [`ffp`] | full feature phase: the connection/session state machine and the Datamover trait |
+//! | [`ffp`] | full feature phase: the connection/session state machine, the Datamover trait, `connection_config` |
+//! | `testing` | builders of common PDU headers for tests (feature `test-util`) |
 //!
 //! A connection's life: feed bytes to a [`Framer`] (TCP) or decode each received message
 //! with [`Pdu::decode_message`] (iSER); give Login Requests to a [`Login`] until it reports
@@ -33,6 +34,8 @@ pub mod params;
 pub mod pdu;
 pub mod serial;
 pub mod text;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 
 pub use framer::{ErrorAction, FrameError, Framer, FramerLimits};
 pub use login::{

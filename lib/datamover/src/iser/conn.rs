@@ -684,9 +684,10 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use riser_iscsi::pdu::{Lun, ScsiCommand, ScsiResponse};
-    use riser_iscsi::serial::Sn;
     use riser_iscsi::ffp::SnState;
+    use riser_iscsi::pdu::Lun;
+    use riser_iscsi::serial::Sn;
+    use riser_iscsi::testing::{scsi_command, scsi_response};
 
     /// An in-memory "initiator" at the other end of the QP: it owns a read buffer and a
     /// write buffer (registered as STags 0x11 / 0x22). Work requests are only recorded;
@@ -792,43 +793,14 @@ mod tests {
         let mut hb = [0u8; ISER_HDR_LEN];
         h.write(&mut hb);
         msg.copy_from_slice(&hb);
-        let pdu = Pdu::with_data(
-            Op::ScsiCommand(ScsiCommand {
-                immediate: false,
-                final_bit: true,
-                read,
-                write,
-                attr: 1,
-                lun: Lun(0),
-                itt: Itt(itt),
-                expected_data_transfer_length: edtl,
-                cmd_sn: Sn(1),
-                exp_stat_sn: Sn(0),
-                cdb: [0; 16],
-            }),
-            imm,
-        );
+        let pdu = Pdu::with_data(Op::ScsiCommand(scsi_command(Itt(itt), Sn(1), read, write, edtl, &[])), imm);
         pdu.encode_message(&mut msg).unwrap();
         msg
     }
 
     fn response(itt: u32) -> Pdu {
-        Pdu::new(Op::ScsiResponse(ScsiResponse {
-            bidi_read_residual_overflow: false,
-            bidi_read_residual_underflow: false,
-            residual_overflow: false,
-            residual_underflow: false,
-            response: 0,
-            status: 0,
-            itt: Itt(itt),
-            snack_tag: 0,
-            stat_sn: Sn(5),
-            exp_cmd_sn: Sn(2),
-            max_cmd_sn: Sn(9),
-            exp_data_sn: Sn(0),
-            bidi_read_residual_count: 0,
-            residual_count: 0,
-        }))
+        let sn = SnState { stat_sn: Sn(5), exp_cmd_sn: Sn(2), max_cmd_sn: Sn(9) };
+        Pdu::new(Op::ScsiResponse(scsi_response(Itt(itt), 0, sn)))
     }
 
     #[test]

@@ -1,23 +1,14 @@
 //! Unit tests of the full-feature phase state machine.
 
 use super::*;
-use crate::pdu::{DataOut, LogoutRequest, NopOut, TaskMgmtRequest};
+use crate::pdu::{LogoutRequest, TaskMgmtRequest};
+use crate::testing::{data_out, nop_out, read10, scsi_command, text_request};
 use std::time::Duration;
 
+/// A command whose CDB is READ(10) of one block (whatever the direction: the CDB is the SCSI
+/// layer's business).
 fn cmd(itt: u32, cmd_sn: u32, read: bool, write: bool, edtl: u32) -> ScsiCommand {
-    ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read,
-        write,
-        attr: 1,
-        lun: Lun(0),
-        itt: Itt(itt),
-        expected_data_transfer_length: edtl,
-        cmd_sn: Sn(cmd_sn),
-        exp_stat_sn: Sn(0),
-        cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
-    }
+    scsi_command(Itt(itt), Sn(cmd_sn), read, write, edtl, &read10(0, 1))
 }
 
 fn ffp(cfg: FfpConfig) -> (Ffp, Instant) {
@@ -101,15 +92,7 @@ fn write_with_immediate_unsolicited_and_solicited_data() {
     c.final_bit = false;
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![1u8; 1024]), now);
     assert!(drain(&mut f).is_empty(), "waits for unsolicited Data-Out");
-    let d = DataOut {
-        final_bit: true,
-        lun: Lun(0),
-        itt: Itt(5),
-        ttt: Ttt::RESERVED,
-        exp_stat_sn: Sn(0),
-        data_sn: Sn(0),
-        buffer_offset: 1024,
-    };
+    let d = data_out(Itt(5), Ttt::RESERVED, Sn(0), 1024);
     f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![2u8; 1024]), now);
     let a = drain(&mut f);
     let Action::GetData(g) = &a[0] else { panic!("expected GetData") };
@@ -129,15 +112,7 @@ fn bad_unsolicited_data_sn_fails_the_command_not_the_connection() {
     let mut c = cmd(6, 10, false, true, 4096);
     c.final_bit = false;
     f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
-    let d = DataOut {
-        final_bit: true,
-        lun: Lun(0),
-        itt: Itt(6),
-        ttt: Ttt::RESERVED,
-        exp_stat_sn: Sn(0),
-        data_sn: Sn(3),
-        buffer_offset: 0,
-    };
+    let d = data_out(Itt(6), Ttt::RESERVED, Sn(3), 0);
     f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![0u8; 512]), now);
     let a = drain(&mut f);
     let Op::ScsiResponse(r) = &sent(&a[0]).bhs.op else { panic!() };
@@ -153,7 +128,7 @@ fn nop_echo_ping_and_timeout() {
         nop_timeout: Duration::from_secs(10),
         ..Default::default()
     });
-    let nop = NopOut { immediate: true, lun: Lun(0), itt: Itt(9), ttt: Ttt::RESERVED, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    let nop = nop_out(Itt(9), Sn(10));
     f.on_pdu(Pdu::with_data(Op::NopOut(nop), b"ping".to_vec()), now);
     let a = drain(&mut f);
     assert_eq!(sent(&a[0]).data, b"ping");
@@ -220,7 +195,7 @@ fn text_with_continue_and_no_data_is_harmless() {
     }
     let (mut f, now) = ffp(FfpConfig::default());
     f.set_responder(Box::new(R));
-    let t = crate::pdu::TextRequest { immediate: true, final_bit: false, continue_bit: true, lun: Lun(0), itt: Itt(4), ttt: Ttt::RESERVED, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    let t = text_request(Itt(4), Sn(10), true);
     f.on_pdu(Pdu::new(Op::TextRequest(t.clone())), now);
     let a = drain(&mut f);
     assert!(matches!(sent(&a[0]).bhs.op, Op::TextResponse(_)));
@@ -252,7 +227,7 @@ fn commands_failed_in_the_iscsi_layer_carry_fixed_sense() {
     let mut c = cmd(6, 10, false, true, 4096);
     c.final_bit = false;
     f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
-    let d = DataOut { final_bit: true, lun: Lun(0), itt: Itt(6), ttt: Ttt::RESERVED, exp_stat_sn: Sn(0), data_sn: Sn(0), buffer_offset: 512 };
+    let d = data_out(Itt(6), Ttt::RESERVED, Sn(0), 512);
     f.on_pdu(Pdu::with_data(Op::DataOut(d), vec![0u8; 512]), now);
     let a = drain(&mut f);
     assert_eq!(sent(&a[0]).data, fixed_sense_segment(0x0b, 0x4b, 0x00));
