@@ -326,7 +326,9 @@ impl LunChannel {
         self.seen.remove(&nexus.id);
     }
 
-    /// Starts a task. Its result comes from a later [`poll`](Self::poll).
+    /// Starts a task. Its result comes from a later [`poll`](Self::poll). REPORT LUNS is
+    /// answered at target level (by a [`DeviceChannel`](crate::DeviceChannel)); a LUN
+    /// channel refuses it as an invalid operation code.
     pub fn submit(&mut self, task: ScsiTask) {
         let lun = self.lun.clone();
         let dsense = lun.mode_bits() & MODE_DSENSE != 0;

@@ -10,28 +10,36 @@
 //!   ever come from `poll`, even for emulated commands). Abort with
 //!   [`abort_task`](LunChannel::abort_task), [`abort_nexus`](LunChannel::abort_nexus),
 //!   [`abort_all`](LunChannel::abort_all).
-//! * [`target`] — REPORT LUNS for the whole target, LUN field encoding, and the answers for
-//!   a LUN number that does not exist.
+//! * [`ScsiDevice`] — the LUN map of one target (SPDK's `spdk_scsi_dev`): LUN numbers
+//!   ([`LunId`], the 8-byte LUN field), REPORT LUNS, and the answers for a LUN number the
+//!   target does not have.
+//! * [`DeviceChannel`] — the per-connection executor for one [`ScsiDevice`]: routes each
+//!   task to its LUN's [`LunChannel`] (opened on first use) or answers it at target level.
 //!
 //! # How the iSCSI layer uses it
 //!
-//! 1. Per session, one [`Nexus`] (`Arc`) built from the initiator name + ISID and the
-//!    target name + portal group tag.
-//! 2. Per SCSI Command PDU: decode the LUN ([`target::decode_lun`]); REPORT LUNS
-//!    ([`target::is_target_level`]) goes to [`target::report_luns`]; a LUN the target does
-//!    not have goes to [`target::no_such_lun`]; anything else becomes a [`ScsiTask`] (with
-//!    the gathered Data-Out in `data_out`) submitted to that LUN's [`LunChannel`] on this
-//!    reactor.
-//! 3. Each poll pass: [`LunChannel::poll`]; for each [`ScsiResult`] send `data()` as
+//! 1. Per target, one [`ScsiDevice`] (`Arc`), built on the control plane from the target's
+//!    LUNs and replaced as a whole when the LUN map changes
+//!    ([`ScsiDevice::announce_luns`] queues REPORTED LUNS DATA HAS CHANGED where the set
+//!    changed).
+//! 2. Per session, one [`Nexus`] (`Arc`) built from the initiator name + ISID and the
+//!    target name + portal group tag; per connection, one [`DeviceChannel`] on its
+//!    reactor ([`DeviceChannel::set_device`] when the LUN map changes).
+//! 3. Per SCSI Command PDU: a [`ScsiTask`] (LUN number from [`LunId::from_field`], the
+//!    gathered Data-Out in `data_out`) to [`DeviceChannel::submit`].
+//! 4. Each poll pass: [`DeviceChannel::poll`]; for each [`ScsiResult`] send `data()` as
 //!    Data-In, then the SCSI Response with `status`, `sense` and `residual` (skip results
 //!    with `aborted` set: they only say the task is gone).
-//! 4. Task management: ABORT TASK → `abort_task`; ABORT/CLEAR TASK SET → `abort_nexus`;
-//!    LOGICAL UNIT RESET → `abort_all` on every reactor's channel of that LUN and
-//!    [`Lun::reset`] once; session end → `abort_nexus`, [`LunChannel::forget_nexus`] and
-//!    [`Lun::nexus_lost`] once; LUN map change → [`Lun::set_target_luns`] on every LUN of
-//!    the target.
+//! 5. Task management: ABORT TASK → [`DeviceChannel::abort_task`]; LOGICAL UNIT RESET →
+//!    [`DeviceChannel::reset_lun`]; target reset → [`DeviceChannel::reset_target`];
+//!    connection end → [`DeviceChannel::teardown`]. Each resets the shared LUN state
+//!    ([`Lun::reset`], [`Lun::nexus_lost`]) and aborts this connection's tasks.
+//!
+//! [`target`] holds the free functions the iSCSI glue used before [`DeviceChannel`]; they
+//! go once it uses [`DeviceChannel`].
 
 pub mod cdb;
+mod device;
 mod exec;
 mod inquiry;
 mod lock;
@@ -47,6 +55,7 @@ mod task;
 mod xcopy;
 
 pub use cdb::Cdb;
+pub use device::{BufAllocFactory, DeviceChannel, LunId, ScsiDevice};
 pub use exec::{BufAlloc, LunChannel};
 pub use inquiry::{MAX_CAW_BLOCKS, MAX_TRANSFER_BYTES};
 pub use lun::{Lun, LunConfig, ResetKind, IEEE_COMPANY_ID};

@@ -202,7 +202,8 @@ pub struct Lun {
     /// A running sanitize operation lost the executor that drove it (its connection
     /// ended): the next executor to poll takes it over.
     pub(crate) sanitize_orphan: AtomicBool,
-    /// LUN numbers of the target this LUN belongs to, for REPORT LUNS.
+    /// LUN numbers of the target this LUN belongs to, as last told: a change raises
+    /// REPORTED LUNS DATA HAS CHANGED.
     target_luns: Mutex<Vec<u64>>,
 }
 
@@ -429,9 +430,11 @@ impl Lun {
 }
 
 impl Lun {
-    /// Tells the LUN which LUN numbers its target exports (for REPORT LUNS through a
-    /// [`LunChannel`](crate::LunChannel)). When the set changes after it was first given,
-    /// every nexus gets REPORTED LUNS DATA HAS CHANGED (SPC-4 6.33, SAM-5 5.14).
+    /// Tells the LUN which LUN numbers its target exports (REPORT LUNS itself is answered
+    /// by the [`ScsiDevice`](crate::ScsiDevice); see
+    /// [`ScsiDevice::announce_luns`](crate::ScsiDevice::announce_luns)). When the set
+    /// changes after it was first given, every nexus gets REPORTED LUNS DATA HAS CHANGED
+    /// (SPC-4 6.33, SAM-5 5.14).
     pub fn set_target_luns(&self, luns: &[u64]) {
         let mut ids = luns.to_vec();
         ids.sort_unstable();
@@ -447,7 +450,8 @@ impl Lun {
         }
     }
 
-    /// The target's LUN numbers (this LUN's own number until told otherwise).
+    /// The target's LUN numbers as last given to [`set_target_luns`](Self::set_target_luns)
+    /// (this LUN's own number until told otherwise).
     pub fn target_luns(&self) -> Vec<u64> {
         let cur = self.target_luns.lock().unwrap_or_else(|e| e.into_inner());
         if cur.is_empty() {

@@ -48,10 +48,6 @@ impl LunChannel {
             lun.refresh_attn(&st);
             return Err(CmdError::check(SenseKey::UnitAttention, asc));
         }
-        if opc == op::REPORT_LUNS {
-            // Reporting the LUN inventory clears its change notice (SPC-4 6.33).
-            n.ua.retain(|a| *a != Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
-        }
         // The nexus may be new (POWER ON queued above): keep the fast-path flags exact.
         lun.refresh_attn(&st);
         if attn & ATTN_SANITIZE != 0 {
@@ -111,10 +107,9 @@ impl LunChannel {
                 crate::mode::mode_select(&lun, ctx.nexus, &cdb, p)?;
                 Ok(Action::Good)
             }
-            op::REPORT_LUNS => {
-                let v = crate::target::report_luns_data(&cdb, &lun.target_luns())?;
-                Ok(Action::Data(v, cdb.be32(6) as usize))
-            }
+            // A target-level command: the device answers it (it knows the LUN map), so a
+            // LUN channel only sees it when used on its own, without a DeviceChannel.
+            op::REPORT_LUNS => Err(CmdError::invalid_opcode()),
             op::MAINTENANCE_IN => match cdb.service_action() {
                 op::MI_REPORT_SUPPORTED_OPCODES => Ok(Action::Data(
                     opcodes::report_supported_opcodes(&lun, &cdb)?,

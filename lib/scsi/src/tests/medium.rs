@@ -68,7 +68,7 @@ fn removable_medium_eject_load_prevent() {
     e.ok(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
     // a's nexus goes away: prevention ends.
     e.lun.nexus_lost(&a);
-    e.ch.forget_nexus(&a);
+    e.ch().forget_nexus(&a);
     e.ok(&b, &ssu(false, true), 0, None);
     e.ok(&b, &ssu(true, true), 0, None);
     // A LUN reset ends it too.

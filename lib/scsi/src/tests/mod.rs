@@ -1,5 +1,5 @@
-//! End-to-end tests: CDBs as an initiator sends them, through a [`LunChannel`], against a
-//! real malloc bdev. Shared fixtures here; the tests, by topic, in the submodules.
+//! End-to-end tests: CDBs as an initiator sends them, through a [`DeviceChannel`] and the
+//! [`LunChannel`] of the LUN, against a real malloc bdev. Shared fixtures here; the tests, by topic, in the submodules.
 
 mod inquiry;
 mod medium;
@@ -19,32 +19,40 @@ use std::sync::Arc;
 use riser_bdev::{BdevRegistry, IoBuf};
 
 use crate::cdb::op;
-use crate::target;
-use crate::{Lun, LunChannel, LunConfig, Nexus, Residual, ScsiResult, ScsiTask, Status};
+use crate::{
+    DeviceChannel, Lun, LunChannel, LunConfig, LunId, Nexus, Residual, ScsiDevice, ScsiResult,
+    ScsiTask, Status,
+};
 
 pub(crate) const BS: usize = 512;
 pub(crate) const BLOCKS: u64 = 8192;
 
 pub(crate) struct Env {
     pub lun: Arc<Lun>,
-    pub ch: LunChannel,
+    /// The device: `lun` alone, until [`Env::set_luns`].
+    pub dc: DeviceChannel,
     pub a: Arc<Nexus>,
     pub b: Arc<Nexus>,
     next_tag: u64,
 }
 
-pub(crate) fn env_with(cfg: LunConfig) -> Env {
+/// A LUN over a new malloc bdev of `blocks` blocks.
+pub(crate) fn malloc_lun(cfg: LunConfig, blocks: u64) -> Arc<Lun> {
     let mut reg = BdevRegistry::new();
-    let name = reg.create_malloc(None, BLOCKS, BS as u32, None).unwrap();
+    let name = reg.create_malloc(None, blocks, BS as u32, None).unwrap();
     let bdev = reg.get(&name).unwrap();
-    let lun = Lun::new(
+    Lun::new(
         LunConfig {
             target_name: "iqn.2024-01.test:tgt".into(),
             ..cfg
         },
         bdev,
-    );
-    let ch = LunChannel::new(lun.clone());
+    )
+}
+
+pub(crate) fn env_with(cfg: LunConfig) -> Env {
+    let lun = malloc_lun(cfg, BLOCKS);
+    let dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun.clone()])));
     let a = Arc::new(Nexus::new(
         "iqn.2024-01.test:init1",
         0x23d0_0000_0001,
@@ -59,7 +67,7 @@ pub(crate) fn env_with(cfg: LunConfig) -> Env {
     ));
     let mut e = Env {
         lun,
-        ch,
+        dc,
         a,
         b,
         next_tag: 1,
@@ -80,6 +88,34 @@ pub(crate) fn env() -> Env {
 }
 
 impl Env {
+    /// The channel of the env's LUN.
+    pub fn ch(&mut self) -> &mut LunChannel {
+        let id = LunId::new(self.lun.id());
+        self.dc.channel(id).expect("the env's LUN is in its device")
+    }
+
+    /// Changes the LUN map to the numbers `ids`: the LUNs already there stay, a small new
+    /// malloc LUN comes in for each other number (the env's LUN is the one numbered
+    /// `lun.id()`, if listed).
+    pub fn set_luns(&mut self, ids: &[u64]) {
+        let mut luns = Vec::new();
+        for &id in ids {
+            let l = match self.dc.device().lun(LunId::new(id)) {
+                Some(l) => l.clone(),
+                None if id == self.lun.id() => self.lun.clone(),
+                None => malloc_lun(
+                    LunConfig {
+                        id,
+                        ..LunConfig::default()
+                    },
+                    64,
+                ),
+            };
+            luns.push(l);
+        }
+        self.dc.set_device(Arc::new(ScsiDevice::new(luns)));
+    }
+
     pub fn task(
         &mut self,
         n: &Arc<Nexus>,
@@ -87,16 +123,29 @@ impl Env {
         edtl: u32,
         data: Option<Vec<u8>>,
     ) -> ScsiTask {
+        let lun = self.lun.id();
+        self.task_to(lun, n, cdb, edtl, data)
+    }
+
+    /// A task addressed to LUN number `lun`.
+    pub fn task_to(
+        &mut self,
+        lun: u64,
+        n: &Arc<Nexus>,
+        cdb: &[u8],
+        edtl: u32,
+        data: Option<Vec<u8>>,
+    ) -> ScsiTask {
         let tag = self.next_tag;
         self.next_tag += 1;
-        let mut t = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
+        let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
         t.write = data.is_some();
         t.read = data.is_none() && edtl > 0;
         t.data_out = data.map(|d| Box::new(d) as IoBuf);
         t
     }
 
-    /// Submits and polls until the result comes back.
+    /// Submits to the env's LUN and polls until the result comes back.
     pub fn run(
         &mut self,
         n: &Arc<Nexus>,
@@ -104,12 +153,25 @@ impl Env {
         edtl: u32,
         data: Option<Vec<u8>>,
     ) -> ScsiResult {
-        let t = self.task(n, cdb, edtl, data);
+        let lun = self.lun.id();
+        self.run_to(lun, n, cdb, edtl, data)
+    }
+
+    /// Submits to LUN number `lun` and polls until the result comes back.
+    pub fn run_to(
+        &mut self,
+        lun: u64,
+        n: &Arc<Nexus>,
+        cdb: &[u8],
+        edtl: u32,
+        data: Option<Vec<u8>>,
+    ) -> ScsiResult {
+        let t = self.task_to(lun, n, cdb, edtl, data);
         let tag = t.tag;
-        self.ch.submit(t);
+        self.dc.submit(t);
         let mut out = Vec::new();
         for _ in 0..1_000_000 {
-            self.ch.poll(&mut out);
+            self.dc.poll(&mut out);
             if let Some(p) = out.iter().position(|r| r.tag == tag) {
                 return out.swap_remove(p);
             }

@@ -140,10 +140,10 @@ fn read_residuals() {
     // A READ flagged as a write with data: the data is ignored.
     let mut t = e.task(&a, &c, bs, Some(vec![1; BS]));
     t.read = false;
-    e.ch.submit(t);
+    e.ch().submit(t);
     let mut out = vec![];
     while out.is_empty() {
-        e.ch.poll(&mut out);
+        e.ch().poll(&mut out);
     }
     assert_eq!(out[0].status, Status::Good);
 }

@@ -238,7 +238,7 @@ fn spc2_reserve_release() {
     e.ok(&b, &r6, 0, None);
     // The holder's nexus goes away: the reservation goes with it.
     e.lun.nexus_lost(&b);
-    e.ch.forget_nexus(&b);
+    e.ch().forget_nexus(&b);
     e.ok(&a, &r6, 0, None);
     // A LUN reset releases it too.
     e.lun.reset(crate::ResetKind::LunReset);

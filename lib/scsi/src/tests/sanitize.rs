@@ -196,7 +196,7 @@ fn sanitize_overwrite_when_configured() {
 fn submit(e: &mut Env, n: &Arc<Nexus>, cdb: &[u8]) -> u64 {
     let t = e.task(n, cdb, 0, None);
     let tag = t.tag;
-    e.ch.submit(t);
+    e.ch().submit(t);
     tag
 }
 
@@ -204,7 +204,7 @@ fn submit(e: &mut Env, n: &Arc<Nexus>, cdb: &[u8]) -> u64 {
 fn wait(e: &mut Env, tag: u64) -> ScsiResult {
     let mut out = Vec::new();
     for _ in 0..1_000_000 {
-        e.ch.poll(&mut out);
+        e.ch().poll(&mut out);
         if let Some(p) = out.iter().position(|r| r.tag == tag) {
             return out.swap_remove(p);
         }
@@ -216,7 +216,7 @@ fn wait(e: &mut Env, tag: u64) -> ScsiResult {
 fn wait_sanitized(e: &mut Env) {
     let mut out = Vec::new();
     for _ in 0..1_000_000 {
-        e.ch.poll(&mut out);
+        e.ch().poll(&mut out);
         if !e.lun.lock().sanitize.active() {
             return;
         }
@@ -242,7 +242,7 @@ fn sanitize_immed_gates_commands_and_reports_progress() {
         Some(p),
     );
     let tag = t.tag;
-    e.ch.submit(t);
+    e.ch().submit(t);
     let r = wait(&mut e, tag);
     assert_eq!(r.status, Status::Good);
     assert!(e.lun.lock().sanitize.active());
@@ -258,18 +258,18 @@ fn sanitize_immed_gates_commands_and_reports_progress() {
     );
     let t = e.task(&a, &rw16(op::READ16, 0, 1, 0), BS as u32, None);
     let tag = t.tag;
-    e.ch.submit(t);
+    e.ch().submit(t);
     assert_eq!(
         wait(&mut e, tag).sense_triplet(),
         Some(SANITIZE_IN_PROGRESS)
     );
     let t = e.task(&a, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, None);
     let tag = t.tag;
-    e.ch.submit(t);
+    e.ch().submit(t);
     assert_eq!(wait(&mut e, tag).status, Status::Good);
     let t = e.task(&b, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, None);
     let tag = t.tag;
-    e.ch.submit(t);
+    e.ch().submit(t);
     let r = wait(&mut e, tag);
     assert_eq!(r.status, Status::Good);
     let s = r.data();
@@ -296,8 +296,8 @@ fn sanitize_survives_abort_and_lost_channel() {
     e.write16(&a, 0, vec![b'x'; BS]);
     let tag = submit(&mut e, &a, &sanitize_cdb(0x03, 0, 0));
     let mut out = Vec::new();
-    e.ch.poll(&mut out);
-    assert!(e.ch.abort_task(&a, tag));
+    e.ch().poll(&mut out);
+    assert!(e.ch().abort_task(&a, tag));
     let r = wait(&mut e, tag);
     assert!(r.aborted);
     assert!(e.lun.lock().sanitize.active());
@@ -308,7 +308,8 @@ fn sanitize_survives_abort_and_lost_channel() {
     e.write16(&a, 0, vec![b'y'; BS]);
     let tag = submit(&mut e, &a, &sanitize_cdb(0x03, 0x80, 0));
     assert_eq!(wait(&mut e, tag).status, Status::Good);
-    let old = std::mem::replace(&mut e.ch, LunChannel::new(e.lun.clone()));
+    let fresh = LunChannel::new(e.lun.clone());
+    let old = std::mem::replace(e.ch(), fresh);
     drop(old);
     assert!(e.lun.lock().sanitize.active());
     let r = e.run(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);

@@ -9,12 +9,12 @@ fn abort_tasks() {
     // Aborting a task whose I/O is in flight reports it aborted, once.
     let t = e.task(&a, &rw10(op::READ10, 0, 8, 0), 8 * BS as u32, None);
     let tag = t.tag;
-    e.ch.submit(t);
-    assert!(e.ch.abort_task(&a, tag));
-    assert!(!e.ch.abort_task(&a, tag));
+    e.ch().submit(t);
+    assert!(e.ch().abort_task(&a, tag));
+    assert!(!e.ch().abort_task(&a, tag));
     let mut out = vec![];
-    while e.ch.outstanding() > 0 {
-        e.ch.poll(&mut out);
+    while e.ch().outstanding() > 0 {
+        e.ch().poll(&mut out);
     }
     assert_eq!(out.len(), 1);
     assert!(out[0].aborted);
@@ -27,17 +27,17 @@ fn abort_tasks() {
     let mut d = vec![0u8; BS];
     d.extend(vec![1u8; BS]);
     let t = e.task(&a, &caw(0, 1), 2 * BS as u32, Some(d));
-    e.ch.submit(t);
+    e.ch().submit(t);
     out.clear();
-    e.ch.poll(&mut out);
+    e.ch().poll(&mut out);
     assert!(out.is_empty());
-    assert_eq!(e.ch.abort_nexus(&a), 1);
-    e.ch.poll(&mut out);
+    assert_eq!(e.ch().abort_nexus(&a), 1);
+    e.ch().poll(&mut out);
     assert_eq!(out.len(), 1);
     assert!(out[0].aborted);
     e.lun.ranges.release(g);
     assert!(e.lun.ranges.idle());
-    assert_eq!(e.ch.outstanding(), 0);
+    assert_eq!(e.ch().outstanding(), 0);
     // A channel dropped with a COMPARE AND WRITE in flight releases its range.
     let mut ch2 = LunChannel::new(e.lun.clone());
     let mut d = vec![0u8; BS];

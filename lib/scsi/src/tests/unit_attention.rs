@@ -4,13 +4,13 @@ use super::*;
 
 #[test]
 fn report_luns_and_missing_lun() {
-    let e = env();
+    let mut e = env();
     let a = e.a.clone();
+    e.set_luns(&[0, 3, 300]);
     let mut c = vec![0u8; 12];
     c[0] = op::REPORT_LUNS;
     c[9] = 255;
-    let t = ScsiTask::new(1, 0, &c, 255, a.clone());
-    let r = target::report_luns(&t, &[0, 3, 300], Some(&e.lun));
+    let r = e.run(&a, &c, 255, None);
     assert_eq!(r.status, Status::Good);
     let d = r.data();
     assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 24);
@@ -18,23 +18,16 @@ fn report_luns_and_missing_lun() {
     assert_eq!(&d[16..24], &[0, 3, 0, 0, 0, 0, 0, 0]);
     assert_eq!(&d[24..32], &[0x41, 0x2C, 0, 0, 0, 0, 0, 0]);
     assert_eq!(r.residual, Residual::Underflow(255 - 32));
-    // Allocation length below 16.
+    // Allocation length below 16 (sent to a LUN that does not exist).
     c[9] = 8;
-    let t = ScsiTask::new(1, 0, &c, 8, a.clone());
-    assert_eq!(
-        target::report_luns(&t, &[0], None).status,
-        Status::CheckCondition
-    );
+    assert_eq!(e.run_to(9, &a, &c, 8, None).status, Status::CheckCondition);
     // A LUN that does not exist.
-    let t = ScsiTask::new(2, 9, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, a.clone());
-    let r = target::no_such_lun(&t);
+    let r = e.run_to(9, &a, &[op::INQUIRY, 0, 0, 0, 96, 0], 96, None);
     assert_eq!(r.status, Status::Good);
     assert_eq!(r.data()[0], 0x7F);
-    let t = ScsiTask::new(3, 9, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, a.clone());
-    let r = target::no_such_lun(&t);
+    let r = e.run_to(9, &a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
     assert_eq!(r.sense_triplet(), Some((5, 0x25, 0)));
-    let t = ScsiTask::new(4, 9, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, a);
-    let r = target::no_such_lun(&t);
+    let r = e.run_to(9, &a, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0], 18, None);
     assert_eq!(r.status, Status::Good);
     assert_eq!((r.data()[2], r.data()[12]), (5, 0x25));
 }
@@ -75,8 +68,10 @@ fn unit_attentions_and_request_sense() {
     );
     e.ok(&d, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
     // The LUN inventory changes.
+    e.set_luns(&[0, 1]);
     e.lun.set_target_luns(&[0, 1]);
     e.ok(&d, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    e.set_luns(&[0, 1, 2]);
     e.lun.set_target_luns(&[0, 1, 2]);
     e.check(
         &d,
