@@ -419,7 +419,8 @@ impl Ffp {
             }
         };
         if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() {
-            // RFC 7143 §11.17.1: a tag in use is "Task in progress"... treat as protocol error.
+            // A tag already in use, or the reserved tag: Reject, Invalid PDU field (RFC 7143
+            // §11.17.1 also has "Task in progress").
             release_slot(self);
             self.reject(header, RejectReason::InvalidPduField);
             return;
@@ -766,9 +767,11 @@ impl Ffp {
                 self.actions.push_back(Action::ResetTarget);
                 tmf::response::FUNCTION_COMPLETE
             }
-            // QUERY TASK (9), QUERY TASK SET (10), QUERY ASYNC EVENT (12): SAM-5 answers
-            // FUNCTION SUCCEEDED (0x80 in iSCSI? RFC 7143 uses response 0 "function complete"
-            // when the task is not present and 0x80 is not defined; report presence by 0/1).
+            // QUERY TASK (9, RFC 7144). SAM-5 answers FUNCTION SUCCEEDED when the task exists
+            // and FUNCTION COMPLETE when it does not; RFC 7144 gives FUNCTION SUCCEEDED the
+            // response code 7. riser reports a present task with Function complete (0) and an
+            // absent one with Task does not exist (1). QUERY TASK SET (10), I_T NEXUS RESET
+            // (11) and QUERY ASYNCHRONOUS EVENT (12) are rejected below.
             9 => {
                 if self.tasks.contains_key(&t.referenced_task_tag) {
                     tmf::response::FUNCTION_COMPLETE
