@@ -1,5 +1,6 @@
 //! The whole PDU and its two wire encodings: the TCP byte stream and the iSER message.
 
+use super::decode::header_of;
 use super::*;
 use crate::digest;
 use crate::serial::Itt;
@@ -137,16 +138,10 @@ impl Pdu {
     /// The data segment is whatever follows the AHS; it must agree with DataSegmentLength
     /// (up to 3 padding bytes are tolerated) and not exceed `max_data_segment_length`.
     pub fn decode_message(buf: &[u8], max_data_segment_length: usize) -> Result<Pdu, PduError> {
-        let raw: [u8; BHS_LEN] =
-            buf.get(..BHS_LEN)
-                .and_then(|s| s.try_into().ok())
-                .ok_or(PduError::Truncated {
-                    needed: BHS_LEN,
-                    got: buf.len(),
-                })?;
-        let ahs_len = raw_total_ahs_len(&raw);
-        let dsl = raw_data_segment_len(&raw);
-        let bhs = Bhs::parse(&raw)?;
+        let raw = header_of(buf)?;
+        let ahs_len = raw_total_ahs_len(raw);
+        let dsl = raw_data_segment_len(raw);
+        let bhs = Bhs::parse(raw)?;
         let ahs = buf
             .get(BHS_LEN..BHS_LEN + ahs_len)
             .ok_or(PduError::Truncated {

@@ -250,15 +250,18 @@ impl Bhs {
 
     /// Parse the first 48 bytes of `buf`.
     pub fn parse_slice(buf: &[u8]) -> Result<Bhs, PduError> {
-        let raw: &[u8; BHS_LEN] =
-            buf.get(..BHS_LEN)
-                .and_then(|s| s.try_into().ok())
-                .ok_or(PduError::Truncated {
-                    needed: BHS_LEN,
-                    got: buf.len(),
-                })?;
-        Bhs::parse(raw)
+        Bhs::parse(header_of(buf)?)
     }
+}
+
+/// The first 48 bytes of `buf`, or `Truncated`.
+pub(super) fn header_of(buf: &[u8]) -> Result<&[u8; BHS_LEN], PduError> {
+    buf.get(..BHS_LEN)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(PduError::Truncated {
+            needed: BHS_LEN,
+            got: buf.len(),
+        })
 }
 
 fn isid(b: &[u8; BHS_LEN]) -> Isid {
