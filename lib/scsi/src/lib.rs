@@ -34,9 +34,6 @@
 //!    [`DeviceChannel::reset_lun`]; target reset → [`DeviceChannel::reset_target`];
 //!    connection end → [`DeviceChannel::teardown`]. Each resets the shared LUN state
 //!    ([`Lun::reset`], [`Lun::nexus_lost`]) and aborts this connection's tasks.
-//!
-//! [`target`] holds the free functions the iSCSI glue used before [`DeviceChannel`]; they
-//! go once it uses [`DeviceChannel`].
 
 pub mod cdb;
 mod device;
@@ -50,7 +47,6 @@ mod pr;
 mod rw;
 mod sanitize;
 pub mod sense;
-pub mod target;
 mod task;
 mod xcopy;
 

@@ -1,19 +1,19 @@
 //! A logged-in connection on its reactor: the glue between the datamover, the iSCSI
-//! full-feature phase ([`Ffp`]) and the SCSI layer ([`LunChannel`]s).
+//! full-feature phase ([`Ffp`]) and the SCSI layer (a [`DeviceChannel`] onto the target's
+//! [`ScsiDevice`], which owns the LUN map, REPORT LUNS and the answers for a missing LUN).
 //!
 //! One poll: datamover events into the FFP, SCSI completions into the FFP, then the FFP's
 //! actions out to the datamover and the SCSI layer. Everything here belongs to one reactor.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riser_iscsi::ffp::{Action, Datamover, DmEvent, Ffp, Residual, ScsiDone, ScsiRequest};
+use riser_config::{Lun, TargetNode};
+use riser_iscsi::ffp::{Action, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest};
 use riser_iscsi::pdu::Lun as PduLun;
 use riser_reactor::{Ctx, PollStatus};
-use riser_scsi::{LunChannel, Nexus, ResetKind, ScsiResult, ScsiTask, TaskAttr};
-use riser_config::{Lun, TargetNode};
+use riser_scsi::{DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
 
 use crate::registry::{ConnInfo, ConnRegistry};
 
@@ -30,8 +30,8 @@ pub struct Connection<D: Datamover> {
     ffp: Ffp,
     node: Option<Arc<TargetNode>>,
     lun_gen: u64,
-    luns: Arc<[Lun]>,
-    channels: HashMap<u64, LunChannel>,
+    /// The node's LUNs as SCSI sees them, with this connection's channels onto them.
+    scsi: DeviceChannel,
     nexus: Arc<Nexus>,
     events: Vec<DmEvent>,
     results: Vec<ScsiResult>,
@@ -61,8 +61,7 @@ impl<D: Datamover> Connection<D> {
             ffp,
             node,
             lun_gen,
-            luns,
-            channels: HashMap::new(),
+            scsi: DeviceChannel::new(scsi_device(&luns)),
             nexus,
             events: Vec::with_capacity(64),
             results: Vec::with_capacity(64),
@@ -86,20 +85,12 @@ impl<D: Datamover> Connection<D> {
         ctx.add_poller(move |ctx| conn.poll(ctx.now()));
     }
 
-    fn lun(&mut self, id: u64) -> Option<&mut LunChannel> {
-        if !self.channels.contains_key(&id) {
-            let l = self.luns.iter().find(|l| l.id as u64 == id)?;
-            self.channels.insert(id, LunChannel::new(l.scsi.clone()));
-        }
-        self.channels.get_mut(&id)
-    }
-
     fn execute(&mut self, req: ScsiRequest) {
         // One atomic load per command: a LUN added a moment ago is visible to the very
         // command that sees its REPORTED LUNS DATA HAS CHANGED unit attention.
         self.refresh_luns();
-        let lun_id = riser_scsi::target::decode_lun(&req.lun.0.to_be_bytes());
-        let mut task = ScsiTask::new(req.itt.0 as u64, lun_id, &req.cdb, req.edtl, self.nexus.clone());
+        let lun = lun_id(req.lun);
+        let mut task = ScsiTask::new(req.itt.0 as u64, lun.get(), &req.cdb, req.edtl, self.nexus.clone());
         task.read = req.read;
         task.write = req.write;
         task.data_out = req.data_out;
@@ -109,20 +100,7 @@ impl<D: Datamover> Connection<D> {
             3 => TaskAttr::HeadOfQueue,
             _ => TaskAttr::Aca,
         };
-        let cdb = task.cdb.clone();
-        if riser_scsi::target::is_target_level(&cdb) {
-            let ids: Vec<u64> = self.luns.iter().map(|l| l.id as u64).collect();
-            let addressed = self.luns.iter().find(|l| l.id as u64 == lun_id).map(|l| l.scsi.clone());
-            let r = riser_scsi::target::report_luns(&task, &ids, addressed.as_ref());
-            return self.complete(r);
-        }
-        match self.lun(lun_id) {
-            Some(ch) => ch.submit(task),
-            None => {
-                let r = riser_scsi::target::no_such_lun(&task);
-                self.complete(r)
-            }
-        }
+        self.scsi.submit(task);
     }
 
     fn complete(&mut self, r: ScsiResult) {
@@ -130,30 +108,15 @@ impl<D: Datamover> Connection<D> {
         if r.aborted {
             return;
         }
-        let residual = match r.residual {
-            riser_scsi::Residual::None => Residual::None,
-            riser_scsi::Residual::Underflow(n) => Residual::Underflow(n),
-            riser_scsi::Residual::Overflow(n) => Residual::Overflow(n),
-        };
         self.ffp.on_scsi_done(ScsiDone {
             itt: riser_iscsi::serial::Itt(r.tag as u32),
             status: r.status.code(),
             sense: r.sense_bytes().to_vec(),
             data_in_len: r.data_len as u32,
             data_in: r.data_in,
-            residual,
+            residual: r.residual,
             data_out: None,
         });
-    }
-
-    fn reset_lun(&mut self, lun: PduLun, kind: ResetKind) {
-        let id = riser_scsi::target::decode_lun(&lun.0.to_be_bytes());
-        if let Some(l) = self.luns.iter().find(|l| l.id as u64 == id) {
-            l.scsi.reset(kind);
-        }
-        if let Some(ch) = self.channels.get_mut(&id) {
-            ch.abort_all();
-        }
     }
 
     fn run_actions(&mut self) -> usize {
@@ -166,22 +129,11 @@ impl<D: Datamover> Connection<D> {
                 Action::GetData(g) => self.dm.get_data(g),
                 Action::Execute(req) => self.execute(req),
                 Action::Abort { itt, lun } => {
-                    let id = riser_scsi::target::decode_lun(&lun.0.to_be_bytes());
-                    let nexus = self.nexus.clone();
-                    if let Some(ch) = self.channels.get_mut(&id) {
-                        ch.abort_task(&nexus, itt.0 as u64);
-                    }
+                    self.scsi.abort_task(&self.nexus, lun_id(lun), itt.0 as u64);
                     let _ = self.dm.deallocate_task_resources(itt);
                 }
-                Action::ResetLun(lun) => self.reset_lun(lun, ResetKind::LunReset),
-                Action::ResetTarget => {
-                    for l in self.luns.iter() {
-                        l.scsi.reset(ResetKind::TargetWarmReset);
-                    }
-                    for ch in self.channels.values_mut() {
-                        ch.abort_all();
-                    }
-                }
+                Action::ResetLun(lun) => self.scsi.reset_lun(lun_id(lun), ResetKind::LunReset),
+                Action::ResetTarget => self.scsi.reset_target(ResetKind::TargetWarmReset),
                 Action::Close { reason, logout, whole_session } => {
                     if whole_session {
                         let (me, tsih) = (self.info.id, self.info.tsih);
@@ -221,13 +173,11 @@ impl<D: Datamover> Connection<D> {
         }
         // Commands held for a CmdSN gap another connection of the session filled.
         self.ffp.release_held();
-        for ch in self.channels.values_mut() {
-            ch.poll(&mut self.results);
-            // Work in progress inside the SCSI layer (a background SANITIZE, I/O in flight)
-            // keeps the reactor from backing off to sleep.
-            if ch.busy() {
-                work += 1;
-            }
+        self.scsi.poll(&mut self.results);
+        // Work in progress inside the SCSI layer (a background SANITIZE, I/O in flight)
+        // keeps the reactor from backing off to sleep.
+        if self.scsi.busy() {
+            work += 1;
         }
         let results = std::mem::take(&mut self.results);
         work += results.len();
@@ -270,7 +220,7 @@ impl<D: Datamover> Connection<D> {
             if node.generation() != self.lun_gen {
                 let (g, luns) = node.luns();
                 self.lun_gen = g;
-                self.luns = luns;
+                self.scsi.set_device(scsi_device(&luns));
             }
         }
     }
@@ -280,15 +230,9 @@ impl<D: Datamover> Connection<D> {
     fn teardown(&mut self, why: &str) {
         if !self.done {
             self.done = true;
-            let nexus = self.nexus.clone();
-            for ch in self.channels.values_mut() {
-                ch.abort_nexus(&nexus);
-                ch.forget_nexus(&nexus);
-            }
-            // The I_T nexus is gone: SPC-2 reservations and PREVENT held by it end.
-            for l in self.luns.iter() {
-                l.scsi.nexus_lost(&nexus);
-            }
+            // In-flight tasks of this I_T nexus end; SPC-2 reservations and PREVENT held by
+            // it end with it.
+            self.scsi.teardown(&self.nexus);
             self.dm.connection_terminate();
             self.registry.remove(self.info.id);
             log::info!(
@@ -305,4 +249,14 @@ impl<D: Datamover> Drop for Connection<D> {
     fn drop(&mut self) {
         self.teardown("reactor shutting down");
     }
+}
+
+/// The LUN addressed by a PDU's LUN field.
+fn lun_id(lun: PduLun) -> LunId {
+    LunId::from_field(lun.0.to_be_bytes())
+}
+
+/// A node's LUNs as one SCSI device.
+fn scsi_device(luns: &[Lun]) -> Arc<ScsiDevice> {
+    Arc::new(ScsiDevice::new(luns.iter().map(|l| l.scsi.clone()).collect()))
 }
