@@ -1,0 +1,389 @@
+//! The parameters of riser's JSON-RPC methods, defined once: the server decodes them (through
+//! [`crate::server::decode_params`], which refuses unknown fields and names the offending one)
+//! and `riser-rpc` builds its requests from them. Names, types, defaults and which fields may
+//! be absent are SPDK's (rpc.py sends the same shapes), plus riser's extensions, each marked.
+//!
+//! Decoding is what the server accepts; encoding leaves out what the server would default
+//! anyway (a `false` flag, an absent option, a zero default), as rpc.py leaves it out, so a
+//! request built here stays SPDK's shape.
+//!
+//! A field that may be absent but not `null` is an `Option` decoded with [`not_null`]: absent
+//! is `None`, `null` is refused as for a plain field. A plain `Option` field also takes `null`.
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Decodes a field that may be absent (`#[serde(default)]` gives `None`) but not `null`.
+fn not_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+// ---- shared -------------------------------------------------------------------------------
+
+/// No parameters (the getters): absent params or `{}`; any field is refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// `{name}`: `iscsi_delete_target_node`, `bdev_malloc_delete`, `bdev_null_delete`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByName {
+    pub name: String,
+}
+
+/// `{tag}`: `iscsi_start_portal_group`, `iscsi_delete_portal_group`,
+/// `iscsi_delete_initiator_group`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByTag {
+    pub tag: u32,
+}
+
+// ---- iSCSI --------------------------------------------------------------------------------
+
+/// `iscsi_set_options`: each option given replaces the current value (a `null` one is taken
+/// as not given).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSetOptions {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_base: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nop_timeout: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nop_in_interval: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disable_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_group: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_session: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_time2wait: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_time2retain: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_burst_length: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub immediate_data: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_recovery_level: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_duplicated_isid: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_large_datain_per_connection: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_r2t_per_connection: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pdu_pool_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub immediate_data_pool_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_out_pool_size: Option<u32>,
+}
+
+/// `iscsi_create_portal_group`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreatePortalGroup {
+    pub tag: u32,
+    pub portals: Vec<PortalParam>,
+    /// Not returned by SendTargets.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub private: bool,
+    /// Do not listen until `iscsi_start_portal_group`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait: bool,
+}
+
+/// One portal of `iscsi_create_portal_group`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalParam {
+    /// IPv4, or IPv6 with or without brackets (checked by the server).
+    pub host: String,
+    pub port: PortParam,
+    /// riser's extension: an iSER portal (RDMA CM on that address and port), not a TCP one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub iser: bool,
+}
+
+/// A port as SPDK sends it (a string, "3260") or as a number; sent as a string, as rpc.py
+/// does. The server checks it is a port number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortParam(pub String);
+
+impl<'de> Deserialize<'de> for PortParam {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PortParam;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a port number or a string holding one")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<PortParam, E> {
+                Ok(PortParam(s.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<PortParam, E> {
+                Ok(PortParam(n.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<PortParam, E> {
+                Ok(PortParam(n.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for PortParam {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// `iscsi_create_initiator_group`: both lists are required (they may be empty).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateInitiatorGroup {
+    pub tag: u32,
+    /// iSCSI names or `ANY`, either after `!` to deny it.
+    pub initiators: Vec<String>,
+    /// `ANY`, an address or address/prefix-length.
+    pub netmasks: Vec<String>,
+}
+
+/// `iscsi_initiator_group_add_initiators` and `iscsi_initiator_group_remove_initiators`:
+/// either list may be absent (nothing of that kind changes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiChangeInitiatorGroup {
+    pub tag: u32,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiators: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub netmasks: Option<Vec<String>>,
+}
+
+/// A portal group ↔ initiator group pair: initiators of `ig_tag` may log in through the
+/// portals of `pg_tag`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgIgMap {
+    pub pg_tag: u32,
+    pub ig_tag: u32,
+}
+
+/// One LUN of `iscsi_create_target_node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunParam {
+    pub bdev_name: String,
+    /// 0..=1023 (checked by the server).
+    pub lun_id: u32,
+    /// riser's extension: a removable medium.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
+    /// riser's extension: write-protected.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+}
+
+/// `iscsi_create_target_node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateTargetNode {
+    /// A full `iqn.`/`eui.`/`naa.` name, or a short one the server puts after node_base.
+    pub name: String,
+    /// Required by SPDK; optional here (no alias).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias_name: Option<String>,
+    pub pg_ig_maps: Vec<PgIgMap>,
+    pub luns: Vec<LunParam>,
+    /// Required by SPDK; defaults here to the max_queue_depth option.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+    /// Absent: 0.
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub chap_group: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub header_digest: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub data_digest: bool,
+}
+
+/// `iscsi_target_node_add_lun`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeAddLun {
+    /// The full name, or the short name given to `iscsi_create_target_node`.
+    pub name: String,
+    pub bdev_name: String,
+    /// Absent or -1 (SPDK's "any"): the lowest free id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lun_id: Option<i64>,
+    /// riser's extension (see [`LunParam`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+}
+
+/// `iscsi_target_node_add_pg_ig_maps` and `iscsi_target_node_remove_pg_ig_maps`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiNodeMaps {
+    pub name: String,
+    pub pg_ig_maps: Vec<PgIgMap>,
+}
+
+// ---- bdev ---------------------------------------------------------------------------------
+
+/// `bdev_malloc_create`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevMallocCreate {
+    /// The server picks one when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    /// Random when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+    /// Accepted for SPDK configs; riser's malloc has no I/O boundary.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub optimal_io_boundary: u32,
+    /// Separate metadata per block: only 0 is supported.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub md_size: u32,
+    /// SPDK's name: several logical blocks per physical block (e.g. 4096 over 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub physical_block_size: Option<u32>,
+}
+
+/// `bdev_null_create`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevNullCreate {
+    pub name: String,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    /// Random when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+    /// Separate metadata per block: only 0 is supported.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub md_size: u32,
+}
+
+/// `bdev_get_bdevs`: all bdevs, or the one of that name or UUID.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevGetBdevs {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// SPDK's wait-for-bdev timeout; riser's bdevs exist as soon as they are created.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub timeout: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::server::decode_params;
+
+    fn encode<T: Serialize>(p: &T) -> Value {
+        serde_json::to_value(p).unwrap()
+    }
+
+    #[test]
+    fn port_accepts_string_or_number() {
+        let a: PortalParam = serde_json::from_value(json!({"host": "1.2.3.4", "port": "3260"})).unwrap();
+        let b: PortalParam = serde_json::from_value(json!({"host": "1.2.3.4", "port": 3260, "iser": true})).unwrap();
+        assert_eq!(a.port, b.port);
+        assert!(b.iser);
+        assert!(serde_json::from_value::<PortalParam>(json!({"host": "1.2.3.4", "port": true})).is_err());
+        assert!(serde_json::from_value::<PortalParam>(json!({"host": "h", "port": 1, "cpumask": "0x1"})).is_err());
+    }
+
+    /// What is encoded leaves the server's defaults out and decodes back to the same value.
+    #[test]
+    fn encoding_leaves_defaults_out_and_round_trips() {
+        let pg = IscsiCreatePortalGroup {
+            tag: 1,
+            portals: vec![PortalParam { host: "[::1]".into(), port: PortParam("3260".into()), iser: true }],
+            ..Default::default()
+        };
+        assert_eq!(encode(&pg), json!({"tag": 1, "portals": [{"host": "[::1]", "port": "3260", "iser": true}]}));
+        let node = IscsiCreateTargetNode {
+            name: "d".into(),
+            luns: vec![LunParam { bdev_name: "M0".into(), lun_id: 0, ..Default::default() }],
+            chap_group: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(
+            encode(&node),
+            json!({"name": "d", "pg_ig_maps": [], "luns": [{"bdev_name": "M0", "lun_id": 0}], "chap_group": 0})
+        );
+        let malloc = BdevMallocCreate { num_blocks: 8, block_size: 512, ..Default::default() };
+        assert_eq!(encode(&malloc), json!({"num_blocks": 8, "block_size": 512}));
+        assert_eq!(encode(&BdevGetBdevs::default()), json!({}));
+        assert_eq!(encode(&IscsiSetOptions::default()), json!({}));
+        assert_eq!(encode(&IscsiChangeInitiatorGroup { tag: 2, netmasks: Some(vec![]), ..Default::default() }), json!({"tag": 2, "netmasks": []}));
+
+        assert_eq!(decode_params::<IscsiCreatePortalGroup>(encode(&pg)), Ok(pg));
+        assert_eq!(decode_params::<IscsiCreateTargetNode>(encode(&node)), Ok(node));
+        assert_eq!(decode_params::<BdevMallocCreate>(encode(&malloc)), Ok(malloc));
+    }
+
+    /// Fields that may be absent but were never nullable stay so; plain options take null.
+    #[test]
+    fn absent_is_not_null() {
+        let p: IscsiChangeInitiatorGroup = decode_params(json!({"tag": 1})).unwrap();
+        assert_eq!((p.initiators, p.netmasks), (None, None));
+        let e = decode_params::<IscsiChangeInitiatorGroup>(json!({"tag": 1, "initiators": null})).unwrap_err();
+        assert!(e.message.contains("initiators"), "{e}");
+        let base = json!({"name": "d", "pg_ig_maps": [], "luns": []});
+        let mut with_null = base.clone();
+        with_null["chap_group"] = Value::Null;
+        assert!(decode_params::<IscsiCreateTargetNode>(with_null).unwrap_err().message.contains("chap_group"));
+        let mut alias_null = base;
+        alias_null["alias_name"] = Value::Null;
+        assert_eq!(decode_params::<IscsiCreateTargetNode>(alias_null).map(|p| p.alias_name), Ok(None));
+        assert_eq!(decode_params::<IscsiSetOptions>(json!({"max_sessions": null})), Ok(IscsiSetOptions::default()));
+        assert!(decode_params::<NoParams>(json!({"x": 1})).is_err());
+        assert_eq!(decode_params::<NoParams>(Value::Null), Ok(NoParams {}));
+    }
+}
