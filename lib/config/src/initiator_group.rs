@@ -1,5 +1,7 @@
 //! Initiator groups: which initiators (by iSCSI name) from which networks may log in to the
-//! target nodes a group is mapped to.
+//! target nodes a group is mapped to; their methods (`iscsi_create_initiator_group`,
+//! `iscsi_initiator_group_add_initiators`, `iscsi_initiator_group_remove_initiators`,
+//! `iscsi_delete_initiator_group`, `iscsi_get_initiator_groups`) and save_config calls.
 //!
 //! Names: an iSCSI name (`iqn.`, `eui.`, `naa.`), `ANY`, or either with a leading `!` that
 //! denies it (SPDK's syntax; SPDK's `ALL` is taken as `ANY`). Netmasks: `ANY`, an address
@@ -9,10 +11,14 @@
 //! `["ANY", "!iqn.bad"]` keeps `iqn.bad` out (in SPDK it lets it in).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
+use riser_rpc::params::{ByTag, IscsiChangeInitiatorGroup, IscsiCreateInitiatorGroup, NoParams};
+use riser_rpc::RpcRegistry;
 use serde_json::{json, Value};
 
-use crate::TargetError;
+use crate::rpc::ok;
+use crate::{Inner, IscsiTarget, TargetError};
 
 /// Most names and most netmasks one group holds (SPDK's MAX_INITIATOR / MAX_NETMASK).
 pub const MAX_INITIATORS: usize = 256;
@@ -243,9 +249,100 @@ impl InitiatorGroup {
     }
 }
 
+impl Inner {
+    pub(crate) fn ig(&self, tag: u32) -> Option<&InitiatorGroup> {
+        self.initiator_groups.iter().find(|g| g.tag == tag)
+    }
+
+    /// A node whose maps use initiator group `tag`, if any.
+    fn ig_user(&self, tag: u32) -> Option<&str> {
+        self.nodes.iter().find(|n| n.pg_ig_maps().iter().any(|m| m.ig_tag == tag)).map(|n| n.name())
+    }
+}
+
+impl IscsiTarget {
+    /// The initiator groups.
+    pub fn initiator_groups(&self) -> Vec<InitiatorGroup> {
+        self.lock().initiator_groups.clone()
+    }
+
+    /// `iscsi_create_initiator_group`.
+    pub fn create_initiator_group(&self, tag: u32, initiators: &[String], netmasks: &[String]) -> Result<(), TargetError> {
+        let mut inner = self.lock();
+        if tag == 0 {
+            return Err(TargetError::Invalid("tag: 0 is out of range (1..)".into()));
+        }
+        if inner.ig(tag).is_some() {
+            return Err(TargetError::Exists(format!("initiator group {tag} already exists")));
+        }
+        let mut g = InitiatorGroup::new(tag);
+        g.add(initiators, netmasks)?;
+        inner.initiator_groups.push(g);
+        Ok(())
+    }
+
+    fn with_ig(&self, tag: u32, f: impl FnOnce(&mut InitiatorGroup) -> Result<(), TargetError>) -> Result<(), TargetError> {
+        let mut inner = self.lock();
+        let g = inner
+            .initiator_groups
+            .iter_mut()
+            .find(|g| g.tag == tag)
+            .ok_or_else(|| TargetError::NotFound(format!("initiator group {tag} not found")))?;
+        f(g)
+    }
+
+    /// `iscsi_initiator_group_add_initiators`. Affects later logins only.
+    pub fn initiator_group_add(&self, tag: u32, initiators: &[String], netmasks: &[String]) -> Result<(), TargetError> {
+        self.with_ig(tag, |g| g.add(initiators, netmasks))
+    }
+
+    /// `iscsi_initiator_group_remove_initiators`. Sessions already logged in stay.
+    pub fn initiator_group_remove(&self, tag: u32, initiators: &[String], netmasks: &[String]) -> Result<(), TargetError> {
+        self.with_ig(tag, |g| g.remove(initiators, netmasks))
+    }
+
+    /// `iscsi_delete_initiator_group`: refused while a target node maps it.
+    pub fn delete_initiator_group(&self, tag: u32) -> Result<(), TargetError> {
+        let mut inner = self.lock();
+        if inner.ig(tag).is_none() {
+            return Err(TargetError::NotFound(format!("initiator group {tag} not found")));
+        }
+        if let Some(n) = inner.ig_user(tag) {
+            return Err(TargetError::Busy(format!("initiator group {tag} is mapped by target node {n}")));
+        }
+        inner.initiator_groups.retain(|g| g.tag != tag);
+        Ok(())
+    }
+
+    pub(crate) fn initiator_groups_json(&self) -> Value {
+        Value::Array(self.lock().initiator_groups.iter().map(InitiatorGroup::info_json).collect())
+    }
+}
+
+/// Registers the initiator group methods.
+pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
+    let t = target.clone();
+    reg.add("iscsi_create_initiator_group", move |p: IscsiCreateInitiatorGroup| {
+        ok(t.create_initiator_group(p.tag, &p.initiators, &p.netmasks))
+    });
+    let t = target.clone();
+    reg.add("iscsi_initiator_group_add_initiators", move |p: IscsiChangeInitiatorGroup| {
+        ok(t.initiator_group_add(p.tag, p.initiators.as_deref().unwrap_or_default(), p.netmasks.as_deref().unwrap_or_default()))
+    });
+    let t = target.clone();
+    reg.add("iscsi_initiator_group_remove_initiators", move |p: IscsiChangeInitiatorGroup| {
+        ok(t.initiator_group_remove(p.tag, p.initiators.as_deref().unwrap_or_default(), p.netmasks.as_deref().unwrap_or_default()))
+    });
+    let t = target.clone();
+    reg.add("iscsi_delete_initiator_group", move |p: ByTag| ok(t.delete_initiator_group(p.tag)));
+    let t = target.clone();
+    reg.add("iscsi_get_initiator_groups", move |_: NoParams| Ok(t.initiator_groups_json()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::env;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -345,5 +442,22 @@ mod tests {
         assert_eq!(g.info_json(), json!({"tag": 1, "initiators": [A], "netmasks": ["[::1]/128"]}));
         let many: Vec<String> = (0..MAX_INITIATORS).map(|i| format!("iqn.2000-01.x:{i}")).collect();
         assert!(matches!(g.add(&many, &[]), Err(TargetError::Invalid(_))));
+    }
+
+    #[test]
+    fn initiator_group_errors() {
+        let e = env();
+        e.ok("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ALL"], "netmasks": ["any"]}));
+        assert_eq!(e.ok("iscsi_get_initiator_groups", Value::Null)[0]["initiators"], json!(["ANY"]));
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 1, "initiators": [], "netmasks": []}), "initiator group 1 already exists"), -17);
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 0, "initiators": [], "netmasks": []}), "tag: 0"), -32602);
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 2, "initiators": ["ANY"], "netmasks": ["300.0.0.0/8"]}), "netmasks[0]:"), -32602);
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 2, "initiators": ["a b"], "netmasks": []}), "initiators[0]:"), -32602);
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 2, "initiators": ["ANY", "any"], "netmasks": []}), "initiators[1]: ANY is already"), -17);
+        assert_eq!(e.err("iscsi_initiator_group_add_initiators", json!({"tag": 5, "initiators": ["ANY"]}), "initiator group 5 not found"), -19);
+        assert_eq!(e.err("iscsi_initiator_group_add_initiators", json!({"tag": 1, "initiators": ["ANY"]}), "already in initiator group 1"), -17);
+        assert_eq!(e.err("iscsi_initiator_group_remove_initiators", json!({"tag": 1, "netmasks": ["10.0.0.0/8"]}), "netmasks[0]: 10.0.0.0/8 is not in initiator group 1"), -19);
+        assert_eq!(e.err("iscsi_delete_initiator_group", json!({"tag": 5}), "initiator group 5 not found"), -19);
+        assert_eq!(e.err("iscsi_create_initiator_group", json!({"tag": 2, "initiators": ["ANY"]}), "netmasks"), -32602);
     }
 }

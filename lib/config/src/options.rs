@@ -1,11 +1,19 @@
 //! Global iSCSI options: SPDK's `iscsi_set_options` / `iscsi_get_options` parameters, their
-//! defaults and ranges. Session-wide keys (FirstBurstLength, ImmediateData, ...) are the
-//! values the target offers in login negotiation (RFC 7143 §13).
+//! defaults and ranges, the two methods and the `iscsi_set_options` call of save_config.
+//! Session-wide keys (FirstBurstLength, ImmediateData, ...) are the values the target offers
+//! in login negotiation (RFC 7143 §13).
 
-use serde::Deserialize;
+use std::sync::Arc;
+
+use riser_rpc::params::NoParams;
+use riser_rpc::RpcRegistry;
 use serde_json::{json, Value};
 
-use crate::TargetError;
+use crate::rpc::ok;
+use crate::{IscsiTarget, TargetError};
+
+/// `iscsi_set_options` parameters: each one given replaces the current value.
+pub use riser_rpc::params::IscsiSetOptions as OptionsUpdate;
 
 /// Prefix put in front of target node names given without `iqn.`/`eui.`/`naa.`.
 pub const DEFAULT_NODE_BASE: &str = "iqn.2016-06.io.riser";
@@ -84,34 +92,6 @@ impl Default for Options {
     }
 }
 
-/// `iscsi_set_options` parameters: each one given replaces the current value.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OptionsUpdate {
-    pub auth_file: Option<String>,
-    pub node_base: Option<String>,
-    pub nop_timeout: Option<u32>,
-    pub nop_in_interval: Option<u32>,
-    pub disable_chap: Option<bool>,
-    pub require_chap: Option<bool>,
-    pub mutual_chap: Option<bool>,
-    pub chap_group: Option<u32>,
-    pub max_sessions: Option<u32>,
-    pub max_connections_per_session: Option<u32>,
-    pub max_queue_depth: Option<u32>,
-    pub default_time2wait: Option<u32>,
-    pub default_time2retain: Option<u32>,
-    pub first_burst_length: Option<u32>,
-    pub immediate_data: Option<bool>,
-    pub error_recovery_level: Option<u32>,
-    pub allow_duplicated_isid: Option<bool>,
-    pub max_large_datain_per_connection: Option<u32>,
-    pub max_r2t_per_connection: Option<u32>,
-    pub pdu_pool_size: Option<u32>,
-    pub immediate_data_pool_size: Option<u32>,
-    pub data_out_pool_size: Option<u32>,
-}
-
 fn in_range(field: &str, v: u32, lo: u32, hi: u32) -> Result<(), TargetError> {
     if v < lo || v > hi {
         return Err(TargetError::Invalid(format!("{field}: {v} is out of range ({lo}..={hi})")));
@@ -156,7 +136,7 @@ impl Options {
 
     /// Checks every range (SPDK's `iscsi_opts_verify`, plus RFC 7143 limits).
     pub fn validate(&self) -> Result<(), TargetError> {
-        crate::node::check_iscsi_name(&self.node_base)
+        crate::target_node::check_iscsi_name(&self.node_base)
             .map_err(|e| TargetError::Invalid(format!("node_base: {e}")))?;
         // MaxSessions and MaxConnections: TSIH and CID are 16-bit.
         in_range("max_sessions", self.max_sessions, 1, 65535)?;
@@ -208,11 +188,54 @@ impl Options {
         }
         v
     }
+
+    /// The `iscsi_set_options` call that restores these options (all of them, as SPDK
+    /// writes them).
+    pub fn config_json(&self) -> Value {
+        json!({"method": "iscsi_set_options", "params": self.info_json()})
+    }
+}
+
+impl IscsiTarget {
+    /// A copy of the global options (the values login negotiation offers).
+    pub fn options(&self) -> Options {
+        self.lock().options.clone()
+    }
+
+    /// `iscsi_set_options`: given values replace current ones. `max_queue_depth` may not go
+    /// below an existing node's queue_depth.
+    pub fn set_options(&self, update: OptionsUpdate) -> Result<(), TargetError> {
+        let mut inner = self.lock();
+        let o = inner.options.updated(update)?;
+        if let Some(n) = inner.nodes.iter().find(|n| n.queue_depth() > o.max_queue_depth) {
+            return Err(TargetError::Invalid(format!(
+                "max_queue_depth: {} is below queue_depth {} of target node {}",
+                o.max_queue_depth,
+                n.queue_depth(),
+                n.name()
+            )));
+        }
+        inner.options = o;
+        Ok(())
+    }
+
+    pub(crate) fn options_json(&self) -> Value {
+        self.lock().options.info_json()
+    }
+}
+
+/// Registers `iscsi_set_options` and `iscsi_get_options`.
+pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
+    let t = target.clone();
+    reg.add("iscsi_set_options", move |p: OptionsUpdate| ok(t.set_options(p)));
+    let t = target.clone();
+    reg.add("iscsi_get_options", move |_: NoParams| Ok(t.options_json()));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::env;
 
     #[test]
     fn defaults_are_valid_and_updates_validate() {
@@ -245,5 +268,37 @@ mod tests {
         o.auth_file = Some("/etc/riser/auth.conf".into());
         assert_eq!(o.info_json()["auth_file"], "/etc/riser/auth.conf");
         assert_eq!(o.info_json()["node_base"], DEFAULT_NODE_BASE);
+    }
+
+    #[test]
+    fn set_options_validates_and_names_the_field() {
+        let e = env();
+        let cases = [
+            (json!({"first_burst_length": 511}), "first_burst_length: 511 is out of range (512..=262144)"),
+            (json!({"first_burst_length": 262145}), "first_burst_length:"),
+            (json!({"first_burst_length": 16777215}), "first_burst_length:"),
+            (json!({"error_recovery_level": 3}), "error_recovery_level: 3 is out of range (0..=2)"),
+            (json!({"max_queue_depth": 0}), "max_queue_depth: 0"),
+            (json!({"max_queue_depth": 257}), "max_queue_depth: 257"),
+            (json!({"max_sessions": 0}), "max_sessions"),
+            (json!({"max_connections_per_session": 65536}), "max_connections_per_session"),
+            (json!({"default_time2wait": 3601}), "default_time2wait"),
+            (json!({"nop_in_interval": 61}), "nop_in_interval"),
+            (json!({"max_r2t_per_connection": 0}), "max_r2t_per_connection"),
+            (json!({"node_base": "not a name"}), "node_base:"),
+            (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
+            (json!({"first_burst_length": -1}), "first_burst_length"),
+            (json!({"immediate_data": "yes"}), "immediate_data"),
+            (json!({"no_such_option": 1}), "no_such_option"),
+        ];
+        for (p, needle) in cases {
+            assert_eq!(e.err("iscsi_set_options", p.clone(), needle), -32602, "{p}");
+        }
+        // Nothing changed by the refused calls.
+        assert_eq!(e.target.options(), crate::Options::default());
+        e.ok("iscsi_set_options", json!({"first_burst_length": 262144, "error_recovery_level": 2, "pdu_pool_size": 1024, "auth_file": "/x"}));
+        let o = e.target.options();
+        assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size), (262144, 2, 1024));
+        assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

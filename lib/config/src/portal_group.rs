@@ -1,12 +1,22 @@
 //! Portal groups: the network portals (IP address, port) a target answers on, grouped under a
-//! Target Portal Group Tag (RFC 7143 §4.4.1). riser adds one flag per portal: `iser`, the
-//! portal speaks iSER (RDMA CM on that address and port) instead of TCP.
+//! Target Portal Group Tag (RFC 7143 §4.4.1), their methods (`iscsi_create_portal_group`,
+//! `iscsi_start_portal_group`, `iscsi_delete_portal_group`, `iscsi_get_portal_groups`) and
+//! their save_config calls. riser adds one flag per portal: `iser`, the portal speaks iSER
+//! (RDMA CM on that address and port) instead of TCP.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize};
+use riser_rpc::params::{ByTag, IscsiCreatePortalGroup, NoParams};
+use riser_rpc::RpcRegistry;
 use serde_json::{json, Value};
+
+/// A portal and its port as `iscsi_create_portal_group` takes them.
+pub use riser_rpc::params::{PortParam, PortalParam};
+
+use crate::rpc::ok;
+use crate::{Inner, IscsiTarget, TargetError};
 
 /// Portal group tags are the 16-bit TPGT (RFC 7143 §13.9); 0 is refused, as SPDK does.
 pub const MAX_PORTAL_GROUP_TAG: u32 = 65535;
@@ -20,6 +30,17 @@ pub struct Portal {
 }
 
 impl Portal {
+    /// Validates a portal as `iscsi_create_portal_group` takes it; `field` (e.g. `portals[0]`)
+    /// prefixes error messages.
+    pub fn parse(p: &PortalParam, field: &str) -> Result<Portal, String> {
+        let ip = parse_host(p.host.trim()).map_err(|e| format!("{field}.host: {e}"))?;
+        let port = match p.port.0.trim().parse::<u16>() {
+            Ok(port) if port > 0 => port,
+            _ => return Err(format!("{field}.port: {:?} is not a port number (1..=65535)", p.port.0)),
+        };
+        Ok(Portal { addr: SocketAddr::new(ip, port), iser: p.iser })
+    }
+
     /// The host as SPDK shows it: dotted IPv4, or IPv6 in brackets.
     pub fn host(&self) -> String {
         host_string(self.addr.ip())
@@ -59,60 +80,6 @@ pub fn parse_host(host: &str) -> Result<IpAddr, String> {
     host.parse::<IpAddr>().map_err(|_| bad())
 }
 
-/// A port as SPDK sends it (a string, "3260") or as a number.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PortParam(pub String);
-
-impl<'de> Deserialize<'de> for PortParam {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = PortParam;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a port number or a string holding one")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<PortParam, E> {
-                Ok(PortParam(s.to_string()))
-            }
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<PortParam, E> {
-                Ok(PortParam(n.to_string()))
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<PortParam, E> {
-                Ok(PortParam(n.to_string()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Serialize for PortParam {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-/// A portal as `iscsi_create_portal_group` takes it.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PortalParam {
-    pub host: String,
-    pub port: PortParam,
-    #[serde(default)]
-    pub iser: bool,
-}
-
-impl PortalParam {
-    /// Validates the address; `field` (e.g. `portals[0]`) prefixes error messages.
-    pub fn parse(&self, field: &str) -> Result<Portal, String> {
-        let ip = parse_host(self.host.trim()).map_err(|e| format!("{field}.host: {e}"))?;
-        let port = match self.port.0.trim().parse::<u16>() {
-            Ok(p) if p > 0 => p,
-            _ => return Err(format!("{field}.port: {:?} is not a port number (1..=65535)", self.port.0)),
-        };
-        Ok(Portal { addr: SocketAddr::new(ip, port), iser: self.iser })
-    }
-}
-
 /// A portal group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortalGroup {
@@ -146,9 +113,120 @@ impl PortalGroup {
     }
 }
 
+impl Inner {
+    pub(crate) fn pg(&self, tag: u32) -> Option<&PortalGroup> {
+        self.portal_groups.iter().find(|g| g.tag == tag)
+    }
+
+    /// A node whose maps use portal group `tag` (named in the refusal), if any.
+    fn pg_user(&self, tag: u32) -> Option<&str> {
+        self.nodes.iter().find(|n| n.is_mapped_to(tag)).map(|n| n.name())
+    }
+}
+
+impl IscsiTarget {
+    /// The portal groups (listeners should serve the portals of the started ones; a
+    /// connection accepted on a portal belongs to that portal's group).
+    pub fn portal_groups(&self) -> Vec<PortalGroup> {
+        self.lock().portal_groups.clone()
+    }
+
+    /// Bumped whenever [`IscsiTarget::portal_groups`] changes: a listener thread may poll it
+    /// instead of (or besides) registering [`IscsiTarget::on_portals_changed`].
+    pub fn portal_generation(&self) -> u64 {
+        self.portal_generation.load(Ordering::Acquire)
+    }
+
+    /// `iscsi_create_portal_group`. A portal (address, port, transport) may belong to one
+    /// group only. With `wait`, listeners stay off until [`Self::start_portal_group`].
+    pub fn create_portal_group(&self, tag: u32, portals: &[PortalParam], private: bool, wait: bool) -> Result<(), TargetError> {
+        {
+            let mut inner = self.lock();
+            if tag == 0 || tag > MAX_PORTAL_GROUP_TAG {
+                return Err(TargetError::Invalid(format!("tag: {tag} is out of range (1..={MAX_PORTAL_GROUP_TAG})")));
+            }
+            if inner.pg(tag).is_some() {
+                return Err(TargetError::Exists(format!("portal group {tag} already exists")));
+            }
+            if portals.is_empty() {
+                return Err(TargetError::Invalid("portals: at least one portal is required".into()));
+            }
+            let mut parsed: Vec<Portal> = Vec::new();
+            for (i, p) in portals.iter().enumerate() {
+                let field = format!("portals[{i}]");
+                let p = Portal::parse(p, &field).map_err(TargetError::Invalid)?;
+                let clash = |q: &Portal| q.addr == p.addr && q.iser == p.iser;
+                if parsed.iter().any(clash) {
+                    return Err(TargetError::Exists(format!("{field}: {} is given twice", p.addr)));
+                }
+                if let Some(g) = inner.portal_groups.iter().find(|g| g.portals.iter().any(clash)) {
+                    return Err(TargetError::Exists(format!("{field}: {} is already in portal group {}", p.addr, g.tag)));
+                }
+                parsed.push(p);
+            }
+            inner.portal_groups.push(PortalGroup { tag, portals: parsed, private, started: !wait });
+        }
+        self.portals_changed();
+        Ok(())
+    }
+
+    /// `iscsi_start_portal_group`: lets a group created with `wait` listen. Starting a
+    /// started group succeeds (SPDK).
+    pub fn start_portal_group(&self, tag: u32) -> Result<(), TargetError> {
+        let changed = {
+            let mut inner = self.lock();
+            let g = inner
+                .portal_groups
+                .iter_mut()
+                .find(|g| g.tag == tag)
+                .ok_or_else(|| TargetError::NotFound(format!("portal group {tag} not found")))?;
+            !std::mem::replace(&mut g.started, true)
+        };
+        if changed {
+            self.portals_changed();
+        }
+        Ok(())
+    }
+
+    /// `iscsi_delete_portal_group`: refused while a target node maps it.
+    pub fn delete_portal_group(&self, tag: u32) -> Result<(), TargetError> {
+        {
+            let mut inner = self.lock();
+            if inner.pg(tag).is_none() {
+                return Err(TargetError::NotFound(format!("portal group {tag} not found")));
+            }
+            if let Some(n) = inner.pg_user(tag) {
+                return Err(TargetError::Busy(format!("portal group {tag} is mapped by target node {n}")));
+            }
+            inner.portal_groups.retain(|g| g.tag != tag);
+        }
+        self.portals_changed();
+        Ok(())
+    }
+
+    pub(crate) fn portal_groups_json(&self) -> Value {
+        Value::Array(self.lock().portal_groups.iter().map(PortalGroup::info_json).collect())
+    }
+}
+
+/// Registers the portal group methods.
+pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
+    let t = target.clone();
+    reg.add("iscsi_create_portal_group", move |p: IscsiCreatePortalGroup| {
+        ok(t.create_portal_group(p.tag, &p.portals, p.private, p.wait))
+    });
+    let t = target.clone();
+    reg.add("iscsi_start_portal_group", move |p: ByTag| ok(t.start_portal_group(p.tag)));
+    let t = target.clone();
+    reg.add("iscsi_delete_portal_group", move |p: ByTag| ok(t.delete_portal_group(p.tag)));
+    let t = target.clone();
+    reg.add("iscsi_get_portal_groups", move |_: NoParams| Ok(t.portal_groups_json()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::env;
 
     fn p(host: &str, port: &str) -> PortalParam {
         PortalParam { host: host.into(), port: PortParam(port.into()), iser: false }
@@ -156,39 +234,29 @@ mod tests {
 
     #[test]
     fn hosts_parse_in_all_spdk_forms() {
-        assert_eq!(p("127.0.0.1", "3260").parse("portals[0]").unwrap().host(), "127.0.0.1");
-        assert_eq!(p("[::1]", "3260").parse("portals[0]").unwrap().host(), "[::1]");
-        assert_eq!(p("::1", "3260").parse("portals[0]").unwrap().host(), "[::1]");
-        let w = p("0.0.0.0", "3261").parse("portals[0]").unwrap();
+        assert_eq!(Portal::parse(&p("127.0.0.1", "3260"), "portals[0]").unwrap().host(), "127.0.0.1");
+        assert_eq!(Portal::parse(&p("[::1]", "3260"), "portals[0]").unwrap().host(), "[::1]");
+        assert_eq!(Portal::parse(&p("::1", "3260"), "portals[0]").unwrap().host(), "[::1]");
+        let w = Portal::parse(&p("0.0.0.0", "3261"), "portals[0]").unwrap();
         assert!(w.is_wildcard());
         assert_eq!(w.addr.port(), 3261);
-        assert!(p("[::]", "3260").parse("x").unwrap().is_wildcard());
+        assert!(Portal::parse(&p("[::]", "3260"), "x").unwrap().is_wildcard());
     }
 
     #[test]
     fn bad_hosts_and_ports_name_the_field() {
         assert_eq!(
-            p("localhost", "3260").parse("portals[1]"),
+            Portal::parse(&p("localhost", "3260"), "portals[1]"),
             Err("portals[1].host: \"localhost\" is not an IPv4 or IPv6 address".into())
         );
-        assert!(p("[::1", "3260").parse("x").is_err());
-        assert!(p("1.2.3.4.5", "3260").parse("x").is_err());
+        assert!(Portal::parse(&p("[::1", "3260"), "x").is_err());
+        assert!(Portal::parse(&p("1.2.3.4.5", "3260"), "x").is_err());
         assert_eq!(
-            p("1.2.3.4", "0").parse("portals[0]"),
+            Portal::parse(&p("1.2.3.4", "0"), "portals[0]"),
             Err("portals[0].port: \"0\" is not a port number (1..=65535)".into())
         );
-        assert!(p("1.2.3.4", "65536").parse("x").is_err());
-        assert!(p("1.2.3.4", "http").parse("x").is_err());
-    }
-
-    #[test]
-    fn port_accepts_string_or_number() {
-        let a: PortalParam = serde_json::from_value(json!({"host": "1.2.3.4", "port": "3260"})).unwrap();
-        let b: PortalParam = serde_json::from_value(json!({"host": "1.2.3.4", "port": 3260, "iser": true})).unwrap();
-        assert_eq!(a.port, b.port);
-        assert!(b.iser);
-        assert!(serde_json::from_value::<PortalParam>(json!({"host": "1.2.3.4", "port": true})).is_err());
-        assert!(serde_json::from_value::<PortalParam>(json!({"host": "h", "port": 1, "cpumask": "0x1"})).is_err());
+        assert!(Portal::parse(&p("1.2.3.4", "65536"), "x").is_err());
+        assert!(Portal::parse(&p("1.2.3.4", "http"), "x").is_err());
     }
 
     #[test]
@@ -212,5 +280,29 @@ mod tests {
         assert!(g.config_json()["params"].get("wait").is_none());
         let w = PortalGroup { started: false, ..g };
         assert_eq!(w.config_json()["params"]["wait"], true);
+    }
+
+    #[test]
+    fn portal_group_errors() {
+        let e = env();
+        let pg = |tag: u32, host: &str| json!({"tag": tag, "portals": [{"host": host, "port": "3260"}]});
+        e.ok("iscsi_create_portal_group", pg(1, "127.0.0.1"));
+        assert_eq!(e.err("iscsi_create_portal_group", pg(1, "127.0.0.2"), "portal group 1 already exists"), -17);
+        assert_eq!(e.err("iscsi_create_portal_group", pg(2, "127.0.0.1"), "portals[0]: 127.0.0.1:3260 is already in portal group 1"), -17);
+        assert_eq!(e.err("iscsi_create_portal_group", pg(0, "127.0.0.2"), "tag: 0 is out of range"), -32602);
+        assert_eq!(e.err("iscsi_create_portal_group", pg(65536, "127.0.0.2"), "tag:"), -32602);
+        assert_eq!(e.err("iscsi_create_portal_group", pg(2, "example.com"), "portals[0].host:"), -32602);
+        assert_eq!(e.err("iscsi_create_portal_group", json!({"tag": 2, "portals": []}), "portals: at least one"), -32602);
+        assert_eq!(e.err("iscsi_create_portal_group", json!({"tag": 2, "portals": [{"host": "1.2.3.4", "port": "x"}]}), "portals[0].port:"), -32602);
+        assert_eq!(e.err("iscsi_create_portal_group", json!({"tag": 2, "portals": [{"host": "1.2.3.4"}]}), "port"), -32602);
+        let twice = json!({"tag": 2, "portals": [{"host": "1.2.3.4", "port": "1"}, {"host": "1.2.3.4", "port": 1}]});
+        assert_eq!(e.err("iscsi_create_portal_group", twice, "portals[1]: 1.2.3.4:1 is given twice"), -17);
+        // The same address may carry a TCP and an iSER portal.
+        e.ok("iscsi_create_portal_group", json!({"tag": 2, "portals": [{"host": "127.0.0.1", "port": "3260", "iser": true}]}));
+        assert_eq!(e.err("iscsi_delete_portal_group", json!({"tag": 9}), "portal group 9 not found"), -19);
+        assert_eq!(e.err("iscsi_start_portal_group", json!({"tag": 9}), "portal group 9 not found"), -19);
+        e.ok("iscsi_start_portal_group", json!({"tag": 2}));
+        e.ok("iscsi_delete_portal_group", json!({"tag": 2}));
+        assert_eq!(e.target.portal_groups().len(), 1);
     }
 }
