@@ -2,12 +2,14 @@
 //! (Notice_Key_Values), a reactor (its session's, or the least loaded for a new session) and
 //! moves there, where its datamover is built and its [`Connection`] starts polling.
 
+use std::net::IpAddr;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use riser_iscsi::ffp::{DatamoverParams, Ffp, FfpConfig, TextResponder};
+use riser_config::{IscsiTarget, SendTargets};
+use riser_iscsi::ffp::{connection_config, Ffp, TargetLimits, TextResponder};
 use riser_iscsi::login::{LoginOutcome, LoginTransport, SessionDecision};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::params::SessionType;
@@ -20,9 +22,6 @@ use crate::login::DISCOVERY_QUEUE_DEPTH;
 use crate::registry::ConnInfo;
 use crate::sessions::{isid_u64, SessionWindows};
 use crate::IscsiServer;
-
-use riser_config::{IscsiTarget, SendTargets};
-use std::net::IpAddr;
 
 impl IscsiServer {
     /// Enable_Datamover for a login that completed on `t`. Returns the connection's id.
@@ -39,31 +38,12 @@ impl IscsiServer {
         }
         let queue_depth = node.as_ref().map_or(DISCOVERY_QUEUE_DEPTH, |n| n.queue_depth());
         let iser = kind == Transport::Iser;
-        let ffp_cfg = FfpConfig {
-            cid: o.identity.cid,
+        let limits = TargetLimits::new(
             queue_depth,
-            immediate_data: s.immediate_data,
-            initial_r2t: s.initial_r2t,
-            first_burst_length: s.first_burst_length,
-            max_burst_length: s.max_burst_length,
-            // iSER initiators post 128-byte receive buffers for full-feature data (Linux,
-            // libiscsi): keep what the target sends within that.
-            initiator_mrdsl: if iser { c.send_limit(true).min(128) } else { c.send_limit(false) },
-            target_mrdsl: c.recv_limit(iser),
-            nop_in_interval: Duration::from_secs(opts.nop_in_interval as u64),
-            nop_timeout: Duration::from_secs(opts.nop_timeout as u64),
-            discovery,
-            largest_write: riser_scsi::MAX_TRANSFER_BYTES as u32,
-        };
-        let dm_params = DatamoverParams {
-            initiator_max_recv_data_segment_length: c.send_limit(iser),
-            target_max_recv_data_segment_length: c.recv_limit(iser),
-            max_burst_length: s.max_burst_length,
-            first_burst_length: s.first_burst_length,
-            max_outstanding_r2t: s.max_outstanding_r2t as u32,
-            header_digest: c.header_digest,
-            data_digest: c.data_digest,
-        };
+            Duration::from_secs(opts.nop_in_interval as u64),
+            Duration::from_secs(opts.nop_timeout as u64),
+        );
+        let (ffp_cfg, dm_params) = connection_config(&o, kind, &limits);
         let isid = isid_u64(&o.identity.isid.0);
         let target_name = s.target_name.clone().unwrap_or_default();
         let tsih = o.tsih();
