@@ -265,6 +265,7 @@ impl Riser {
         let child = self.child.as_mut()?;
         if let Ok(pid) = libc::pid_t::try_from(child.id()) {
             // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::kill(pid, libc::SIGTERM);
             }

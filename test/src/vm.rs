@@ -63,6 +63,7 @@ impl VmLock {
             .open(VM_LOCK)
             .unwrap_or_else(|e| panic!("cannot open the VM lock {VM_LOCK}: {e}"));
         // SAFETY: flock on a descriptor this File owns; no memory is involved.
+        #[allow(unsafe_code)]
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
         assert_eq!(rc, 0, "flock {VM_LOCK}: {}", std::io::Error::last_os_error());
         VmLock(f)
@@ -72,6 +73,7 @@ impl VmLock {
 impl Drop for VmLock {
     fn drop(&mut self) {
         // SAFETY: as above; closing the file would release the lock as well.
+        #[allow(unsafe_code)]
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
