@@ -2,7 +2,8 @@
 //! `scripts/rpc.py` (`riser-rpc bdev_malloc_create -b Malloc0 64 512`).
 //!
 //! Adding a method: a variant in [`Cmd`] (its doc comment is the `--help` line), an args
-//! struct deriving `Args` + `Serialize` whose fields are the JSON params, and one line in
+//! struct deriving `Args` that becomes the method's params (for iSCSI and bdev methods the
+//! struct of [`riser_rpc::params`], the very type the server decodes), and one line in
 //! [`Cmd::into_action`]. Methods without a subcommand still work through the raw mode.
 //! rpc.py's list arguments (`'Malloc0:0 Malloc1:1'`, one quoted argument) are parsed by a
 //! clap value parser into a [`List`], so bad syntax is a usage error before anything is sent.
@@ -16,8 +17,10 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use riser_rpc::client::{ClientError, RpcClient, DEFAULT_SOCKET_PATH};
+use riser_rpc::params::{self, ByName, ByTag, LunParam, PgIgMap, PortParam, PortalParam};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use uuid::Uuid;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -145,18 +148,31 @@ struct BdevMallocCreate {
     name: Option<String>,
     /// UUID of the bdev (random when absent)
     #[arg(short = 'u', long)]
-    uuid: Option<String>,
+    uuid: Option<Uuid>,
     /// Size in MiB
     total_size: f64,
     /// Block size in bytes (512 or 4096)
     block_size: u32,
+}
+
+impl BdevMallocCreate {
+    fn params(self) -> Result<params::BdevMallocCreate, UsageError> {
+        let num_blocks = num_blocks(self.total_size, self.block_size)?;
+        Ok(params::BdevMallocCreate {
+            name: self.name,
+            num_blocks,
+            block_size: self.block_size,
+            uuid: self.uuid,
+            ..Default::default()
+        })
+    }
 }
 
 #[derive(Args, Debug)]
 struct BdevNullCreate {
     /// UUID of the bdev (random when absent)
     #[arg(short = 'u', long)]
-    uuid: Option<String>,
+    uuid: Option<Uuid>,
     /// Bdev name
     name: String,
     /// Size in MiB
@@ -165,17 +181,29 @@ struct BdevNullCreate {
     block_size: u32,
 }
 
-#[derive(Args, Serialize, Debug)]
+impl BdevNullCreate {
+    fn params(self) -> Result<params::BdevNullCreate, UsageError> {
+        let num_blocks = num_blocks(self.total_size, self.block_size)?;
+        Ok(params::BdevNullCreate {
+            name: self.name,
+            num_blocks,
+            block_size: self.block_size,
+            uuid: self.uuid,
+            ..Default::default()
+        })
+    }
+}
+
+#[derive(Args, Debug)]
 struct BdevName {
     /// Bdev name
     name: String,
 }
 
-#[derive(Args, Serialize, Debug)]
+#[derive(Args, Debug)]
 struct BdevGetBdevs {
     /// Only this bdev
     #[arg(short = 'b', long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<String>,
 }
 
@@ -214,8 +242,7 @@ fn split_list(s: &str) -> impl Iterator<Item = &str> {
 }
 
 /// A list argument parsed into items: one command-line argument, sent as a JSON array.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct List<T>(Vec<T>);
 
 /// A portal group / initiator group tag: a whole number (the server checks its range).
@@ -223,17 +250,22 @@ fn parse_tag(s: &str) -> Result<u32, String> {
     s.trim().parse::<u32>().map_err(|_| format!("{s:?} is not a tag (a whole number, 1 or more)"))
 }
 
-/// One portal of `iscsi_create_portal_group`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One portal of `iscsi_create_portal_group` as typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct PortalArg {
     host: String,
     /// A string, as rpc.py sends it.
     port: String,
-    #[serde(skip_serializing_if = "is_false")]
     iser: bool,
     /// rpc.py's old `@CPUMASK` suffix, accepted and ignored (with a warning) as rpc.py does.
-    #[serde(skip)]
     ignored_cpumask: Option<String>,
+}
+
+impl PortalArg {
+    /// What is sent (the CPU mask is not).
+    fn param(&self) -> PortalParam {
+        PortalParam { host: self.host.clone(), port: PortParam(self.port.clone()), iser: self.iser }
+    }
 }
 
 /// `HOST:PORT`, `[IPv6]:PORT`, with an optional `@iser` suffix (riser's extension: an iSER
@@ -275,20 +307,9 @@ fn parse_portals(s: &str) -> Result<List<PortalArg>, String> {
     split_list(s).map(parse_portal).collect::<Result<_, _>>().map(List)
 }
 
-/// One LUN of `iscsi_create_target_node`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-struct LunArg {
-    bdev_name: String,
-    lun_id: u32,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    removable: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    read_only: bool,
-}
-
 /// `'BDEV:LUN BDEV:LUN'` (rpc.py's form), each optionally followed by riser's LUN options
 /// `:removable` and `:read_only`; the LUN id is after the last colon that is not an option.
-fn parse_luns(s: &str) -> Result<List<LunArg>, String> {
+fn parse_luns(s: &str) -> Result<List<LunParam>, String> {
     split_list(s)
         .map(|item| {
             let (mut rest, mut removable, mut read_only) = (item, false, false);
@@ -307,26 +328,19 @@ fn parse_luns(s: &str) -> Result<List<LunArg>, String> {
             let lun_id = id
                 .parse::<u32>()
                 .map_err(|_| format!("LUN {item:?}: {id:?} is not a LUN id (a whole number, 0 or more)"))?;
-            Ok(LunArg { bdev_name: bdev.to_string(), lun_id, removable, read_only })
+            Ok(LunParam { bdev_name: bdev.to_string(), lun_id, removable, read_only })
         })
         .collect::<Result<_, _>>()
         .map(List)
 }
 
-/// One portal group / initiator group pair of a target node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-struct PgIgArg {
-    pg_tag: u32,
-    ig_tag: u32,
-}
-
 /// `'PG:IG PG:IG'` (rpc.py's form), e.g. `'1:1 2:1'`.
-fn parse_pg_ig_maps(s: &str) -> Result<List<PgIgArg>, String> {
+fn parse_pg_ig_maps(s: &str) -> Result<List<PgIgMap>, String> {
     split_list(s)
         .map(|item| {
             let bad = || format!("map {item:?} is not PG_TAG:IG_TAG (two whole numbers, e.g. 1:1)");
             let (pg, ig) = item.split_once(':').ok_or_else(bad)?;
-            Ok(PgIgArg { pg_tag: pg.parse().map_err(|_| bad())?, ig_tag: ig.parse().map_err(|_| bad())? })
+            Ok(PgIgMap { pg_tag: pg.parse().map_err(|_| bad())?, ig_tag: ig.parse().map_err(|_| bad())? })
         })
         .collect::<Result<_, _>>()
         .map(List)
@@ -414,49 +428,43 @@ impl IscsiSetOptions {
     /// Only what was given is sent: each key present replaces the current value. Unlike
     /// rpc.py, a given 0 is sent too (rpc.py drops it, so it cannot set e.g. an
     /// error_recovery_level of 0).
-    fn params(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        let mut put = |k: &str, v: Option<Value>| {
-            if let Some(v) = v {
-                m.insert(k.to_string(), v);
-            }
-        };
-        let flag = |b: bool| b.then_some(Value::Bool(true));
-        put("auth_file", self.auth_file.clone().map(Value::String));
-        put("node_base", self.node_base.clone().map(Value::String));
-        put("nop_timeout", self.nop_timeout.map(Value::from));
-        put("nop_in_interval", self.nop_in_interval.map(Value::from));
-        put("disable_chap", flag(self.disable_chap));
-        put("require_chap", flag(self.require_chap));
-        put("mutual_chap", flag(self.mutual_chap));
-        put("chap_group", self.chap_group.map(Value::from));
-        put("max_sessions", self.max_sessions.map(Value::from));
-        put("max_queue_depth", self.max_queue_depth.map(Value::from));
-        put("max_connections_per_session", self.max_connections_per_session.map(Value::from));
-        put("default_time2wait", self.default_time2wait.map(Value::from));
-        put("default_time2retain", self.default_time2retain.map(Value::from));
-        put("first_burst_length", self.first_burst_length.map(Value::from));
-        let immediate = if self.no_immediate_data { Some(Value::Bool(false)) } else { flag(self.immediate_data) };
-        put("immediate_data", immediate);
-        put("error_recovery_level", self.error_recovery_level.map(Value::from));
-        put("allow_duplicated_isid", flag(self.allow_duplicated_isid));
-        put("max_large_datain_per_connection", self.max_large_datain_per_connection.map(Value::from));
-        put("max_r2t_per_connection", self.max_r2t_per_connection.map(Value::from));
-        put("pdu_pool_size", self.pdu_pool_size.map(Value::from));
-        put("immediate_data_pool_size", self.immediate_data_pool_size.map(Value::from));
-        put("data_out_pool_size", self.data_out_pool_size.map(Value::from));
-        Value::Object(m)
+    fn params(self) -> params::IscsiSetOptions {
+        let flag = |b: bool| b.then_some(true);
+        params::IscsiSetOptions {
+            auth_file: self.auth_file,
+            node_base: self.node_base,
+            nop_timeout: self.nop_timeout,
+            nop_in_interval: self.nop_in_interval,
+            disable_chap: flag(self.disable_chap),
+            require_chap: flag(self.require_chap),
+            mutual_chap: flag(self.mutual_chap),
+            chap_group: self.chap_group,
+            max_sessions: self.max_sessions,
+            max_connections_per_session: self.max_connections_per_session,
+            max_queue_depth: self.max_queue_depth,
+            default_time2wait: self.default_time2wait,
+            default_time2retain: self.default_time2retain,
+            first_burst_length: self.first_burst_length,
+            immediate_data: if self.no_immediate_data { Some(false) } else { flag(self.immediate_data) },
+            error_recovery_level: self.error_recovery_level,
+            allow_duplicated_isid: flag(self.allow_duplicated_isid),
+            max_large_datain_per_connection: self.max_large_datain_per_connection,
+            max_r2t_per_connection: self.max_r2t_per_connection,
+            pdu_pool_size: self.pdu_pool_size,
+            immediate_data_pool_size: self.immediate_data_pool_size,
+            data_out_pool_size: self.data_out_pool_size,
+        }
     }
 }
 
-#[derive(Args, Serialize, Debug)]
+#[derive(Args, Debug)]
 struct IscsiTag {
     /// Group tag (a whole number, 1 or more)
     #[arg(value_parser = parse_tag)]
     tag: u32,
 }
 
-#[derive(Args, Serialize, Debug)]
+#[derive(Args, Debug)]
 struct IscsiCreatePortalGroup {
     /// Portal group tag (a whole number, 1 or more)
     #[arg(value_parser = parse_tag)]
@@ -470,24 +478,29 @@ struct IscsiCreatePortalGroup {
         help = "Portals, HOST:PORT separated by spaces or commas, IPv6 in brackets; a suffix @iser makes \
                 an iSER portal. E.g. '127.0.0.1:3260 [::1]:3260' or 192.0.2.1:3260@iser"
     )]
-    #[serde(serialize_with = "flatten_lists")]
     portals: Vec<List<PortalArg>>,
     /// Private group: its portals are not returned by discovery (SendTargets)
     #[arg(short = 'p', long)]
-    #[serde(skip_serializing_if = "is_false")]
     private: bool,
     /// Do not listen until iscsi_start_portal_group
     #[arg(short = 'w', long)]
-    #[serde(skip_serializing_if = "is_false")]
     wait: bool,
 }
 
-/// Several list arguments (`a b` given as two arguments, or `'a b'` as one) sent as one list.
-fn flatten_lists<S: serde::Serializer, T: Serialize>(lists: &[List<T>], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(lists.iter().flat_map(|l| &l.0))
+impl IscsiCreatePortalGroup {
+    /// Several list arguments (`a b` given as two arguments, or `'a b'` as one) are sent as
+    /// one list.
+    fn params(&self) -> params::IscsiCreatePortalGroup {
+        params::IscsiCreatePortalGroup {
+            tag: self.tag,
+            portals: self.portals.iter().flat_map(|l| &l.0).map(PortalArg::param).collect(),
+            private: self.private,
+            wait: self.wait,
+        }
+    }
 }
 
-#[derive(Args, Serialize, Debug)]
+#[derive(Args, Debug)]
 struct IscsiCreateInitiatorGroup {
     /// Initiator group tag (a whole number, 1 or more)
     #[arg(value_parser = parse_tag)]
@@ -503,22 +516,36 @@ struct IscsiCreateInitiatorGroup {
     netmasks: List<String>,
 }
 
-#[derive(Args, Serialize, Debug)]
+impl IscsiCreateInitiatorGroup {
+    fn params(self) -> params::IscsiCreateInitiatorGroup {
+        params::IscsiCreateInitiatorGroup { tag: self.tag, initiators: self.initiators.0, netmasks: self.netmasks.0 }
+    }
+}
+
+#[derive(Args, Debug)]
 struct IscsiChangeInitiatorGroup {
     /// Initiator group tag
     #[arg(value_parser = parse_tag)]
     tag: u32,
     /// Initiator names separated by spaces
     #[arg(short = 'n', long, value_name = "INITIATORS", value_parser = parse_words)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     initiators: Option<List<String>>,
     /// Netmasks separated by spaces
     #[arg(short = 'm', long, value_name = "NETMASKS", value_parser = parse_words)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     netmasks: Option<List<String>>,
 }
 
-#[derive(Args, Serialize, Debug)]
+impl IscsiChangeInitiatorGroup {
+    fn params(self) -> params::IscsiChangeInitiatorGroup {
+        params::IscsiChangeInitiatorGroup {
+            tag: self.tag,
+            initiators: self.initiators.map(|l| l.0),
+            netmasks: self.netmasks.map(|l| l.0),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
 struct IscsiCreateTargetNode {
     /// Target node name: a full iqn./eui./naa. name, or a short one put after node_base
     name: String,
@@ -528,39 +555,51 @@ struct IscsiCreateTargetNode {
     /// follow as ':removable' (a removable medium) and ':read_only' (write-protected), e.g.
     /// 'Malloc0:0 Malloc1:1:removable'
     #[arg(value_name = "BDEV:LUN ...", value_parser = parse_luns)]
-    luns: List<LunArg>,
+    luns: List<LunParam>,
     /// Portal group to initiator group maps, PG_TAG:IG_TAG separated by spaces, e.g. '1:1 2:1'
     #[arg(value_name = "PG:IG ...", value_parser = parse_pg_ig_maps)]
-    pg_ig_maps: List<PgIgArg>,
+    pg_ig_maps: List<PgIgMap>,
     /// Most outstanding commands per session
     queue_depth: u32,
     /// CHAP disabled for this node (exclusive with --require-chap)
     #[arg(short = 'd', long, conflicts_with = "require_chap")]
-    #[serde(skip_serializing_if = "is_false")]
     disable_chap: bool,
     /// CHAP required for this node
     #[arg(short = 'r', long)]
-    #[serde(skip_serializing_if = "is_false")]
     require_chap: bool,
     /// Mutual (bidirectional) CHAP
     #[arg(short = 'm', long)]
-    #[serde(skip_serializing_if = "is_false")]
     mutual_chap: bool,
     /// Authentication group of this node
     #[arg(short = 'g', long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     chap_group: Option<u32>,
     /// Require HeaderDigest=CRC32C
     #[arg(short = 'H', long)]
-    #[serde(skip_serializing_if = "is_false")]
     header_digest: bool,
     /// Require DataDigest=CRC32C
     #[arg(short = 'D', long)]
-    #[serde(skip_serializing_if = "is_false")]
     data_digest: bool,
 }
 
-#[derive(Args, Serialize, Debug)]
+impl IscsiCreateTargetNode {
+    fn params(self) -> params::IscsiCreateTargetNode {
+        params::IscsiCreateTargetNode {
+            name: self.name,
+            alias_name: Some(self.alias_name),
+            pg_ig_maps: self.pg_ig_maps.0,
+            luns: self.luns.0,
+            queue_depth: Some(self.queue_depth),
+            disable_chap: self.disable_chap,
+            require_chap: self.require_chap,
+            mutual_chap: self.mutual_chap,
+            chap_group: self.chap_group,
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
 struct IscsiTargetNodeAddLun {
     /// Target node name (full, or as given to iscsi_create_target_node)
     name: String,
@@ -568,29 +607,38 @@ struct IscsiTargetNodeAddLun {
     bdev_name: String,
     /// LUN id (the lowest free one when absent or -1)
     #[arg(short = 'i', long, allow_negative_numbers = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     lun_id: Option<i64>,
     /// riser's extension: report a removable medium (PREVENT ALLOW MEDIUM REMOVAL, START STOP
     /// UNIT eject and load)
     #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     removable: bool,
     /// riser's extension: the LUN is write-protected (writes fail with DATA PROTECT)
     #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     read_only: bool,
 }
 
-#[derive(Args, Serialize, Debug)]
+impl IscsiTargetNodeAddLun {
+    fn params(self) -> params::IscsiTargetNodeAddLun {
+        params::IscsiTargetNodeAddLun {
+            name: self.name,
+            bdev_name: self.bdev_name,
+            lun_id: self.lun_id,
+            removable: self.removable,
+            read_only: self.read_only,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
 struct IscsiNodeMaps {
     /// Target node name
     name: String,
     /// PG_TAG:IG_TAG pairs separated by spaces, e.g. '1:1 2:1'
     #[arg(value_name = "PG:IG ...", value_parser = parse_pg_ig_maps)]
-    pg_ig_maps: List<PgIgArg>,
+    pg_ig_maps: List<PgIgMap>,
 }
 
-#[derive(Args, Serialize, Debug)]
+#[derive(Args, Debug)]
 struct IscsiNodeName {
     /// Target node name, e.g. iqn.2016-06.io.riser:disk1
     name: String,
@@ -614,11 +662,10 @@ impl Cmd {
             Cmd::SpdkGetVersion | Cmd::FrameworkGetReactors | Cmd::FrameworkGetSubsystems => None,
             Cmd::RpcGetMethods(a) => to_params(&a)?,
             Cmd::FrameworkGetConfig(a) => to_params(&a)?,
-            Cmd::BdevMallocCreate(a) => Some(sized_bdev_params(a.name, a.uuid, a.total_size, a.block_size)?),
-            Cmd::BdevMallocDelete(a) => to_params(&a)?,
-            Cmd::BdevNullCreate(a) => Some(sized_bdev_params(Some(a.name), a.uuid, a.total_size, a.block_size)?),
-            Cmd::BdevNullDelete(a) => to_params(&a)?,
-            Cmd::BdevGetBdevs(a) => to_params(&a)?,
+            Cmd::BdevMallocCreate(a) => to_params(&a.params()?)?,
+            Cmd::BdevMallocDelete(a) | Cmd::BdevNullDelete(a) => to_params(&ByName { name: a.name })?,
+            Cmd::BdevNullCreate(a) => to_params(&a.params()?)?,
+            Cmd::BdevGetBdevs(a) => to_params(&params::BdevGetBdevs { name: a.name, ..Default::default() })?,
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
@@ -632,15 +679,19 @@ impl Cmd {
                         eprintln!("warning: {}:{}: a portal CPU mask (@{mask}) is no longer supported; ignoring it", p.host, p.port);
                     }
                 }
-                to_params(&a)?
+                to_params(&a.params())?
             }
-            Cmd::IscsiStartPortalGroup(a) | Cmd::IscsiDeletePortalGroup(a) | Cmd::IscsiDeleteInitiatorGroup(a) => to_params(&a)?,
-            Cmd::IscsiCreateInitiatorGroup(a) => to_params(&a)?,
-            Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a)?,
-            Cmd::IscsiCreateTargetNode(a) => to_params(&a)?,
-            Cmd::IscsiTargetNodeAddLun(a) => to_params(&a)?,
-            Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => to_params(&a)?,
-            Cmd::IscsiDeleteTargetNode(a) => to_params(&a)?,
+            Cmd::IscsiStartPortalGroup(a) | Cmd::IscsiDeletePortalGroup(a) | Cmd::IscsiDeleteInitiatorGroup(a) => {
+                to_params(&ByTag { tag: a.tag })?
+            }
+            Cmd::IscsiCreateInitiatorGroup(a) => to_params(&a.params())?,
+            Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a.params())?,
+            Cmd::IscsiCreateTargetNode(a) => to_params(&a.params())?,
+            Cmd::IscsiTargetNodeAddLun(a) => to_params(&a.params())?,
+            Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => {
+                to_params(&params::IscsiNodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
+            }
+            Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
@@ -659,14 +710,9 @@ fn to_params<T: Serialize>(args: &T) -> Result<Option<Value>, UsageError> {
     })
 }
 
-/// `{name?, num_blocks, block_size, uuid?}` from a size in MiB, refusing a size that is
-/// not a whole number of blocks (as rpc.py does) rather than silently rounding it down.
-fn sized_bdev_params(
-    name: Option<String>,
-    uuid: Option<String>,
-    total_size_mib: f64,
-    block_size: u32,
-) -> Result<Value, UsageError> {
+/// The number of blocks of a size in MiB, refusing a size that is not a whole number of
+/// blocks (as rpc.py does) rather than silently rounding it down.
+fn num_blocks(total_size_mib: f64, block_size: u32) -> Result<u64, UsageError> {
     if block_size == 0 {
         return Err(UsageError("block size must be greater than 0".into()));
     }
@@ -682,16 +728,7 @@ fn sized_bdev_params(
             "total size {total_size_mib} MiB ({bytes} bytes) is not a multiple of the block size {block_size}"
         )));
     }
-    let mut p = json!({ "num_blocks": num_blocks, "block_size": block_size });
-    if let Some(obj) = p.as_object_mut() {
-        if let Some(name) = name {
-            obj.insert("name".into(), Value::String(name));
-        }
-        if let Some(uuid) = uuid {
-            obj.insert("uuid".into(), Value::String(uuid));
-        }
-    }
-    Ok(p)
+    Ok(num_blocks)
 }
 
 /// Raw mode: `riser-rpc METHOD [JSON]` for a method without a subcommand.
@@ -820,6 +857,8 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     /// What `riser-rpc ARGS..` would send: (method, params), or the usage error and its exit
@@ -904,13 +943,13 @@ mod tests {
 
     #[test]
     fn luns_and_maps_parse() {
-        let l = |b: &str, id: u32| LunArg { bdev_name: b.into(), lun_id: id, removable: false, read_only: false };
+        let l = |b: &str, id: u32| LunParam { bdev_name: b.into(), lun_id: id, removable: false, read_only: false };
         assert_eq!(parse_luns("Malloc0:0 Malloc1:1"), Ok(List(vec![l("Malloc0", 0), l("Malloc1", 1)])));
         assert_eq!(parse_luns(" Malloc5:2 "), Ok(List(vec![l("Malloc5", 2)])));
         // The id is after the last colon.
         assert_eq!(parse_luns("ns:a:7"), Ok(List(vec![l("ns:a", 7)])));
         // riser's LUN options, in any order, after the id.
-        let opts = |b: &str, id: u32, removable, read_only| LunArg { bdev_name: b.into(), lun_id: id, removable, read_only };
+        let opts = |b: &str, id: u32, removable, read_only| LunParam { bdev_name: b.into(), lun_id: id, removable, read_only };
         assert_eq!(
             parse_luns("M0:0:removable M1:1:read_only M2:2:read_only:removable"),
             Ok(List(vec![opts("M0", 0, true, false), opts("M1", 1, false, true), opts("M2", 2, true, true)]))
@@ -928,7 +967,7 @@ mod tests {
             assert!(e.contains(needle), "{bad}: {e:?} lacks {needle:?}");
         }
 
-        let m = |pg: u32, ig: u32| PgIgArg { pg_tag: pg, ig_tag: ig };
+        let m = |pg: u32, ig: u32| PgIgMap { pg_tag: pg, ig_tag: ig };
         assert_eq!(parse_pg_ig_maps("1:1 2:2 2:1"), Ok(List(vec![m(1, 1), m(2, 2), m(2, 1)])));
         assert_eq!(parse_pg_ig_maps("1:1,3:4"), Ok(List(vec![m(1, 1), m(3, 4)])));
         for bad in ["1", "1:", ":1", "a:1", "1:b", "1:1:1", "1-1", "1:-1"] {
@@ -944,6 +983,30 @@ mod tests {
         assert_eq!(parse_tag("7"), Ok(7));
         assert!(parse_tag("x").unwrap_err().contains("is not a tag"));
         assert!(parse_tag("-1").is_err());
+    }
+
+    #[test]
+    fn bdev_commands() {
+        assert_eq!(
+            params(&["bdev_malloc_create", "-b", "Malloc0", "64", "512"]),
+            json!({"name": "Malloc0", "num_blocks": 131072, "block_size": 512})
+        );
+        let u = "4f2c6e1a-9b7d-4c3e-8a5f-0d1e2f3a4b5c";
+        assert_eq!(params(&["bdev_malloc_create", "-u", u, "0.5", "4096"]), json!({"num_blocks": 128, "block_size": 4096, "uuid": u}));
+        let upper = u.to_uppercase();
+        assert_eq!(
+            params(&["bdev_null_create", "-u", &upper, "Null0", "16", "4096"]),
+            json!({"name": "Null0", "num_blocks": 4096, "block_size": 4096, "uuid": u})
+        );
+        for m in ["bdev_malloc_delete", "bdev_null_delete"] {
+            assert_eq!(params(&[m, "Malloc0"]), json!({"name": "Malloc0"}));
+        }
+        assert_eq!(params(&["bdev_get_bdevs"]), Value::Null);
+        assert_eq!(params(&["bdev_get_bdevs", "-b", "Null0"]), json!({"name": "Null0"}));
+        refused(&["bdev_malloc_create", "1", "3000"], "not a multiple of the block size");
+        refused(&["bdev_malloc_create", "1", "0"], "block size must be greater than 0");
+        refused(&["bdev_null_create", "N", "0", "512"], "invalid total size");
+        refused(&["bdev_malloc_create", "-u", "not-a-uuid", "1", "512"], "invalid value");
     }
 
     #[test]
