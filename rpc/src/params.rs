@@ -7,7 +7,7 @@
 //! anyway (a `false` flag, an absent option, a zero default), as rpc.py leaves it out, so a
 //! request built here stays SPDK's shape.
 //!
-//! A field that may be absent but not `null` is an `Option` decoded with [`not_null`]: absent
+//! A field that may be absent but not `null` is an `Option` decoded with `not_null`: absent
 //! is `None`, `null` is refused as for a plain field. A plain `Option` field also takes `null`.
 
 use serde::de::{self, Deserializer, Visitor};
