@@ -3,10 +3,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use riser_rpc::params::{BdevGetBdevs, BdevMallocCreate, BdevNullCreate, ByName};
 use riser_rpc::{RpcError, RpcRegistry};
-use serde::Deserialize;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use crate::{info_json, BdevRegistry, RegistryError};
 
@@ -17,50 +16,6 @@ impl Bdevs {
     fn bdevs(&self) -> MutexGuard<'_, BdevRegistry> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MallocCreate {
-    name: Option<String>,
-    num_blocks: u64,
-    block_size: u32,
-    uuid: Option<Uuid>,
-    /// Accepted for SPDK configs; riser's malloc has no I/O boundary.
-    #[serde(default)]
-    #[allow(dead_code)]
-    optimal_io_boundary: u32,
-    #[serde(default)]
-    md_size: u32,
-    /// SPDK's name: several logical blocks per physical block (e.g. 4096 over 512).
-    physical_block_size: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NullCreate {
-    name: String,
-    num_blocks: u64,
-    block_size: u32,
-    uuid: Option<Uuid>,
-    #[serde(default)]
-    md_size: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ByName {
-    name: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GetBdevs {
-    name: Option<String>,
-    /// SPDK's wait-for-bdev timeout; riser's bdevs exist as soon as they are created.
-    #[serde(default)]
-    #[allow(dead_code)]
-    timeout: u64,
 }
 
 fn to_rpc(e: RegistryError) -> RpcError {
@@ -89,7 +44,7 @@ fn no_metadata(md_size: u32) -> Result<(), RpcError> {
 pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     let app = Arc::new(Bdevs(bdevs.clone()));
     let a = app.clone();
-    reg.add("bdev_malloc_create", move |p: MallocCreate| {
+    reg.add("bdev_malloc_create", move |p: BdevMallocCreate| {
         no_metadata(p.md_size)?;
         let name = a
             .bdevs()
@@ -103,7 +58,7 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
         Ok(Value::Bool(true))
     });
     let a = app.clone();
-    reg.add("bdev_null_create", move |p: NullCreate| {
+    reg.add("bdev_null_create", move |p: BdevNullCreate| {
         no_metadata(p.md_size)?;
         let name = a.bdevs().create_null(&p.name, p.num_blocks, p.block_size, p.uuid).map_err(to_rpc)?;
         Ok(Value::String(name))
@@ -114,7 +69,7 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
         Ok(Value::Bool(true))
     });
     let a = app.clone();
-    reg.add("bdev_get_bdevs", move |p: GetBdevs| {
+    reg.add("bdev_get_bdevs", move |p: BdevGetBdevs| {
         let bdevs = a.bdevs();
         let list: Vec<Value> = bdevs
             .iter()
