@@ -22,6 +22,7 @@ use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
 use riser_iscsi::pdu::{Op, Pdu, RejectReason, BHS_LEN};
 use riser_iscsi::serial::Itt;
 
+use super::error::IserError;
 use super::header::{IserHeader, TaggedBuffer, ISER_HDR_LEN};
 
 /// A local buffer for a work request: address, length, local key.
@@ -61,13 +62,13 @@ pub struct Completion {
 
 /// The verbs the datamover uses on its queue pair.
 pub trait IserQp {
-    fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), String>;
+    fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), IserError>;
     /// Posts several receives as one chain (one doorbell).
-    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), String> {
+    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), IserError> {
         wrs.iter().try_for_each(|&(id, sge)| self.post_recv(id, sge))
     }
     /// Posts `wrs` as one chain (one doorbell).
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String>;
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), IserError>;
     /// Appends up to `max` completions.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
     /// Moves the QP to the error state (flushes everything outstanding) and disconnects.
@@ -263,7 +264,7 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// Takes a connected QP whose memory pools are registered (`pools` = recv, send, data
     /// from [`IserDatamover::pools`]) and posts the whole receive ring (RFC 7145: before the
     /// final Login Response is sent).
-    pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, String> {
+    pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, IserError> {
         let (recv, send, data) = pools;
         let mut dm = IserDatamover {
             qp,
@@ -321,13 +322,13 @@ impl<Q: IserQp> IserDatamover<Q> {
     }
 
     /// Builds the SEND of a control PDU into a send slot; None when no slot is free.
-    fn stage_control(&mut self, pdu: &Pdu) -> Option<Result<(u32, Sge), String>> {
+    fn stage_control(&mut self, pdu: &Pdu) -> Option<Result<(u32, Sge), IserError>> {
         let slot = self.send.alloc()?;
         let mut msg = Vec::with_capacity(ISER_HDR_LEN + BHS_LEN + pdu.data.len());
         msg.extend_from_slice(&IserHeader::TARGET_CONTROL);
         if let Err(e) = pdu.encode_message(&mut msg) {
             self.send.release(slot);
-            return Some(Err(format!("cannot encode {:?}: {e}", pdu.opcode())));
+            return Some(Err(IserError::Encode { opcode: pdu.opcode(), source: e }));
         }
         let room = self.send.slot_size();
         if msg.len() > room {
@@ -705,11 +706,11 @@ mod tests {
     }
 
     impl IserQp for FakeQp {
-        fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), String> {
+        fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), IserError> {
             self.recvs.push_back((wr_id, sge));
             Ok(())
         }
-        fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
+        fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), IserError> {
             self.chains.push(wrs.len());
             self.queued.extend_from_slice(wrs);
             Ok(())

@@ -3,9 +3,11 @@
 //! Write STag. The header codec is here; the verbs-driven datamover builds on `bindings/`.
 
 pub mod conn;
+pub mod error;
 pub mod header;
 pub mod portal;
 pub mod shared_cq;
 pub mod verbs;
 
+pub use error::IserError;
 pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};

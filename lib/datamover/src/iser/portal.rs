@@ -48,6 +48,7 @@ use riser_rdma::{
 };
 
 use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
+use super::error::IserError;
 use super::header::{cm, IserHeader, ISER_HDR_LEN};
 use super::shared_cq::CqSet;
 use super::verbs::{registered_pool, VerbsCq, VerbsQp};
@@ -87,7 +88,7 @@ impl PortalTransport for IserPortal {
     fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String> {
         let addr = portal.addr;
         let channel = EventChannel::new().map_err(|e| format!("rdma_cm event channel: {e}"))?;
-        let listener = listen(&channel, addr)?;
+        let listener = listen(&channel, addr).map_err(|e| e.to_string())?;
         thread::Builder::new()
             .name(format!("iser-{}", addr.port()))
             .spawn(move || run(channel, listener, portal, sink, stop))
@@ -97,10 +98,10 @@ impl PortalTransport for IserPortal {
 }
 
 /// A listening id on `addr` (bound to the device that has the address).
-fn listen(channel: &EventChannel, addr: SocketAddr) -> Result<CmId, String> {
-    let listener = CmId::new(channel).map_err(|e| format!("rdma_cm id: {e}"))?;
-    listener.bind_addr(addr).map_err(|e| format!("bind {addr} (is there an RDMA device with this address?): {e}"))?;
-    listener.listen(128).map_err(|e| format!("listen on {addr}: {e}"))?;
+fn listen(channel: &EventChannel, addr: SocketAddr) -> Result<CmId, IserError> {
+    let listener = CmId::new(channel)?;
+    listener.bind_addr(addr).map_err(|source| IserError::Bind { addr, source })?;
+    listener.listen(128).map_err(|source| IserError::Listen { addr, source })?;
     Ok(listener)
 }
 
@@ -222,13 +223,13 @@ fn setup(
     peer_responder_resources: u8,
     peer_initiator_depth: u8,
     reactor: usize,
-) -> Result<IserLogin, String> {
-    let ctx: Arc<Context> = id.context().map_err(|e| e.to_string())?.ok_or("no device for the connection")?;
-    let attr = ctx.query_device().map_err(|e| e.to_string())?;
+) -> Result<IserLogin, IserError> {
+    let ctx: Arc<Context> = id.context()?.ok_or(IserError::NoDevice)?;
+    let attr = ctx.query_device()?;
     let pd = match pds.get(ctx.name()).filter(|pd| pd.context().as_raw() == ctx.as_raw()) {
         Some(pd) => pd.clone(),
         None => {
-            let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+            let pd = ProtectionDomain::new(&ctx)?;
             pds.insert(ctx.name().to_string(), pd.clone());
             pd
         }
@@ -240,7 +241,8 @@ fn setup(
     let depth = send_wr + recv_wr;
     let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
     let shared = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
-        let cq = CompletionQueue::new(&ctx, cap, None, 0).map_err(|e| format!("cannot create a CQ of {cap} entries: {e}"))?;
+        let cq =
+            CompletionQueue::new(&ctx, cap, None, 0).map_err(|source| IserError::CreateCq { entries: cap, source })?;
         Ok((VerbsCq::new(cq), cap))
     })?;
     id.create_qp(
@@ -252,11 +254,10 @@ fn setup(
             caps: QpCaps { max_send_wr: send_wr, max_recv_wr: recv_wr, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
             sq_sig_all: false,
         },
-    )
-    .map_err(|e| e.to_string())?;
-    let qp_num = id.qp().map(|q| q.qp_num()).ok_or("no queue pair")?;
+    )?;
+    let qp_num = id.qp().map(|q| q.qp_num()).ok_or(IserError::NoQueuePair)?;
     let member = shared.join(qp_num, depth)?;
-    let peer = id.peer_addr().ok_or("no peer address")?;
+    let peer = id.peer_addr().ok_or(IserError::NoPeerAddress)?;
     let local = id.local_addr();
     // Our RDMA Reads are bounded by what the peer can answer (its responder resources).
     let rd_depth = peer_responder_resources.min(attr.max_qp_init_rd_atom.min(255) as u8).max(1);
@@ -271,15 +272,13 @@ fn setup(
     // it registers every task's memory, its default); no private data: not.
     let send_invalidate = private_data.len() >= 4 && flags & cm::SEND_W_INV_NOT_SUPPORTED == 0;
     let reply = cm::reply(send_invalidate);
-    qp.cm_id()
-        .accept(&ConnParam {
-            private_data: &reply,
-            responder_resources: peer_initiator_depth.min(attr.max_qp_rd_atom.min(255) as u8),
-            initiator_depth: rd_depth,
-            rnr_retry_count: 7,
-            ..Default::default()
-        })
-        .map_err(|e| e.to_string())?;
+    qp.cm_id().accept(&ConnParam {
+        private_data: &reply,
+        responder_resources: peer_initiator_depth.min(attr.max_qp_rd_atom.min(255) as u8),
+        initiator_depth: rd_depth,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })?;
     Ok(IserLogin {
         qp: Some(qp),
         dm: None,
@@ -412,13 +411,14 @@ impl LoginTransport for IserLogin {
         }
         let qp = self.qp.as_mut().ok_or(TransportError::Closed)?;
         if !last {
-            qp.post_recv(WR_LOGIN_RECV, self.login_buf.sge(0, LOGIN_SLOT)).map_err(TransportError::Failed)?;
+            qp.post_recv(WR_LOGIN_RECV, self.login_buf.sge(0, LOGIN_SLOT))
+                .map_err(|e| TransportError::Failed(e.to_string()))?;
         }
         let mut msg = IserHeader::TARGET_CONTROL.to_vec();
         pdu.encode_message(&mut msg).map_err(|e| TransportError::Failed(format!("cannot encode response: {e}")))?;
         self.login_buf.write(1, &msg);
         let wr = SendWr { wr_id: WR_LOGIN_SEND, op: SendOp::Send, sge: self.login_buf.sge(1, msg.len()), signaled: true };
-        qp.post_send(&[wr]).map_err(TransportError::Failed)
+        qp.post_send(&[wr]).map_err(|e| TransportError::Failed(e.to_string()))
     }
 
     fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {
@@ -429,10 +429,10 @@ impl LoginTransport for IserLogin {
             ..IserConfig::default()
         };
         let [r, s, d] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
-        let pools = (|| -> Result<(Pool, Pool, Pool), String> {
+        let pools = (|| -> Result<(Pool, Pool, Pool), IserError> {
             Ok((registered_pool(&self.pd, r.0, r.1)?, registered_pool(&self.pd, s.0, s.1)?, registered_pool(&self.pd, d.0, d.1)?))
         })()
-        .map_err(TransportError::Failed)?;
+        .map_err(|e| TransportError::Failed(e.to_string()))?;
         let qp = self.qp.take().ok_or(TransportError::Closed)?;
         let dm = IserDatamover::new(qp, cfg, pools)
             .map_err(|e| TransportError::Failed(format!("cannot post the receive ring: {e}")))?;

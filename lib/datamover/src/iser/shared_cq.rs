@@ -19,11 +19,12 @@ use std::sync::{Arc, Mutex, Weak};
 use crossbeam_queue::SegQueue;
 
 use super::conn::Completion;
+use super::error::IserError;
 
 /// What a shared CQ is polled through: the verbs CQ, or a fake in tests.
 pub trait CqSource: Send + Sync {
     /// Appends up to `max` (qp_num, completion) pairs; returns how many, or an error.
-    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, String>;
+    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, IserError>;
 }
 
 /// Where one QP's completions wait for it.
@@ -98,10 +99,10 @@ impl<S: CqSource> SharedCq<S> {
     }
 
     /// Registers QP `qp_num` (before anything is posted on it), reserving `depth` entries.
-    pub fn join(self: &Arc<Self>, qp_num: u32, depth: u32) -> Result<CqMember<S>, String> {
+    pub fn join(self: &Arc<Self>, qp_num: u32, depth: u32) -> Result<CqMember<S>, IserError> {
         let mut d = self.lock();
         if d.reserved + depth > self.capacity {
-            return Err(format!("completion queue full ({} of {} entries reserved)", d.reserved, self.capacity));
+            return Err(IserError::CqFull { reserved: d.reserved, capacity: self.capacity });
         }
         d.reserved += depth;
         let inbox = Arc::new(Inbox::default());
@@ -112,7 +113,7 @@ impl<S: CqSource> SharedCq<S> {
     /// Drains the CQ into the inboxes unless another thread is doing it; returns how many
     /// completions were sorted. A completion for a QP no longer registered is dropped
     /// (its connection is gone, and so is what the work request held).
-    pub fn drain(&self) -> Result<usize, String> {
+    pub fn drain(&self) -> Result<usize, IserError> {
         let Ok(mut d) = self.demux.try_lock() else { return Ok(0) };
         let d = &mut *d;
         let mut total = 0;
@@ -197,8 +198,8 @@ impl<S: CqSource> CqSet<S> {
         device: usize,
         reactor: usize,
         depth: u32,
-        open: impl FnOnce() -> Result<(S, u32), String>,
-    ) -> Result<Arc<SharedCq<S>>, String> {
+        open: impl FnOnce() -> Result<(S, u32), IserError>,
+    ) -> Result<Arc<SharedCq<S>>, IserError> {
         let mut all = self.cqs.lock().unwrap_or_else(|p| p.into_inner());
         for v in all.values_mut() {
             v.retain(|w| w.strong_count() > 0);
@@ -210,7 +211,7 @@ impl<S: CqSource> CqSet<S> {
         }
         let (source, capacity) = open()?;
         if depth > capacity {
-            return Err(format!("a QP of {depth} work requests does not fit a CQ of {capacity}"));
+            return Err(IserError::QpDeeperThanCq { depth, capacity });
         }
         let cq = SharedCq::new(source, capacity);
         v.push(Arc::downgrade(&cq));
@@ -244,7 +245,7 @@ mod tests {
     }
 
     impl CqSource for FakeCq {
-        fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, String> {
+        fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, IserError> {
             let mut q = self.q.lock().unwrap();
             let n = q.len().min(max);
             out.extend(q.drain(..n));
@@ -300,6 +301,7 @@ mod tests {
         let a = cq.join(1, 60).unwrap();
         assert!(!cq.has_room(41));
         assert!(cq.join(2, 41).is_err());
+        assert_eq!(cq.join(2, 41).err(), Some(IserError::CqFull { reserved: 60, capacity: 100 }));
         let b = cq.join(2, 40).unwrap();
         // QP number 1 reused by a new QP before the old one's membership ends: the old one
         // leaving does not take the new one's inbox.
@@ -340,5 +342,6 @@ mod tests {
         drop(m2);
         assert!(set.is_empty());
         assert!(set.cq_for(1, 0, 200, open).is_err(), "a QP larger than a whole CQ");
+        assert_eq!(set.cq_for(1, 0, 200, open).err(), Some(IserError::QpDeeperThanCq { depth: 200, capacity: 100 }));
     }
 }

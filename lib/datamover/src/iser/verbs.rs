@@ -7,6 +7,7 @@ use std::sync::Arc;
 use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
 
 use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
+use super::error::IserError;
 use super::shared_cq::{CqMember, CqSource};
 
 impl RegisteredMemory for MemoryRegion {
@@ -33,9 +34,10 @@ impl RegisteredMemory for MemoryRegion {
 
 /// A pool over freshly registered memory: `count` slots of `slot` bytes, local write and
 /// remote read/write (the initiator never sees these keys; RDMA Read needs local write).
-pub fn registered_pool(pd: &Arc<ProtectionDomain>, count: usize, slot: usize) -> Result<Pool, String> {
-    let mr = MemoryRegion::zeroed(pd, count * slot, Access::LOCAL_WRITE)
-        .map_err(|e| format!("cannot register {} bytes: {e}", count * slot))?;
+pub fn registered_pool(pd: &Arc<ProtectionDomain>, count: usize, slot: usize) -> Result<Pool, IserError> {
+    let bytes = count * slot;
+    let mr = MemoryRegion::zeroed(pd, bytes, Access::LOCAL_WRITE)
+        .map_err(|source| IserError::Registration { bytes, source })?;
     Ok(Pool::new(Box::new(mr), count, slot))
 }
 
@@ -62,10 +64,10 @@ impl VerbsCq {
 }
 
 impl CqSource for VerbsCq {
-    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, String> {
+    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, IserError> {
         let mut wcs = [WorkCompletion::default(); 64];
         let max = max.min(wcs.len());
-        let n = self.cq.poll(&mut wcs[..max]).map_err(|e| e.to_string())?;
+        let n = self.cq.poll(&mut wcs[..max])?;
         out.extend(wcs[..n].iter().map(|wc| (wc.qp_num, completion(wc))));
         Ok(n)
     }
@@ -109,20 +111,20 @@ fn sge(s: Sge) -> riser_rdma::Sge {
 }
 
 impl IserQp for VerbsQp {
-    fn post_recv(&mut self, wr_id: u64, s: Sge) -> Result<(), String> {
-        let qp = self.id.qp().ok_or("no queue pair")?;
-        qp.post_recv(wr_id, &[sge(s)]).map_err(|e| e.to_string())
+    fn post_recv(&mut self, wr_id: u64, s: Sge) -> Result<(), IserError> {
+        let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
+        Ok(qp.post_recv(wr_id, &[sge(s)])?)
     }
 
-    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), String> {
-        let qp = self.id.qp().ok_or("no queue pair")?;
+    fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), IserError> {
+        let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
         let sges: Vec<[riser_rdma::Sge; 1]> = wrs.iter().map(|&(_, s)| [sge(s)]).collect();
         let chain: Vec<RecvWr<'_>> = wrs.iter().zip(sges.iter()).map(|(&(wr_id, _), s)| RecvWr { wr_id, sges: s }).collect();
-        qp.post_recvs(&chain).map_err(|e| e.to_string())
+        Ok(qp.post_recvs(&chain)?)
     }
 
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
-        let qp = self.id.qp().ok_or("no queue pair")?;
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), IserError> {
+        let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
         let sges: Vec<[riser_rdma::Sge; 1]> = wrs.iter().map(|w| [sge(w.sge)]).collect();
         let chain: Vec<RSendWr<'_>> = wrs
             .iter()
@@ -142,7 +144,7 @@ impl IserQp for VerbsQp {
                 }
             })
             .collect();
-        qp.post_send(&chain).map_err(|e| e.to_string())
+        Ok(qp.post_send(&chain)?)
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
