@@ -20,8 +20,8 @@ use serde::Serialize;
 use riser_bdev::{Bdev, BdevIo, BdevRegistry, IoBuf, IoChannel, IoCompletion, IoKind};
 use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, ReactorSet};
 
-use crate::conn::Dir;
 use crate::report::{Recorder, Report, Window, WorkerResult};
+use crate::scsi::Dir;
 use crate::workload::{self, PollModeArg, Workload};
 
 const MIB: u64 = 1024 * 1024;
@@ -276,6 +276,8 @@ impl OpGen {
 
     /// The next I/O: (kind, offset in blocks).
     #[inline]
+    // Endless: an Iterator would only wrap every I/O in Some.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> (IoKind, u64) {
         let (dir, slot) = self.units.next();
         let kind = match dir {

@@ -3,7 +3,8 @@
 //! MaxRecvDataSegmentLength, a 2-command CmdSN window), raises a UNIT ATTENTION on the first
 //! TEST UNIT READY, splits reads over several Data-In PDUs (status in the last one or in a
 //! separate SCSI Response, alternately), and solicits write data with R2Ts after the
-//! unsolicited burst. It records every rule the initiator breaks in `violations`.
+//! unsolicited burst. It answers pings (NOP-Out), ABORT TASK of a write still waiting for
+//! data and LOGICAL UNIT RESET. It records every rule the initiator breaks in `violations`.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -13,7 +14,8 @@ use std::thread::JoinHandle;
 
 use riser_iscsi::framer::{Framer, FramerLimits};
 use riser_iscsi::pdu::{
-    DataIn, Digests, LoginResponse, LoginStatus, LogoutResponse, Op, Pdu, R2t, ScsiResponse, Stage,
+    tmf, DataIn, Digests, LoginResponse, LoginStatus, LogoutResponse, NopIn, Op, Pdu, R2t,
+    ScsiResponse, Stage, TaskMgmtResponse,
 };
 use riser_iscsi::serial::{Itt, Sn, Ttt};
 use riser_iscsi::text::{encode_pairs, parse_pairs};
@@ -36,6 +38,9 @@ pub struct Observed {
     pub unsolicited_data_outs: usize,
     pub answered_offer: bool,
     pub logged_out: bool,
+    /// NOP-Outs and task management requests received.
+    pub nops: usize,
+    pub tmfs: usize,
 }
 
 struct Write_ {
@@ -116,7 +121,7 @@ impl Conn {
         };
         let keys = parse_pairs(&p.data).unwrap_or_default();
         let has = |k: &str, v: &str| keys.iter().any(|(a, b)| a == k && b == v);
-        if !has("InitiatorName", crate::conn::INITIATOR_NAME) || !has("SessionType", "Normal") {
+        if !has("InitiatorName", crate::session::INITIATOR_NAME) || !has("SessionType", "Normal") {
             violation(&self.obs, format!("bad security-stage keys {keys:?}"));
         }
         self.exp_cmd_sn = r.cmd_sn;
@@ -410,6 +415,53 @@ impl Conn {
                     }
                     self.progress_write(d.itt);
                 }
+                Op::NopOut(n) => {
+                    self.immediate(n.cmd_sn);
+                    if let Ok(mut o) = self.obs.lock() {
+                        o.nops += 1;
+                    }
+                    if !n.itt.is_reserved() {
+                        let s = self.next_stat();
+                        let r = NopIn {
+                            lun: n.lun,
+                            itt: n.itt,
+                            ttt: Ttt::RESERVED,
+                            stat_sn: s,
+                            exp_cmd_sn: self.exp_cmd_sn,
+                            max_cmd_sn: self.max_cmd_sn(),
+                        };
+                        self.send(Pdu::with_data(Op::NopIn(r), p.data.clone()));
+                    }
+                }
+                Op::TaskMgmtRequest(t) => {
+                    self.immediate(t.cmd_sn);
+                    if let Ok(mut o) = self.obs.lock() {
+                        o.tmfs += 1;
+                    }
+                    let response = match t.function {
+                        tmf::ABORT_TASK => {
+                            if self.writes.remove(&t.referenced_task_tag.0).is_some() {
+                                tmf::response::FUNCTION_COMPLETE
+                            } else {
+                                tmf::response::TASK_DOES_NOT_EXIST
+                            }
+                        }
+                        tmf::LOGICAL_UNIT_RESET => {
+                            self.writes.clear();
+                            tmf::response::FUNCTION_COMPLETE
+                        }
+                        _ => tmf::response::FUNCTION_NOT_SUPPORTED,
+                    };
+                    let s = self.next_stat();
+                    let r = TaskMgmtResponse {
+                        response,
+                        itt: t.itt,
+                        stat_sn: s,
+                        exp_cmd_sn: self.exp_cmd_sn,
+                        max_cmd_sn: self.max_cmd_sn(),
+                    };
+                    self.send(Pdu::new(Op::TaskMgmtResponse(r)));
+                }
                 Op::LogoutRequest(l) => {
                     let s = self.next_stat();
                     let r = LogoutResponse {
@@ -431,6 +483,16 @@ impl Conn {
             }
         }
         true
+    }
+
+    /// An immediate request carries the next CmdSN without using it up.
+    fn immediate(&mut self, cmd_sn: Sn) {
+        if cmd_sn != self.exp_cmd_sn {
+            violation(
+                &self.obs,
+                format!("immediate CmdSN {cmd_sn:?}, expected {:?}", self.exp_cmd_sn),
+            );
+        }
     }
 
     fn handle_cdb(&mut self, cdb: &[u8; 16], itt: Itt, edtl: u32) {

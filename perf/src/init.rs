@@ -21,11 +21,12 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::iser::Session;
-use crate::conn::{Completion, Dir, LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
 use crate::report::{Latency, Recorder, Report, Window, WorkerResult};
-use crate::url::{self, TargetUrl, Transport};
+use crate::scsi::{Completion, Dir};
+use crate::session::{LoginOptions, Negotiated, INITIATOR_NAME, MAX_QD};
 use crate::sys::{self, pin_to, rusage, thread_cpu};
+use crate::transport::Session;
+use crate::url::{self, TargetUrl, Transport};
 use crate::verify::{self, Mismatches};
 use crate::workload::{OpGen, PollModeArg, Workload};
 

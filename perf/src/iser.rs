@@ -28,10 +28,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riser_datamover::iser::header::{cm, IserHeader, TaggedBuffer, ISER_HDR_LEN};
-use riser_iscsi::pdu::{
-    raw_data_segment_len, raw_total_ahs_len, Bhs, Lun, Op, BHS_LEN, MAX_AHS_LENGTH,
-};
+use riser_datamover::iser::header::{cm, IserHeader, TaggedBuffer};
+use riser_iscsi::pdu::{Bhs, Lun, Op, MAX_AHS_LENGTH};
 use riser_iscsi::serial::Itt;
 use riser_rdma::{
     Access, CmEvent, CmEventType, CmId, CompletionChannel, CompletionQueue, ConnParam,
@@ -39,16 +37,17 @@ use riser_rdma::{
     WorkCompletion, WrData,
 };
 
-use crate::conn::{
-    rw_cdb, status, CmdResult, Completion, Conn, Dir, IoError, IserKeys, KeyNegotiation,
-    LoginOptions, Negotiated, ScsiExec, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
+use crate::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
+use crate::session::{
+    self, IserKeys, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
+    SessionState, TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
 };
-use crate::session::{self, Outcome, Received, SessionState, TaskState, Tasks, Transport};
 use crate::sys::wait_fd;
-use crate::url::{self, TargetUrl};
+use crate::url::TargetUrl;
 
-/// iSER header + BHS: a bare control-type PDU.
-pub const HDRS: usize = ISER_HDR_LEN + BHS_LEN;
+mod wire;
+pub use wire::{encode_headers, parse_message, rw_header, HDRS};
+
 /// One receive buffer: the largest PDU the target may send (login text or a full-feature
 /// data segment, whichever limit is higher, plus a maximal AHS).
 const RECV_SLOT: usize =
@@ -81,72 +80,6 @@ struct PendingSend {
     wr_id: u64,
     sges: [Sge; 2],
     n: usize,
-}
-
-/// The iSER header of a READ or WRITE command whose data buffer is `len` bytes at `va` under
-/// `stag`, `immediate` of them sent in the command's SEND (Linux's convention: the Write
-/// Base Offset points past the unsolicited part, which the target does not read again).
-pub fn rw_header(dir: Dir, len: u32, immediate: u32, stag: u32, va: u64) -> IserHeader {
-    match dir {
-        Dir::Read => IserHeader::Control {
-            write: None,
-            read: Some(TaggedBuffer {
-                stag,
-                base_offset: va,
-            }),
-        },
-        Dir::Write => IserHeader::Control {
-            write: (len > immediate).then_some(TaggedBuffer {
-                stag,
-                base_offset: va + immediate as u64,
-            }),
-            read: None,
-        },
-    }
-}
-
-/// The first 76 bytes of a SEND: iSER header, then the BHS with its data segment length
-/// (the data, no padding and no digests, follows in the same SEND).
-pub fn encode_headers(hdr: IserHeader, op: Op, data_len: usize) -> [u8; HDRS] {
-    let mut out = [0u8; HDRS];
-    let mut h = [0u8; ISER_HDR_LEN];
-    hdr.write(&mut h);
-    out[..ISER_HDR_LEN].copy_from_slice(&h);
-    let bhs = Bhs {
-        total_ahs_length: 0,
-        data_segment_length: data_len as u32,
-        op,
-    };
-    let mut b = [0u8; BHS_LEN];
-    bhs.write(&mut b);
-    out[ISER_HDR_LEN..].copy_from_slice(&b);
-    out
-}
-
-/// Parses the headers of a received message of `len` bytes whose first bytes are `head`:
-/// the BHS and where its data segment lies (offset from the message start, length).
-pub fn parse_message(head: &[u8; HDRS], len: usize) -> Result<(Bhs, usize, usize), String> {
-    if len < HDRS {
-        return Err(format!(
-            "a {len}-byte message, shorter than the iSER and iSCSI headers ({HDRS} bytes)"
-        ));
-    }
-    match IserHeader::parse(head) {
-        Ok(IserHeader::Control { .. }) => {}
-        Ok(other) => return Err(format!("unexpected iSER message {other:?}")),
-        Err(e) => return Err(format!("bad iSER header: {e}")),
-    }
-    let mut b = [0u8; BHS_LEN];
-    b.copy_from_slice(&head[ISER_HDR_LEN..]);
-    let ahs = raw_total_ahs_len(&b);
-    let dsl = raw_data_segment_len(&b);
-    if HDRS + ahs + dsl > len {
-        return Err(format!(
-            "a PDU with {ahs} bytes of AHS and a {dsl}-byte data segment in a {len}-byte message"
-        ));
-    }
-    let bhs = Bhs::parse(&b).map_err(|e| format!("malformed PDU: {e}"))?;
-    Ok((bhs, HDRS + ahs, dsl))
 }
 
 pub struct IserConn {
@@ -494,7 +427,8 @@ impl IserConn {
 
     fn do_login(&mut self, url: &TargetUrl, opts: &LoginOptions) -> Result<(), String> {
         let deadline = self.deadline();
-        let neg = session::login(self, url, opts, KeyNegotiation::new_iser(), deadline)?;
+        let params = LoginParams::for_url(url, opts);
+        let neg = session::login(self, &params, KeyNegotiation::new_iser(), deadline)?;
         if !neg.iser_result.rdma_extensions {
             return Err(format!(
                 "{}: the target did not accept RDMAExtensions=Yes (not an iSER portal?)",
@@ -577,11 +511,11 @@ impl IserConn {
     }
 
     pub fn wait_ready(&mut self) -> Result<(), String> {
-        crate::conn::wait_ready(self)
+        scsi::wait_ready(self)
     }
 
     pub fn read_capacity(&mut self) -> Result<(), String> {
-        let (bs, n) = crate::conn::read_capacity(self)?;
+        let (bs, n) = scsi::read_capacity(self)?;
         self.block_size = bs;
         self.num_blocks = n;
         Ok(())
@@ -708,6 +642,7 @@ impl IserConn {
             status,
             sense,
             residual,
+            ..
         } = o;
         let bs = self.bs;
         let t = self.t.finish(slot);
@@ -843,7 +778,6 @@ impl IserConn {
             .s
             .receive(label, &h.op, data, |itt| tasks.slot_of(label, itt))?
         {
-            Received::Done => {}
             Received::Ping(reply) => {
                 let plain = IserHeader::Control {
                     write: None,
@@ -853,6 +787,8 @@ impl IserConn {
                 self.send_ctrl(plain, Op::NopOut(reply), &data[..echo])?;
             }
             Received::Complete(o) => self.complete(o, out),
+            // Done (Reject, LogoutRequested and Dropping are errors from receive()).
+            _ => {}
         }
         Ok(())
     }
@@ -944,397 +880,6 @@ impl Drop for IserConn {
                     }
                 }
                 Err(_) => break,
-            }
-        }
-    }
-}
-
-/// One session over either transport: what the client threads drive.
-#[allow(clippy::large_enum_variant)] // one per session, never moved on the data path
-pub enum Session {
-    Tcp(Conn),
-    Iser(Box<IserConn>),
-}
-
-/// Calls the same method on either transport.
-macro_rules! both {
-    ($self:expr, $c:ident => $e:expr) => {
-        match $self {
-            Session::Tcp($c) => $e,
-            Session::Iser($c) => $e,
-        }
-    };
-}
-
-impl Session {
-    /// Connects and logs in over the URL's transport; `qd`: the I/Os it will carry at once.
-    pub fn login(url: &TargetUrl, opts: &LoginOptions, qd: usize) -> Result<Session, String> {
-        match url.transport {
-            url::Transport::Tcp => Conn::login(url, opts).map(Session::Tcp),
-            url::Transport::Iser => {
-                IserConn::login(url, opts, qd).map(|c| Session::Iser(Box::new(c)))
-            }
-        }
-    }
-
-    pub fn label(&self) -> &str {
-        both!(self, c => &c.label)
-    }
-
-    pub fn is_iser(&self) -> bool {
-        matches!(self, Session::Iser(_))
-    }
-
-    pub fn neg(&self) -> Negotiated {
-        both!(self, c => c.neg)
-    }
-
-    /// The iSER keys (None on TCP).
-    pub fn iser_keys(&self) -> Option<IserKeys> {
-        match self {
-            Session::Tcp(_) => None,
-            Session::Iser(c) => Some(c.iser),
-        }
-    }
-
-    pub fn block_size(&self) -> u32 {
-        both!(self, c => c.block_size)
-    }
-
-    pub fn num_blocks(&self) -> u64 {
-        both!(self, c => c.num_blocks)
-    }
-
-    pub fn wait_ready(&mut self) -> Result<(), String> {
-        both!(self, c => c.wait_ready())
-    }
-
-    pub fn read_capacity(&mut self) -> Result<(), String> {
-        both!(self, c => c.read_capacity())
-    }
-
-    pub fn logout(&mut self) -> Result<(), String> {
-        both!(self, c => c.logout())
-    }
-
-    /// `copy_reads`: whether read data must be readable through [`Self::buf`] (verify);
-    /// TCP always has it.
-    pub fn start_io(&mut self, qd: usize, bs: usize, copy_reads: bool) -> Result<(), String> {
-        match self {
-            Session::Tcp(c) => {
-                c.start_io(qd, bs);
-                Ok(())
-            }
-            Session::Iser(c) => c.start_io(qd, bs, copy_reads),
-        }
-    }
-
-    #[inline]
-    pub fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32) {
-        both!(self, c => c.submit(slot, dir, lba, blocks))
-    }
-
-    #[inline]
-    pub fn flush(&mut self) -> Result<bool, String> {
-        both!(self, c => c.flush())
-    }
-
-    #[inline]
-    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<bool, String> {
-        both!(self, c => c.poll(out))
-    }
-
-    pub fn inflight(&self) -> usize {
-        both!(self, c => c.inflight())
-    }
-
-    pub fn lba(&self, slot: usize) -> u64 {
-        both!(self, c => c.lba(slot))
-    }
-
-    pub fn buf(&self, slot: usize) -> &[u8] {
-        both!(self, c => c.buf(slot))
-    }
-
-    pub fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
-        both!(self, c => c.buf_mut(slot))
-    }
-
-    /// Before sleeping in poll(2) when idle: the fd and events to wait for (the socket; for
-    /// iSER the armed CQ's completion channel), or None when there is work already (no sleep).
-    pub fn sleep_fd(&mut self) -> Option<(i32, i16)> {
-        match self {
-            Session::Tcp(c) => {
-                let mut events = libc::POLLIN;
-                if c.wants_write() {
-                    events |= libc::POLLOUT;
-                }
-                Some((c.fd(), events))
-            }
-            Session::Iser(c) => c.arm().map(|fd| (fd, libc::POLLIN)),
-        }
-    }
-
-    /// After the sleep.
-    pub fn woke(&mut self) {
-        if let Session::Iser(c) = self {
-            c.disarm();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use riser_iscsi::pdu::{Opcode, ScsiCommand, ScsiResponse};
-    use riser_iscsi::serial::Sn;
-
-    fn cmd(dir: Dir, len: u32) -> ScsiCommand {
-        ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: dir == Dir::Read,
-            write: dir == Dir::Write,
-            attr: 1,
-            lun: Lun(0x0001_0000_0000_0000),
-            itt: Itt(0x0003_0007),
-            expected_data_transfer_length: len,
-            cmd_sn: Sn(42),
-            exp_stat_sn: Sn(9),
-            cdb: rw_cdb(dir, 0x1000, len / 512),
-        }
-    }
-
-    #[test]
-    fn read_command_advertises_the_read_stag() {
-        let h = rw_header(Dir::Read, 65536, 0, 0xabcd_0123, 0x7f00_0001_0000);
-        let m = encode_headers(h, Op::ScsiCommand(cmd(Dir::Read, 65536)), 0);
-        // Control, R bit only; Write STag/VA zero; Read STag and VA big-endian.
-        assert_eq!(m[0], 0x14);
-        assert_eq!(&m[1..16], &[0u8; 15]);
-        assert_eq!(&m[16..20], &[0xab, 0xcd, 0x01, 0x23]);
-        assert_eq!(&m[20..28], &0x7f00_0001_0000u64.to_be_bytes());
-        // BHS: SCSI Command, F and R set, no data segment, EDTL 64 KiB, CmdSN 42.
-        assert_eq!(m[28] & 0x3f, 0x01);
-        assert_eq!(m[29], 0x80 | 0x40 | 1);
-        assert_eq!(&m[28 + 4..28 + 8], &[0, 0, 0, 0]);
-        assert_eq!(&m[28 + 20..28 + 24], &65536u32.to_be_bytes());
-        assert_eq!(&m[28 + 24..28 + 28], &42u32.to_be_bytes());
-        assert_eq!(m[28 + 32], 0x28, "READ (10) CDB");
-        let (bhs, ds, dl) = parse_message(&m, HDRS).unwrap();
-        assert_eq!((ds, dl), (HDRS, 0));
-        assert_eq!(bhs.op.opcode(), Some(Opcode::ScsiCommand));
-    }
-
-    #[test]
-    fn write_command_with_immediate_data() {
-        // 64 KiB write, 8 KiB immediate: W bit, Write VA past the immediate part.
-        let h = rw_header(Dir::Write, 65536, 8192, 0x55, 0x1000_0000);
-        let m = encode_headers(h, Op::ScsiCommand(cmd(Dir::Write, 65536)), 8192);
-        assert_eq!(m[0], 0x18);
-        assert_eq!(&m[4..8], &0x55u32.to_be_bytes());
-        assert_eq!(&m[8..16], &(0x1000_0000u64 + 8192).to_be_bytes());
-        assert_eq!(&m[16..28], &[0u8; 12]);
-        assert_eq!(m[29], 0x80 | 0x20 | 1, "F and W");
-        assert_eq!(&m[28 + 5..28 + 8], &[0, 0x20, 0], "DataSegmentLength 8192");
-        // Everything immediate: no Write STag at all.
-        let h = rw_header(Dir::Write, 4096, 4096, 0x55, 0x1000_0000);
-        assert_eq!(
-            h,
-            IserHeader::Control {
-                write: None,
-                read: None
-            }
-        );
-        // No immediate data: the whole buffer is advertised.
-        let h = rw_header(Dir::Write, 4096, 0, 0x55, 0x1000_0000);
-        assert_eq!(
-            h,
-            IserHeader::Control {
-                write: Some(TaggedBuffer {
-                    stag: 0x55,
-                    base_offset: 0x1000_0000
-                }),
-                read: None
-            }
-        );
-    }
-
-    #[test]
-    fn received_messages_are_checked() {
-        let resp = ScsiResponse {
-            bidi_read_residual_overflow: false,
-            bidi_read_residual_underflow: false,
-            residual_overflow: false,
-            residual_underflow: false,
-            response: 0,
-            status: 2,
-            itt: Itt(5),
-            snack_tag: 0,
-            stat_sn: Sn(1),
-            exp_cmd_sn: Sn(2),
-            max_cmd_sn: Sn(33),
-            exp_data_sn: Sn(0),
-            bidi_read_residual_count: 0,
-            residual_count: 0,
-        };
-        let plain = IserHeader::Control {
-            write: None,
-            read: None,
-        };
-        let m = encode_headers(plain, Op::ScsiResponse(resp), 20);
-        assert_eq!(m[0], 0x10);
-        let (bhs, ds, dl) = parse_message(&m, HDRS + 20).unwrap();
-        assert!(matches!(bhs.op, Op::ScsiResponse(ref r) if r.status == 2 && r.itt == Itt(5)));
-        assert_eq!((ds, dl), (HDRS, 20));
-        // The data segment must fit the message.
-        assert!(parse_message(&m, HDRS + 19)
-            .unwrap_err()
-            .contains("20-byte data segment"));
-        assert!(parse_message(&m, 40).unwrap_err().contains("shorter"));
-        let mut hello = m;
-        hello[0] = 0x20;
-        assert!(parse_message(&hello, HDRS + 20)
-            .unwrap_err()
-            .contains("unexpected iSER message"));
-        hello[0] = 0x70;
-        assert!(parse_message(&hello, HDRS + 20)
-            .unwrap_err()
-            .contains("bad iSER header"));
-    }
-
-    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn iser_key_negotiation() {
-        let mut n = KeyNegotiation::new_iser();
-        let prop = n.operational_proposal();
-        let get = |k: &str| prop.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str());
-        assert_eq!(get("RDMAExtensions"), Some("Yes"));
-        assert_eq!(get("HeaderDigest"), Some("None"));
-        assert_eq!(get("DataDigest"), Some("None"));
-        assert_eq!(get("InitiatorRecvDataSegmentLength"), Some("8192"));
-        assert_eq!(get("TargetRecvDataSegmentLength"), Some("8192"));
-        assert_eq!(get("MaxOutstandingUnexpectedPDUs"), Some("0"));
-        assert_eq!(get("InitialR2T"), Some("Yes"));
-        assert_eq!(
-            get("MaxRecvDataSegmentLength"),
-            None,
-            "replaced by the iSER keys"
-        );
-        // riser's answers (lib/iscsi negotiate.rs) and a declared MaxRecvDataSegmentLength.
-        let ans = n
-            .take_response(&pairs(&[
-                ("HeaderDigest", "None"),
-                ("DataDigest", "None"),
-                ("RDMAExtensions", "Yes"),
-                ("InitiatorRecvDataSegmentLength", "8192"),
-                ("TargetRecvDataSegmentLength", "4096"),
-                ("MaxOutstandingUnexpectedPDUs", "NotUnderstood"),
-                ("ImmediateData", "Yes"),
-                ("InitialR2T", "Yes"),
-                ("FirstBurstLength", "65536"),
-                ("MaxRecvDataSegmentLength", "262144"),
-            ]))
-            .unwrap();
-        assert!(ans.is_empty(), "{ans:?}");
-        assert_eq!(
-            n.iser_result,
-            IserKeys {
-                rdma_extensions: true,
-                target_recv_dsl: 4096,
-                initiator_recv_dsl: 8192,
-                max_outstanding_unexpected_pdus: 0
-            }
-        );
-        assert!(n.result.immediate_data && n.result.initial_r2t);
-        assert_eq!(n.result.first_burst, 65536);
-
-        // Offers from the target are answered (Minimum keys at most our value).
-        let mut n = KeyNegotiation::new_iser();
-        let ans = n
-            .take_response(&pairs(&[
-                ("RDMAExtensions", "Yes"),
-                ("TargetRecvDataSegmentLength", "1048576"),
-                ("InitiatorRecvDataSegmentLength", "262144"),
-                ("MaxOutstandingUnexpectedPDUs", "32"),
-                ("iSERHelloRequired", "Yes"),
-                ("MaxAHSLength", "256"),
-            ]))
-            .unwrap();
-        assert_eq!(
-            ans,
-            pairs(&[
-                ("RDMAExtensions", "Yes"),
-                ("TargetRecvDataSegmentLength", "8192"),
-                ("InitiatorRecvDataSegmentLength", "8192"),
-                ("MaxOutstandingUnexpectedPDUs", "32"),
-                ("iSERHelloRequired", "No"),
-                ("MaxAHSLength", "256"),
-            ])
-        );
-        assert_eq!(n.iser_result.target_recv_dsl, 8192);
-        assert_eq!(n.iser_result.initiator_recv_dsl, 8192);
-        assert_eq!(n.iser_result.max_outstanding_unexpected_pdus, 32);
-
-        // A refusal and bad values.
-        let mut n = KeyNegotiation::new_iser();
-        n.operational_proposal();
-        n.take_response(&pairs(&[("RDMAExtensions", "No")]))
-            .unwrap();
-        assert!(!n.iser_result.rdma_extensions);
-        n.take_response(&pairs(&[("RDMAExtensions", "NotUnderstood")]))
-            .unwrap();
-        assert!(!n.iser_result.rdma_extensions);
-        assert!(n
-            .take_response(&pairs(&[("TargetRecvDataSegmentLength", "100")]))
-            .unwrap_err()
-            .contains("outside"));
-        assert!(n
-            .take_response(&pairs(&[("MaxOutstandingUnexpectedPDUs", "1")]))
-            .unwrap_err()
-            .contains("MaxOutstandingUnexpectedPDUs"));
-        // On TCP the iSER keys stay refused.
-        let mut t = KeyNegotiation::new(false, false);
-        let ans = t
-            .take_response(&pairs(&[
-                ("RDMAExtensions", "Yes"),
-                ("TargetRecvDataSegmentLength", "8192"),
-            ]))
-            .unwrap();
-        assert_eq!(
-            ans,
-            pairs(&[
-                ("RDMAExtensions", "No"),
-                ("TargetRecvDataSegmentLength", "NotUnderstood")
-            ])
-        );
-    }
-
-    /// Without an RDMA device (the build machine) an iser:// login fails with a message, no
-    /// panic.
-    #[test]
-    fn login_without_rdma_is_a_clear_error() {
-        let url = crate::url::parse("iser://127.0.0.1:3260/iqn.2024-01.test:x/0").unwrap();
-        let opts = LoginOptions {
-            initiator_name: crate::conn::INITIATOR_NAME.into(),
-            header_digest: false,
-            data_digest: false,
-            timeout: Duration::from_secs(2),
-            isid: [0x80, 0, 0, 0, 0, 1],
-        };
-        match Session::login(&url, &opts, 4) {
-            Ok(_) => panic!("an iSER login to 127.0.0.1 cannot succeed"),
-            Err(e) => {
-                eprintln!("{e}");
-                assert!(
-                    e.starts_with("iser://127.0.0.1:3260/iqn.2024-01.test:x/0: "),
-                    "{e}"
-                );
             }
         }
     }

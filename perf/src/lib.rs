@@ -10,7 +10,10 @@
 //!   ([`plot`], which also draws `--plot FILE.svg`, the latency chart of one run).
 //!
 //! The initiator's protocol logic is kept free of I/O in [`session`]: sequence numbers, the
-//! login exchange, task bookkeeping and the handling of received PDUs.
+//! login exchange, task bookkeeping and the handling of received PDUs. Besides serving the
+//! TCP and iSER transports, it is usable on its own through [`session::PduSession`], which
+//! takes and returns whole [`riser_iscsi::pdu::Pdu`]s: tests can drive a target over an
+//! in-memory transport with it. [`scsi`] has the SCSI side (CDBs, status, sense).
 
 pub mod bdev;
 pub mod conn;
@@ -20,8 +23,10 @@ pub mod init;
 pub mod iser;
 pub mod plot;
 pub mod report;
+pub mod scsi;
 pub mod session;
 pub mod sys;
+pub mod transport;
 pub mod url;
 pub mod verify;
 pub mod workload;
@@ -32,7 +37,9 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Checks a numeric flag: `--flag V is out of range: use LO to HI[ unit]`.
 pub fn in_range(flag: &str, v: u64, lo: u64, hi: u64, unit: &str) -> Result<(), String> {
     if v < lo || v > hi {
-        return Err(format!("{flag} {v} is out of range: use {lo} to {hi}{unit}"));
+        return Err(format!(
+            "{flag} {v} is out of range: use {lo} to {hi}{unit}"
+        ));
     }
     Ok(())
 }

@@ -1,26 +1,48 @@
-//! The transport-independent part of one initiator session, shared by the TCP connection
-//! ([`crate::conn::Conn`]) and the iSER one ([`crate::iser::IserConn`]): the sequence numbers
-//! and the CmdSN window, the management task (setup commands, logout), the task slots of the
-//! data path, the login exchange, and what a received PDU that moves no data asks for (SCSI
-//! Response, NOP-In, Async Message, Reject, Logout / Text / Task Management responses).
+//! The transport-independent part of one initiator session, free of I/O: the sequence
+//! numbers and the CmdSN window ([`SessionState`]), the management task (setup commands,
+//! logout), the task slots of the data path ([`Tasks`]), the login exchange
+//! ([`LoginExchange`], with [`KeyNegotiation`]), the Data-Out PDUs of a write, and what a
+//! received PDU asks for (Data-In, R2T, SCSI Response, NOP-In, Async Message, Reject,
+//! Logout / Text / Task Management responses).
 //!
-//! Each transport keeps its own I/O (socket reads and writes, RDMA posts) and plugs it in
-//! through [`Transport`].
+//! It serves riser-perf's TCP connection ([`crate::conn::Conn`]) and iSER one
+//! ([`crate::iser::IserConn`]), which keep their own I/O (socket reads and writes, RDMA
+//! posts) and plug it in through [`Transport`]; and [`PduSession`], the same initiator
+//! over whole [`Pdu`](riser_iscsi::pdu::Pdu)s that the caller carries, for tests that
+//! drive a target without sockets.
+
+mod login;
+mod negotiate;
+mod pdu;
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Instant;
 
 use riser_iscsi::pdu::{
-    logout, Bhs, Isid, LoginRequest, LogoutRequest, Lun, NopOut, Op, ScsiCommand, Stage,
+    logout, Bhs, DataIn, DataOut, LogoutRequest, Lun, NopOut, Op, R2t, ScsiCommand, TaskMgmtRequest,
 };
-use riser_iscsi::serial::{Itt, Sn};
-use riser_iscsi::text::{encode_pairs, parse_pairs};
+use riser_iscsi::serial::{Itt, Sn, Ttt};
 
-use crate::conn::{
-    login_status_text, status, status_name, Dir, IoError, KeyNegotiation, LoginOptions, ScsiExec,
-    Sense, LOGIN_MAX_RECV_DSL, MGMT_ITT,
+pub use login::{
+    LoginExchange, LoginOptions, LoginParams, LoginStep, SessionType, INITIATOR_NAME,
+    LOGIN_MAX_RECV_DSL,
 };
-use crate::url::TargetUrl;
+pub use negotiate::{
+    login_status_text, IserKeys, KeyNegotiation, Negotiated, Proposal, OUR_INITIATOR_RECV_DSL,
+    OUR_MAX_RECV_DSL, OUR_TARGET_RECV_DSL,
+};
+pub use pdu::{Completed, Event, LoginProgress, PduSession, Unsolicited};
+
+use crate::scsi::{status, status_name, Dir, IoError, ScsiExec, Sense};
+
+/// Management tasks (TUR, READ CAPACITY, logout; login; a [`PduSession`]'s NOP-Outs and
+/// task management requests) use ITTs with the top bit set; I/O tasks use
+/// `(sequence << 16) | slot`, top bit clear.
+pub const MGMT_ITT: u32 = 0x8000_0000;
+/// Largest queue depth of one riser-perf connection (the slot lives in the low 16 bits of
+/// the ITT).
+pub const MAX_QD: usize = 4096;
 
 /// The one management command in flight (setup and teardown only).
 #[derive(Default)]
@@ -34,37 +56,56 @@ pub(crate) struct Mgmt {
     pub logout: Option<u8>,
 }
 
-/// Sequence numbers, CmdSN window and management task of one session.
-pub(crate) struct SessionState {
+/// Sequence numbers (RFC 7143 §4.2.2), CmdSN window and management task of one session.
+pub struct SessionState {
+    /// The CmdSN of the next non-immediate command.
     pub cmd_sn: Sn,
     pub exp_cmd_sn: Sn,
     pub max_cmd_sn: Sn,
+    /// The StatSN after the highest one received: what requests acknowledge.
     pub exp_stat_sn: Sn,
+    /// The LUN of every command and task management request.
     pub lun: Lun,
     next_mgmt: u32,
-    pub mgmt: Mgmt,
+    pub(crate) mgmt: Mgmt,
 }
 
-/// What the transport does after [`SessionState::receive`].
-pub(crate) enum Received {
-    /// Nothing more.
+/// What a received PDU other than Data-In and R2T means, once [`SessionState::take`] has
+/// taken its sequence numbers.
+#[derive(Debug)]
+pub enum Received {
+    /// Nothing more to do (a NOP-In answering a ping, a response to the management task, a
+    /// Text, Logout or Task Management response, a SCSI asynchronous event).
     Done,
     /// A ping from the target: send this NOP-Out (its TTT), echoing the ping's data.
     Ping(NopOut),
     /// The SCSI Response of an I/O task.
     Complete(Outcome),
+    /// The target rejected a PDU: the reason code.
+    Reject(u8),
+    /// The target asks for logout (Async Message, event 1).
+    LogoutRequested,
+    /// The target is dropping the connection or the session (Async Message, this event).
+    Dropping(u8),
 }
 
 /// How an I/O task ended (its status), for the transport to complete it.
-pub(crate) struct Outcome {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
     pub slot: usize,
+    /// The iSCSI response (0: command completed at target; then `status` is valid).
+    pub response: u8,
     pub status: u8,
     pub sense: Option<Sense>,
     /// A residual on a GOOD status.
     pub residual: bool,
+    pub underflow: bool,
+    pub overflow: bool,
+    pub residual_count: u32,
 }
 
 impl SessionState {
+    /// Before login: CmdSN 1, an empty window, ExpStatSN 0.
     pub fn new(lun: Lun) -> Self {
         SessionState {
             cmd_sn: Sn(1),
@@ -77,6 +118,7 @@ impl SessionState {
         }
     }
 
+    /// Takes the ExpCmdSN and MaxCmdSN of a response (never moving backwards).
     pub fn update_window(&mut self, exp: Sn, max: Sn) {
         // RFC 7143 §4.2.2.1: MaxCmdSN < ExpCmdSN - 1 means both are to be ignored.
         if max.lt(exp.add(u32::MAX)) {
@@ -90,6 +132,7 @@ impl SessionState {
         }
     }
 
+    /// Takes the StatSN of a response: ExpStatSN moves past it.
     pub fn saw_stat_sn(&mut self, stat_sn: Sn) {
         let next = stat_sn.next();
         if next.gt(self.exp_stat_sn) {
@@ -97,14 +140,20 @@ impl SessionState {
         }
     }
 
+    /// Whether the next non-immediate command may go out (CmdSN <= MaxCmdSN).
     pub fn window_open(&self) -> bool {
         self.cmd_sn.le(self.max_cmd_sn)
     }
 
+    /// A new ITT for a management-type task (top bit set).
+    pub fn next_mgmt_itt(&mut self) -> Itt {
+        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
+        Itt(MGMT_ITT | self.next_mgmt)
+    }
+
     /// Makes a new management task (reading `want` bytes) the one in flight; its ITT.
     fn new_mgmt(&mut self, want: usize) -> u32 {
-        self.next_mgmt = self.next_mgmt.wrapping_add(1) & 0x7fff_ffff;
-        let itt = MGMT_ITT | self.next_mgmt;
+        let itt = self.next_mgmt_itt().0;
         self.mgmt = Mgmt {
             itt,
             want,
@@ -113,7 +162,7 @@ impl SessionState {
         itt
     }
 
-    /// A SCSI command (simple task attribute) with the next CmdSN.
+    /// A SCSI command (simple task attribute) with the next CmdSN, which it uses up.
     pub fn command(
         &mut self,
         itt: Itt,
@@ -148,12 +197,49 @@ impl SessionState {
         self.command(Itt(itt), read_len > 0, false, read_len, c, true)
     }
 
-    /// The Logout Request closing the session, as a new management task.
-    fn logout_request(&mut self) -> LogoutRequest {
+    /// An immediate NOP-Out: a ping asking for a NOP-In (`itt`, TTT reserved), or the
+    /// answer to the target's ping `ttt` (ITT reserved).
+    pub fn nop_out(&self, itt: Itt, ttt: Ttt, lun: Lun) -> NopOut {
+        NopOut {
+            immediate: true,
+            lun,
+            itt,
+            ttt,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        }
+    }
+
+    /// An immediate Task Management Function Request on the session's LUN (see
+    /// [`riser_iscsi::pdu::tmf`]); `referenced`, `ref_cmd_sn`: the task it is about
+    /// (ABORT TASK), else reserved and 0.
+    pub fn task_mgmt(
+        &self,
+        itt: Itt,
+        function: u8,
+        referenced: Itt,
+        ref_cmd_sn: Sn,
+    ) -> TaskMgmtRequest {
+        TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: self.lun,
+            itt,
+            referenced_task_tag: referenced,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            ref_cmd_sn,
+            exp_data_sn: Sn(0),
+        }
+    }
+
+    /// The (immediate) Logout Request for `reason_code` (see [`riser_iscsi::pdu::logout`]),
+    /// as a new management task.
+    pub fn logout_request(&mut self, reason_code: u8) -> LogoutRequest {
         let itt = self.new_mgmt(0);
         LogoutRequest {
             immediate: true,
-            reason_code: logout::CLOSE_SESSION,
+            reason_code,
             itt: Itt(itt),
             cid: 0,
             cmd_sn: self.cmd_sn,
@@ -161,10 +247,10 @@ impl SessionState {
         }
     }
 
-    /// Handles a received PDU other than Data-In and R2T (those are the transport's): the
-    /// sequence numbers, the window, the management task. `data`: its data segment;
-    /// `slot_of`: the I/O task slot of an ITT, or the error.
-    pub fn receive(
+    /// Takes a received PDU other than Data-In and R2T: its sequence numbers, the window,
+    /// the management task, and what it means. `data`: its data segment; `slot_of`: the I/O
+    /// task slot of an ITT, or the error (an answer to an unknown task).
+    pub fn take(
         &mut self,
         label: &str,
         op: &Op,
@@ -193,19 +279,17 @@ impl SessionState {
                     return Ok(Received::Done);
                 }
                 let slot = slot_of(r.itt)?;
-                if r.response != 0 {
-                    return Err(format!(
-                        "{label}: the target failed a command (iSCSI response {:#04x})",
-                        r.response
-                    ));
-                }
                 let residual =
                     (r.residual_underflow || r.residual_overflow) && r.status == status::GOOD;
                 return Ok(Received::Complete(Outcome {
                     slot,
+                    response: r.response,
                     status: r.status,
                     sense,
                     residual,
+                    underflow: r.residual_underflow,
+                    overflow: r.residual_overflow,
+                    residual_count: r.residual_count,
                 }));
             }
             Op::NopIn(n) => {
@@ -215,14 +299,7 @@ impl SessionState {
                 }
                 if !n.ttt.is_reserved() {
                     // A ping from the target: answer with its TTT and the same data.
-                    return Ok(Received::Ping(NopOut {
-                        immediate: true,
-                        lun: n.lun,
-                        itt: Itt::RESERVED,
-                        ttt: n.ttt,
-                        cmd_sn: self.cmd_sn,
-                        exp_stat_sn: self.exp_stat_sn,
-                    }));
+                    return Ok(Received::Ping(self.nop_out(Itt::RESERVED, n.ttt, n.lun)));
                 }
             }
             Op::AsyncMessage(a) => {
@@ -232,24 +309,13 @@ impl SessionState {
                     // A SCSI asynchronous event (sense data), or parameter renegotiation:
                     // nothing to do for a load generator.
                     0 | 4 => {}
-                    1 => {
-                        return Err(format!(
-                            "{label}: the target asked for logout (Async Message)"
-                        ))
-                    }
-                    e => {
-                        return Err(format!(
-                        "{label}: the target is dropping the connection (Async Message event {e})"
-                    ))
-                    }
+                    1 => return Ok(Received::LogoutRequested),
+                    e => return Ok(Received::Dropping(e)),
                 }
             }
             Op::Reject(r) => {
                 self.saw_stat_sn(r.stat_sn);
-                return Err(format!(
-                    "{label}: the target rejected a PDU (reason {:#04x})",
-                    r.reason
-                ));
+                return Ok(Received::Reject(r.reason));
             }
             Op::LogoutResponse(l) => {
                 self.saw_stat_sn(l.stat_sn);
@@ -258,7 +324,10 @@ impl SessionState {
                 }
             }
             Op::TextResponse(t) => self.saw_stat_sn(t.stat_sn),
-            Op::TaskMgmtResponse(t) => self.saw_stat_sn(t.stat_sn),
+            Op::TaskMgmtResponse(t) => {
+                self.update_window(t.exp_cmd_sn, t.max_cmd_sn);
+                self.saw_stat_sn(t.stat_sn);
+            }
             other => {
                 return Err(format!(
                     "{label}: unexpected PDU from the target: {:?}",
@@ -268,10 +337,39 @@ impl SessionState {
         }
         Ok(Received::Done)
     }
+
+    /// [`Self::take`] for riser-perf's transports: a Reject, an Async Message asking for
+    /// logout or dropping the connection, and an iSCSI response other than "completed" to
+    /// an I/O end the run (Err).
+    pub(crate) fn receive(
+        &mut self,
+        label: &str,
+        op: &Op,
+        data: &[u8],
+        slot_of: impl FnOnce(Itt) -> Result<usize, String>,
+    ) -> Result<Received, String> {
+        match self.take(label, op, data, slot_of)? {
+            Received::Complete(o) if o.response != 0 => Err(format!(
+                "{label}: the target failed a command (iSCSI response {:#04x})",
+                o.response
+            )),
+            Received::Reject(reason) => Err(format!(
+                "{label}: the target rejected a PDU (reason {reason:#04x})"
+            )),
+            Received::LogoutRequested => Err(format!(
+                "{label}: the target asked for logout (Async Message)"
+            )),
+            Received::Dropping(e) => Err(format!(
+                "{label}: the target is dropping the connection (Async Message event {e})"
+            )),
+            r => Ok(r),
+        }
+    }
 }
 
+/// The state of an I/O task slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TaskState {
+pub enum TaskState {
     Idle,
     /// Waiting for the CmdSN window to open.
     Blocked,
@@ -279,13 +377,14 @@ pub(crate) enum TaskState {
 }
 
 /// One I/O task slot.
-pub(crate) struct Task {
+pub struct Task {
     pub state: TaskState,
     pub itt: u32,
     pub seq: u16,
     pub dir: Dir,
     pub lba: u64,
     pub blocks: u32,
+    /// The expected data transfer length.
     pub len: u32,
     /// TCP: Data-In bytes received.
     pub received: u32,
@@ -296,6 +395,21 @@ pub(crate) struct Task {
 }
 
 impl Task {
+    fn idle(slot: usize, buf: Vec<u8>) -> Task {
+        Task {
+            state: TaskState::Idle,
+            itt: slot as u32,
+            seq: 0,
+            dir: Dir::Read,
+            lba: 0,
+            blocks: 0,
+            len: 0,
+            received: 0,
+            buf,
+            dirty: false,
+        }
+    }
+
     /// The error of a command that ended with a status other than GOOD.
     pub fn status_error(&self, status: u8, sense: Option<Sense>) -> IoError {
         IoError {
@@ -322,10 +436,16 @@ impl Task {
 
 /// The I/O task slots of a connection, the ones waiting for the CmdSN window, and the count
 /// in flight.
-pub(crate) struct Tasks {
+pub struct Tasks {
     pub slots: Vec<Task>,
     blocked: VecDeque<usize>,
     pub inflight: usize,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Tasks {
@@ -339,22 +459,26 @@ impl Tasks {
 
     /// `qd` idle slots with `bs`-byte buffers.
     pub fn start(&mut self, qd: usize, bs: usize) {
+        // A recognisable non-zero pattern, so benchmark writes carry real data.
         self.slots = (0..qd)
-            .map(|slot| Task {
-                state: TaskState::Idle,
-                itt: slot as u32,
-                seq: 0,
-                dir: Dir::Read,
-                lba: 0,
-                blocks: 0,
-                len: 0,
-                received: 0,
-                // A recognisable non-zero pattern, so benchmark writes carry real data.
-                buf: vec![(slot as u8) | 1; bs],
-                dirty: false,
-            })
+            .map(|slot| Task::idle(slot, vec![(slot as u8) | 1; bs]))
             .collect();
         self.blocked = VecDeque::with_capacity(qd);
+    }
+
+    /// Makes an idle slot's task the next I/O (a new ITT), counted in flight.
+    fn arm(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32, len: u32) -> &mut Task {
+        let t = &mut self.slots[slot];
+        debug_assert_eq!(t.state, TaskState::Idle);
+        t.seq = (t.seq + 1) & 0x7fff;
+        t.itt = ((t.seq as u32) << 16) | slot as u32;
+        t.dir = dir;
+        t.lba = lba;
+        t.blocks = blocks;
+        t.len = len;
+        t.received = 0;
+        self.inflight += 1;
+        t
     }
 
     /// Makes an idle slot's task the next I/O (a new ITT). True: its command may go out now;
@@ -368,23 +492,32 @@ impl Tasks {
         block_size: u32,
         window_open: bool,
     ) -> bool {
-        let t = &mut self.slots[slot];
-        debug_assert_eq!(t.state, TaskState::Idle);
-        t.seq = (t.seq + 1) & 0x7fff;
-        t.itt = ((t.seq as u32) << 16) | slot as u32;
-        t.dir = dir;
-        t.lba = lba;
-        t.blocks = blocks;
-        t.len = blocks * block_size;
-        t.received = 0;
-        self.inflight += 1;
-        if self.blocked.is_empty() && window_open {
-            true
-        } else {
+        let go = self.blocked.is_empty() && window_open;
+        let t = self.arm(slot, dir, lba, blocks, blocks * block_size);
+        if !go {
             t.state = TaskState::Blocked;
             self.blocked.push_back(slot);
-            false
         }
+        go
+    }
+
+    /// A new task in flight at once, in an idle slot or a new one, with `buf` for its data
+    /// (a write's data, or room for a read's), `buf.len()` its transfer length: its slot.
+    /// For callers that make every command themselves ([`PduSession`]).
+    pub fn open(&mut self, dir: Dir, buf: Vec<u8>) -> Result<usize, String> {
+        let slot = match self.slots.iter().position(|t| t.state == TaskState::Idle) {
+            Some(s) => s,
+            None if self.slots.len() < 1 << 16 => {
+                self.slots.push(Task::idle(self.slots.len(), Vec::new()));
+                self.slots.len() - 1
+            }
+            None => return Err("65536 tasks in flight already".into()),
+        };
+        let len = u32::try_from(buf.len()).map_err(|_| "a task of 4 GiB or more")?;
+        let t = self.arm(slot, dir, 0, 0, len);
+        t.buf = buf;
+        t.state = TaskState::InFlight;
+        Ok(slot)
     }
 
     /// The next task waiting for the window, if the window is open.
@@ -419,6 +552,116 @@ impl Tasks {
         t.state = TaskState::Idle;
         t
     }
+
+    /// Takes a Data-In (`data`: its data segment): its sequence numbers, and its data into
+    /// the buffer of its task (an I/O task's, or the management task's). The outcome when it
+    /// carries the status (phase collapse).
+    pub fn data_in(
+        &mut self,
+        s: &mut SessionState,
+        label: &str,
+        d: &DataIn,
+        data: &[u8],
+    ) -> Result<Option<Outcome>, String> {
+        s.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+        if d.status_present {
+            s.saw_stat_sn(d.stat_sn);
+        }
+        let dl = data.len();
+        if d.itt.0 & MGMT_ITT != 0 {
+            let mgmt = &mut s.mgmt;
+            if d.itt.0 != mgmt.itt {
+                return Err(format!("{label}: Data-In for an unknown task"));
+            }
+            let off = d.buffer_offset as usize;
+            let end = (off + dl).min(mgmt.want);
+            if mgmt.data.len() < end {
+                mgmt.data.resize(end, 0);
+            }
+            if off < end {
+                mgmt.data[off..end].copy_from_slice(&data[..end - off]);
+            }
+            if d.status_present {
+                mgmt.done = Some((d.status, None, mgmt.data.len()));
+            }
+            return Ok(None);
+        }
+        let slot = self.slot_of(label, d.itt)?;
+        let t = &mut self.slots[slot];
+        let off = d.buffer_offset as usize;
+        if t.dir != Dir::Read || off + dl > t.len as usize {
+            return Err(format!(
+                "{label}: Data-In of {dl} bytes at offset {off} for a {}-byte {:?}",
+                t.len, t.dir
+            ));
+        }
+        t.buf[off..off + dl].copy_from_slice(data);
+        t.received += dl as u32;
+        if !d.status_present {
+            return Ok(None);
+        }
+        let residual = d.residual_overflow || d.residual_underflow;
+        Ok(Some(Outcome {
+            slot,
+            response: 0,
+            status: d.status,
+            sense: None,
+            residual: residual && d.status == status::GOOD,
+            underflow: d.residual_underflow,
+            overflow: d.residual_overflow,
+            residual_count: d.residual_count,
+        }))
+    }
+
+    /// Takes an R2T: its window, and checks it against its task (a write, asking for
+    /// something inside its length). The task's slot: the transport sends the Data-Out
+    /// ([`data_outs`]).
+    pub fn r2t(&self, s: &mut SessionState, label: &str, r: &R2t) -> Result<usize, String> {
+        s.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+        let slot = self.slot_of(label, r.itt)?;
+        let t = &self.slots[slot];
+        let end = r.buffer_offset as u64 + r.desired_data_transfer_length as u64;
+        if t.dir != Dir::Write || end > t.len as u64 || r.desired_data_transfer_length == 0 {
+            return Err(format!(
+                "{label}: R2T for {} bytes at offset {} of a {}-byte {:?}",
+                r.desired_data_transfer_length, r.buffer_offset, t.len, t.dir
+            ));
+        }
+        Ok(slot)
+    }
+}
+
+/// The Data-Out PDUs for `[offset, offset + len)` of task `itt`'s data: one sequence
+/// (DataSN from 0; F on the last), each PDU at most `max` bytes (the target's
+/// MaxRecvDataSegmentLength). `emit` gets each header and the range of the task's data it
+/// carries.
+pub fn data_outs(
+    s: &SessionState,
+    itt: Itt,
+    ttt: Ttt,
+    offset: u32,
+    len: u32,
+    max: u32,
+    mut emit: impl FnMut(DataOut, Range<usize>),
+) {
+    let mut sent = 0u32;
+    let mut sn = 0u32;
+    while sent < len {
+        let n = (len - sent).min(max.max(1));
+        let off = offset + sent;
+        let d = DataOut {
+            final_bit: sent + n == len,
+            lun: s.lun,
+            itt,
+            ttt,
+            exp_stat_sn: s.exp_stat_sn,
+            data_sn: Sn(sn),
+            buffer_offset: off,
+        };
+        emit(d, off as usize..(off + n) as usize);
+        sent += n;
+        sn += 1;
+    }
 }
 
 /// A transport's part of login, management commands and logout.
@@ -433,119 +676,28 @@ pub(crate) trait Transport: ScsiExec {
     fn progress(&mut self, deadline: Instant, what: &str) -> Result<(), String>;
 }
 
-/// Logs in (normal session, AuthMethod=None) negotiating with `neg`, up to the full-feature
+/// Logs in with `params` ([`LoginExchange`]) negotiating with `neg`, up to the full-feature
 /// phase, whose first CmdSN and window it takes. Returns the negotiation, for the transport
 /// to check and apply.
 pub(crate) fn login<T: Transport>(
     io: &mut T,
-    url: &TargetUrl,
-    opts: &LoginOptions,
-    mut neg: KeyNegotiation,
+    params: &LoginParams,
+    neg: KeyNegotiation,
     deadline: Instant,
 ) -> Result<KeyNegotiation, String> {
-    let itt = Itt(MGMT_ITT);
-    let mut csg = Stage::SecurityNegotiation;
-    let mut keys: Vec<(String, String)> = vec![
-        ("InitiatorName".into(), opts.initiator_name.clone()),
-        ("TargetName".into(), url.iqn.clone()),
-        ("SessionType".into(), "Normal".into()),
-        ("AuthMethod".into(), "None".into()),
-    ];
-    neg.proposed.push("AuthMethod".into());
-    let mut tsih = 0u16;
-    for _round in 0..16 {
-        let nsg = if csg == Stage::SecurityNegotiation {
-            Stage::LoginOperationalNegotiation
-        } else {
-            Stage::FullFeaturePhase
-        };
-        let s = io.state();
-        let mut req = LoginRequest {
-            transit_bit: true,
-            continue_bit: false,
-            csg,
-            nsg,
-            version_max: 0,
-            version_min: 0,
-            isid: Isid(opts.isid),
-            tsih,
-            itt,
-            cid: 0,
-            cmd_sn: s.cmd_sn,
-            exp_stat_sn: s.exp_stat_sn,
-        };
-        let text = encode_pairs(&keys);
-        if text.len() > LOGIN_MAX_RECV_DSL as usize {
-            return Err(format!("{}: login text too long", io.label()));
-        }
-        io.send_control(Op::LoginRequest(req.clone()), &text, deadline)?;
-        // Collect the response text (C=1 continues it in further responses).
-        let mut text = Vec::new();
-        let resp = loop {
-            let h = io.recv_login(deadline, &mut text)?;
-            let Op::LoginResponse(r) = h.op else {
-                return Err(format!(
-                    "{}: expected a Login Response, got {:?}",
-                    io.label(),
-                    h.op.opcode()
-                ));
-            };
-            if r.status.class != 0 {
-                return Err(format!(
-                    "{}: {}",
-                    io.label(),
-                    login_status_text(r.status.class, r.status.detail)
-                ));
-            }
-            io.state().exp_stat_sn = r.stat_sn.next();
-            if !r.continue_bit {
-                break r;
-            }
-            text.truncate(64 * 1024);
-            req.transit_bit = false;
-            req.exp_stat_sn = io.state().exp_stat_sn;
-            io.send_control(Op::LoginRequest(req.clone()), &[], deadline)?;
-        };
-        let pairs = parse_pairs(&text)
-            .map_err(|e| format!("{}: bad login text from the target: {e}", io.label()))?;
-        let answers = neg
-            .take_response(&pairs)
-            .map_err(|e| format!("{}: {e}", io.label()))?;
-        tsih = resp.tsih;
-        if resp.transit_bit {
-            match resp.nsg {
-                Stage::FullFeaturePhase => {
-                    if !answers.is_empty() {
-                        return Err(format!(
-                            "{}: the target ended login while offering keys {:?}",
-                            io.label(),
-                            answers.iter().map(|(k, _)| k).collect::<Vec<_>>()
-                        ));
-                    }
-                    let s = io.state();
-                    s.cmd_sn = resp.exp_cmd_sn;
-                    s.exp_cmd_sn = resp.exp_cmd_sn;
-                    s.max_cmd_sn = resp.max_cmd_sn;
-                    return Ok(neg);
-                }
-                Stage::LoginOperationalNegotiation => {
-                    csg = Stage::LoginOperationalNegotiation;
-                    keys = answers;
-                    keys.extend(neg.operational_proposal());
-                }
-                other => {
-                    return Err(format!(
-                        "{}: the target moved login to stage {other:?}",
-                        io.label()
-                    ))
-                }
-            }
-        } else {
-            // The target stays in this stage: answer what it offered.
-            keys = answers;
+    let label = io.label().to_string();
+    let labelled = |e: String| format!("{label}: {e}");
+    let (mut ex, mut req, mut text) =
+        LoginExchange::start(params, neg, io.state()).map_err(labelled)?;
+    loop {
+        io.send_control(Op::LoginRequest(req), &text, deadline)?;
+        let mut data = Vec::new();
+        let h = io.recv_login(deadline, &mut data)?;
+        match ex.on_response(io.state(), &h.op, &data).map_err(labelled)? {
+            LoginStep::Send(r, t) => (req, text) = (r, t),
+            LoginStep::Done(neg) => return Ok(neg),
         }
     }
-    Err(format!("{}: login did not finish in 16 rounds", io.label()))
 }
 
 /// Runs one management SCSI command (no data out, `read_len` bytes in) once the window
@@ -568,10 +720,10 @@ pub(crate) fn run_mgmt<T: Transport>(
     Ok(io.state().mgmt.done.take().unwrap_or((0xff, None, 0)))
 }
 
-/// Sends the Logout Request and waits for its response: afterwards the transport closes the
-/// connection and reports with [`logout_result`].
+/// Sends the Logout Request (close the session) and waits for its response: afterwards the
+/// transport closes the connection and reports with [`logout_result`].
 pub(crate) fn logout_exchange<T: Transport>(io: &mut T, deadline: Instant) -> Result<(), String> {
-    let req = io.state().logout_request();
+    let req = io.state().logout_request(logout::CLOSE_SESSION);
     io.send_control(Op::LogoutRequest(req), &[], deadline)?;
     while io.state().mgmt.logout.is_none() {
         io.progress(deadline, "the Logout Response")?;

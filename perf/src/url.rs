@@ -60,19 +60,25 @@ impl TargetUrl {
         }
     }
 
-    /// The 8-byte LUN field (SAM-5 4.6.6 peripheral device addressing below 256, 4.6.7 flat
-    /// space addressing up to 16383), as a big-endian u64 the way the PDU carries it.
+    /// The 8-byte LUN field of the URL's LUN (see [`lun_field`]).
     pub fn lun_field(&self) -> u64 {
-        let mut b = [0u8; 8];
-        if self.lun < 256 {
-            b[1] = self.lun as u8;
-        } else {
-            let l = (self.lun & 0x3fff) as u16;
-            b[0] = 0x40 | (l >> 8) as u8;
-            b[1] = l as u8;
-        }
-        u64::from_be_bytes(b)
+        lun_field(self.lun)
     }
+}
+
+/// The 8-byte LUN field of LUN `lun` (at most [`MAX_LUN`]; SAM-5 4.6.6 peripheral device
+/// addressing below 256, 4.6.7 flat space addressing up to 16383), as a big-endian u64 the
+/// way the PDU carries it.
+pub fn lun_field(lun: u64) -> u64 {
+    let mut b = [0u8; 8];
+    if lun < 256 {
+        b[1] = lun as u8;
+    } else {
+        let l = (lun & 0x3fff) as u16;
+        b[0] = 0x40 | (l >> 8) as u8;
+        b[1] = l as u8;
+    }
+    u64::from_be_bytes(b)
 }
 
 /// Parses one URL, or says exactly what is wrong with it.

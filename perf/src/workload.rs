@@ -5,7 +5,7 @@
 use clap::ValueEnum;
 use serde::Serialize;
 
-use crate::conn::Dir;
+use crate::scsi::Dir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -136,6 +136,8 @@ impl OpGen {
 
     /// The next I/O: (direction, unit).
     #[inline]
+    // Endless: an Iterator would only wrap every I/O in Some.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> (Dir, u64) {
         let dir = match self.read_pct {
             100 => Dir::Read,
