@@ -23,7 +23,7 @@ use riser_iscsi::pdu::{Op, Pdu, RejectReason, BHS_LEN};
 use riser_iscsi::serial::Itt;
 
 use super::error::IserError;
-use super::header::{IserHeader, TaggedBuffer, ISER_HDR_LEN};
+use super::header::{IserHeader, Stag, TaggedBuffer, ISER_HDR_LEN};
 
 /// A local buffer for a work request: address, length, local key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,9 +38,9 @@ pub struct Sge {
 pub enum SendOp {
     Send,
     /// SEND with Invalidate of the initiator's STag (both sides allowed it).
-    SendInvalidate(u32),
-    RdmaWrite { remote_addr: u64, rkey: u32 },
-    RdmaRead { remote_addr: u64, rkey: u32 },
+    SendInvalidate(Stag),
+    RdmaWrite { remote_addr: u64, rkey: Stag },
+    RdmaRead { remote_addr: u64, rkey: Stag },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +212,7 @@ const KIND_MASK: u64 = 0xff << 56;
 /// A send waiting for a send slot or data chunks.
 enum Pending {
     /// A PDU, and the STag its SEND invalidates (a SCSI Response with Send with Invalidate).
-    Control(Pdu, Option<u32>),
+    Control(Pdu, Option<Stag>),
     Put(PutData),
 }
 
@@ -229,7 +229,7 @@ struct Fetch {
 struct ReadJob {
     itt: Itt,
     remote_addr: u64,
-    rkey: u32,
+    rkey: Stag,
     /// Where in the task's buffer the bytes go.
     buf_offset: usize,
     len: usize,
@@ -379,7 +379,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                     self.data.write(c, &put.buf.as_slice()[off..off + n]);
                     wrs.push(SendWr {
                         wr_id: 0,
-                        op: SendOp::RdmaWrite { remote_addr: read.base_offset + off as u64, rkey: read.stag },
+                        op: SendOp::RdmaWrite { remote_addr: read.base_offset + off as u64, rkey: read.stag() },
                         sge: self.data.sge(c, n),
                         signaled: false,
                     });
@@ -392,7 +392,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                     }
                     return Err(Pending::Put(put));
                 };
-                let op = if self.cfg.send_invalidate { SendOp::SendInvalidate(read.stag) } else { SendOp::Send };
+                let op = if self.cfg.send_invalidate { SendOp::SendInvalidate(read.stag()) } else { SendOp::Send };
                 wrs.push(SendWr { wr_id: KIND_SEND | slot as u64, op, sge, signaled: true });
                 self.send_chunks.insert(slot, chunks);
                 self.tags.remove(&put.itt);
@@ -481,12 +481,12 @@ impl<Q: IserQp> IserDatamover<Q> {
 
     /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
     /// (as Linux isert does), when Send with Invalidate was agreed.
-    fn invalidate(&self, itt: Itt) -> Option<u32> {
+    fn invalidate(&self, itt: Itt) -> Option<Stag> {
         if !self.cfg.send_invalidate {
             return None;
         }
         let (write, read) = self.tags.get(&itt)?;
-        read.or(*write).map(|t| t.stag)
+        read.or(*write).map(|t| t.stag())
     }
 
     /// Posts what this pass queued: receives first (the initiator may answer a response at
@@ -562,7 +562,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         let Some(write) = write else {
             // No Write STag: the initiator cannot be asked for data.
             self.fetches.insert(itt, Fetch { buf, outstanding: 1, failed: true });
-            self.read_queue.push_back(ReadJob { itt, remote_addr: 0, rkey: 0, buf_offset: 0, len: 0 });
+            self.read_queue.push_back(ReadJob { itt, remote_addr: 0, rkey: Stag(0), buf_offset: 0, len: 0 });
             return;
         };
         let chunk = self.data.slot_size();
@@ -577,7 +577,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             self.read_queue.push_back(ReadJob {
                 itt,
                 remote_addr: write.base_offset + done as u64,
-                rkey: write.stag,
+                rkey: write.stag(),
                 buf_offset: offset as usize + done,
                 len: l,
             });
@@ -755,12 +755,12 @@ mod tests {
             match wr.op {
                 SendOp::Send | SendOp::SendInvalidate(_) => d.qp.sent.push(bytes),
                 SendOp::RdmaWrite { remote_addr, rkey } => {
-                    assert_eq!(rkey, 0x11);
+                    assert_eq!(rkey, Stag(0x11));
                     let o = remote_addr as usize;
                     d.qp.read_buf[o..o + bytes.len()].copy_from_slice(&bytes);
                 }
                 SendOp::RdmaRead { remote_addr, rkey } => {
-                    assert_eq!(rkey, 0x22);
+                    assert_eq!(rkey, Stag(0x22));
                     let o = remote_addr as usize;
                     let src = d.qp.write_buf[o..o + bytes.len()].to_vec();
                     write_sge(d, wr.sge, &src);
@@ -848,7 +848,12 @@ mod tests {
         let ops: Vec<SendOp> = d.qp.queued.iter().map(|w| w.op).collect();
         assert_eq!(
             ops,
-            vec![SendOp::RdmaWrite { remote_addr: 0, rkey: 0x11 }, SendOp::SendInvalidate(0x11), SendOp::Send, SendOp::SendInvalidate(0x22)]
+            vec![
+                SendOp::RdmaWrite { remote_addr: 0, rkey: Stag(0x11) },
+                SendOp::SendInvalidate(Stag(0x11)),
+                SendOp::Send,
+                SendOp::SendInvalidate(Stag(0x22))
+            ]
         );
         wire(&mut d);
         // Without the agreement, plain SENDs.

@@ -1,6 +1,8 @@
 //! The iSER header: 28 bytes in front of every control-type PDU (RFC 7145 §9.1), and the
 //! Hello / HelloReply messages (§9.2, §9.3; iWARP only, never required on IB/RoCE).
 
+use std::fmt;
+
 use thiserror::Error;
 
 pub const ISER_HDR_LEN: usize = 28;
@@ -21,11 +23,56 @@ pub enum IserHeaderError {
     UnknownOpcode(u8),
 }
 
+/// An STag: the key under which a peer lets its buffer be RDMA-Read or -Written (on IB and
+/// RoCE, the remote key of a memory region). A type of its own so it is never taken for a
+/// local key, a work request id or any other u32 on the way to a work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Stag(pub u32);
+
+impl Stag {
+    /// The key as the wire and the verbs carry it.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl From<u32> for Stag {
+    fn from(v: u32) -> Stag {
+        Stag(v)
+    }
+}
+
+impl From<Stag> for u32 {
+    fn from(s: Stag) -> u32 {
+        s.0
+    }
+}
+
+impl fmt::Display for Stag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
 /// A tagged buffer the initiator advertised: STag (rkey) and base offset (virtual address).
+///
+/// `stag` stays a plain u32 because riser-perf builds these from its memory regions' rkeys;
+/// the datamover reads it through [`TaggedBuffer::stag`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TaggedBuffer {
     pub stag: u32,
     pub base_offset: u64,
+}
+
+impl TaggedBuffer {
+    pub fn new(stag: Stag, base_offset: u64) -> TaggedBuffer {
+        TaggedBuffer { stag: stag.get(), base_offset }
+    }
+
+    /// The buffer's STag.
+    pub fn stag(&self) -> Stag {
+        Stag(self.stag)
+    }
 }
 
 /// What an iSER header says.
@@ -145,6 +192,15 @@ mod tests {
         assert_eq!(b[0], 0x14);
         assert_eq!(IserHeader::parse(&b).unwrap(), r);
         assert_eq!(IserHeader::parse(&IserHeader::TARGET_CONTROL).unwrap(), IserHeader::Control { write: None, read: None });
+    }
+
+    #[test]
+    fn a_tagged_buffer_gives_its_stag_typed() {
+        let t = TaggedBuffer::new(Stag(0x1234_5678), 0x1000);
+        assert_eq!(t, TaggedBuffer { stag: 0x1234_5678, base_offset: 0x1000 });
+        assert_eq!(t.stag(), Stag::from(0x1234_5678));
+        assert_eq!(u32::from(t.stag()), t.stag().get());
+        assert_eq!(t.stag().to_string(), "0x12345678");
     }
 
     #[test]

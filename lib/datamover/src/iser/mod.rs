@@ -10,4 +10,4 @@ pub mod shared_cq;
 pub mod verbs;
 
 pub use error::IserError;
-pub use header::{IserHeader, IserHeaderError, TaggedBuffer, ISER_HDR_LEN};
+pub use header::{IserHeader, IserHeaderError, Stag, TaggedBuffer, ISER_HDR_LEN};

@@ -132,9 +132,9 @@ impl IserQp for VerbsQp {
             .map(|(w, s)| {
                 let op = match w.op {
                     SendOp::Send => RSendOp::Send,
-                    SendOp::SendInvalidate(rkey) => RSendOp::SendWithInv { rkey },
-                    SendOp::RdmaWrite { remote_addr, rkey } => RSendOp::RdmaWrite { remote_addr, rkey },
-                    SendOp::RdmaRead { remote_addr, rkey } => RSendOp::RdmaRead { remote_addr, rkey },
+                    SendOp::SendInvalidate(rkey) => RSendOp::SendWithInv { rkey: rkey.get() },
+                    SendOp::RdmaWrite { remote_addr, rkey } => RSendOp::RdmaWrite { remote_addr, rkey: rkey.get() },
+                    SendOp::RdmaRead { remote_addr, rkey } => RSendOp::RdmaRead { remote_addr, rkey: rkey.get() },
                 };
                 let wr = RSendWr::new(w.wr_id, op, WrData::Sges(s));
                 if w.signaled {
