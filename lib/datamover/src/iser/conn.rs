@@ -261,9 +261,9 @@ pub struct IserDatamover<Q: IserQp> {
 }
 
 impl<Q: IserQp> IserDatamover<Q> {
-    /// Takes a connected QP whose memory pools are registered (`pools` = recv, send, data
-    /// from [`IserDatamover::pools`]) and posts the whole receive ring (RFC 7145: before the
-    /// final Login Response is sent).
+    /// Takes a connected QP whose memory pools are registered (`pools` = recv, send, data,
+    /// sized by [`IserDatamover::pool_sizes`]) and posts the whole receive ring (RFC 7145:
+    /// before the final Login Response is sent).
     pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, IserError> {
         let (recv, send, data) = pools;
         let mut dm = IserDatamover {
