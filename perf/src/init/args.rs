@@ -1,0 +1,384 @@
+//! The flags of the initiator mode and what they add up to: a validated [`Plan`], then per
+//! target URL a [`Geometry`] once its LUN is known.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::session::{INITIATOR_NAME, MAX_QD};
+use crate::url::{self, TargetUrl, Transport};
+use crate::workload::{PollModeArg, Workload};
+use crate::MAX_SECONDS;
+
+const MAX_SESSIONS: usize = 1024;
+/// Buffers of one thread (sessions x qd x bs) may not exceed this.
+const MAX_BUFFER_BYTES: u64 = 4 << 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DigestArg {
+    None,
+    Header,
+    Data,
+    Both,
+}
+
+/// Flags of the initiator mode (`riser-perf [flags] URL...`).
+#[derive(Args, Clone, Debug)]
+pub struct InitArgs {
+    /// Targets: iscsi://host[:port]/IQN/LUN (iSCSI over TCP) or iser://host[:port]/IQN/LUN
+    /// (iSER over RDMA: InfiniBand, RoCE); port 3260 by default.
+    #[arg(value_name = "URL")]
+    pub urls: Vec<String>,
+
+    /// Access pattern. Random offsets are uniform over the LBA range and aligned to --bs;
+    /// sequential streams start spread over the range (one per session) and wrap.
+    #[arg(long, value_enum, default_value_t = Workload::Randread)]
+    pub rw: Workload,
+
+    /// Percentage of reads for rw and randrw (0 to 100).
+    #[arg(long, value_name = "PCT", default_value_t = 70)]
+    pub rwmixread: u8,
+
+    /// Size of every I/O in bytes: a multiple of the LUN's block size.
+    #[arg(long, value_name = "BYTES", default_value_t = 4096)]
+    pub bs: u64,
+
+    /// I/Os kept outstanding per session (1 to 4096); the target's CmdSN window may hold
+    /// some back.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub qd: u32,
+
+    /// Seconds measured (after the ramp).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub time: u64,
+
+    /// Seconds of load before measuring starts (not counted).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    pub ramp: u64,
+
+    /// Part of the LUN to use, in logical blocks: START:COUNT (default: the whole LUN).
+    #[arg(long = "lba-range", value_name = "START:COUNT")]
+    pub lba_range: Option<String>,
+
+    /// Client threads, one per core of the mask (SPDK syntax: 0x3, 3, [0,1], [0-3]),
+    /// each pinned to its core.
+    #[arg(
+        short = 'm',
+        long = "cpumask",
+        value_name = "MASK",
+        default_value = "0x1"
+    )]
+    pub cpumask: String,
+
+    /// Do not pin client threads to their cores.
+    #[arg(long = "no-pin")]
+    pub no_pin: bool,
+
+    /// What a client thread does when a pass over its sockets found nothing: adaptive sleeps
+    /// in poll(2) until a socket is ready (a spinning client takes CPU from a target on the
+    /// same machine); busy spins (lowest latency when client and target have cores of
+    /// their own).
+    #[arg(long = "poll-mode", value_enum, default_value_t = PollModeArg::Adaptive)]
+    pub poll_mode: PollModeArg,
+
+    /// Sessions per URL (one connection each), spread round-robin over the client
+    /// threads. Default: one per client thread.
+    #[arg(long, value_name = "N")]
+    pub sessions: Option<usize>,
+
+    /// Write the LBA range sequentially in a self-checking format (LBA, generation, CRC32C
+    /// in every block), read it all back and report every mismatch; exits non-zero on any.
+    /// Runs until the range is done (--time and --ramp do not apply).
+    #[arg(long, conflicts_with_all = ["rw", "rwmixread"])]
+    pub verify: bool,
+
+    /// Only the read-back pass of --verify, checking for --generation.
+    #[arg(long = "verify-only", conflicts_with_all = ["verify", "rw", "rwmixread"], requires = "generation")]
+    pub verify_only: bool,
+
+    /// Generation number written (--verify) or expected (--verify-only).
+    /// Default for --verify: the current Unix time.
+    #[arg(long, value_name = "N")]
+    pub generation: Option<u64>,
+
+    /// Seconds to wait between the write and the read pass of --verify.
+    #[arg(long = "verify-pause", value_name = "SECONDS", default_value_t = 0)]
+    pub verify_pause: u64,
+
+    /// CRC32C digests to negotiate.
+    #[arg(long, value_enum, default_value_t = DigestArg::None)]
+    pub digest: DigestArg,
+
+    /// InitiatorName sent at login.
+    #[arg(long = "initiator-name", value_name = "IQN", default_value = INITIATOR_NAME)]
+    pub initiator_name: String,
+
+    /// Seconds allowed for connecting, logging in, each setup command and logout.
+    #[arg(long = "login-timeout", value_name = "SECONDS", default_value_t = 10)]
+    pub login_timeout: u64,
+
+    /// Print one JSON object on stdout (the live lines go to stderr).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Also write the latency distribution of the measured window as an SVG chart
+    /// (percentile spectrum and histogram).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Bench,
+    /// Write pass (unless `read_only`), pause, read pass.
+    Verify {
+        read_only: bool,
+        generation: u64,
+        pause: Duration,
+    },
+}
+
+/// A validated run description (everything that can be checked before connecting).
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub targets: Vec<TargetUrl>,
+    pub workload: Workload,
+    pub read_pct: u8,
+    pub bs: u64,
+    pub qd: usize,
+    pub time: Duration,
+    pub ramp: Duration,
+    pub lba_range: Option<(u64, u64)>,
+    pub cores: Vec<usize>,
+    pub pin: bool,
+    pub poll_mode: PollModeArg,
+    pub sessions: usize,
+    pub mode: Mode,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub initiator_name: String,
+    pub timeout: Duration,
+    pub json: bool,
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// `START:COUNT`, decimal or 0x hex, COUNT > 0.
+pub fn parse_lba_range(s: &str) -> Result<(u64, u64), String> {
+    let bad = |why: &str| format!("--lba-range {s}: {why} (expected START:COUNT in blocks)");
+    let (a, b) = s.split_once(':').ok_or_else(|| bad("no ':'"))?;
+    let num = |v: &str| -> Result<u64, String> {
+        let v = v.trim();
+        let r = if let Some(h) = v.strip_prefix("0x") {
+            u64::from_str_radix(h, 16)
+        } else {
+            v.parse()
+        };
+        r.map_err(|_| bad(&format!("\"{v}\" is not a number")))
+    };
+    let (start, count) = (num(a)?, num(b)?);
+    if count == 0 {
+        return Err(bad("COUNT must be at least 1"));
+    }
+    if start.checked_add(count).is_none() {
+        return Err(bad("START + COUNT overflows"));
+    }
+    Ok((start, count))
+}
+
+impl InitArgs {
+    /// Checks the flags and turns them into a [`Plan`], or says what is wrong.
+    // `u64::is_multiple_of` is newer than the workspace's rust-version (1.75).
+    #[allow(unknown_lints, clippy::manual_is_multiple_of)]
+    pub fn plan(&self) -> Result<Plan, String> {
+        if self.urls.is_empty() {
+            return Err("no target URL given: riser-perf [flags] iscsi://host[:port]/IQN/LUN ... (or riser-perf bdev ...)".into());
+        }
+        let mut targets = Vec::new();
+        for u in &self.urls {
+            if u == "bdev" {
+                return Err("\"bdev\" after initiator flags: the subcommand comes first, riser-perf bdev [flags]".into());
+            }
+            let t = url::parse(u)?;
+            if t.transport == Transport::Iser && self.digest != DigestArg::None {
+                return Err(format!(
+                    "{u}: --digest does not apply to iSER (RDMA has its own integrity checks)"
+                ));
+            }
+            targets.push(t);
+        }
+        if self.bs == 0 || self.bs % 512 != 0 {
+            return Err(format!(
+                "--bs {} must be a positive multiple of 512",
+                self.bs
+            ));
+        }
+        if self.bs > 16 << 20 {
+            return Err(format!("--bs {} is above the 16 MiB limit", self.bs));
+        }
+        if self.qd == 0 || self.qd as usize > MAX_QD {
+            return Err(format!(
+                "--qd {} is out of range: use 1 to {MAX_QD}",
+                self.qd
+            ));
+        }
+        crate::check_run_flags(self.time, self.ramp, self.rwmixread as u64)?;
+        if self.verify_pause > MAX_SECONDS {
+            return Err(format!(
+                "--verify-pause {} is out of range",
+                self.verify_pause
+            ));
+        }
+        if self.login_timeout == 0 || self.login_timeout > 3600 {
+            return Err(format!(
+                "--login-timeout {} is out of range: use 1 to 3600",
+                self.login_timeout
+            ));
+        }
+        let cores = riser_reactor::parse_core_mask(&self.cpumask)
+            .map_err(|e| format!("-m {}: {e}", self.cpumask))?;
+        let sessions = self.sessions.unwrap_or(cores.len());
+        if sessions == 0 || sessions > MAX_SESSIONS {
+            return Err(format!(
+                "--sessions {sessions} is out of range: use 1 to {MAX_SESSIONS}"
+            ));
+        }
+        let per_thread = (sessions * targets.len()).div_ceil(cores.len()) as u64;
+        let bytes = per_thread
+            .saturating_mul(self.qd as u64)
+            .saturating_mul(self.bs);
+        if bytes > MAX_BUFFER_BYTES {
+            return Err(format!(
+                "{per_thread} sessions x --qd {} x --bs {} need {} MiB of buffers per thread; the limit is {} MiB",
+                self.qd,
+                self.bs,
+                bytes >> 20,
+                MAX_BUFFER_BYTES >> 20
+            ));
+        }
+        let lba_range = self.lba_range.as_deref().map(parse_lba_range).transpose()?;
+        if !self.verify && !self.verify_only && (self.generation.is_some() || self.verify_pause > 0)
+        {
+            return Err(
+                "--generation and --verify-pause only apply with --verify or --verify-only".into(),
+            );
+        }
+        if self.verify_only && self.verify_pause > 0 {
+            return Err("--verify-pause needs --verify (--verify-only has no write pass)".into());
+        }
+        let mode = if self.verify || self.verify_only {
+            let generation = match self.generation {
+                Some(g) => g,
+                None => std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(1),
+            };
+            Mode::Verify {
+                read_only: self.verify_only,
+                generation,
+                pause: Duration::from_secs(self.verify_pause),
+            }
+        } else {
+            Mode::Bench
+        };
+        if !self.initiator_name.starts_with("iqn.")
+            && !self.initiator_name.starts_with("eui.")
+            && !self.initiator_name.starts_with("naa.")
+        {
+            return Err(format!(
+                "--initiator-name {}: an iSCSI name starts with iqn., eui. or naa.",
+                self.initiator_name
+            ));
+        }
+        let (header_digest, data_digest) = match self.digest {
+            DigestArg::None => (false, false),
+            DigestArg::Header => (true, false),
+            DigestArg::Data => (false, true),
+            DigestArg::Both => (true, true),
+        };
+        Ok(Plan {
+            targets,
+            workload: self.rw,
+            read_pct: self.rw.read_pct(self.rwmixread),
+            bs: self.bs,
+            qd: self.qd as usize,
+            time: Duration::from_secs(self.time),
+            ramp: Duration::from_secs(self.ramp),
+            lba_range,
+            pin: !self.no_pin,
+            poll_mode: self.poll_mode,
+            cores,
+            sessions,
+            mode,
+            header_digest,
+            data_digest,
+            initiator_name: self.initiator_name.clone(),
+            timeout: Duration::from_secs(self.login_timeout),
+            json: self.json,
+            plot: self.plot.clone(),
+        })
+    }
+}
+
+/// Where one URL's I/Os go, once its LUN is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub num_blocks: u64,
+    /// The range used, in blocks.
+    pub start: u64,
+    pub count: u64,
+    /// Blocks per I/O.
+    pub io_blocks: u32,
+}
+
+impl Geometry {
+    /// Checks the plan against what READ CAPACITY said.
+    #[allow(unknown_lints, clippy::manual_is_multiple_of)]
+    pub fn resolve(plan: &Plan, block_size: u32, num_blocks: u64) -> Result<Geometry, String> {
+        if plan.bs % block_size as u64 != 0 {
+            return Err(format!(
+                "--bs {} is not a multiple of the LUN's block size ({block_size} bytes)",
+                plan.bs
+            ));
+        }
+        let io_blocks = (plan.bs / block_size as u64) as u32;
+        let (start, count) = plan.lba_range.unwrap_or((0, num_blocks));
+        if start + count > num_blocks {
+            return Err(format!(
+                "--lba-range {start}:{count} ends past the LUN's {num_blocks} blocks"
+            ));
+        }
+        // Benchmarks issue whole --bs I/Os; verify also covers a partial last one.
+        if matches!(plan.mode, Mode::Bench) && count < io_blocks as u64 {
+            return Err(format!(
+                "the LBA range ({count} blocks) is smaller than one I/O ({io_blocks} blocks of {block_size} bytes)"
+            ));
+        }
+        Ok(Geometry {
+            block_size,
+            num_blocks,
+            start,
+            count,
+            io_blocks,
+        })
+    }
+
+    /// I/O-sized units in the range (a partial last unit counts in verify mode).
+    pub(crate) fn units(&self, partial: bool) -> u64 {
+        if partial {
+            self.count.div_ceil(self.io_blocks as u64)
+        } else {
+            self.count / self.io_blocks as u64
+        }
+    }
+
+    /// First LBA and length in blocks of unit `u`.
+    pub(crate) fn unit(&self, u: u64) -> (u64, u32) {
+        let lba = self.start + u * self.io_blocks as u64;
+        let end = (lba + self.io_blocks as u64).min(self.start + self.count);
+        (lba, (end - lba) as u32)
+    }
+}

@@ -1,0 +1,535 @@
+//! The client threads of the initiator mode: each logs in its sessions, then runs the
+//! benchmark or the verify passes over them from one polling loop, and the little they share
+//! with the control thread (the phase gate, the live totals, the messages).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{Geometry, Mode, Plan};
+use crate::report::{Recorder, Window};
+use crate::scsi::{Completion, Dir};
+use crate::session::{LoginOptions, Negotiated};
+use crate::sys::{self, pin_to, thread_cpu};
+use crate::transport::Session;
+use crate::verify::{self, Mismatches};
+use crate::workload::{OpGen, PollModeArg};
+
+/// How long in-flight I/Os may take to finish after the end of the run.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Adaptive polling: passes without progress before sleeping in poll(2).
+/// One empty pass is enough: measured on a shared 2-core machine against tgt, longer spins
+/// (32 passes, or busy polling) cost the target CPU time and IOPS.
+const SPIN_PASSES: u32 = 1;
+
+/// One session to open: which URL, which of that URL's sessions.
+#[derive(Clone, Debug)]
+pub(super) struct SessionSpec {
+    pub(super) url: usize,
+    pub(super) index: usize,
+    pub(super) isid: [u8; 6],
+}
+
+/// Running totals of one thread for the live line (written by the thread only).
+#[repr(align(128))]
+#[derive(Default)]
+pub(super) struct Live {
+    pub(super) ios: AtomicU64,
+    pub(super) lat_ns: AtomicU64,
+}
+
+/// What the control thread tells the client threads; waited on only between phases.
+#[derive(Default)]
+pub(super) struct Gate {
+    /// 0: wait; 1: run the benchmark or the verify write pass; 2: the verify read pass.
+    pub(super) phase: u32,
+    pub(super) t0: Option<Instant>,
+    pub(super) geoms: Arc<Vec<Geometry>>,
+    pub(super) abort: bool,
+}
+
+pub(super) struct Control {
+    pub(super) gate: Mutex<Gate>,
+    pub(super) cv: Condvar,
+    /// Stop early (SIGINT or another thread failed); polled by the hot loop.
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+impl Control {
+    pub(super) fn set(&self, f: impl FnOnce(&mut Gate)) {
+        if let Ok(mut g) = self.gate.lock() {
+            f(&mut g);
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits for `phase` (Some(gate state)) or abort (None).
+    pub(super) fn wait(&self, phase: u32) -> Option<(Instant, Arc<Vec<Geometry>>)> {
+        let mut g = self.gate.lock().ok()?;
+        loop {
+            if g.abort {
+                return None;
+            }
+            if g.phase >= phase {
+                return Some((g.t0.unwrap_or_else(Instant::now), g.geoms.clone()));
+            }
+            g = self.cv.wait(g).ok()?;
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionInfo {
+    pub url: String,
+    pub block_size: u32,
+    pub num_blocks: u64,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub first_burst_length: u32,
+    /// The largest data segment we may send: MaxRecvDataSegmentLength on TCP,
+    /// TargetRecvDataSegmentLength on iSER.
+    pub target_max_recv_data_segment_length: u32,
+    /// "tcp" or "iser".
+    pub transport: &'static str,
+}
+
+fn session_info(c: &Session) -> SessionInfo {
+    let n: Negotiated = c.neg();
+    SessionInfo {
+        url: c.label().to_string(),
+        block_size: c.block_size(),
+        num_blocks: c.num_blocks(),
+        header_digest: n.header_digest,
+        data_digest: n.data_digest,
+        immediate_data: n.immediate_data,
+        initial_r2t: n.initial_r2t,
+        first_burst_length: n.first_burst,
+        target_max_recv_data_segment_length: c
+            .iser_keys()
+            .map_or(n.max_send_dsl, |k| k.target_recv_dsl),
+        transport: if c.is_iser() { "iser" } else { "tcp" },
+    }
+}
+
+pub(super) enum Msg {
+    Ready(Vec<(usize, SessionInfo)>),
+    Failed(String),
+    /// Verify write pass finished on this thread.
+    Written,
+    Done(usize, Box<ThreadResult>),
+}
+
+pub(super) struct ThreadResult {
+    pub(super) core: usize,
+    pub(super) ios: u64,
+    pub(super) reads: u64,
+    pub(super) elapsed_ns: u64,
+    pub(super) cpu_user_ns: u64,
+    pub(super) cpu_sys_ns: u64,
+    pub(super) hist: Histogram<u64>,
+    pub(super) mismatches: Mismatches,
+    pub(super) blocks_checked: u64,
+}
+
+struct Job {
+    conn: Session,
+    url: usize,
+    index: usize,
+    submit_ns: Vec<u64>,
+    dirs: Vec<Dir>,
+    gen: Option<OpGen>,
+    /// Verify: next unit and end unit of this session's share.
+    next_unit: u64,
+    end_unit: u64,
+}
+
+struct Client {
+    thread: usize,
+    core: usize,
+    plan: Arc<Plan>,
+    ctl: Arc<Control>,
+    live: Arc<Live>,
+    jobs: Vec<Job>,
+    done: Vec<Completion>,
+    /// The measured window (all of it in verify mode).
+    rec: Recorder,
+    /// Every I/O, for the live line.
+    lat_total: u64,
+    ios_total: u64,
+    mismatches: Mismatches,
+    blocks_checked: u64,
+    idle_passes: u32,
+    pollfds: Vec<libc::pollfd>,
+}
+
+pub(super) fn client_thread(
+    thread: usize,
+    core: usize,
+    specs: Vec<SessionSpec>,
+    plan: Arc<Plan>,
+    ctl: Arc<Control>,
+    live: Arc<Live>,
+    tx: mpsc::Sender<Msg>,
+) {
+    if plan.pin {
+        if let Err(e) = pin_to(core) {
+            log::warn!("client thread {thread}: {e}");
+        }
+    }
+    let mut c = Client {
+        thread,
+        core,
+        plan: plan.clone(),
+        ctl,
+        live,
+        jobs: Vec::new(),
+        done: Vec::with_capacity(plan.qd * 2),
+        rec: Recorder::default(),
+        lat_total: 0,
+        ios_total: 0,
+        mismatches: Mismatches::default(),
+        blocks_checked: 0,
+        idle_passes: 0,
+        pollfds: Vec::new(),
+    };
+    let r = c.run(specs, &tx);
+    // Best effort: log out of everything still logged in, also after a failure.
+    let mut logout_err = None;
+    for j in &mut c.jobs {
+        if let Err(e) = j.conn.logout() {
+            logout_err.get_or_insert(e);
+        }
+    }
+    let msg = match r {
+        Ok(res) => {
+            // A failed logout after a good run is worth a warning, not a failed run.
+            if let Some(e) = logout_err {
+                log::warn!("{e}");
+            }
+            Msg::Done(thread, res)
+        }
+        Err(e) => Msg::Failed(e),
+    };
+    let _ = tx.send(msg);
+}
+
+impl Client {
+    fn run(
+        &mut self,
+        specs: Vec<SessionSpec>,
+        tx: &mpsc::Sender<Msg>,
+    ) -> Result<Box<ThreadResult>, String> {
+        let plan = self.plan.clone();
+        let opts = LoginOptions {
+            initiator_name: plan.initiator_name.clone(),
+            header_digest: plan.header_digest,
+            data_digest: plan.data_digest,
+            timeout: plan.timeout,
+            isid: [0; 6],
+        };
+        let mut infos = Vec::new();
+        for s in &specs {
+            if self.ctl.stop.load(Ordering::Relaxed) {
+                return Err("interrupted".into());
+            }
+            let t = &plan.targets[s.url];
+            let mut o = opts.clone();
+            o.isid = s.isid;
+            let mut conn = Session::login(t, &o, plan.qd)?;
+            let copy_reads = plan.mode != Mode::Bench;
+            let setup = conn
+                .wait_ready()
+                .and_then(|_| conn.read_capacity())
+                .and_then(|_| conn.start_io(plan.qd, plan.bs as usize, copy_reads));
+            if let Err(e) = setup {
+                let _ = conn.logout();
+                return Err(e);
+            }
+            infos.push((s.url, session_info(&conn)));
+            self.jobs.push(Job {
+                conn,
+                url: s.url,
+                index: s.index,
+                submit_ns: vec![0; plan.qd],
+                dirs: vec![Dir::Read; plan.qd],
+                gen: None,
+                next_unit: 0,
+                end_unit: 0,
+            });
+        }
+        let _ = tx.send(Msg::Ready(infos));
+        match plan.mode {
+            Mode::Bench => {
+                let (t0, geoms) = self.ctl.wait(1).ok_or("aborted")?;
+                for (k, j) in self.jobs.iter_mut().enumerate() {
+                    let g = geoms[j.url];
+                    let seed = ((self.thread as u64) << 32)
+                        ^ (j.url as u64) << 16
+                        ^ j.index as u64
+                        ^ k as u64;
+                    j.gen = Some(OpGen::new(
+                        plan.workload,
+                        plan.read_pct,
+                        g.units(false),
+                        j.index as u64,
+                        plan.sessions as u64,
+                        seed,
+                    ));
+                }
+                let (elapsed, cpu) = self.bench(t0, &geoms)?;
+                Ok(self.result(elapsed, cpu))
+            }
+            Mode::Verify {
+                read_only,
+                generation,
+                ..
+            } => {
+                let (t0, geoms) = self
+                    .ctl
+                    .wait(if read_only { 2 } else { 1 })
+                    .ok_or("aborted")?;
+                let c0 = thread_cpu();
+                if !read_only {
+                    self.verify_pass(t0, &geoms, Dir::Write, generation)?;
+                    let _ = tx.send(Msg::Written);
+                    self.ctl.wait(2).ok_or("aborted")?;
+                }
+                self.verify_pass(t0, &geoms, Dir::Read, generation)?;
+                let c1 = thread_cpu();
+                let el = t0.elapsed().as_nanos() as u64;
+                Ok(self.result(el, (c1.0 - c0.0, c1.1 - c0.1)))
+            }
+        }
+    }
+
+    fn result(&mut self, elapsed_ns: u64, cpu: (u64, u64)) -> Box<ThreadResult> {
+        Box::new(ThreadResult {
+            core: self.core,
+            ios: self.rec.ios,
+            reads: self.rec.reads,
+            elapsed_ns,
+            cpu_user_ns: cpu.0,
+            cpu_sys_ns: cpu.1,
+            hist: self.rec.take_hist(),
+            mismatches: std::mem::take(&mut self.mismatches),
+            blocks_checked: self.blocks_checked,
+        })
+    }
+
+    /// Adaptive polling: after [`SPIN_PASSES`] passes without a byte received, sleep in
+    /// poll(2) on this thread's sockets (at most 1 ms, so phase changes and the stop flag
+    /// are seen).
+    #[inline]
+    fn idle(&mut self, progress: bool) {
+        if self.plan.poll_mode == PollModeArg::Busy {
+            return;
+        }
+        if progress {
+            self.idle_passes = 0;
+            return;
+        }
+        self.idle_passes += 1;
+        if self.idle_passes < SPIN_PASSES {
+            return;
+        }
+        self.pollfds.clear();
+        for j in &mut self.jobs {
+            // A socket, or an iSER session's armed completion channel; None: work came in.
+            let Some((fd, events)) = j.conn.sleep_fd() else {
+                return;
+            };
+            self.pollfds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+        }
+        // Woken by a ready descriptor, the 1 ms timeout or a signal: all the same here.
+        let _ = sys::poll(&mut self.pollfds, 1);
+        for j in &mut self.jobs {
+            j.conn.woke();
+        }
+    }
+
+    fn publish(&self) {
+        self.live.ios.store(self.ios_total, Ordering::Relaxed);
+        self.live.lat_ns.store(self.lat_total, Ordering::Relaxed);
+    }
+
+    /// The timed benchmark: returns the measured window (ns) and the thread's CPU time in it.
+    fn bench(&mut self, t0: Instant, geoms: &[Geometry]) -> Result<(u64, (u64, u64)), String> {
+        let mut window = Window::new(self.plan.ramp, self.plan.time);
+        let mut done = std::mem::take(&mut self.done);
+
+        // Initial load.
+        let now_ns = t0.elapsed().as_nanos() as u64;
+        for j in &mut self.jobs {
+            let g = geoms[j.url];
+            for slot in 0..self.plan.qd {
+                let Some(gen) = j.gen.as_mut() else { break };
+                let (dir, unit) = gen.next();
+                let (lba, blocks) = g.unit(unit);
+                j.dirs[slot] = dir;
+                j.submit_ns[slot] = now_ns;
+                j.conn.submit(slot, dir, lba, blocks);
+            }
+            j.conn.flush()?;
+        }
+
+        loop {
+            let mut now_ns = t0.elapsed().as_nanos() as u64;
+            let stop = &self.ctl.stop;
+            if window.tick(now_ns, || stop.load(Ordering::Relaxed), thread_cpu) {
+                self.rec.flush();
+            }
+            let (measuring, stopping) = (window.measuring(), window.stopping());
+            let mut any = false;
+            let mut got = false;
+            let mut inflight = 0;
+            for j in &mut self.jobs {
+                got |= j.conn.poll(&mut done)?;
+                if !done.is_empty() {
+                    any = true;
+                    now_ns = t0.elapsed().as_nanos() as u64;
+                    let g = geoms[j.url];
+                    for c in done.drain(..) {
+                        if let Err(e) = c.result {
+                            return Err(format!("{}: {e}", j.conn.label()));
+                        }
+                        let slot = c.slot;
+                        let lat = now_ns.saturating_sub(j.submit_ns[slot]);
+                        self.ios_total += 1;
+                        self.lat_total += lat;
+                        if measuring {
+                            self.rec.record(lat, j.dirs[slot] == Dir::Read);
+                        }
+                        if !stopping {
+                            let Some(gen) = j.gen.as_mut() else { continue };
+                            let (dir, unit) = gen.next();
+                            let (lba, blocks) = g.unit(unit);
+                            j.dirs[slot] = dir;
+                            j.submit_ns[slot] = now_ns;
+                            j.conn.submit(slot, dir, lba, blocks);
+                        }
+                    }
+                }
+                j.conn.flush()?;
+                inflight += j.conn.inflight();
+            }
+            if any {
+                self.publish();
+            }
+            self.idle(got);
+            if stopping {
+                if inflight == 0 {
+                    break;
+                }
+                if now_ns.saturating_sub(window.stop_ns()) > DRAIN_TIMEOUT.as_nanos() as u64 {
+                    return Err(format!(
+                        "{inflight} I/Os still outstanding {} s after the end of the run",
+                        DRAIN_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+        }
+        self.done = done;
+        Ok((window.elapsed_ns(), window.probe_delta()))
+    }
+
+    /// One verify pass over every session's share of its URL's range.
+    fn verify_pass(
+        &mut self,
+        t0: Instant,
+        geoms: &[Geometry],
+        dir: Dir,
+        generation: u64,
+    ) -> Result<(), String> {
+        let sessions = self.plan.sessions as u64;
+        let qd = self.plan.qd;
+        let mut done = std::mem::take(&mut self.done);
+        for j in &mut self.jobs {
+            let g = geoms[j.url];
+            let units = g.units(true);
+            j.next_unit = units * j.index as u64 / sessions;
+            j.end_unit = units * (j.index as u64 + 1) / sessions;
+        }
+        let bsz = |g: &Geometry| g.block_size as usize;
+        let issue = |j: &mut Job, slot: usize, now_ns: u64| -> bool {
+            if j.next_unit >= j.end_unit {
+                return false;
+            }
+            let g = geoms[j.url];
+            let (lba, blocks) = g.unit(j.next_unit);
+            j.next_unit += 1;
+            if dir == Dir::Write {
+                let n = blocks as usize * bsz(&g);
+                verify::fill(&mut j.conn.buf_mut(slot)[..n], bsz(&g), lba, generation);
+            }
+            j.dirs[slot] = dir;
+            j.submit_ns[slot] = now_ns;
+            j.conn.submit(slot, dir, lba, blocks);
+            true
+        };
+        let now_ns = t0.elapsed().as_nanos() as u64;
+        for j in &mut self.jobs {
+            for slot in 0..qd {
+                if !issue(j, slot, now_ns) {
+                    break;
+                }
+            }
+            j.conn.flush()?;
+        }
+        loop {
+            let mut inflight = 0;
+            let mut any = false;
+            let mut got = false;
+            for j in &mut self.jobs {
+                got |= j.conn.poll(&mut done)?;
+                if !done.is_empty() {
+                    any = true;
+                    let now_ns = t0.elapsed().as_nanos() as u64;
+                    let g = geoms[j.url];
+                    for c in done.drain(..) {
+                        if let Err(e) = c.result {
+                            return Err(format!("{}: {e}", j.conn.label()));
+                        }
+                        let slot = c.slot;
+                        let lat = now_ns.saturating_sub(j.submit_ns[slot]);
+                        self.ios_total += 1;
+                        self.lat_total += lat;
+                        self.rec.record(lat, dir == Dir::Read);
+                        if dir == Dir::Read {
+                            let lba = j.conn.lba(slot);
+                            let n = ((g.start + g.count - lba).min(g.io_blocks as u64)) as usize;
+                            let data = &j.conn.buf(slot)[..n * bsz(&g)];
+                            self.mismatches.check(data, bsz(&g), lba, generation);
+                            self.blocks_checked += n as u64;
+                        }
+                        if !self.ctl.stop.load(Ordering::Relaxed) {
+                            issue(j, slot, now_ns);
+                        }
+                    }
+                }
+                j.conn.flush()?;
+                inflight += j.conn.inflight();
+            }
+            if any {
+                self.publish();
+            }
+            self.idle(got);
+            if inflight == 0 {
+                break;
+            }
+        }
+        self.done = done;
+        if self.ctl.stop.load(Ordering::Relaxed) {
+            return Err("interrupted".into());
+        }
+        Ok(())
+    }
+}
