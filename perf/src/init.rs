@@ -543,6 +543,34 @@ mod tests {
         assert_eq!((g.units(true), g.unit(0)), (1, (900, 4)));
     }
 
+    /// The whole verify mode (write pass, read pass, checks) against the fake target, with
+    /// a partial last I/O.
+    #[test]
+    fn verify_against_the_fake_target() {
+        let (port, obs, h) = crate::fake_target::start();
+        let url = format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0");
+        let a = args(&[
+            "--verify",
+            "--generation",
+            "5",
+            "--bs",
+            "8192",
+            "--qd",
+            "4",
+            "--no-pin",
+            "--json",
+            &url,
+        ])
+        .unwrap();
+        assert_eq!(main(&a), Ok(true));
+        h.join().unwrap();
+        let o = obs.lock().unwrap();
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        // TUR twice (unit attention), READ CAPACITY, 63 writes and 63 reads of 16 blocks
+        // or less (1000 blocks).
+        assert_eq!(o.commands, 3 + 2 * 63);
+    }
+
     #[test]
     fn unreachable_target_is_a_clear_error() {
         // A port that was just free on localhost (port 1 is not: a test tgtd may sit there).

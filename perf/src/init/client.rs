@@ -136,6 +136,15 @@ pub(super) struct ThreadResult {
     pub(super) blocks_checked: u64,
 }
 
+/// What the completions feed besides the live totals.
+#[derive(Default)]
+struct Tally {
+    /// The measured window (all of it in verify mode).
+    rec: Recorder,
+    mismatches: Mismatches,
+    blocks_checked: u64,
+}
+
 struct Job {
     conn: Session,
     url: usize,
@@ -156,13 +165,10 @@ struct Client {
     live: Arc<Live>,
     jobs: Vec<Job>,
     done: Vec<Completion>,
-    /// The measured window (all of it in verify mode).
-    rec: Recorder,
+    tally: Tally,
     /// Every I/O, for the live line.
     lat_total: u64,
     ios_total: u64,
-    mismatches: Mismatches,
-    blocks_checked: u64,
     idle_passes: u32,
     pollfds: Vec<libc::pollfd>,
 }
@@ -189,11 +195,9 @@ pub(super) fn client_thread(
         live,
         jobs: Vec::new(),
         done: Vec::with_capacity(plan.qd * 2),
-        rec: Recorder::default(),
+        tally: Tally::default(),
         lat_total: 0,
         ios_total: 0,
-        mismatches: Mismatches::default(),
-        blocks_checked: 0,
         idle_passes: 0,
         pollfds: Vec::new(),
     };
@@ -310,14 +314,14 @@ impl Client {
     fn result(&mut self, elapsed_ns: u64, cpu: (u64, u64)) -> Box<ThreadResult> {
         Box::new(ThreadResult {
             core: self.core,
-            ios: self.rec.ios,
-            reads: self.rec.reads,
+            ios: self.tally.rec.ios,
+            reads: self.tally.rec.reads,
             elapsed_ns,
             cpu_user_ns: cpu.0,
             cpu_sys_ns: cpu.1,
-            hist: self.rec.take_hist(),
-            mismatches: std::mem::take(&mut self.mismatches),
-            blocks_checked: self.blocks_checked,
+            hist: self.tally.rec.take_hist(),
+            mismatches: std::mem::take(&mut self.tally.mismatches),
+            blocks_checked: self.tally.blocks_checked,
         })
     }
 
@@ -361,70 +365,91 @@ impl Client {
         self.live.lat_ns.store(self.lat_total, Ordering::Relaxed);
     }
 
+    /// Fills every session's queue: `issue` submits one slot's I/O, or says there is none.
+    fn load(&mut self, mut issue: impl FnMut(&mut Job, usize) -> bool) -> Result<(), String> {
+        for j in &mut self.jobs {
+            for slot in 0..self.plan.qd {
+                if !issue(j, slot) {
+                    break;
+                }
+            }
+            j.conn.flush()?;
+        }
+        Ok(())
+    }
+
+    /// One pass over every session: takes its completions (a failed I/O ends the run) into
+    /// the live totals, hands each to `on_done` (tally, session, slot, time, latency; it may
+    /// submit the slot's next I/O) and sends what was queued; then publishes the live
+    /// totals, and idles if nothing came. The I/Os still in flight, and the time of the last
+    /// completions (`now_ns` if none came).
+    fn pass(
+        &mut self,
+        t0: Instant,
+        mut now_ns: u64,
+        done: &mut Vec<Completion>,
+        mut on_done: impl FnMut(&mut Tally, &mut Job, usize, u64, u64),
+    ) -> Result<(usize, u64), String> {
+        let mut any = false;
+        let mut got = false;
+        let mut inflight = 0;
+        for j in &mut self.jobs {
+            got |= j.conn.poll(done)?;
+            if !done.is_empty() {
+                any = true;
+                now_ns = t0.elapsed().as_nanos() as u64;
+                for c in done.drain(..) {
+                    if let Err(e) = c.result {
+                        return Err(format!("{}: {e}", j.conn.label()));
+                    }
+                    let lat = now_ns.saturating_sub(j.submit_ns[c.slot]);
+                    self.ios_total += 1;
+                    self.lat_total += lat;
+                    on_done(&mut self.tally, j, c.slot, now_ns, lat);
+                }
+            }
+            j.conn.flush()?;
+            inflight += j.conn.inflight();
+        }
+        if any {
+            self.publish();
+        }
+        self.idle(got);
+        Ok((inflight, now_ns))
+    }
+
     /// The timed benchmark: returns the measured window (ns) and the thread's CPU time in it.
     fn bench(&mut self, t0: Instant, geoms: &[Geometry]) -> Result<(u64, (u64, u64)), String> {
         let mut window = Window::new(self.plan.ramp, self.plan.time);
         let mut done = std::mem::take(&mut self.done);
-
-        // Initial load.
+        // The next I/O of a session's slot.
+        let next = |j: &mut Job, slot: usize, now_ns: u64| -> bool {
+            let Some(gen) = j.gen.as_mut() else {
+                return false;
+            };
+            let (dir, unit) = gen.next();
+            let (lba, blocks) = geoms[j.url].unit(unit);
+            j.submit(slot, dir, lba, blocks, now_ns);
+            true
+        };
         let now_ns = t0.elapsed().as_nanos() as u64;
-        for j in &mut self.jobs {
-            let g = geoms[j.url];
-            for slot in 0..self.plan.qd {
-                let Some(gen) = j.gen.as_mut() else { break };
-                let (dir, unit) = gen.next();
-                let (lba, blocks) = g.unit(unit);
-                j.dirs[slot] = dir;
-                j.submit_ns[slot] = now_ns;
-                j.conn.submit(slot, dir, lba, blocks);
-            }
-            j.conn.flush()?;
-        }
-
+        self.load(|j, slot| next(j, slot, now_ns))?;
         loop {
-            let mut now_ns = t0.elapsed().as_nanos() as u64;
+            let now_ns = t0.elapsed().as_nanos() as u64;
             let stop = &self.ctl.stop;
             if window.tick(now_ns, || stop.load(Ordering::Relaxed), thread_cpu) {
-                self.rec.flush();
+                self.tally.rec.flush();
             }
             let (measuring, stopping) = (window.measuring(), window.stopping());
-            let mut any = false;
-            let mut got = false;
-            let mut inflight = 0;
-            for j in &mut self.jobs {
-                got |= j.conn.poll(&mut done)?;
-                if !done.is_empty() {
-                    any = true;
-                    now_ns = t0.elapsed().as_nanos() as u64;
-                    let g = geoms[j.url];
-                    for c in done.drain(..) {
-                        if let Err(e) = c.result {
-                            return Err(format!("{}: {e}", j.conn.label()));
-                        }
-                        let slot = c.slot;
-                        let lat = now_ns.saturating_sub(j.submit_ns[slot]);
-                        self.ios_total += 1;
-                        self.lat_total += lat;
-                        if measuring {
-                            self.rec.record(lat, j.dirs[slot] == Dir::Read);
-                        }
-                        if !stopping {
-                            let Some(gen) = j.gen.as_mut() else { continue };
-                            let (dir, unit) = gen.next();
-                            let (lba, blocks) = g.unit(unit);
-                            j.dirs[slot] = dir;
-                            j.submit_ns[slot] = now_ns;
-                            j.conn.submit(slot, dir, lba, blocks);
-                        }
+            let (inflight, now_ns) =
+                self.pass(t0, now_ns, &mut done, |tally, j, slot, now, lat| {
+                    if measuring {
+                        tally.rec.record(lat, j.dirs[slot] == Dir::Read);
                     }
-                }
-                j.conn.flush()?;
-                inflight += j.conn.inflight();
-            }
-            if any {
-                self.publish();
-            }
-            self.idle(got);
+                    if !stopping {
+                        next(j, slot, now);
+                    }
+                })?;
             if stopping {
                 if inflight == 0 {
                     break;
@@ -450,7 +475,6 @@ impl Client {
         generation: u64,
     ) -> Result<(), String> {
         let sessions = self.plan.sessions as u64;
-        let qd = self.plan.qd;
         let mut done = std::mem::take(&mut self.done);
         for j in &mut self.jobs {
             let g = geoms[j.url];
@@ -470,58 +494,27 @@ impl Client {
                 let n = blocks as usize * bsz(&g);
                 verify::fill(&mut j.conn.buf_mut(slot)[..n], bsz(&g), lba, generation);
             }
-            j.dirs[slot] = dir;
-            j.submit_ns[slot] = now_ns;
-            j.conn.submit(slot, dir, lba, blocks);
+            j.submit(slot, dir, lba, blocks, now_ns);
             true
         };
         let now_ns = t0.elapsed().as_nanos() as u64;
-        for j in &mut self.jobs {
-            for slot in 0..qd {
-                if !issue(j, slot, now_ns) {
-                    break;
-                }
-            }
-            j.conn.flush()?;
-        }
+        self.load(|j, slot| issue(j, slot, now_ns))?;
+        let stop = self.ctl.stop.clone();
         loop {
-            let mut inflight = 0;
-            let mut any = false;
-            let mut got = false;
-            for j in &mut self.jobs {
-                got |= j.conn.poll(&mut done)?;
-                if !done.is_empty() {
-                    any = true;
-                    let now_ns = t0.elapsed().as_nanos() as u64;
+            let (inflight, _) = self.pass(t0, 0, &mut done, |tally, j, slot, now, lat| {
+                tally.rec.record(lat, dir == Dir::Read);
+                if dir == Dir::Read {
                     let g = geoms[j.url];
-                    for c in done.drain(..) {
-                        if let Err(e) = c.result {
-                            return Err(format!("{}: {e}", j.conn.label()));
-                        }
-                        let slot = c.slot;
-                        let lat = now_ns.saturating_sub(j.submit_ns[slot]);
-                        self.ios_total += 1;
-                        self.lat_total += lat;
-                        self.rec.record(lat, dir == Dir::Read);
-                        if dir == Dir::Read {
-                            let lba = j.conn.lba(slot);
-                            let n = ((g.start + g.count - lba).min(g.io_blocks as u64)) as usize;
-                            let data = &j.conn.buf(slot)[..n * bsz(&g)];
-                            self.mismatches.check(data, bsz(&g), lba, generation);
-                            self.blocks_checked += n as u64;
-                        }
-                        if !self.ctl.stop.load(Ordering::Relaxed) {
-                            issue(j, slot, now_ns);
-                        }
-                    }
+                    let lba = j.conn.lba(slot);
+                    let n = ((g.start + g.count - lba).min(g.io_blocks as u64)) as usize;
+                    let data = &j.conn.buf(slot)[..n * bsz(&g)];
+                    tally.mismatches.check(data, bsz(&g), lba, generation);
+                    tally.blocks_checked += n as u64;
                 }
-                j.conn.flush()?;
-                inflight += j.conn.inflight();
-            }
-            if any {
-                self.publish();
-            }
-            self.idle(got);
+                if !stop.load(Ordering::Relaxed) {
+                    issue(j, slot, now);
+                }
+            })?;
             if inflight == 0 {
                 break;
             }
@@ -531,5 +524,14 @@ impl Client {
             return Err("interrupted".into());
         }
         Ok(())
+    }
+}
+
+impl Job {
+    /// Submits one I/O on a slot, noting its direction and when it went.
+    fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32, now_ns: u64) {
+        self.dirs[slot] = dir;
+        self.submit_ns[slot] = now_ns;
+        self.conn.submit(slot, dir, lba, blocks);
     }
 }
