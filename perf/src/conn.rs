@@ -57,11 +57,16 @@ pub struct Conn {
     pub num_blocks: u64,
     t: Tasks,
     timeout: Duration,
-    logged_out: bool,
 }
 
 fn io_err(label: &str, what: &str, e: io::Error) -> String {
     format!("{label}: {what}: {e}")
+}
+
+/// Whether the CRC32C digest after `len` bytes at `at` of `buf` (both there) matches them.
+fn digest_ok(buf: &[u8], at: usize, len: usize) -> bool {
+    let d = at + len;
+    digest::crc32c(&buf[at..d]) == digest::from_wire([buf[d], buf[d + 1], buf[d + 2], buf[d + 3]])
 }
 
 /// Appends one PDU in TCP form: header (+ digest), data, padding (+ digest).
@@ -141,7 +146,6 @@ impl Conn {
             num_blocks: 0,
             t: Tasks::new(),
             timeout: opts.timeout,
-            logged_out: false,
         };
         c.do_login(url, opts)?;
         Ok(c)
@@ -207,21 +211,11 @@ impl Conn {
         if avail < header_len {
             return Ok(None);
         }
-        if self.digests.header {
-            let computed = digest::crc32c(&self.rx[start..start + BHS_LEN + ahs]);
-            let at = start + BHS_LEN + ahs;
-            let received = digest::from_wire([
-                self.rx[at],
-                self.rx[at + 1],
-                self.rx[at + 2],
-                self.rx[at + 3],
-            ]);
-            if computed != received {
-                return Err(format!(
-                    "{}: header digest error from the target",
-                    self.label
-                ));
-            }
+        if self.digests.header && !digest_ok(&self.rx, start, BHS_LEN + ahs) {
+            return Err(format!(
+                "{}: header digest error from the target",
+                self.label
+            ));
         }
         let dsl = raw_data_segment_len(&h);
         if dsl > self.max_recv_dsl as usize {
@@ -239,19 +233,8 @@ impl Conn {
             return Ok(None);
         }
         let ds = start + header_len;
-        if dsl > 0 && self.digests.data {
-            let p = padded_len(dsl);
-            let computed = digest::crc32c(&self.rx[ds..ds + p]);
-            let at = ds + p;
-            let received = digest::from_wire([
-                self.rx[at],
-                self.rx[at + 1],
-                self.rx[at + 2],
-                self.rx[at + 3],
-            ]);
-            if computed != received {
-                return Err(format!("{}: data digest error from the target", self.label));
-            }
+        if dsl > 0 && self.digests.data && !digest_ok(&self.rx, ds, padded_len(dsl)) {
+            return Err(format!("{}: data digest error from the target", self.label));
         }
         let bhs = Bhs::parse(&h)
             .map_err(|e| format!("{}: malformed PDU from the target: {e}", self.label))?;
@@ -346,14 +329,10 @@ impl Conn {
     /// Logout (close the session) and close the socket; errors are the caller's to report
     /// or ignore.
     pub fn logout(&mut self) -> Result<(), String> {
-        if self.logged_out {
-            return Ok(());
-        }
-        self.logged_out = true;
         let deadline = self.deadline();
-        session::logout_exchange(self, deadline)?;
-        let _ = self.sock.shutdown(Shutdown::Both);
-        session::logout_result(&self.s, &self.label)
+        session::logout(self, deadline, |c| {
+            let _ = c.sock.shutdown(Shutdown::Both);
+        })
     }
 
     // ---- the data path ---------------------------------------------------------------

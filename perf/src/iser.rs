@@ -119,7 +119,6 @@ pub struct IserConn {
     bs: usize,
     copy_reads: bool,
     timeout: Duration,
-    logged_out: bool,
     in_login: bool,
     login_rx: VecDeque<(Bhs, Vec<u8>)>,
 }
@@ -295,7 +294,6 @@ impl IserConn {
             bs: 0,
             copy_reads: true,
             timeout: opts.timeout,
-            logged_out: false,
             in_login: true,
             login_rx: VecDeque::new(),
         };
@@ -448,29 +446,17 @@ impl IserConn {
     }
 
     fn wait_login_pdu(&mut self, deadline: Instant) -> Result<(Bhs, Vec<u8>), String> {
-        let mut none = Vec::new();
         loop {
             if let Some(p) = self.login_rx.pop_front() {
                 return Ok(p);
             }
-            let got = self
-                .poll(&mut none)
-                .map_err(|e| format!("{e} while waiting for a Login Response"))?;
-            self.flush()?;
-            if !got {
-                if Instant::now() >= deadline {
-                    return Err(format!(
-                        "{}: timed out after {:?} waiting for a Login Response",
-                        self.label, self.timeout
-                    ));
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            self.wait_progress(deadline, "a Login Response")?;
         }
     }
 
     // ---- management commands -----------------------------------------------------------
 
+    /// Takes what the CQ has, or waits a little (`what`: for the messages).
     fn wait_progress(&mut self, deadline: Instant, what: &str) -> Result<(), String> {
         let mut none = Vec::new();
         let got = self
@@ -523,14 +509,10 @@ impl IserConn {
 
     /// Logout (close the session) and disconnect.
     pub fn logout(&mut self) -> Result<(), String> {
-        if self.logged_out {
-            return Ok(());
-        }
-        self.logged_out = true;
         let deadline = self.deadline();
-        session::logout_exchange(self, deadline)?;
-        let _ = self.id.disconnect();
-        session::logout_result(&self.s, &self.label)
+        session::logout(self, deadline, |c| {
+            let _ = c.id.disconnect();
+        })
     }
 
     // ---- the data path -------------------------------------------------------------------

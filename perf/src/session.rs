@@ -68,6 +68,8 @@ pub struct SessionState {
     pub lun: Lun,
     next_mgmt: u32,
     pub(crate) mgmt: Mgmt,
+    /// riser-perf's transports: logout was tried already.
+    pub(crate) logged_out: bool,
 }
 
 /// What a received PDU other than Data-In and R2T means, once [`SessionState::take`] has
@@ -115,6 +117,7 @@ impl SessionState {
             lun,
             next_mgmt: 0,
             mgmt: Mgmt::default(),
+            logged_out: false,
         }
     }
 
@@ -720,21 +723,25 @@ pub(crate) fn run_mgmt<T: Transport>(
     Ok(io.state().mgmt.done.take().unwrap_or((0xff, None, 0)))
 }
 
-/// Sends the Logout Request (close the session) and waits for its response: afterwards the
-/// transport closes the connection and reports with [`logout_result`].
-pub(crate) fn logout_exchange<T: Transport>(io: &mut T, deadline: Instant) -> Result<(), String> {
+/// Logs out (close the session), once: the Logout Request, its response, then `close`
+/// (the transport closes the connection), then the outcome. Later calls do nothing.
+pub(crate) fn logout<T: Transport>(
+    io: &mut T,
+    deadline: Instant,
+    close: impl FnOnce(&mut T),
+) -> Result<(), String> {
+    if io.state().logged_out {
+        return Ok(());
+    }
+    io.state().logged_out = true;
     let req = io.state().logout_request(logout::CLOSE_SESSION);
     io.send_control(Op::LogoutRequest(req), &[], deadline)?;
     while io.state().mgmt.logout.is_none() {
         io.progress(deadline, "the Logout Response")?;
     }
-    Ok(())
-}
-
-/// The outcome of a logout, once its response came.
-pub(crate) fn logout_result(state: &SessionState, label: &str) -> Result<(), String> {
-    match state.mgmt.logout {
+    close(io);
+    match io.state().mgmt.logout {
         Some(0) | None => Ok(()),
-        Some(r) => Err(format!("{label}: logout answered with response {r}")),
+        Some(r) => Err(format!("{}: logout answered with response {r}", io.label())),
     }
 }
