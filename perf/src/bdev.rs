@@ -23,13 +23,11 @@ use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, R
 use crate::report::{Recorder, Report, Window, WorkerResult};
 use crate::scsi::Dir;
 use crate::workload::{self, PollModeArg, Workload};
+use crate::MAX_BUFFER_BYTES;
 
 const MIB: u64 = 1024 * 1024;
 /// Tags are slot indices; this also bounds the per-reactor buffer count.
 const MAX_QD: u32 = 65_536;
-/// Preallocated buffers per reactor (qd x bs) may not exceed this.
-const MAX_BUFFER_BYTES: u64 = 4 << 30;
-/// `--time` and `--ramp` are capped so that deadlines never overflow an `Instant`.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -168,6 +168,15 @@ fn control(
             )
         })
     };
+    // Lets the client threads into `phase` (1: the benchmark or the verify write pass, 2: the
+    // verify read pass).
+    let start_phase = |phase: u32| {
+        ctl.set(|g| {
+            g.phase = phase;
+            g.t0 = Some(t0);
+            g.geoms = geoms.clone();
+        })
+    };
     // Waits for thread messages until `until` returns true, printing the live line.
     let pump = |phase_label: &dyn Fn(u64) -> String,
                 until: &mut dyn FnMut(&Msg) -> bool,
@@ -221,11 +230,7 @@ fn control(
 
     match plan.mode {
         Mode::Bench => {
-            ctl.set(|g| {
-                g.phase = 1;
-                g.t0 = Some(t0);
-                g.geoms = geoms.clone();
-            });
+            start_phase(1);
             let ramp = plan.ramp.as_secs();
             let label = move |s: u64| {
                 if s <= ramp {
@@ -234,16 +239,9 @@ fn control(
                     String::new()
                 }
             };
-            let target = active;
-            let mut count = 0;
             pump(
                 &label,
-                &mut |m| {
-                    if matches!(m, Msg::Done(..)) {
-                        count += 1;
-                    }
-                    count == target
-                },
+                &mut counting(is_done, 0, active),
                 &mut results,
                 &mut finished,
             )?;
@@ -281,20 +279,10 @@ fn control(
                 if !plan.json {
                     println!("verify: writing generation {generation}");
                 }
-                ctl.set(|g| {
-                    g.phase = 1;
-                    g.t0 = Some(t0);
-                    g.geoms = geoms.clone();
-                });
-                let mut written = 0;
+                start_phase(1);
                 pump(
                     &|_| " write".to_string(),
-                    &mut |m| {
-                        if matches!(m, Msg::Written) {
-                            written += 1;
-                        }
-                        written == active
-                    },
+                    &mut counting(|m| matches!(m, Msg::Written), 0, active),
                     &mut results,
                     &mut finished,
                 )?;
@@ -320,21 +308,11 @@ fn control(
             if !plan.json {
                 println!("verify: reading back, expecting generation {generation}");
             }
-            ctl.set(|g| {
-                g.phase = 2;
-                g.t0 = Some(t0);
-                g.geoms = geoms.clone();
-            });
-            let target = active;
-            let mut count = finished;
+            start_phase(2);
+            let already = finished;
             pump(
                 &|_| " read".to_string(),
-                &mut |m| {
-                    if matches!(m, Msg::Done(..)) {
-                        count += 1;
-                    }
-                    count == target
-                },
+                &mut counting(is_done, already, active),
                 &mut results,
                 &mut finished,
             )?;
@@ -378,6 +356,22 @@ fn control(
             }
             Ok(all.blocks == 0 && checked == expected)
         }
+    }
+}
+
+fn is_done(m: &Msg) -> bool {
+    matches!(m, Msg::Done(..))
+}
+
+/// An `until` for the control thread's pump: true once `n` messages that `is` picks have
+/// come (`already` of them before).
+fn counting(is: fn(&Msg) -> bool, already: usize, n: usize) -> impl FnMut(&Msg) -> bool {
+    let mut count = already;
+    move |m| {
+        if is(m) {
+            count += 1;
+        }
+        count == n
     }
 }
 

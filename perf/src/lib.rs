@@ -31,8 +31,12 @@ pub mod url;
 pub mod verify;
 pub mod workload;
 
-/// Longest --time / --ramp of both modes: a week.
+/// Longest --time / --ramp of both modes: a week (deadlines never overflow an `Instant`).
 pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
+
+/// The I/O buffers one worker preallocates (a bdev reactor: qd x bs; an initiator client
+/// thread: sessions x qd x bs) may not exceed this.
+pub const MAX_BUFFER_BYTES: u64 = 4 << 30;
 
 /// Checks a numeric flag: `--flag V is out of range: use LO to HI[ unit]`.
 pub fn in_range(flag: &str, v: u64, lo: u64, hi: u64, unit: &str) -> Result<(), String> {

@@ -9,11 +9,9 @@ use serde::Serialize;
 use crate::session::{INITIATOR_NAME, MAX_QD};
 use crate::url::{self, TargetUrl, Transport};
 use crate::workload::{PollModeArg, Workload};
-use crate::MAX_SECONDS;
+use crate::{MAX_BUFFER_BYTES, MAX_SECONDS};
 
 const MAX_SESSIONS: usize = 1024;
-/// Buffers of one thread (sessions x qd x bs) may not exceed this.
-const MAX_BUFFER_BYTES: u64 = 4 << 30;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
