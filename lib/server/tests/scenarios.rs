@@ -1,0 +1,452 @@
+//! Scenarios: riser-perf's transport-independent session core ([`PduSession`]) against the
+//! real server — the login driver, the session table, Enable_Datamover, the connection glue
+//! on a reactor, the iSCSI full-feature phase, SCSI on a malloc bdev — over the in-memory
+//! datamover (`riser_datamover::mem`: the TCP datamover on an in-memory byte pipe). No
+//! sockets, no RDMA; the whole file runs in about a second.
+//!
+//! This is the place for the next cases of the data path, iSER fixes, CHAP and block
+//! devices: one `#[test]` per scenario, built from [`Env`] and [`Client`].
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use riser_bdev::BdevRegistry;
+use riser_config::IscsiTarget;
+use riser_datamover::mem::{MemClient, MemPortal};
+use riser_iscsi::pdu::{logout, tmf, Lun, Pdu};
+use riser_iscsi::serial::Itt;
+use riser_perf::scsi::{rw_cdb, Dir};
+use riser_perf::session::{
+    Completed, Event, KeyNegotiation, LoginParams, Negotiated, PduSession, Proposal, Unsolicited, INITIATOR_NAME,
+};
+use riser_reactor::{PollMode, ReactorConfig, ReactorSet};
+use riser_rpc::RpcRegistry;
+use riser_server::IscsiServer;
+use serde_json::{json, Value};
+
+const PORTAL: &str = "127.0.0.1:3260";
+const TARGET: &str = "iqn.2016-06.io.riser:disk1";
+const BLOCK: usize = 512;
+/// How long any one answer may take before the scenario fails.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A target with one malloc LUN (1 MiB, 512-byte blocks) behind an in-memory portal, served
+/// by one reactor in adaptive mode (it sleeps when idle).
+struct Env {
+    reactors: Option<ReactorSet>,
+    server: Arc<IscsiServer>,
+    portal: MemPortal,
+    rpc: RpcRegistry,
+    _target: Arc<IscsiTarget>,
+}
+
+impl Env {
+    fn new() -> Env {
+        let reactors = ReactorSet::start(ReactorConfig { cores: vec![0], mode: PollMode::Adaptive, ring_size: 1024, pin: false })
+            .expect("reactors");
+        let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
+        let target = Arc::new(IscsiTarget::new(bdevs.clone()));
+        let portal = MemPortal::default();
+        let server = IscsiServer::new(target.clone(), reactors.handle(), vec![Arc::new(portal.clone())]);
+        let mut rpc = RpcRegistry::new();
+        riser_bdev::rpc::register(&mut rpc, &bdevs);
+        riser_config::rpc::register(&mut rpc, target.clone());
+        riser_server::rpc::register(&mut rpc, &server);
+        let env = Env { reactors: Some(reactors), server, portal, rpc, _target: target };
+        env.call("bdev_malloc_create", json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK}));
+        env.call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": "3260"}]}));
+        env.call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
+        env.call(
+            "iscsi_create_target_node",
+            json!({"name": "disk1", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+                   "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 32}),
+        );
+        env
+    }
+
+    fn call(&self, method: &str, params: Value) -> Value {
+        self.rpc.call(method, params).unwrap_or_else(|e| panic!("{method}: {e:?}"))
+    }
+
+    /// A new connection from initiator port `n` (its own address).
+    fn connect(&self, n: u8) -> MemClient {
+        let from: SocketAddr = format!("127.0.0.{}:{}", 10 + n, 40000 + n as u16).parse().expect("address");
+        self.portal.connect(from, PORTAL.parse().expect("portal")).expect("connect")
+    }
+
+    /// The server's live connections, as `iscsi_get_connections` shows them.
+    fn connections(&self) -> Vec<Value> {
+        match self.call("iscsi_get_connections", json!({})) {
+            Value::Array(v) => v,
+            other => panic!("iscsi_get_connections: {other}"),
+        }
+    }
+
+    /// Waits until the server has `n` connections.
+    fn wait_connections(&self, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.connections().len() != n {
+            assert!(Instant::now() < deadline, "expected {n} connection(s), have {:?}", self.connections());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.server.shutdown();
+        if let Some(r) = self.reactors.take() {
+            r.shutdown();
+        }
+    }
+}
+
+/// One initiator session on one in-memory connection.
+struct Client {
+    s: PduSession,
+    c: MemClient,
+}
+
+/// Keys for a scenario: TCP defaults with these data-transfer keys.
+fn keys(immediate_data: bool, initial_r2t: bool, first_burst: u32) -> Proposal {
+    Proposal { immediate_data, initial_r2t, first_burst, max_burst: 65536, max_recv_dsl: 8192, ..Proposal::tcp(false, false) }
+}
+
+impl Client {
+    /// Connects as initiator port `n` (ISID ends in `n`) and logs in with `proposal`.
+    fn login(env: &Env, n: u8, proposal: Proposal) -> (Client, Negotiated) {
+        let mut c = Client { s: PduSession::new(format!("client {n}"), Lun(0)), c: env.connect(n) };
+        let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, n]);
+        let neg = c.login_as(&params, proposal).expect("login");
+        c.clear_unit_attention();
+        (c, neg)
+    }
+
+    /// TEST UNIT READY until GOOD: a new I_T nexus first sees POWER ON, RESET, OR BUS
+    /// DEVICE RESET OCCURRED (and a reset leaves its unit attention), as initiators expect.
+    fn clear_unit_attention(&mut self) {
+        for _ in 0..3 {
+            let (itt, pdus) = self.s.scsi_command(&[0u8; 6], 0, &[], Unsolicited::Negotiated).expect("TEST UNIT READY");
+            self.send(pdus);
+            let done = self.completion(itt);
+            if done.status == 0 {
+                return;
+            }
+            assert_eq!(done.sense.map(|s| s.key), Some(0x06), "only UNIT ATTENTION before GOOD: {done:?}");
+        }
+        panic!("TEST UNIT READY never became GOOD");
+    }
+
+    fn login_as(&mut self, params: &LoginParams, proposal: Proposal) -> Result<Negotiated, String> {
+        let c = &mut self.c;
+        self.s.login_via(params, KeyNegotiation::with_proposal(proposal), |req| {
+            c.send(&req).map_err(|e| e.to_string())?;
+            c.recv(WAIT).map_err(|e| e.to_string())?.ok_or_else(|| "closed during login".to_string())
+        })
+    }
+
+    fn send(&mut self, pdus: impl IntoIterator<Item = Pdu>) {
+        for p in pdus {
+            self.c.send(&p).expect("send");
+        }
+    }
+
+    /// The next PDU's meaning; panics if none comes in time or the target closed.
+    fn next(&mut self) -> Event {
+        let pdu = self.c.recv(WAIT).expect("a PDU in time").expect("the target closed the connection");
+        self.s.receive(&pdu).unwrap_or_else(|e| panic!("{e}: {pdu:?}"))
+    }
+
+    /// Reads events, answering R2Ts and pings, until `want` picks one.
+    fn until<T>(&mut self, mut want: impl FnMut(&Event) -> Option<T>) -> T {
+        loop {
+            let ev = self.next();
+            if let Some(t) = want(&ev) {
+                return t;
+            }
+            match ev {
+                Event::R2t { reply, .. } => self.send(reply),
+                Event::Ping { reply } => self.send([reply]),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for task `itt` to complete.
+    fn completion(&mut self, itt: Itt) -> Completed {
+        self.until(|e| match e {
+            Event::Complete(c) if c.itt == itt => Some(c.clone()),
+            _ => None,
+        })
+    }
+
+    fn write(&mut self, lba: u64, data: &[u8]) -> Completed {
+        let (itt, pdus) = self.s.write(&rw_cdb(Dir::Write, lba, (data.len() / BLOCK) as u32), data).expect("write");
+        self.send(pdus);
+        self.completion(itt)
+    }
+
+    fn read(&mut self, lba: u64, len: usize) -> Completed {
+        let (itt, pdu) = self.s.read(&rw_cdb(Dir::Read, lba, (len / BLOCK) as u32), len as u32).expect("read");
+        self.send([pdu]);
+        self.completion(itt)
+    }
+
+    /// Logs out (closing the session) and checks the target answers and closes.
+    fn logout(mut self) {
+        let (itt, pdu) = self.s.logout(logout::CLOSE_SESSION);
+        self.send([pdu]);
+        let response = self.until(|e| match e {
+            Event::Logout { itt: i, response, .. } if *i == itt => Some(*response),
+            _ => None,
+        });
+        assert_eq!(response, 0, "logout response");
+        assert!(matches!(self.c.recv(WAIT), Ok(None)), "the target closes after the Logout Response");
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn good(c: &Completed) {
+    assert_eq!((c.response, c.status), (0, 0), "status of {:?}: sense {:?}", c.itt, c.sense);
+}
+
+#[test]
+fn login_reaches_full_feature_phase_and_logout_ends_the_connection() {
+    let env = Env::new();
+    let (client, neg) = Client::login(&env, 1, keys(true, false, 65536));
+    // riser keeps InitialR2T=Yes (as SPDK does), and its FirstBurstLength option (8 KiB by
+    // default) is the smaller one.
+    assert!(neg.immediate_data && neg.initial_r2t, "{neg:?}");
+    assert_eq!((neg.first_burst, neg.max_burst), (8192, 65536), "{neg:?}");
+    env.wait_connections(1);
+    let conns = env.connections();
+    assert_eq!(conns[0]["target_node_name"], TARGET);
+    assert_eq!(conns[0]["transport"], "tcp");
+    client.logout();
+    env.wait_connections(0);
+}
+
+#[test]
+fn write_with_immediate_data_reads_back() {
+    let env = Env::new();
+    let (mut c, _) = Client::login(&env, 1, keys(true, true, 65536));
+    let data = pattern(1, 4096);
+    good(&c.write(8, &data));
+    let r = c.read(8, 4096);
+    good(&r);
+    assert_eq!(r.data, data);
+    c.logout();
+}
+
+#[test]
+fn write_answering_r2ts_reads_back() {
+    let env = Env::new();
+    // No immediate data, InitialR2T=Yes: all 128 KiB comes solicited, in two bursts.
+    let (mut c, neg) = Client::login(&env, 1, keys(false, true, 65536));
+    assert!(!neg.immediate_data && neg.initial_r2t, "{neg:?}");
+    let data = pattern(2, 131072);
+    let (itt, pdus) = c.s.write(&rw_cdb(Dir::Write, 16, 256), &data).expect("write");
+    assert_eq!(pdus.len(), 1, "only the command goes out unsolicited");
+    c.send(pdus);
+    let mut r2ts = 0;
+    let done = c.until(|e| match e {
+        Event::R2t { .. } => {
+            r2ts += 1;
+            None
+        }
+        Event::Complete(d) if d.itt == itt => Some(d.clone()),
+        _ => None,
+    });
+    good(&done);
+    assert!(r2ts >= 2, "{r2ts} R2T(s) for 128 KiB with MaxBurstLength 64 KiB");
+    let r = c.read(16, 131072);
+    good(&r);
+    assert!(r.data == data, "read back differs");
+    c.logout();
+}
+
+#[test]
+fn write_with_immediate_data_then_r2ts_reads_back() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"first_burst_length": 16384}));
+    // Immediate data up to FirstBurstLength and the target's MaxRecvDataSegmentLength, the
+    // rest solicited.
+    let (mut c, neg) = Client::login(&env, 1, keys(true, false, 16384));
+    assert_eq!(neg.first_burst, 16384);
+    let data = pattern(3, 65536);
+    let (unsolicited, immediate) = neg.unsolicited(data.len() as u32);
+    assert!(immediate > 0 && immediate == unsolicited, "immediate {immediate} of {unsolicited} unsolicited");
+    good(&c.write(100, &data));
+    let r = c.read(100, 65536);
+    good(&r);
+    assert!(r.data == data, "read back differs");
+    c.logout();
+}
+
+#[test]
+fn unsolicited_data_out_under_initial_r2t_is_rejected_and_solicited_again() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"first_burst_length": 16384}));
+    let (mut c, neg) = Client::login(&env, 1, keys(true, false, 16384));
+    assert!(neg.initial_r2t);
+    // 512 bytes immediate, then 1 KiB of Data-Out nobody asked for (InitialR2T=Yes).
+    let data = pattern(4, 8192);
+    let (itt, pdus) = c
+        .s
+        .scsi_command(&rw_cdb(Dir::Write, 300, 16), 0, &data, Unsolicited::Exactly { immediate: 512, data_out: 1024 })
+        .expect("write");
+    assert_eq!(pdus.len(), 2, "command with immediate data, one Data-Out");
+    c.send(pdus);
+    // The stray Data-Out is rejected as a protocol error; the target then asks for
+    // everything after the immediate data with R2Ts and the write completes.
+    let reason = c.until(|e| match e {
+        Event::Reject { reason, .. } => Some(*reason),
+        Event::Complete(d) => panic!("the write completed before the Reject: {d:?}"),
+        _ => None,
+    });
+    assert_eq!(reason, 0x04, "Reject: Protocol Error");
+    good(&c.completion(itt));
+    let r = c.read(300, 8192);
+    good(&r);
+    assert!(r.data == data, "read back differs");
+    c.logout();
+}
+
+#[test]
+fn abort_task_with_the_write_in_flight() {
+    let env = Env::new();
+    let (mut c, _) = Client::login(&env, 1, keys(false, true, 65536));
+    let before = pattern(5, 4096);
+    good(&c.write(40, &before));
+    // A WRITE whose R2T is never answered stays in flight at the target.
+    let (stuck, pdus) = c.s.write(&rw_cdb(Dir::Write, 40, 8), &pattern(6, 4096)).expect("write");
+    c.send(pdus);
+    assert!(matches!(c.next(), Event::R2t { itt, .. } if itt == stuck), "an R2T for the write");
+    let (tm, abort) = c.s.abort_task(stuck);
+    c.send([abort]);
+    let (response, ended) = match c.next() {
+        Event::TaskMgmt { itt, response, ended } if itt == tm => (response, ended),
+        other => panic!("expected the TMF response first (no SCSI Response for the aborted task): {other:?}"),
+    };
+    assert_eq!(response, tmf::response::FUNCTION_COMPLETE);
+    assert_eq!(ended, vec![stuck]);
+    // The aborted write changed nothing; the session goes on.
+    let r = c.read(40, 4096);
+    good(&r);
+    assert!(r.data == before, "the aborted write must not land");
+    c.logout();
+}
+
+#[test]
+fn lun_reset_with_writes_in_flight() {
+    let env = Env::new();
+    let (mut c, _) = Client::login(&env, 1, keys(false, true, 65536));
+    let mut stuck = Vec::new();
+    for lba in [0u64, 64] {
+        let (itt, pdus) = c.s.write(&rw_cdb(Dir::Write, lba, 8), &pattern(7, 4096)).expect("write");
+        c.send(pdus);
+        stuck.push(itt);
+    }
+    for _ in 0..2 {
+        assert!(matches!(c.next(), Event::R2t { .. }), "an R2T for each write");
+    }
+    let (tm, reset) = c.s.lun_reset();
+    c.send([reset]);
+    let ended = c.until(|e| match e {
+        Event::TaskMgmt { itt, response, ended } if *itt == tm => {
+            assert_eq!(*response, tmf::response::FUNCTION_COMPLETE);
+            Some(ended.clone())
+        }
+        Event::Complete(d) => panic!("no SCSI Response for a task the reset ended: {d:?}"),
+        _ => None,
+    });
+    stuck.sort_by_key(|i| i.0);
+    let mut ended = ended;
+    ended.sort_by_key(|i| i.0);
+    assert_eq!(ended, stuck);
+    // Commands work after the reset (a unit attention first is allowed).
+    let r = c.read(0, 4096);
+    if r.status != 0 {
+        assert_eq!(r.sense.map(|s| s.key), Some(0x06), "only a UNIT ATTENTION may precede: {r:?}");
+        good(&c.read(0, 4096));
+    }
+    c.logout();
+}
+
+#[test]
+fn nop_out_is_echoed_and_target_pings_are_answered() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"nop_in_interval": 1}));
+    let (mut c, _) = Client::login(&env, 1, keys(true, false, 65536));
+    let (itt, nop) = c.s.nop_out(b"are you there");
+    c.send([nop]);
+    let echoed = c.until(|e| match e {
+        Event::NopIn { itt: i, data } if *i == itt => Some(data.clone()),
+        _ => None,
+    });
+    assert_eq!(echoed, b"are you there");
+    // The target pings an idle connection after nop_in_interval; the answer keeps it up.
+    let reply = c.until(|e| match e {
+        Event::Ping { reply } => Some(reply.clone()),
+        _ => None,
+    });
+    c.send([reply]);
+    good(&c.read(0, 512));
+    env.wait_connections(1);
+    c.logout();
+}
+
+#[test]
+fn a_second_login_with_the_same_isid_reinstates_the_session() {
+    let env = Env::new();
+    let (mut first, _) = Client::login(&env, 1, keys(true, false, 65536));
+    good(&first.read(0, 512));
+    env.wait_connections(1);
+    // Same initiator name and ISID, TSIH 0: session reinstatement (RFC 7143 §6.3.5).
+    let (mut second, _) = Client::login(&env, 1, keys(true, false, 65536));
+    assert!(matches!(first.c.recv(WAIT), Ok(None)), "the old session's connection is closed");
+    env.wait_connections(1);
+    good(&second.read(0, 512));
+    // The first session is gone; another ISID is a session of its own.
+    let (third, _) = Client::login(&env, 2, keys(true, false, 65536));
+    env.wait_connections(2);
+    third.logout();
+    second.logout();
+    env.wait_connections(0);
+}
+
+#[test]
+fn a_malformed_pdu_is_answered_and_the_connection_goes_on() {
+    let env = Env::new();
+    let (mut c, _) = Client::login(&env, 1, keys(true, false, 65536));
+    // A 48-byte header with a reserved initiator opcode (0x1a) and no data.
+    let mut bhs = [0u8; 48];
+    bhs[0] = 0x1a;
+    bhs[16..20].copy_from_slice(&0x1234u32.to_be_bytes());
+    c.c.send_raw(&bhs).expect("send");
+    let reason = c.until(|e| match e {
+        Event::Reject { reason, .. } => Some(*reason),
+        _ => None,
+    });
+    assert_eq!(reason, 0x05, "Reject: Command not supported");
+    good(&c.read(0, 512));
+    // A second connection is not disturbed by the first one's garbage.
+    let (other, _) = Client::login(&env, 2, keys(true, false, 65536));
+    other.logout();
+    c.logout();
+}
+
+#[test]
+fn login_to_an_unknown_target_is_refused_and_the_connection_closed() {
+    let env = Env::new();
+    let mut c = Client { s: PduSession::new("stranger", Lun(0)), c: env.connect(3) };
+    let params = LoginParams::normal(INITIATOR_NAME, "iqn.2016-06.io.riser:nosuch", [0x80, 0, 0, 0, 0, 3]);
+    let err = c.login_as(&params, keys(true, false, 65536)).expect_err("refused");
+    assert!(err.contains("not found") || err.contains("0x0203") || err.contains("02"), "{err}");
+    assert!(matches!(c.c.recv(WAIT), Ok(None)), "closed after the refusal");
+    assert!(env.connections().is_empty());
+}
