@@ -37,16 +37,18 @@ impl Negotiated {
     /// which immediate data in the command PDU; the rest of the unsolicited part follows in
     /// Data-Out PDUs). Whatever is left waits for R2Ts.
     pub fn unsolicited(&self, len: u32) -> (u32, u32) {
-        if !self.immediate_data && self.initial_r2t {
-            return (0, 0);
-        }
         let u = len.min(self.first_burst);
         let i = if self.immediate_data {
             u.min(self.max_send_dsl)
         } else {
             0
         };
-        (u, i)
+        // InitialR2T=Yes: no unsolicited Data-Out, immediate data only (RFC 7143 §13.10).
+        if self.initial_r2t {
+            (i, i)
+        } else {
+            (u, i)
+        }
     }
 }
 
@@ -510,6 +512,24 @@ mod tests {
             ])
         );
         assert!(n.result.header_digest && !n.result.data_digest && !n.result.immediate_data);
+    }
+
+    #[test]
+    fn unsolicited_data_follows_the_keys() {
+        let n = |immediate_data, initial_r2t| Negotiated {
+            immediate_data,
+            initial_r2t,
+            max_send_dsl: 8192,
+            first_burst: 65536,
+            ..Negotiated::default()
+        };
+        // (unsolicited in all, of which immediate) for a 64 KiB and a 4 KiB write.
+        assert_eq!(n(true, false).unsolicited(65536), (65536, 8192));
+        assert_eq!(n(false, false).unsolicited(65536), (65536, 0));
+        assert_eq!(n(true, true).unsolicited(65536), (8192, 8192));
+        assert_eq!(n(false, true).unsolicited(65536), (0, 0));
+        assert_eq!(n(true, true).unsolicited(4096), (4096, 4096));
+        assert_eq!(n(true, false).unsolicited(1 << 20), (65536, 8192));
     }
 
     #[test]
