@@ -7,9 +7,9 @@
 //!
 //! It serves riser-perf's TCP connection ([`crate::conn::Conn`]) and iSER one
 //! ([`crate::iser::IserConn`]), which keep their own I/O (socket reads and writes, RDMA
-//! posts) and plug it in through [`Transport`]; and [`PduSession`], the same initiator
-//! over whole [`Pdu`](riser_iscsi::pdu::Pdu)s that the caller carries, for tests that
-//! drive a target without sockets.
+//! posts) and plug it in through the crate-internal `Transport` trait; and
+//! [`PduSession`], the same initiator over whole [`Pdu`](riser_iscsi::pdu::Pdu)s that the
+//! caller carries, for tests that drive a target without sockets.
 
 mod login;
 mod negotiate;
