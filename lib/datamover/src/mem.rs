@@ -160,12 +160,19 @@ impl MemPortal {
             let (portal, sink, _) = l.get(&to).ok_or(ErrorKind::ConnectionRefused)?;
             (*portal, sink.clone())
         };
-        let (server, client) = stream_pair(to, from);
-        if !sink.accept(portal, Box::new(TcpLogin::new(server, from, Some(to)))) {
+        let (login, client) = connection(from, to);
+        if !sink.accept(portal, Box::new(login)) {
             return Err(ErrorKind::ConnectionRefused.into());
         }
-        Ok(MemClient { stream: client, framer: Framer::new(), digests: Digests::default() })
+        Ok(client)
     }
+}
+
+/// One in-memory connection from `from` to `to`, not handed to any server yet: the target's
+/// login transport and the initiator's end (to wrap the login transport in a test's own).
+pub fn connection(from: SocketAddr, to: SocketAddr) -> (TcpLogin<MemStream>, MemClient) {
+    let (server, client) = stream_pair(to, from);
+    (TcpLogin::new(server, from, Some(to)), MemClient { stream: client, framer: Framer::new(), digests: Digests::default() })
 }
 
 /// The initiator's end of an in-memory connection: whole PDUs in and out.

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use riser_bdev::BdevRegistry;
 use riser_config::IscsiTarget;
-use riser_datamover::mem::{MemClient, MemPortal};
+use riser_datamover::mem::{self, MemClient, MemPortal};
+use riser_iscsi::login::{EnableDatamover, LoginRx, LoginTransport, PortalSpec, ResourceKeys, TransportError};
+use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{logout, tmf, Lun, Pdu};
 use riser_iscsi::serial::Itt;
 use riser_perf::scsi::{rw_cdb, Dir};
@@ -449,4 +451,51 @@ fn login_to_an_unknown_target_is_refused_and_the_connection_closed() {
     assert!(err.contains("not found") || err.contains("0x0203") || err.contains("02"), "{err}");
     assert!(matches!(c.c.recv(WAIT), Ok(None)), "closed after the refusal");
     assert!(env.connections().is_empty());
+}
+
+/// A login transport whose Allocate_Connection_Resources fails (no memory to register, say).
+struct NoResources<T: LoginTransport>(T, Arc<Mutex<Option<ResourceKeys>>>);
+
+impl<T: LoginTransport> LoginTransport for NoResources<T> {
+    fn kind(&self) -> Transport {
+        self.0.kind()
+    }
+    fn peer(&self) -> SocketAddr {
+        self.0.peer()
+    }
+    fn local(&self) -> Option<SocketAddr> {
+        self.0.local()
+    }
+    fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError> {
+        self.0.recv_login(deadline)
+    }
+    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
+        self.0.send_login(pdu)
+    }
+    fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError> {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(*keys);
+        Err(TransportError::Failed("no memory to register".into()))
+    }
+    fn enable_datamover(self: Box<Self>) -> Result<EnableDatamover, TransportError> {
+        Box::new(self.0).enable_datamover()
+    }
+}
+
+#[test]
+fn a_login_whose_resources_cannot_be_allocated_ends_without_a_connection() {
+    let env = Env::new();
+    let (login, client) = mem::connection("127.0.0.9:40009".parse().expect("addr"), PORTAL.parse().expect("portal"));
+    let asked = Arc::new(Mutex::new(None));
+    let portal = PortalSpec { addr: PORTAL.parse().expect("portal"), portal_group_tag: 1 };
+    assert!(env.server.start_login(portal, Box::new(NoResources(login, asked.clone()))));
+    let mut c = Client { s: PduSession::new("no resources", Lun(0)), c: client };
+    let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, 9]);
+    let err = c.login_as(&params, keys(true, false, 65536)).expect_err("the login cannot complete");
+    assert!(err.contains("closed"), "{err}");
+    // Allocate_Connection_Resources was asked once, with the target's queue depth.
+    assert_eq!(*asked.lock().unwrap_or_else(|p| p.into_inner()), Some(ResourceKeys { queue_depth: 32 }));
+    assert!(env.connections().is_empty());
+    // The server goes on serving others.
+    let (other, _) = Client::login(&env, 2, keys(true, false, 65536));
+    other.logout();
 }
