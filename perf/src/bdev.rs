@@ -378,7 +378,7 @@ impl Job {
         self.inflight += 1;
         self.ch.submit(BdevIo {
             kind,
-            offset_blocks,
+            offset_blocks: riser_bdev::Lba::new(offset_blocks),
             num_blocks: self.io_blocks,
             buf,
             tag: slot as u64,

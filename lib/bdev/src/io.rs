@@ -6,6 +6,8 @@ use std::fmt;
 use thiserror::Error;
 use uuid::Uuid;
 
+use crate::Lba;
+
 /// A data buffer handed to a device and handed back in the completion. Any owner of
 /// contiguous bytes can be one (a `Vec<u8>`, or later a slice of registered RDMA memory).
 pub trait Buffer: Send {
@@ -51,7 +53,8 @@ impl IoKind {
 /// One I/O. `tag` is the submitter's, returned untouched in the completion.
 pub struct BdevIo {
     pub kind: IoKind,
-    pub offset_blocks: u64,
+    /// The first block (an address in blocks, not bytes).
+    pub offset_blocks: Lba,
     pub num_blocks: u64,
     /// Read: filled by the device. Write: read by the device. Others: none.
     pub buf: Option<IoBuf>,
@@ -91,7 +94,7 @@ impl fmt::Debug for IoCompletion {
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum BdevError {
     #[error("I/O out of range: blocks {offset}+{num} on a device of {capacity} blocks")]
-    OutOfRange { offset: u64, num: u64, capacity: u64 },
+    OutOfRange { offset: Lba, num: u64, capacity: u64 },
     #[error("buffer of {got} bytes for an I/O of {expected} bytes")]
     BufferSize { expected: u64, got: u64 },
     #[error("{0:?} needs a data buffer")]
@@ -126,11 +129,11 @@ pub fn validate(info: &BdevInfo, supported: bool, io: &BdevIo) -> Result<(), Bde
     if !supported {
         return Err(BdevError::Unsupported(io.kind));
     }
-    if io.kind == IoKind::Flush && io.num_blocks == 0 && io.offset_blocks == 0 {
+    if io.kind == IoKind::Flush && io.num_blocks == 0 && io.offset_blocks == Lba::ZERO {
         return Ok(()); // flush of the whole device
     }
     let end = io.offset_blocks.checked_add(io.num_blocks);
-    if end.map_or(true, |e| e > info.num_blocks) {
+    if end.map_or(true, |e| e.get() > info.num_blocks) {
         return Err(BdevError::OutOfRange {
             offset: io.offset_blocks,
             num: io.num_blocks,

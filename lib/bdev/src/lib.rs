@@ -9,6 +9,7 @@
 //! [`MallocBdev`] (RAM). [`BdevRegistry`] holds them by unique name, with claims.
 
 mod io;
+mod lba;
 mod malloc;
 mod null;
 mod registry;
@@ -18,6 +19,7 @@ pub use io::{
     run_sync, validate, BdevError, BdevInfo, BdevIo, Buffer, IoBuf, IoChannel, IoCompletion,
     IoKind,
 };
+pub use lba::Lba;
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use registry::{BdevRegistry, RegistryError};

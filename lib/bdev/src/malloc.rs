@@ -10,7 +10,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::io::{validate, BdevError, BdevInfo, BdevIo, DoneQueue, IoChannel, IoCompletion, IoKind};
-use crate::Bdev;
+use crate::{Bdev, Lba};
 
 pub struct MallocBdev {
     info: BdevInfo,
@@ -53,32 +53,45 @@ impl MallocBdev {
         self
     }
 
-    fn words(&self, offset_blocks: u64, num_blocks: u64) -> &[AtomicU64] {
-        let wpb = self.info.block_size as usize / 8;
-        let start = offset_blocks as usize * wpb;
-        &self.words[start..start + num_blocks as usize * wpb]
+    /// The words holding blocks `[lba, lba + num_blocks)`. [`validate`] has checked the
+    /// range; an address whose bytes do not fit (which it cannot pass) is out of range here
+    /// too, not a panic.
+    fn words(&self, lba: Lba, num_blocks: u64) -> Result<&[AtomicU64], BdevError> {
+        let bs = self.info.block_size;
+        let range = lba.byte_offset(bs).zip(num_blocks.checked_mul(bs as u64)).and_then(|(start, len)| {
+            let start = usize::try_from(start / 8).ok()?;
+            Some(start..start.checked_add(usize::try_from(len / 8).ok()?)?)
+        });
+        range.and_then(|r| self.words.get(r)).ok_or(BdevError::OutOfRange {
+            offset: lba,
+            num: num_blocks,
+            capacity: self.info.num_blocks,
+        })
     }
 
-    fn read_into(&self, offset_blocks: u64, buf: &mut [u8]) {
-        let words = self.words(offset_blocks, buf.len() as u64 / self.info.block_size as u64);
+    fn read_into(&self, lba: Lba, buf: &mut [u8]) -> Result<(), BdevError> {
+        let words = self.words(lba, buf.len() as u64 / self.info.block_size as u64)?;
         for (w, out) in words.iter().zip(buf.chunks_exact_mut(8)) {
             out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
         }
+        Ok(())
     }
 
-    fn write_from(&self, offset_blocks: u64, buf: &[u8]) {
-        let words = self.words(offset_blocks, buf.len() as u64 / self.info.block_size as u64);
+    fn write_from(&self, lba: Lba, buf: &[u8]) -> Result<(), BdevError> {
+        let words = self.words(lba, buf.len() as u64 / self.info.block_size as u64)?;
         for (w, chunk) in words.iter().zip(buf.chunks_exact(8)) {
             let mut b = [0u8; 8];
             b.copy_from_slice(chunk);
             w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
         }
+        Ok(())
     }
 
-    fn zero(&self, offset_blocks: u64, num_blocks: u64) {
-        for w in self.words(offset_blocks, num_blocks) {
+    fn zero(&self, lba: Lba, num_blocks: u64) -> Result<(), BdevError> {
+        for w in self.words(lba, num_blocks)? {
             w.store(0, Ordering::Relaxed);
         }
+        Ok(())
     }
 }
 
@@ -117,15 +130,12 @@ struct MallocChannel {
 impl IoChannel for MallocChannel {
     fn submit(&mut self, mut io: BdevIo) {
         let d = &self.bdev;
-        let r = validate(&d.info, true, &io);
-        if r.is_ok() {
-            match (io.kind, io.buf.as_mut()) {
-                (IoKind::Read, Some(b)) => d.read_into(io.offset_blocks, b.as_mut_slice()),
-                (IoKind::Write, Some(b)) => d.write_from(io.offset_blocks, b.as_slice()),
-                (IoKind::Unmap | IoKind::WriteZeroes, _) => d.zero(io.offset_blocks, io.num_blocks),
-                _ => {} // flush: RAM is always durable as far as it goes
-            }
-        }
+        let r = validate(&d.info, true, &io).and_then(|()| match (io.kind, io.buf.as_mut()) {
+            (IoKind::Read, Some(b)) => d.read_into(io.offset_blocks, b.as_mut_slice()),
+            (IoKind::Write, Some(b)) => d.write_from(io.offset_blocks, b.as_slice()),
+            (IoKind::Unmap | IoKind::WriteZeroes, _) => d.zero(io.offset_blocks, io.num_blocks),
+            _ => Ok(()), // flush: RAM is always durable as far as it goes
+        });
         self.done.push(io, r);
     }
 

@@ -183,10 +183,11 @@ impl BdevRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{run_sync, BdevIo, IoKind};
+    use crate::{run_sync, BdevIo, IoKind, Lba};
 
     fn io(kind: IoKind, off: u64, n: u64, buf: Option<Vec<u8>>, tag: u64) -> BdevIo {
-        BdevIo { kind, offset_blocks: off, num_blocks: n, buf: buf.map(|b| Box::new(b) as _), tag }
+        let offset_blocks = Lba::new(off);
+        BdevIo { kind, offset_blocks, num_blocks: n, buf: buf.map(|b| Box::new(b) as _), tag }
     }
 
     #[test]
@@ -213,7 +214,7 @@ mod tests {
         assert!(b.as_slice()[512..].iter().all(|&x| x == 0));
         // Out of range, overflowing, wrong buffer, no buffer: errors, not panics.
         let c = run_sync(&mut *ch, io(IoKind::Read, 1020, 8, Some(vec![0; 4096]), 6));
-        assert_eq!(c.result, Err(BdevError::OutOfRange { offset: 1020, num: 8, capacity: 1024 }));
+        assert_eq!(c.result, Err(BdevError::OutOfRange { offset: Lba::new(1020), num: 8, capacity: 1024 }));
         let c = run_sync(&mut *ch, io(IoKind::Write, u64::MAX, 2, Some(vec![0; 1024]), 7));
         assert!(matches!(c.result, Err(BdevError::OutOfRange { .. })));
         let c = run_sync(&mut *ch, io(IoKind::Write, 0, 2, Some(vec![0; 1000]), 8));

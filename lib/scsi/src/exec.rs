@@ -640,7 +640,7 @@ impl LunChannel {
         }
         self.io.submit(BdevIo {
             kind,
-            offset_blocks: lba,
+            offset_blocks: riser_bdev::Lba::new(lba),
             num_blocks: blocks,
             buf,
             tag: slot as u64,
