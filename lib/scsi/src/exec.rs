@@ -15,7 +15,7 @@ use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use riser_bdev::{BdevError, BdevIo, IoBuf, IoChannel, IoCompletion, IoKind};
+use riser_bdev::{BdevError, BdevIo, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, Cdb};
 use crate::inquiry::{
@@ -72,9 +72,9 @@ type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
 enum Need {
     None,
     /// A write of these `(lba, blocks)` ranges.
-    Shared(Vec<(u64, u64)>),
+    Shared(Vec<(Lba, u64)>),
     /// An atomic read-modify-write of `[lba, lba+blocks)`.
-    Exclusive(u64, u64),
+    Exclusive(Lba, u64),
 }
 
 #[derive(Debug)]
@@ -87,44 +87,44 @@ enum Adm {
 /// The block-level work of a command.
 enum Job {
     Read {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
         ret_len: usize,
     },
     Write {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
         buf: Option<IoBuf>,
     },
     /// WRITE AND VERIFY: write, then read back and compare (`check` when BYTCHK=1).
     WriteVerify {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
         buf: Option<IoBuf>,
         written: Option<IoBuf>,
         check: bool,
     },
     Flush {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
     },
     /// UNMAP descriptors, or WRITE SAME of zeros with UNMAP (deallocate, reads zeros).
     Unmap {
-        ranges: Vec<(u64, u64)>,
+        ranges: Vec<(Lba, u64)>,
     },
     WriteZeroes {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
     },
     WriteSame {
-        next: u64,
-        end: u64,
+        next: Lba,
+        end: Lba,
         pattern: Vec<u8>,
         buf: Option<IoBuf>,
     },
     /// VERIFY with BYTCHK 01b (`expect` is the whole range) or 11b (one block repeated).
     Compare {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
         expect: IoBuf,
         repeat_block: bool,
@@ -134,7 +134,7 @@ enum Job {
     /// GET LBA STATUS: read window after window from the starting LBA and report runs of
     /// zeroed (deallocated) blocks; `lba`/`blocks` is the window being read.
     LbaStatus {
-        lba: u64,
+        lba: Lba,
         blocks: u64,
         alloc: usize,
         runs: LbaRuns,
@@ -153,9 +153,9 @@ struct SanitizeJob {
     immed: bool,
     /// Current pass, and the first block not yet submitted in it.
     pass: u8,
-    next: u64,
+    next: Lba,
     /// Where the chunk in flight ends (recorded in the LUN state once it is written).
-    done_to: u64,
+    done_to: Lba,
     rng: sanitize::Rng,
     /// The chunk buffer, reused while its size fits, and the pass it holds data for
     /// (overwrite patterns differ between passes with INVERT).
@@ -450,7 +450,7 @@ impl LunChannel {
             aborted: false,
             inflight: 0,
             err: None,
-            need: Need::Exclusive(0, n),
+            need: Need::Exclusive(Lba::ZERO, n),
             adm: Adm::None,
             begun_exclusive: false,
             started: false,
@@ -634,13 +634,13 @@ impl LunChannel {
     // ----------------------------------------------------------------------------
     // Bdev I/O
 
-    fn submit_io(&mut self, slot: usize, kind: IoKind, lba: u64, blocks: u64, buf: Option<IoBuf>) {
+    fn submit_io(&mut self, slot: usize, kind: IoKind, lba: Lba, blocks: u64, buf: Option<IoBuf>) {
         if let Some(o) = self.ops[slot].as_mut() {
             o.inflight += 1;
         }
         self.io.submit(BdevIo {
             kind,
-            offset_blocks: riser_bdev::Lba::new(lba),
+            offset_blocks: lba,
             num_blocks: blocks,
             buf,
             tag: slot as u64,

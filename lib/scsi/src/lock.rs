@@ -13,6 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use riser_bdev::Lba;
+
 /// Fast-path writes in flight on one channel, on its own cache line.
 #[repr(align(128))]
 #[derive(Default, Debug)]
@@ -20,8 +22,8 @@ pub(crate) struct FastCounter(pub AtomicU64);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
-    start: u64,
-    end: u64,
+    start: Lba,
+    end: Lba,
     exclusive: bool,
     id: u64,
 }
@@ -58,7 +60,7 @@ pub(crate) enum WriteAdmission {
     Wait,
 }
 
-fn overlaps(e: &Entry, s: u64, end: u64) -> bool {
+fn overlaps(e: &Entry, s: Lba, end: Lba) -> bool {
     e.start < end && s < e.end
 }
 
@@ -84,7 +86,7 @@ impl RangeLock {
     }
 
     /// Admits a write of the given ranges (`(lba, blocks)`).
-    pub fn admit_write(&self, counter: &FastCounter, ranges: &[(u64, u64)]) -> WriteAdmission {
+    pub fn admit_write(&self, counter: &FastCounter, ranges: &[(Lba, u64)]) -> WriteAdmission {
         counter.0.fetch_add(1, Ordering::SeqCst);
         if self.exclusive_active.load(Ordering::SeqCst) == 0 {
             return WriteAdmission::Fast;
@@ -132,7 +134,7 @@ impl RangeLock {
     }
 
     /// Tries to take `[lba, lba+n)` exclusively, after [`begin_exclusive`](Self::begin_exclusive).
-    pub fn try_exclusive(&self, lba: u64, n: u64) -> Option<RangeGrant> {
+    pub fn try_exclusive(&self, lba: Lba, n: u64) -> Option<RangeGrant> {
         let end = lba.saturating_add(n.max(1));
         let mut t = self.table();
         if t.entries.iter().any(|e| overlaps(e, lba, end)) {
@@ -187,27 +189,27 @@ mod tests {
         let l = RangeLock::default();
         let c1 = l.register_counter();
         let c2 = l.register_counter();
-        assert_eq!(l.admit_write(&c1, &[(0, 8)]), WriteAdmission::Fast);
+        assert_eq!(l.admit_write(&c1, &[(Lba::new(0), 8)]), WriteAdmission::Fast);
         l.begin_exclusive();
         // A fast write is in flight on c1: the exclusive range cannot be granted yet.
-        assert_eq!(l.try_exclusive(4, 1), None);
+        assert_eq!(l.try_exclusive(Lba::new(4), 1), None);
         l.fast_done(&c1);
-        let g = l.try_exclusive(4, 1).unwrap();
+        let g = l.try_exclusive(Lba::new(4), 1).unwrap();
         // Overlapping writes wait, others register.
-        assert_eq!(l.admit_write(&c2, &[(0, 8)]), WriteAdmission::Wait);
-        let w = match l.admit_write(&c2, &[(100, 8)]) {
+        assert_eq!(l.admit_write(&c2, &[(Lba::new(0), 8)]), WriteAdmission::Wait);
+        let w = match l.admit_write(&c2, &[(Lba::new(100), 8)]) {
             WriteAdmission::Registered(g) => g,
             x => panic!("{x:?}"),
         };
         // A second atomic command on an overlapping registered range waits.
         l.begin_exclusive();
-        assert_eq!(l.try_exclusive(104, 1), None);
+        assert_eq!(l.try_exclusive(Lba::new(104), 1), None);
         l.release(w);
-        let g2 = l.try_exclusive(104, 1).unwrap();
+        let g2 = l.try_exclusive(Lba::new(104), 1).unwrap();
         l.release(g);
         l.release(g2);
         assert!(l.idle());
-        assert_eq!(l.admit_write(&c2, &[(0, 8)]), WriteAdmission::Fast);
+        assert_eq!(l.admit_write(&c2, &[(Lba::new(0), 8)]), WriteAdmission::Fast);
         l.fast_done(&c2);
         l.unregister_counter(&c1);
         l.unregister_counter(&c2);

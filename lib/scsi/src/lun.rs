@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use riser_bdev::{Bdev, IoKind};
+use riser_bdev::{Bdev, IoKind, Lba};
 
 use crate::lock::RangeLock;
 use crate::pr::PrState;
@@ -292,6 +292,11 @@ impl Lun {
 
     pub fn num_blocks(&self) -> u64 {
         self.num_blocks
+    }
+
+    /// The address just past the last block.
+    pub(crate) fn end_lba(&self) -> Lba {
+        Lba::new(self.num_blocks)
     }
 
     pub fn thin_provisioned(&self) -> bool {

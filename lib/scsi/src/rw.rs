@@ -1,5 +1,7 @@
 //! Decoding of block-command CDBs (SBC-3 5.x) and the checks they share.
 
+use riser_bdev::Lba;
+
 use crate::cdb::{op, Cdb};
 use crate::inquiry::max_transfer_blocks;
 use crate::lun::Lun;
@@ -9,7 +11,7 @@ use crate::sense::{CmdError, CmdResult};
 /// SYNCHRONIZE CACHE, WRITE SAME, ORWRITE or COMPARE AND WRITE CDB.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BlockCmd {
-    pub lba: u64,
+    pub lba: Lba,
     pub blocks: u64,
     /// Byte 1 of the CDB (RDPROTECT/WRPROTECT, DPO, FUA, BYTCHK, IMMED, UNMAP ...).
     pub flags: u8,
@@ -53,14 +55,14 @@ pub(crate) fn decode(cdb: &Cdb) -> BlockCmd {
     } else {
         flags
     };
-    BlockCmd { lba, blocks, flags }
+    BlockCmd { lba: Lba::new(lba), blocks, flags }
 }
 
 /// LOGICAL BLOCK ADDRESS OUT OF RANGE unless `[lba, lba+blocks)` lies on the medium
 /// (SBC-3 4.5). A zero-length range must still start on the medium or just past it.
-pub(crate) fn check_range(lun: &Lun, lba: u64, blocks: u64) -> CmdResult<()> {
+pub(crate) fn check_range(lun: &Lun, lba: Lba, blocks: u64) -> CmdResult<()> {
     match lba.checked_add(blocks) {
-        Some(end) if end <= lun.num_blocks() => Ok(()),
+        Some(end) if end <= lun.end_lba() => Ok(()),
         _ => Err(CmdError::lba_out_of_range()),
     }
 }

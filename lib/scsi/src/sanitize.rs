@@ -24,6 +24,8 @@
 //! it fails, medium access commands get MEDIUM ERROR, SANITIZE COMMAND FAILED until a
 //! sanitize completes (or EXIT FAILURE MODE, when AUSE allowed it).
 
+use riser_bdev::Lba;
+
 use crate::cdb::{get_be16, op, Cdb};
 use crate::lun::Lun;
 use crate::opcodes::F_MEDIUM;
@@ -76,7 +78,7 @@ pub(crate) enum SanitizeState {
         op: SanitizeOp,
         ause: bool,
         pass: u8,
-        next: u64,
+        next: Lba,
         owned: bool,
     },
     /// The last operation failed; `ause` is the AUSE bit of its SANITIZE command.
@@ -93,7 +95,7 @@ impl SanitizeState {
         match self {
             SanitizeState::Running { op, pass, next, .. } => {
                 let total = op.passes() as u128 * num_blocks.max(1) as u128;
-                let done = *pass as u128 * num_blocks as u128 + *next as u128;
+                let done = *pass as u128 * num_blocks as u128 + next.get() as u128;
                 ((done * 65536) / total).min(65535) as u16
             }
             _ => 0,
@@ -270,7 +272,7 @@ mod tests {
             op: op.clone(),
             ause: false,
             pass,
-            next,
+            next: Lba::new(next),
             owned: true,
         };
         assert_eq!(st(0, 0).progress(100), 0);

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use riser_bdev::Lba;
+
 use crate::cdb::{get_be16, get_be32, get_be64, put_be16, put_be32, Cdb};
 use crate::lun::Lun;
 use crate::sense::{Asc, CmdError, CmdResult, SenseKey};
@@ -28,8 +30,8 @@ const TGT_DESC_LEN: usize = 32;
 /// One block-to-block segment: `blocks` from `src` to `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Segment {
-    pub src: u64,
-    pub dst: u64,
+    pub src: Lba,
+    pub dst: Lba,
     pub blocks: u64,
 }
 
@@ -142,8 +144,8 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
         let src_i = get_be16(d, 4) as usize;
         let dst_i = get_be16(d, 6) as usize;
         let n = get_be16(d, 10) as u64;
-        let src = get_be64(d, 12);
-        let dst = get_be64(d, 20);
+        let src = Lba::new(get_be64(d, 12));
+        let dst = Lba::new(get_be64(d, 20));
         // DC=1: NUMBER OF BLOCKS counts destination blocks; same LU, same size.
         let _ = dc;
         for i in [src_i, dst_i] {
@@ -156,7 +158,7 @@ pub(crate) fn parse(lun: &Lun, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<CopyPlan
         if n * bs > MAX_SEGMENT_BYTES {
             return Err(CmdError::invalid_param(off as u16 + 10, None));
         }
-        let in_range = |lba: u64| lba.checked_add(n).is_some_and(|e| e <= lun.num_blocks());
+        let in_range = |lba: Lba| lba.checked_add(n).is_some_and(|e| e <= lun.end_lba());
         if !in_range(src) || !in_range(dst) {
             // The segment would run off the medium: the copy fails before any block
             // moves (SPC-4 6.4.1: COPY ABORTED).

@@ -1,7 +1,7 @@
 //! Dispatch: the checks every command goes through (unit attentions, reservations,
 //! sanitize, medium), then the handler of its operation code.
 
-use riser_bdev::IoBuf;
+use riser_bdev::{IoBuf, Lba};
 
 use super::*;
 
@@ -169,13 +169,13 @@ impl LunChannel {
             op::SYNCHRONIZE_CACHE10 | op::SYNCHRONIZE_CACHE16 => {
                 let b = rw::decode(&cdb);
                 rw::check_range(&lun, b.lba, b.blocks)?;
-                let (lba, blocks) = if b.lba == 0 && b.blocks == 0 {
-                    (0, 0)
+                let (lba, blocks) = if b.lba == Lba::ZERO && b.blocks == 0 {
+                    (Lba::ZERO, 0)
                 } else {
                     (b.lba, b.blocks)
                 };
-                let blocks = if blocks == 0 && lba != 0 {
-                    lun.num_blocks() - lba
+                let blocks = if blocks == 0 && lba != Lba::ZERO {
+                    lun.end_lba() - lba
                 } else {
                     blocks
                 };

@@ -1,7 +1,7 @@
 //! Command handlers of the executor: decode and validate a CDB and its data, then answer
 //! directly (emulated commands) or describe the block-level job (SBC-3 commands).
 
-use riser_bdev::{IoBuf, IoKind};
+use riser_bdev::{IoBuf, IoKind, Lba};
 
 use super::rmw::{self, Rmw};
 use super::*;
@@ -247,7 +247,7 @@ impl LunChannel {
         }
         rw::check_range(lun, b.lba, b.blocks)?;
         let blocks = if b.blocks == 0 {
-            lun.num_blocks() - b.lba
+            lun.end_lba() - b.lba
         } else {
             b.blocks
         };
@@ -336,7 +336,7 @@ impl LunChannel {
         let mut ranges = Vec::with_capacity(n);
         for i in 0..n {
             let d = &p[8 + 16 * i..];
-            let lba = get_be64(d, 0);
+            let lba = Lba::new(get_be64(d, 0));
             let cnt = get_be32(d, 8) as u64;
             if cnt > MAX_UNMAP_LBA_COUNT {
                 return Err(CmdError::invalid_param((8 + 16 * i + 8) as u16, None));
@@ -444,16 +444,16 @@ impl LunChannel {
     pub(super) fn get_lba_status(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
-        let lba = cdb.be64(2);
+        let lba = Lba::new(cdb.be64(2));
         let alloc = cdb.be32(10) as usize;
-        if lba >= lun.num_blocks() {
+        if lba >= lun.end_lba() {
             return Err(CmdError::lba_out_of_range());
         }
         // Read one window at a time from the starting LBA (see LBA_STATUS_MAX_SCAN_BYTES
         // for how far the scan goes).
         let window = (LBA_STATUS_WINDOW_BYTES / lun.block_size() as u64)
             .max(1)
-            .min(lun.num_blocks() - lba);
+            .min(lun.end_lba() - lba);
         ctx.xfer = alloc as u64;
         Ok(Action::Job(
             Need::None,
@@ -518,20 +518,20 @@ impl LunChannel {
                 op: op.clone(),
                 ause,
                 pass: 0,
-                next: 0,
+                next: Lba::ZERO,
                 owned: true,
             };
             lun.refresh_attn(&st);
         }
         Ok(Action::Job(
-            Need::Exclusive(0, lun.num_blocks()),
+            Need::Exclusive(Lba::ZERO, lun.num_blocks()),
             Job::Sanitize(SanitizeJob {
                 op,
                 ause,
                 immed,
                 pass: 0,
-                next: 0,
-                done_to: 0,
+                next: Lba::ZERO,
+                done_to: Lba::ZERO,
                 rng: sanitize::Rng::new(),
                 buf: None,
                 buf_pass: None,

@@ -1,7 +1,7 @@
 //! The block-level jobs of the executor: admission through the range lock, then the
 //! bdev I/Os of each step, advanced by their completions.
 
-use riser_bdev::{IoBuf, IoCompletion, IoKind};
+use riser_bdev::{IoBuf, IoCompletion, IoKind, Lba};
 
 use super::*;
 
@@ -129,7 +129,7 @@ impl LunChannel {
     /// finishes it. `buf` is the chunk buffer coming back from the last write.
     fn sanitize_next(&mut self, slot: usize, buf: Option<IoBuf>) {
         let bs = self.lun.block_size() as u64;
-        let end = self.lun.num_blocks();
+        let end = self.lun.end_lba();
         let Some(o) = self.ops[slot].as_mut() else {
             return;
         };
@@ -145,7 +145,7 @@ impl LunChannel {
                 return;
             }
             j.pass += 1;
-            j.next = 0;
+            j.next = Lba::ZERO;
         }
         let lba = j.next;
         if j.op == SanitizeOp::BlockErase {
@@ -371,7 +371,7 @@ impl LunChannel {
                 // Descriptors that fit in the allocation length (8-byte header, 16 each).
                 let fit = (alloc.saturating_sub(8) / 16).max(1);
                 let cap = (LBA_STATUS_MAX_SCAN_BYTES / bs as u64).max(1);
-                let left = self.lun.num_blocks().saturating_sub(next);
+                let left = self.lun.end_lba().checked_sub(next).unwrap_or(0);
                 if left > 0 && runs.len() <= fit && *scanned < cap {
                     // Everything seen so far fits in what the initiator will get: the last
                     // run may go on, so look further.

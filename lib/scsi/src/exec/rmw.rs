@@ -3,7 +3,7 @@
 //! holding the range exclusively (`Need::Exclusive`) so that no other write lands in
 //! between. They differ only in the combine step.
 
-use riser_bdev::{IoBuf, IoKind};
+use riser_bdev::{IoBuf, IoKind, Lba};
 
 use super::{first_difference, Job, LunChannel, Op};
 use crate::sense::{CmdError, CmdResult};
@@ -14,7 +14,7 @@ pub(super) type Combine = fn(cur: &mut [u8], data: &[u8]) -> CmdResult<()>;
 
 /// A read-modify-write of `[lba, lba + blocks)`.
 pub(super) struct Rmw {
-    pub lba: u64,
+    pub lba: Lba,
     pub blocks: u64,
     /// The Data-Out buffer, exactly as long as `combine` expects.
     pub data: IoBuf,
@@ -24,7 +24,7 @@ pub(super) struct Rmw {
 }
 
 impl Rmw {
-    pub fn new(lba: u64, blocks: u64, data: IoBuf, combine: Combine) -> Rmw {
+    pub fn new(lba: Lba, blocks: u64, data: IoBuf, combine: Combine) -> Rmw {
         Rmw {
             lba,
             blocks,

@@ -1,7 +1,7 @@
 //! Small helpers of the executor: parameter lists, reservation classes, and the data of
 //! a few emulated commands.
 
-use riser_bdev::IoBuf;
+use riser_bdev::{IoBuf, Lba};
 
 use super::Action;
 use crate::cdb::{op, put_be16, put_be32, put_be64, Cdb};
@@ -40,12 +40,12 @@ pub(super) fn class_of(d: &CmdDesc, cdb: &Cdb) -> PrClass {
 
 /// Runs of provisioning status for GET LBA STATUS: `(start, blocks, status)`, status 0
 /// mapped, 1 deallocated (SBC-3 5.5.2, table 30).
-pub(super) type LbaRuns = Vec<(u64, u64, u8)>;
+pub(super) type LbaRuns = Vec<(Lba, u64, u8)>;
 
 /// Adds the blocks in `data` (starting at `lba`) to `runs`. With LBPRZ a deallocated block
 /// reads as zeros, and a block of zeros is as good as deallocated, so zeros are reported
 /// deallocated.
-pub(super) fn lba_status_scan(runs: &mut LbaRuns, lba: u64, data: &[u8], bs: usize) {
+pub(super) fn lba_status_scan(runs: &mut LbaRuns, lba: Lba, data: &[u8], bs: usize) {
     for (i, blk) in data.chunks(bs).enumerate() {
         let st = if blk.iter().all(|&b| b == 0) { 1 } else { 0 };
         match runs.last_mut() {
@@ -57,7 +57,7 @@ pub(super) fn lba_status_scan(runs: &mut LbaRuns, lba: u64, data: &[u8], bs: usi
 
 /// GET LBA STATUS parameter data (SBC-3 5.5.2) for `runs`, before allocation-length
 /// truncation. A descriptor's count is 32 bits: longer runs are split.
-pub(super) fn lba_status_data(runs: &[(u64, u64, u8)]) -> Vec<u8> {
+pub(super) fn lba_status_data(runs: &[(Lba, u64, u8)]) -> Vec<u8> {
     let mut v = vec![0u8; 8];
     for &(start, n, st) in runs {
         let mut start = start;
@@ -65,7 +65,7 @@ pub(super) fn lba_status_data(runs: &[(u64, u64, u8)]) -> Vec<u8> {
         while left > 0 {
             let k = left.min(u32::MAX as u64);
             let mut d = [0u8; 16];
-            put_be64(&mut d, 0, start);
+            put_be64(&mut d, 0, start.get());
             put_be32(&mut d, 8, k as u32);
             d[12] = st;
             v.extend_from_slice(&d);

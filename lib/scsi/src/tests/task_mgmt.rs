@@ -22,7 +22,7 @@ fn abort_tasks() {
     // A COMPARE AND WRITE waiting for its range is dropped by abort_nexus.
     let g = {
         e.lun.ranges.begin_exclusive();
-        e.lun.ranges.try_exclusive(0, 1).unwrap()
+        e.lun.ranges.try_exclusive(riser_bdev::Lba::new(0), 1).unwrap()
     };
     let mut d = vec![0u8; BS];
     d.extend(vec![1u8; BS]);
