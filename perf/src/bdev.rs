@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use riser_bdev::{Bdev, BdevIo, BdevRegistry, IoBuf, IoChannel, IoCompletion, IoKind};
+use riser_bdev::{Bdev, BdevIo, BdevRegistry, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
 use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, ReactorSet};
 
 use crate::report::{Recorder, Report, Window, WorkerResult};
@@ -272,17 +272,18 @@ impl OpGen {
         }
     }
 
-    /// The next I/O: (kind, offset in blocks).
+    /// The next I/O: (kind, first block).
     #[inline]
     // Endless: an Iterator would only wrap every I/O in Some.
     #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> (IoKind, u64) {
+    pub fn next(&mut self) -> (IoKind, Lba) {
         let (dir, slot) = self.units.next();
         let kind = match dir {
             Dir::Read => IoKind::Read,
             Dir::Write => IoKind::Write,
         };
-        (kind, slot * self.io_blocks)
+        // slot < num_blocks / io_blocks: the product stays below num_blocks.
+        (kind, Lba::new(slot * self.io_blocks))
     }
 }
 
@@ -378,7 +379,7 @@ impl Job {
         self.inflight += 1;
         self.ch.submit(BdevIo {
             kind,
-            offset_blocks: riser_bdev::Lba::new(offset_blocks),
+            offset_blocks,
             num_blocks: self.io_blocks,
             buf,
             tag: slot as u64,
@@ -724,7 +725,7 @@ mod tests {
                     let mut g = OpGen::new(&plan, reactor, 3);
                     let mut seen_last = false;
                     for _ in 0..20_000 {
-                        let (_, off) = g.next();
+                        let off = g.next().1.get();
                         assert_eq!(
                             off % io_blocks,
                             0,
@@ -753,9 +754,9 @@ mod tests {
     fn sequential_wraps_and_starts_spread() {
         let plan = plan_for(Workload::Read, 80, 8);
         let mut g = OpGen::new(&plan, 1, 2);
-        let offs: Vec<u64> = (0..12).map(|_| g.next().1).collect();
+        let offs: Vec<u64> = (0..12).map(|_| g.next().1.get()).collect();
         assert_eq!(offs, vec![40, 48, 56, 64, 72, 0, 8, 16, 24, 32, 40, 48]);
-        assert_eq!(OpGen::new(&plan, 0, 2).next().1, 0);
+        assert_eq!(OpGen::new(&plan, 0, 2).next().1, Lba::ZERO);
     }
 
     #[test]
