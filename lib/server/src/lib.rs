@@ -14,6 +14,7 @@
 //!   moves to its reactor.
 //! - [`conn`]: a connection in full-feature phase on its reactor.
 //! - [`registry`]: every live connection, for listing and for closing.
+//! - [`stats`]: login outcomes by reason.
 //! - [`rpc`]: `iscsi_get_connections`, `iscsi_get_stats`.
 
 pub mod conn;
@@ -23,6 +24,7 @@ pub mod login;
 pub mod registry;
 pub mod rpc;
 pub mod sessions;
+pub mod stats;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,6 +42,7 @@ pub use conn::Connection;
 pub use registry::{ConnInfo, ConnRegistry};
 
 use sessions::Sessions;
+use stats::LoginStats;
 
 /// Everything the listeners and login threads share.
 pub struct IscsiServer {
@@ -53,6 +56,8 @@ pub struct IscsiServer {
     listeners: Mutex<HashMap<(SocketAddr, Transport), Arc<AtomicBool>>>,
     /// Logins in progress.
     logins: AtomicUsize,
+    /// Login outcomes by reason.
+    login_stats: LoginStats,
     stopping: AtomicBool,
 }
 
@@ -69,6 +74,7 @@ impl IscsiServer {
             transports,
             listeners: Mutex::new(HashMap::new()),
             logins: AtomicUsize::new(0),
+            login_stats: LoginStats::default(),
             stopping: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&server);
@@ -94,6 +100,11 @@ impl IscsiServer {
 
     pub fn connections(&self) -> &Arc<ConnRegistry> {
         &self.conns
+    }
+
+    /// Login outcomes by reason.
+    pub fn login_stats(&self) -> &LoginStats {
+        &self.login_stats
     }
 
     pub fn target(&self) -> &Arc<IscsiTarget> {

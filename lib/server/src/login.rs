@@ -21,6 +21,7 @@ use riser_iscsi::login::{
 use riser_iscsi::negotiate::{DigestPolicy, TargetConfig, Transport};
 use riser_iscsi::pdu::LoginStatus;
 
+use crate::stats::LoginFailure;
 use crate::IscsiServer;
 
 /// A login that has not finished in this time is dropped (a stalled login must not hold
@@ -72,25 +73,37 @@ impl IscsiServer {
                 match out {
                     LoginOutput::Transmit(pdu) => {
                         if let Err(e) = t.send_login(pdu) {
-                            log::info!("{what} from {peer}: {e}");
+                            log::info!("{what} from {peer}{}: {e}", policy.who());
+                            self.login_stats.failure(LoginFailure::Transport);
                             return;
                         }
                     }
                     LoginOutput::Event(LoginEvent::AllocateDatamoverResources) => {
                         let keys = ResourceKeys { queue_depth: policy.queue_depth };
                         if let Err(e) = t.allocate_connection_resources(&keys) {
-                            log::error!("{what} from {peer}: cannot allocate connection resources: {e}");
+                            log::error!("{what} from {peer}{}: cannot allocate connection resources: {e}", policy.who());
+                            self.login_stats.failure(LoginFailure::TargetError);
                             return;
                         }
                     }
                     LoginOutput::Event(LoginEvent::Failed { status, reason }) => {
-                        log::warn!("{what} from {peer} failed ({:#04x}{:02x}): {reason}", status.class, status.detail);
+                        // One line: who, from where, to what, why; never a secret.
+                        log::warn!(
+                            "{what} from {peer}{} failed ({:#04x}{:02x}): {reason}",
+                            policy.who(),
+                            status.class,
+                            status.detail
+                        );
+                        self.login_stats.failure(LoginFailure::of_status(status));
                         t.linger();
                         return;
                     }
                     LoginOutput::Event(LoginEvent::Complete(outcome)) => {
                         if self.enable(t, *outcome).is_none() {
-                            log::warn!("{what} from {peer}: could not enable the datamover");
+                            log::warn!("{what} from {peer}{}: could not enable the datamover", policy.who());
+                            self.login_stats.failure(LoginFailure::TargetError);
+                        } else {
+                            self.login_stats.success();
                         }
                         return;
                     }
@@ -105,15 +118,18 @@ impl IscsiServer {
                     }
                 }
                 Err(TransportError::TimedOut) => {
-                    log::warn!("{what} from {peer}: timed out after {LOGIN_TIMEOUT:?}");
+                    log::warn!("{what} from {peer}{}: timed out after {LOGIN_TIMEOUT:?}", policy.who());
+                    self.login_stats.failure(LoginFailure::Timeout);
                     return;
                 }
                 Err(TransportError::Closed) => {
-                    log::debug!("{what} from {peer}: closed by the initiator");
+                    log::debug!("{what} from {peer}{}: closed by the initiator", policy.who());
+                    self.login_stats.failure(LoginFailure::Transport);
                     return;
                 }
                 Err(e) => {
-                    log::info!("{what} from {peer}: {e}");
+                    log::info!("{what} from {peer}{}: {e}", policy.who());
+                    self.login_stats.failure(LoginFailure::Transport);
                     return;
                 }
             }
@@ -131,11 +147,27 @@ pub(crate) struct Policy<'a> {
     reactor: Option<usize>,
     /// The queue depth of the target found (Allocate_Connection_Resources sizes by it).
     queue_depth: u32,
+    /// Who is logging in to what, once the first key list told (for log lines).
+    initiator: Option<String>,
+    target: Option<String>,
 }
 
 impl<'a> Policy<'a> {
     pub(crate) fn new(server: &'a Arc<IscsiServer>, peer: IpAddr, pg_tag: u32, reactor: Option<usize>) -> Self {
-        Policy { server, peer, pg_tag, reactor, queue_depth: DISCOVERY_QUEUE_DEPTH }
+        Policy { server, peer, pg_tag, reactor, queue_depth: DISCOVERY_QUEUE_DEPTH, initiator: None, target: None }
+    }
+
+    fn saw(&mut self, who: &LoginIdentity) {
+        self.initiator = Some(who.initiator_name.clone());
+        self.target = Some(who.target_name.clone().unwrap_or_else(|| "discovery".into()));
+    }
+
+    /// " (INITIATOR to TARGET)" once known, for log lines.
+    fn who(&self) -> String {
+        match (&self.initiator, &self.target) {
+            (Some(i), Some(t)) => format!(" ({i} to {t})"),
+            _ => String::new(),
+        }
     }
 
     fn target_config(&self, node: Option<&TargetNode>) -> TargetConfig {
@@ -162,6 +194,7 @@ pub(crate) const DISCOVERY_QUEUE_DEPTH: u32 = 8;
 
 impl LoginPolicy for Policy<'_> {
     fn lookup_target(&mut self, who: &LoginIdentity) -> TargetLookup {
+        self.saw(who);
         let Some(name) = who.target_name.as_deref() else {
             return TargetLookup::Refused(LoginStatus::MISSING_PARAMETER);
         };
@@ -186,7 +219,8 @@ impl LoginPolicy for Policy<'_> {
         })
     }
 
-    fn discovery(&mut self, _who: &LoginIdentity) -> TargetLookup {
+    fn discovery(&mut self, who: &LoginIdentity) -> TargetLookup {
+        self.saw(who);
         let mut info = TargetInfo::discovery();
         info.config = self.target_config(None);
         TargetLookup::Found(info)

@@ -20,8 +20,9 @@ pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {
     });
     let s = server.clone();
     reg.add("iscsi_get_stats", move |_: NoParams| {
-        // SPDK's shape: connections by state. riser's are running until they are gone.
+        // SPDK's shape: connections by state (riser's are running until they are gone);
+        // riser's extension: logins by outcome, failures by reason.
         let running = s.connections().list().len();
-        Ok(json!({"invalid": 0, "running": running, "exiting": 0, "idle": 0}))
+        Ok(json!({"invalid": 0, "running": running, "exiting": 0, "idle": 0, "logins": s.login_stats().to_json()}))
     });
 }

@@ -451,6 +451,9 @@ fn login_to_an_unknown_target_is_refused_and_the_connection_closed() {
     assert!(err.contains("not found") || err.contains("0x0203") || err.contains("02"), "{err}");
     assert!(matches!(c.c.recv(WAIT), Ok(None)), "closed after the refusal");
     assert!(env.connections().is_empty());
+    let stats = env.call("iscsi_get_stats", json!({}));
+    assert_eq!(stats["logins"]["failed"]["not_found"], 1, "{stats}");
+    assert_eq!(stats["logins"]["succeeded"], 0, "{stats}");
 }
 
 /// A login transport whose Allocate_Connection_Resources fails (no memory to register, say).
