@@ -15,6 +15,7 @@
 //! | [`text`] | key=value text, C-bit assembly with caps, value types (numbers, booleans, lists, binary) |
 //! | [`params`] | the table of every login/text key, `SessionParams`, `ConnectionParams` |
 //! | [`negotiate`] | the target-side negotiator (`Negotiator`, `TargetConfig`) |
+//! | [`chap`] | CHAP (RFC 7143 §12.1.3): `ChapTarget` (an `Authenticator`), `ChapInitiator`, the algorithms and encodings |
 //! | [`login`] | the target-side login state machine of one connection (`Login`, `LoginPolicy`, `Authenticator`) |
 //! | [`ffp`] | full feature phase: the connection/session state machine, the Datamover trait, `connection_config` |
 //! | `testing` | builders of common PDU headers for tests (feature `test-util`) |
@@ -25,6 +26,7 @@
 //! [`LoginOutcome`] to the full feature phase.
 #![forbid(unsafe_code)]
 
+pub mod chap;
 pub mod digest;
 pub mod ffp;
 pub mod framer;

@@ -8,7 +8,7 @@
 //! caller, through [`LoginPolicy`], for what it cannot know: which target the name means
 //! for this initiator, and whether the connection starts a new session, joins one or
 //! reinstates one. Authentication plugs in through [`Authenticator`] (AuthMethod=None
-//! needs none; CHAP will be one).
+//! needs none; [`crate::chap::ChapTarget`] is CHAP).
 //!
 //! Events (RFC 5047 / RFC 7145 datamover rules):
 //! - [`LoginEvent::AllocateDatamoverResources`] once the login has reached operational
@@ -111,6 +111,11 @@ pub trait Authenticator: Send {
     /// the CHAP_* keys; empty on the step that selected the method); keys to send go to
     /// `out`.
     fn step(&mut self, keys: &[(String, String)], out: &mut Pairs) -> AuthStep;
+
+    /// After [`AuthStep::Failure`]: why, for the log line (never a secret).
+    fn failure_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Progress of an [`Authenticator`].
@@ -733,7 +738,11 @@ impl Login {
                     AuthStep::Continue => {}
                     AuthStep::Success => self.auth_done = true,
                     AuthStep::Failure => {
-                        return fail(LoginStatus::AUTHENTICATION_FAILURE, format!("{m} failed"))
+                        let reason = match auth.failure_reason() {
+                            Some(why) => format!("{m} failed: {why}"),
+                            None => format!("{m} failed"),
+                        };
+                        return fail(LoginStatus::AUTHENTICATION_FAILURE, reason);
                     }
                 }
             }
