@@ -141,8 +141,22 @@ impl RpcRegistry {
 
     /// Answers one request (an object, or a batch array) given as JSON text; `None` for a
     /// notification.
+    ///
+    /// Not `IoHandler::handle_request_sync`: that logs every request (trace) and every reply
+    /// (debug) in full under the `rpc` target, and requests and replies carry CHAP secrets
+    /// (`iscsi_create_auth_group`, `iscsi_get_auth_groups`, save_config). Same answers, no
+    /// log lines.
     pub fn handle(&self, request: &str) -> Option<String> {
-        self.io.handle_request_sync(request)
+        let response = match jsonrpc_core::serde_from_str::<jsonrpc_core::Request>(request) {
+            Ok(r) => jsonrpc_core::futures_executor::block_on(self.io.handle_rpc_request(r)),
+            Err(_) => Some(jsonrpc_core::Response::from(
+                jsonrpc_core::Error::new(ErrorCode::ParseError),
+                Some(jsonrpc_core::Version::V2),
+            )),
+        };
+        response.map(|r| {
+            serde_json::to_string(&r).unwrap_or_else(|e| error_reply(Value::Null, -32603, &format!("Internal error: {e}")))
+        })
     }
 
     /// Calls a method in-process (used to replay `--json` config files).
@@ -374,6 +388,26 @@ mod tests {
         let (c, m) = err_of(&r.handle(r#"{"jsonrpc":"2.0","id":1,"method":"refuse","params":{"name":"a","num_blocks":1}}"#).unwrap());
         assert_eq!((c, m.as_str()), (-17, "x already exists"));
         assert_eq!(r.call("echo", serde_json::json!({"name":"z","num_blocks":1})), Ok(Value::String("z".into())));
+    }
+
+    /// The replies of `handle` are those of jsonrpc-core's own request handling, which logs
+    /// whole requests and replies (secrets included) and so is not used.
+    #[test]
+    fn handle_answers_as_jsonrpc_core_does() {
+        let r = reg();
+        for req in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"echo","params":{"name":"a","num_blocks":3}}"#,
+            r#"{"jsonrpc":"2.0","id":"x","method":"refuse","params":{"name":"a","num_blocks":1}}"#,
+            r#"[{"jsonrpc":"2.0","id":3,"method":"echo","params":{"name":"c","num_blocks":1}},{"jsonrpc":"2.0","id":4,"method":"nope"}]"#,
+            r#"{"jsonrpc":"2.0","method":"echo","params":{"name":"n","num_blocks":1}}"#,
+            r#"{"jsonrpc":"2.0","id":5}"#,
+            r#"{"id":6,"method":"echo"}"#,
+            r#"[1]"#,
+            r#"not json"#,
+            r#""#,
+        ] {
+            assert_eq!(r.handle(req), r.io.handle_request_sync(req), "{req}");
+        }
     }
 
     #[test]
