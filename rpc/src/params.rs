@@ -46,7 +46,7 @@ pub struct ByName {
 }
 
 /// `{tag}`: `iscsi_start_portal_group`, `iscsi_delete_portal_group`,
-/// `iscsi_delete_initiator_group`.
+/// `iscsi_delete_initiator_group`, `iscsi_delete_auth_group`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ByTag {
@@ -266,6 +266,125 @@ pub struct IscsiNodeMaps {
     pub pg_ig_maps: Vec<PgIgMap>,
 }
 
+/// `iscsi_target_node_set_auth`: the node's whole CHAP policy is replaced (an absent flag is
+/// `false`, an absent `chap_group` 0), as SPDK does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeSetAuth {
+    /// The full name, or the short name given to `iscsi_create_target_node`.
+    pub name: String,
+    /// The auth group whose secrets CHAP logins to this node use; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub chap_group: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+}
+
+/// `iscsi_set_discovery_auth`: the CHAP policy of discovery sessions, replaced whole (an
+/// absent flag is `false`, an absent `chap_group` 0), as SPDK does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSetDiscoveryAuth {
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+    /// The auth group whose secrets discovery logins use; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub chap_group: u32,
+}
+
+/// One CHAP secret of an auth group: what the initiator `user` proves it knows (`secret`),
+/// and for mutual CHAP what the target answers with (`muser`, `msecret`, both or neither;
+/// checked by the server). Debug never shows the secrets.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSecretParam {
+    pub user: String,
+    pub secret: String,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub muser: Option<String>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub msecret: Option<String>,
+}
+
+impl std::fmt::Debug for AuthSecretParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_secret(f, "AuthSecretParam", None, &self.user, self.muser.as_deref(), self.msecret.is_some())
+    }
+}
+
+/// Debug of a secret-holding parameter: names shown, secrets never.
+fn debug_secret(
+    f: &mut std::fmt::Formatter<'_>,
+    ty: &str,
+    tag: Option<u32>,
+    user: &str,
+    muser: Option<&str>,
+    msecret: bool,
+) -> std::fmt::Result {
+    let mut d = f.debug_struct(ty);
+    if let Some(t) = tag {
+        d.field("tag", &t);
+    }
+    d.field("user", &user).field("secret", &"<redacted>").field("muser", &muser);
+    if msecret {
+        d.field("msecret", &"<redacted>");
+    }
+    d.finish()
+}
+
+/// `iscsi_create_auth_group`: a new group, with its secrets (none when absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateAuthGroup {
+    /// 1 or more (checked by the server).
+    pub tag: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<AuthSecretParam>,
+}
+
+/// `iscsi_auth_group_add_secret`. Debug never shows the secrets.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiAuthGroupAddSecret {
+    pub tag: u32,
+    pub user: String,
+    pub secret: String,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub muser: Option<String>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub msecret: Option<String>,
+}
+
+impl IscsiAuthGroupAddSecret {
+    /// The secret without its group tag.
+    pub fn secret_param(self) -> AuthSecretParam {
+        AuthSecretParam { user: self.user, secret: self.secret, muser: self.muser, msecret: self.msecret }
+    }
+}
+
+impl std::fmt::Debug for IscsiAuthGroupAddSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (m, ms) = (self.muser.as_deref(), self.msecret.is_some());
+        debug_secret(f, "IscsiAuthGroupAddSecret", Some(self.tag), &self.user, m, ms)
+    }
+}
+
+/// `iscsi_auth_group_remove_secret`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiAuthGroupRemoveSecret {
+    pub tag: u32,
+    pub user: String,
+}
+
 // ---- bdev ---------------------------------------------------------------------------------
 
 /// `bdev_malloc_create`.
@@ -385,5 +504,74 @@ mod tests {
         assert_eq!(decode_params::<IscsiSetOptions>(json!({"max_sessions": null})), Ok(IscsiSetOptions::default()));
         assert!(decode_params::<NoParams>(json!({"x": 1})).is_err());
         assert_eq!(decode_params::<NoParams>(Value::Null), Ok(NoParams {}));
+    }
+
+    /// The CHAP methods: SPDK's shapes, defaults left out, absent optional fields but no nulls.
+    #[test]
+    fn auth_params_round_trip_with_spdk_defaults() {
+        let group = IscsiCreateAuthGroup {
+            tag: 1,
+            secrets: vec![
+                AuthSecretParam { user: "u".into(), secret: "s".into(), ..Default::default() },
+                AuthSecretParam { user: "u2".into(), secret: "s2".into(), muser: Some("mu".into()), msecret: Some("ms".into()) },
+            ],
+        };
+        let v = encode(&group);
+        assert_eq!(
+            v,
+            json!({"tag": 1, "secrets": [{"user": "u", "secret": "s"}, {"user": "u2", "secret": "s2", "muser": "mu", "msecret": "ms"}]})
+        );
+        assert_eq!(decode_params::<IscsiCreateAuthGroup>(v), Ok(group));
+        assert_eq!(encode(&IscsiCreateAuthGroup { tag: 3, secrets: vec![] }), json!({"tag": 3}));
+        assert_eq!(decode_params::<IscsiCreateAuthGroup>(json!({"tag": 3})).map(|p| p.secrets.len()), Ok(0));
+        for (bad, field) in [
+            (json!({"tag": 1, "secrets": null}), "secrets"),
+            (json!({"tag": 1, "secrets": [{"user": "u"}]}), "secret"),
+            (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "muser": null}]}), "muser"),
+            (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "x": 1}]}), "x"),
+            (json!({"tag": -1}), "tag"),
+        ] {
+            let e = decode_params::<IscsiCreateAuthGroup>(bad.clone()).expect_err("refused");
+            assert!(e.message.contains(field), "{bad}: {e}");
+        }
+
+        let add = IscsiAuthGroupAddSecret { tag: 2, user: "u".into(), secret: "s".into(), muser: Some("m".into()), msecret: None };
+        assert_eq!(encode(&add), json!({"tag": 2, "user": "u", "secret": "s", "muser": "m"}));
+        assert_eq!(decode_params::<IscsiAuthGroupAddSecret>(encode(&add)), Ok(add.clone()));
+        assert_eq!(add.secret_param().muser.as_deref(), Some("m"));
+        assert!(decode_params::<IscsiAuthGroupAddSecret>(json!({"tag": 2, "user": "u"})).is_err());
+        let rm = IscsiAuthGroupRemoveSecret { tag: 2, user: "u".into() };
+        assert_eq!(decode_params::<IscsiAuthGroupRemoveSecret>(encode(&rm)), Ok(rm));
+
+        // Both set_auth methods replace the whole policy: absent is false / 0.
+        assert_eq!(decode_params::<IscsiSetDiscoveryAuth>(Value::Null), Ok(IscsiSetDiscoveryAuth::default()));
+        let d = IscsiSetDiscoveryAuth { require_chap: true, mutual_chap: true, chap_group: 4, ..Default::default() };
+        assert_eq!(encode(&d), json!({"require_chap": true, "mutual_chap": true, "chap_group": 4}));
+        assert_eq!(decode_params::<IscsiSetDiscoveryAuth>(encode(&d)), Ok(d));
+        assert!(decode_params::<IscsiSetDiscoveryAuth>(json!({"chap_group": null})).is_err());
+        let n = IscsiTargetNodeSetAuth { name: "d".into(), disable_chap: true, ..Default::default() };
+        assert_eq!(encode(&n), json!({"name": "d", "disable_chap": true}));
+        assert_eq!(decode_params::<IscsiTargetNodeSetAuth>(encode(&n)), Ok(n));
+        assert!(decode_params::<IscsiTargetNodeSetAuth>(json!({"chap_group": 1})).unwrap_err().message.contains("name"));
+    }
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let group = IscsiCreateAuthGroup {
+            tag: 1,
+            secrets: vec![AuthSecretParam {
+                user: "alice".into(),
+                secret: "TOPSECRET1".into(),
+                muser: Some("tgt".into()),
+                msecret: Some("TOPSECRET2".into()),
+            }],
+        };
+        let add = IscsiAuthGroupAddSecret { tag: 1, user: "bob".into(), secret: "TOPSECRET3".into(), ..Default::default() };
+        for text in [format!("{group:?}"), format!("{group:#?}"), format!("{add:?}")] {
+            assert!(!text.contains("TOPSECRET"), "{text}");
+            assert!(text.contains("<redacted>"), "{text}");
+        }
+        assert!(format!("{group:?}").contains("alice") && format!("{group:?}").contains("tgt"));
+        assert!(format!("{add:?}").contains("bob"));
     }
 }
