@@ -1,13 +1,14 @@
-//! iSCSI target configuration: global options, portal groups, initiator groups, target nodes
-//! with their LUNs and maps, the JSON-RPC methods that build them (SPDK's names and shapes),
-//! and the queries login code asks (may this initiator log in here? what does SendTargets
-//! list? where to listen?).
+//! iSCSI target configuration: global options, portal groups, initiator groups, auth groups
+//! (CHAP secrets), target nodes with their LUNs and maps, the JSON-RPC methods that build them
+//! (SPDK's names and shapes), and the queries login code asks (may this initiator log in
+//! here? how must it authenticate? what does SendTargets list? where to listen?).
 //!
 //! [`IscsiTarget`] owns all of it behind one lock; the control plane (RPC threads, login
 //! threads) calls it, reactors never do. Sessions hold `Arc<TargetNode>` and notice changes
 //! through [`TargetNode::generation`].
 //!
-//! One file per concept, as SPDK keeps `portal_grp.c`, `init_grp.c` and `tgt_node.c`: its
+//! One file per concept, as SPDK keeps `portal_grp.c`, `init_grp.c` and `tgt_node.c` (auth
+//! groups, in SPDK's `iscsi_subsystem.c`, get their own here): its
 //! types, its `impl IscsiTarget` block (create, change, delete, list), its RPC methods and its
 //! part of save_config. This file holds what they share: the target and its lock, errors,
 //! hooks and the login queries. The methods' parameters are defined once, in
@@ -16,6 +17,7 @@
 //! Lock order: the target's lock, then the bdev registry's lock (never the other way round),
 //! then a node's own small lock. Hooks run with no lock held.
 
+pub mod auth_group;
 pub mod initiator_group;
 pub mod options;
 pub mod portal_group;
@@ -36,6 +38,7 @@ use riser_rpc::RpcError;
 use serde_json::Value;
 use thiserror::Error;
 
+pub use auth_group::{AuthDecision, AuthGroup, AuthMode, AuthSecret};
 pub use initiator_group::{InitiatorGroup, Netmask};
 pub use options::{Options, OptionsUpdate};
 pub use portal_group::{Portal, PortalGroup, PortalParam};
@@ -116,6 +119,7 @@ struct Inner {
     /// In creation order, which is also save_config's order.
     portal_groups: Vec<PortalGroup>,
     initiator_groups: Vec<InitiatorGroup>,
+    auth_groups: Vec<AuthGroup>,
     /// Includes nodes whose deletion has started (until it ends).
     nodes: Vec<Arc<TargetNode>>,
 }
@@ -256,13 +260,16 @@ impl IscsiTarget {
 
     /// The `"iscsi"` subsystem of save_config / `framework_get_config`: the calls that
     /// recreate this configuration, in an order that replays (options, portal groups,
-    /// initiator groups, then nodes with their LUNs and maps), each concept's own
-    /// `config_json`. Options are written in full, as SPDK does.
+    /// initiator groups, auth groups, then nodes with their LUNs, maps and CHAP policy), each
+    /// concept's own `config_json`. Options are written in full, discovery authentication
+    /// included, as SPDK does. SPDK writes auth groups last; here they come before the nodes
+    /// that name them.
     pub fn config_json(&self) -> Vec<Value> {
         let inner = self.lock();
         let mut out = vec![inner.options.config_json()];
         out.extend(inner.portal_groups.iter().map(PortalGroup::config_json));
         out.extend(inner.initiator_groups.iter().map(InitiatorGroup::config_json));
+        out.extend(inner.auth_groups.iter().map(AuthGroup::config_json));
         out.extend(inner.nodes.iter().filter(|n| !n.is_deleted()).map(|n| n.config_json()));
         out
     }

@@ -1,15 +1,18 @@
 //! Global iSCSI options: SPDK's `iscsi_set_options` / `iscsi_get_options` parameters, their
-//! defaults and ranges, the two methods and the `iscsi_set_options` call of save_config.
+//! defaults and ranges, the two methods and the `iscsi_set_options` call of save_config; and
+//! `iscsi_set_discovery_auth`, which sets the four discovery CHAP options (save_config shows
+//! them in `iscsi_set_options`, as SPDK does).
 //! Session-wide keys (FirstBurstLength, ImmediateData, ...) are the values the target offers
 //! in login negotiation (RFC 7143 §13).
 
 use std::sync::Arc;
 
-use riser_rpc::params::NoParams;
+use riser_rpc::params::{IscsiSetDiscoveryAuth, NoParams};
 use riser_rpc::RpcRegistry;
 use serde_json::{json, Value};
 
 use crate::rpc::ok;
+use crate::target_node::Chap;
 use crate::{IscsiTarget, TargetError};
 
 /// `iscsi_set_options` parameters: each one given replaces the current value.
@@ -32,13 +35,14 @@ pub const MAX_TIME2: u32 = 3600;
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
-    /// SPDK's CHAP secret file. Accepted and shown so SPDK configs replay; riser has no CHAP
-    /// secrets yet, so it is not read.
+    /// SPDK's legacy CHAP secret file. Accepted and shown so SPDK configs replay; never read
+    /// (CHAP secrets live in auth groups).
     pub auth_file: Option<String>,
     pub node_base: String,
     pub nop_timeout: u32,
     pub nop_in_interval: u32,
-    /// Discovery-session CHAP policy.
+    /// Discovery-session CHAP policy ([`Options::discovery_chap`]); `chap_group` names the
+    /// auth group (0: none).
     pub disable_chap: bool,
     pub require_chap: bool,
     pub mutual_chap: bool,
@@ -100,7 +104,8 @@ fn in_range(field: &str, v: u32, lo: u32, hi: u32) -> Result<(), TargetError> {
 }
 
 /// SPDK's rule for a CHAP policy (`iscsi_check_chap_params`): CHAP cannot be both disabled
-/// and required, and mutual CHAP needs CHAP.
+/// and required, and mutual CHAP needs required CHAP. The group need not exist (see
+/// [`crate::auth_group`]).
 pub(crate) fn check_chap(disable: bool, require: bool, mutual: bool) -> Result<(), TargetError> {
     if disable && require {
         return Err(TargetError::Invalid(
@@ -114,6 +119,16 @@ pub(crate) fn check_chap(disable: bool, require: bool, mutual: bool) -> Result<(
 }
 
 impl Options {
+    /// The CHAP policy of discovery sessions.
+    pub fn discovery_chap(&self) -> Chap {
+        Chap {
+            disable_chap: self.disable_chap,
+            require_chap: self.require_chap,
+            mutual_chap: self.mutual_chap,
+            chap_group: self.chap_group,
+        }
+    }
+
     /// The options with `u` applied, validated; `self` is unchanged on error.
     pub fn updated(&self, u: OptionsUpdate) -> Result<Options, TargetError> {
         let mut o = self.clone();
@@ -219,6 +234,19 @@ impl IscsiTarget {
         Ok(())
     }
 
+    /// `iscsi_set_discovery_auth`: the whole discovery CHAP policy is replaced. Applies to the
+    /// next discovery logins.
+    pub fn set_discovery_auth(&self, chap: Chap) -> Result<(), TargetError> {
+        check_chap(chap.disable_chap, chap.require_chap, chap.mutual_chap)?;
+        let mut inner = self.lock();
+        inner.warn_unusable_chap("discovery", &chap);
+        let o = &mut inner.options;
+        (o.disable_chap, o.require_chap, o.mutual_chap, o.chap_group) =
+            (chap.disable_chap, chap.require_chap, chap.mutual_chap, chap.chap_group);
+        log::info!("iSCSI discovery authentication: {}", chap.describe());
+        Ok(())
+    }
+
     pub(crate) fn options_json(&self) -> Value {
         self.lock().options.info_json()
     }
@@ -230,6 +258,15 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     reg.add("iscsi_set_options", move |p: OptionsUpdate| ok(t.set_options(p)));
     let t = target.clone();
     reg.add("iscsi_get_options", move |_: NoParams| Ok(t.options_json()));
+    let t = target.clone();
+    reg.add("iscsi_set_discovery_auth", move |p: IscsiSetDiscoveryAuth| {
+        ok(t.set_discovery_auth(Chap {
+            disable_chap: p.disable_chap,
+            require_chap: p.require_chap,
+            mutual_chap: p.mutual_chap,
+            chap_group: p.chap_group,
+        }))
+    });
 }
 
 #[cfg(test)]

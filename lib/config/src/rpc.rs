@@ -1,15 +1,15 @@
 //! The iSCSI JSON-RPC methods: SPDK's names, parameters and result shapes. Each concept file
-//! registers its own methods (options, portal groups, initiator groups, target nodes); the
-//! parameters are [`riser_rpc::params`]'s, shared with the `riser-rpc` CLI. Creating and
-//! deleting return `true`; getters return SPDK's objects. Errors: -32602 for a bad value
-//! (the message names the field), -17 exists, -19 not found, -16 in use.
+//! registers its own methods (options, portal groups, initiator groups, auth groups, target
+//! nodes); the parameters are [`riser_rpc::params`]'s, shared with the `riser-rpc` CLI.
+//! Creating and deleting return `true`; getters return SPDK's objects. Errors: -32602 for a
+//! bad value (the message names the field), -17 exists, -19 not found, -16 in use.
 
 use std::sync::Arc;
 
 use riser_rpc::{RpcError, RpcRegistry};
 use serde_json::Value;
 
-use crate::{initiator_group, options, portal_group, target_node, IscsiTarget, TargetError};
+use crate::{auth_group, initiator_group, options, portal_group, target_node, IscsiTarget, TargetError};
 
 /// A change's result as the RPC answers it: `true`, or the error with its SPDK code.
 pub(crate) fn ok(r: Result<(), TargetError>) -> Result<Value, RpcError> {
@@ -21,6 +21,7 @@ pub fn register(reg: &mut RpcRegistry, target: Arc<IscsiTarget>) {
     options::register(reg, &target);
     portal_group::register(reg, &target);
     initiator_group::register(reg, &target);
+    auth_group::register(reg, &target);
     target_node::register(reg, &target);
 }
 
@@ -80,6 +81,7 @@ mod tests {
             "iscsi_set_options",
             "iscsi_create_portal_group", "iscsi_create_portal_group",
             "iscsi_create_initiator_group", "iscsi_create_initiator_group",
+            "iscsi_create_auth_group", "iscsi_create_auth_group",
             "iscsi_create_target_node", "iscsi_create_target_node",
         ]);
         let b = env();
@@ -87,9 +89,15 @@ mod tests {
             b.ok(c["method"].as_str().unwrap(), c["params"].clone());
         }
         assert_eq!(b.target.config_json(), dump);
-        for m in ["iscsi_get_portal_groups", "iscsi_get_initiator_groups", "iscsi_get_target_nodes", "iscsi_get_options"] {
+        for m in ["iscsi_get_portal_groups", "iscsi_get_initiator_groups", "iscsi_get_auth_groups", "iscsi_get_target_nodes", "iscsi_get_options"] {
             assert_eq!(a.ok(m, Value::Null), b.ok(m, Value::Null), "{m}");
         }
+        // Auth groups (secrets included), discovery and node CHAP came back.
+        assert_eq!(b.target.discovery_auth(), a.target.discovery_auth());
+        assert_eq!(b.target.discovery_auth().secrets.len(), 1);
+        let (na, nb) = (a.target.target_nodes(), b.target.target_nodes());
+        assert_eq!(b.target.node_auth(&nb[1]), a.target.node_auth(&na[1]));
+        assert_eq!(b.target.node_auth(&nb[1]).secrets.len(), 2);
         // The waiting portal group came back waiting.
         assert_eq!(b.target.portal_groups().iter().map(|g| g.started).collect::<Vec<_>>(), [true, false]);
         // An empty state dumps only the options.
@@ -100,12 +108,15 @@ mod tests {
     fn every_method_is_registered() {
         let e = env();
         let want = [
-            "iscsi_set_options", "iscsi_get_options",
+            "iscsi_set_options", "iscsi_get_options", "iscsi_set_discovery_auth",
             "iscsi_create_portal_group", "iscsi_start_portal_group", "iscsi_delete_portal_group", "iscsi_get_portal_groups",
             "iscsi_create_initiator_group", "iscsi_initiator_group_add_initiators", "iscsi_initiator_group_remove_initiators",
             "iscsi_delete_initiator_group", "iscsi_get_initiator_groups",
+            "iscsi_create_auth_group", "iscsi_delete_auth_group", "iscsi_get_auth_groups",
+            "iscsi_auth_group_add_secret", "iscsi_auth_group_remove_secret",
             "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_add_pg_ig_maps",
-            "iscsi_target_node_remove_pg_ig_maps", "iscsi_delete_target_node", "iscsi_get_target_nodes",
+            "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
+            "iscsi_get_target_nodes",
         ];
         assert_eq!(e.reg.methods(), want);
     }

@@ -1,11 +1,12 @@
 //! Target nodes: an iSCSI name, its LUNs (each a claimed bdev), the portal group ↔ initiator
-//! group maps that say who may log in where, and per-node session parameters; their methods
-//! (`iscsi_create_target_node`, `iscsi_target_node_add_lun`,
+//! group maps that say who may log in where, its CHAP policy, and per-node session parameters;
+//! their methods (`iscsi_create_target_node`, `iscsi_target_node_add_lun`,
 //! `iscsi_target_node_add_pg_ig_maps`, `iscsi_target_node_remove_pg_ig_maps`,
-//! `iscsi_delete_target_node`, `iscsi_get_target_nodes`) and save_config calls.
+//! `iscsi_target_node_set_auth`, `iscsi_delete_target_node`, `iscsi_get_target_nodes`) and
+//! save_config calls.
 //!
 //! A node is shared (`Arc`) with login and data-path code. What can change after creation
-//! (LUNs, maps) sits behind a small lock; every change bumps [`TargetNode::generation`], so a
+//! (LUNs, maps, CHAP policy) sits behind a small lock; every change bumps [`TargetNode::generation`], so a
 //! session notices with one atomic load and fetches a new [`TargetNode::luns`] snapshot only
 //! then.
 
@@ -14,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, RegistryError};
-use riser_rpc::params::{ByName, IscsiCreateTargetNode, IscsiNodeMaps, IscsiTargetNodeAddLun, NoParams};
+use riser_rpc::params::{
+    ByName, IscsiCreateTargetNode, IscsiNodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeSetAuth, NoParams,
+};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -107,15 +110,33 @@ impl std::fmt::Debug for Lun {
     }
 }
 
-/// CHAP policy of a node (or of discovery sessions). No CHAP secrets exist yet (no
-/// `iscsi_create_auth_group`), so the login code can only honour `disable_chap` and must
-/// refuse `require_chap`.
+/// CHAP policy of a node (or of discovery sessions), SPDK's four parameters: `disable_chap`
+/// (AuthMethod=None only), `require_chap` (CHAP only), neither (either), `mutual_chap` (the
+/// target authenticates too; needs `require_chap`), and `chap_group`, the auth group holding
+/// the secrets (0: none). Login code asks [`crate::IscsiTarget::node_auth`] /
+/// [`crate::IscsiTarget::discovery_auth`], which join it with the group's secrets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chap {
     pub disable_chap: bool,
     pub require_chap: bool,
     pub mutual_chap: bool,
     pub chap_group: u32,
+}
+
+impl Chap {
+    /// For log lines: "CHAP required, mutual, auth group 2", "no CHAP", ...
+    pub fn describe(&self) -> String {
+        let mode = match (self.disable_chap, self.require_chap) {
+            (true, _) => return "no CHAP".to_string(),
+            (false, true) => "CHAP required",
+            (false, false) => "CHAP optional",
+        };
+        let mutual = if self.mutual_chap { ", mutual" } else { "" };
+        match self.chap_group {
+            0 => format!("{mode}{mutual}, no auth group"),
+            g => format!("{mode}{mutual}, auth group {g}"),
+        }
+    }
 }
 
 /// The part of a node that changes after creation.
@@ -125,6 +146,8 @@ pub(crate) struct NodeState {
     /// Grouped by portal group in the order the groups were first mapped, as SPDK keeps and
     /// shows them.
     pub(crate) maps: Vec<(u32, Vec<u32>)>,
+    /// Checked on the way in ([`crate::options::check_chap`]).
+    pub(crate) chap: Chap,
 }
 
 /// A target node.
@@ -132,7 +155,6 @@ pub struct TargetNode {
     name: String,
     alias_name: Option<String>,
     queue_depth: u32,
-    chap: Chap,
     header_digest: bool,
     data_digest: bool,
     generation: AtomicU64,
@@ -175,7 +197,6 @@ impl TargetNode {
             name: init.name,
             alias_name: init.alias_name,
             queue_depth: init.queue_depth,
-            chap: init.chap,
             header_digest: init.header_digest,
             data_digest: init.data_digest,
             generation: AtomicU64::new(0),
@@ -189,6 +210,7 @@ impl TargetNode {
                     luns.into()
                 },
                 maps,
+                chap: init.chap,
             }),
         }
     }
@@ -208,8 +230,10 @@ impl TargetNode {
         self.queue_depth
     }
 
+    /// The CHAP policy now (`iscsi_target_node_set_auth` changes it). Login code wants
+    /// [`crate::IscsiTarget::node_auth`], which adds the secrets.
     pub fn chap(&self) -> Chap {
-        self.chap
+        self.lock().chap
     }
 
     /// HeaderDigest must be CRC32C (RFC 7143 §13.1): offer only CRC32C.
@@ -222,7 +246,7 @@ impl TargetNode {
         self.data_digest
     }
 
-    /// Bumped on every change (LUN added, maps changed, deletion started). Sessions compare
+    /// Bumped on every change (LUN added, maps or CHAP policy changed, deletion started). Sessions compare
     /// it with the value they saw last and re-read [`TargetNode::luns`] when it moved.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -276,10 +300,10 @@ impl TargetNode {
             "pg_ig_maps": flatten(&st.maps),
             "luns": st.luns.iter().map(Lun::json).collect::<Vec<_>>(),
             "queue_depth": self.queue_depth,
-            "disable_chap": self.chap.disable_chap,
-            "require_chap": self.chap.require_chap,
-            "mutual_chap": self.chap.mutual_chap,
-            "chap_group": self.chap.chap_group,
+            "disable_chap": st.chap.disable_chap,
+            "require_chap": st.chap.require_chap,
+            "mutual_chap": st.chap.mutual_chap,
+            "chap_group": st.chap.chap_group,
             "header_digest": self.header_digest,
             "data_digest": self.data_digest,
         });
@@ -289,7 +313,8 @@ impl TargetNode {
         v
     }
 
-    /// The `iscsi_create_target_node` call that recreates this node, LUNs and maps included.
+    /// The `iscsi_create_target_node` call that recreates this node, LUNs, maps and CHAP policy
+    /// included.
     pub fn config_json(&self) -> Value {
         json!({"method": "iscsi_create_target_node", "params": self.info_json()})
     }
@@ -469,6 +494,7 @@ impl IscsiTarget {
                 }
             }
         }
+        inner.warn_unusable_chap(&format!("target node {name}"), &p.chap);
         let node = Arc::new(TargetNode::new(NodeInit {
             name,
             alias_name,
@@ -479,7 +505,7 @@ impl IscsiTarget {
             luns,
             maps: p.pg_ig_maps,
         }));
-        log::info!("iSCSI target node {} created", node.name());
+        log::info!("iSCSI target node {} created ({})", node.name(), p.chap.describe());
         inner.nodes.push(node.clone());
         Ok(node)
     }
@@ -575,6 +601,18 @@ impl IscsiTarget {
         Ok(())
     }
 
+    /// `iscsi_target_node_set_auth`: the node's whole CHAP policy is replaced (SPDK). Applies
+    /// to the next logins; sessions already logged in stay.
+    pub fn set_target_node_auth(&self, name: &str, chap: Chap) -> Result<(), TargetError> {
+        let inner = self.lock();
+        let node = inner.node_for_change(name)?;
+        options::check_chap(chap.disable_chap, chap.require_chap, chap.mutual_chap)?;
+        inner.warn_unusable_chap(&format!("target node {}", node.name()), &chap);
+        node.change(|st| st.chap = chap);
+        log::info!("iSCSI target node {}: {}", node.name(), chap.describe());
+        Ok(())
+    }
+
     /// `iscsi_delete_target_node`: marks the node deleted (no new logins), runs the
     /// node-deleting hook (which logs its sessions out), then removes it and releases its bdevs.
     pub fn delete_target_node(&self, name: &str) -> Result<(), TargetError> {
@@ -628,6 +666,16 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     let t = target.clone();
     reg.add("iscsi_target_node_remove_pg_ig_maps", move |p: IscsiNodeMaps| {
         ok(t.target_node_remove_pg_ig_maps(&p.name, &p.pg_ig_maps))
+    });
+    let t = target.clone();
+    reg.add("iscsi_target_node_set_auth", move |p: IscsiTargetNodeSetAuth| {
+        let chap = Chap {
+            disable_chap: p.disable_chap,
+            require_chap: p.require_chap,
+            mutual_chap: p.mutual_chap,
+            chap_group: p.chap_group,
+        };
+        ok(t.set_target_node_auth(&p.name, chap))
     });
     let t = target.clone();
     reg.add("iscsi_delete_target_node", move |p: ByName| ok(t.delete_target_node(&p.name)));
