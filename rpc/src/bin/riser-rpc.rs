@@ -11,7 +11,7 @@
 //! Exit status: 0 success, 1 RPC error or connection failure, 2 usage error.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -74,7 +74,8 @@ enum Cmd {
     BdevNullDelete(BdevName),
     /// List bdevs (all, or one by name)
     BdevGetBdevs(BdevGetBdevs),
-    /// Print the whole running configuration as JSON (input for load_config or riser --json)
+    /// Print the whole running configuration as JSON (input for load_config or riser --json;
+    /// it holds CHAP secrets: -o writes it to a file only its owner can read)
     SaveConfig(SaveConfig),
     /// Replay a configuration made by save_config
     LoadConfig(LoadConfig),
@@ -82,6 +83,8 @@ enum Cmd {
     IscsiSetOptions(IscsiSetOptions),
     /// Show the global iSCSI options
     IscsiGetOptions,
+    /// Set CHAP authentication of discovery sessions (replaces the whole policy)
+    IscsiSetDiscoveryAuth(IscsiSetDiscoveryAuth),
     /// Create a portal group: TAG 'HOST:PORT ...' (a portal HOST:PORT@iser is an iSER one)
     IscsiCreatePortalGroup(IscsiCreatePortalGroup),
     /// Start listening on the portals of a portal group created with --wait
@@ -100,6 +103,16 @@ enum Cmd {
     IscsiDeleteInitiatorGroup(IscsiTag),
     /// List the initiator groups
     IscsiGetInitiatorGroups,
+    /// Create a CHAP auth group: TAG [-c 'user:U secret:S muser:MU msecret:MS,user:U2 secret:S2']
+    IscsiCreateAuthGroup(IscsiCreateAuthGroup),
+    /// Delete an auth group
+    IscsiDeleteAuthGroup(IscsiTag),
+    /// List the auth groups (secrets included)
+    IscsiGetAuthGroups,
+    /// Add a CHAP secret to an auth group: TAG -u USER -s SECRET [-m MUSER -r MSECRET]
+    IscsiAuthGroupAddSecret(IscsiAuthGroupAddSecret),
+    /// Remove a user's CHAP secret from an auth group: TAG -u USER
+    IscsiAuthGroupRemoveSecret(IscsiAuthGroupRemoveSecret),
     /// Create a target node: NAME ALIAS 'BDEV:LUN ...' 'PG:IG ...' QUEUE_DEPTH
     IscsiCreateTargetNode(IscsiCreateTargetNode),
     /// Add a LUN to a target node (live sessions get a REPORTED LUNS DATA HAS CHANGED unit attention)
@@ -108,6 +121,8 @@ enum Cmd {
     IscsiTargetNodeAddPgIgMaps(IscsiNodeMaps),
     /// Unmap portal group / initiator group pairs from a target node: NAME 'PG:IG ...'
     IscsiTargetNodeRemovePgIgMaps(IscsiNodeMaps),
+    /// Set CHAP authentication of a target node (replaces its whole policy)
+    IscsiTargetNodeSetAuth(IscsiTargetNodeSetAuth),
     /// Delete a target node (its sessions are closed, its bdevs released)
     IscsiDeleteTargetNode(IscsiNodeName),
     /// List the target nodes
@@ -212,6 +227,10 @@ struct SaveConfig {
     /// Spaces per indentation level
     #[arg(short = 'i', long, default_value_t = 2)]
     indent: usize,
+    /// Write to FILE, created with mode 0600 (the configuration holds CHAP secrets), instead
+    /// of standard output; an existing FILE is replaced
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -644,11 +663,181 @@ struct IscsiNodeName {
     name: String,
 }
 
+// ---- CHAP ---------------------------------------------------------------------------------
+
+#[derive(Args, Debug)]
+struct IscsiSetDiscoveryAuth {
+    /// No CHAP for discovery sessions (exclusive with --require-chap)
+    #[arg(short = 'd', long, conflicts_with = "require_chap")]
+    disable_chap: bool,
+    /// CHAP required for discovery sessions (exclusive with --disable-chap)
+    #[arg(short = 'r', long)]
+    require_chap: bool,
+    /// Mutual CHAP for discovery sessions (needs --require-chap)
+    #[arg(short = 'm', long)]
+    mutual_chap: bool,
+    /// Auth group of discovery sessions
+    #[arg(short = 'g', long, value_name = "TAG", value_parser = parse_tag)]
+    chap_group: Option<u32>,
+}
+
+impl IscsiSetDiscoveryAuth {
+    fn params(self) -> params::IscsiSetDiscoveryAuth {
+        params::IscsiSetDiscoveryAuth {
+            disable_chap: self.disable_chap,
+            require_chap: self.require_chap,
+            mutual_chap: self.mutual_chap,
+            chap_group: self.chap_group.unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct IscsiTargetNodeSetAuth {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    name: String,
+    /// Auth group of this node
+    #[arg(short = 'g', long, value_name = "TAG", value_parser = parse_tag)]
+    chap_group: Option<u32>,
+    /// CHAP disabled for this node (exclusive with --require-chap)
+    #[arg(short = 'd', long, conflicts_with = "require_chap")]
+    disable_chap: bool,
+    /// CHAP required for this node
+    #[arg(short = 'r', long)]
+    require_chap: bool,
+    /// Mutual (bidirectional) CHAP (needs --require-chap)
+    #[arg(short = 'm', long)]
+    mutual_chap: bool,
+}
+
+impl IscsiTargetNodeSetAuth {
+    fn params(self) -> params::IscsiTargetNodeSetAuth {
+        params::IscsiTargetNodeSetAuth {
+            name: self.name,
+            chap_group: self.chap_group.unwrap_or(0),
+            disable_chap: self.disable_chap,
+            require_chap: self.require_chap,
+            mutual_chap: self.mutual_chap,
+        }
+    }
+}
+
+/// Secrets are parsed after clap, by [`parse_secrets`], so that no error message (clap's
+/// quote the value) shows them.
+#[derive(Args)]
+struct IscsiCreateAuthGroup {
+    /// Auth group tag (a whole number, 1 or more)
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    /// CHAP secrets, rpc.py's form: 'user:U1 secret:S1 muser:MU1 msecret:MS1,user:U2 secret:S2'
+    /// (comma-separated; muser/msecret for mutual CHAP). A secret may hold ':', not a space or ','
+    #[arg(short = 'c', long, value_name = "SECRETS")]
+    secrets: Option<String>,
+}
+
+impl std::fmt::Debug for IscsiCreateAuthGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IscsiCreateAuthGroup").field("tag", &self.tag).finish_non_exhaustive()
+    }
+}
+
+impl IscsiCreateAuthGroup {
+    fn params(self) -> Result<params::IscsiCreateAuthGroup, UsageError> {
+        let secrets = parse_secrets(self.secrets.as_deref().unwrap_or_default())?;
+        Ok(params::IscsiCreateAuthGroup { tag: self.tag, secrets })
+    }
+}
+
+/// rpc.py's `-c` secrets: items separated by commas, each `KEY:VALUE` words separated by
+/// whitespace, keys `user`, `secret` (both required), `muser`, `msecret`; a value runs from
+/// the first ':' (rpc.py refuses a ':' in it). An empty text is no secrets. Errors name the
+/// item and word, never a value.
+fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError> {
+    let items = text.split(',').map(str::trim).filter(|i| !i.is_empty());
+    let mut out = Vec::new();
+    for (n, item) in items.enumerate() {
+        let n = n + 1;
+        let (mut user, mut secret, mut muser, mut msecret) = (None, None, None, None);
+        for (w, word) in item.split_whitespace().enumerate() {
+            let w = w + 1;
+            let bad = |what: &str| UsageError(format!("--secrets item {n}, word {w}: {what}"));
+            let (key, value) = word.split_once(':').ok_or_else(|| bad("not KEY:VALUE (user:, secret:, muser:, msecret:)"))?;
+            let slot = match key {
+                "user" => &mut user,
+                "secret" => &mut secret,
+                "muser" => &mut muser,
+                "msecret" => &mut msecret,
+                _ => return Err(bad("unknown key (user, secret, muser or msecret)")),
+            };
+            if slot.replace(value.to_string()).is_some() {
+                return Err(bad(&format!("{key} given twice")));
+            }
+        }
+        let missing = |key: &str| UsageError(format!("--secrets item {n}: no {key}:"));
+        let user = user.ok_or_else(|| missing("user"))?;
+        let secret = secret.ok_or_else(|| missing("secret"))?;
+        out.push(params::AuthSecretParam { user, secret, muser, msecret });
+    }
+    Ok(out)
+}
+
+#[derive(Args)]
+struct IscsiAuthGroupAddSecret {
+    /// Auth group tag
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    /// CHAP user name of the initiator (CHAP_N)
+    #[arg(short = 'u', long)]
+    user: String,
+    /// CHAP secret of that user
+    #[arg(short = 's', long)]
+    secret: String,
+    /// User name the target answers mutual CHAP with (needs --msecret)
+    #[arg(short = 'm', long)]
+    muser: Option<String>,
+    /// Secret the target answers mutual CHAP with (needs --muser)
+    #[arg(short = 'r', long)]
+    msecret: Option<String>,
+}
+
+impl std::fmt::Debug for IscsiAuthGroupAddSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IscsiAuthGroupAddSecret")
+            .field("tag", &self.tag)
+            .field("user", &self.user)
+            .field("muser", &self.muser)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IscsiAuthGroupAddSecret {
+    fn params(self) -> params::IscsiAuthGroupAddSecret {
+        params::IscsiAuthGroupAddSecret {
+            tag: self.tag,
+            user: self.user,
+            secret: self.secret,
+            muser: self.muser,
+            msecret: self.msecret,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct IscsiAuthGroupRemoveSecret {
+    /// Auth group tag
+    #[arg(value_parser = parse_tag)]
+    tag: u32,
+    /// CHAP user name whose secret goes
+    #[arg(short = 'u', long)]
+    user: String,
+}
+
 /// What to do once the command line is understood.
 enum Action {
     /// One call: its result is printed.
     Call(String, Option<Value>),
-    SaveConfig { indent: usize },
+    /// `output`: a file written with mode 0600 instead of standard output.
+    SaveConfig { indent: usize, output: Option<PathBuf> },
     LoadConfig { file: Option<PathBuf> },
 }
 
@@ -669,6 +858,7 @@ impl Cmd {
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
+            | Cmd::IscsiGetAuthGroups
             | Cmd::IscsiGetTargetNodes
             | Cmd::IscsiGetConnections
             | Cmd::IscsiGetStats => None,
@@ -681,9 +871,17 @@ impl Cmd {
                 }
                 to_params(&a.params())?
             }
-            Cmd::IscsiStartPortalGroup(a) | Cmd::IscsiDeletePortalGroup(a) | Cmd::IscsiDeleteInitiatorGroup(a) => {
-                to_params(&ByTag { tag: a.tag })?
+            Cmd::IscsiStartPortalGroup(a)
+            | Cmd::IscsiDeletePortalGroup(a)
+            | Cmd::IscsiDeleteInitiatorGroup(a)
+            | Cmd::IscsiDeleteAuthGroup(a) => to_params(&ByTag { tag: a.tag })?,
+            Cmd::IscsiSetDiscoveryAuth(a) => to_params(&a.params())?,
+            Cmd::IscsiCreateAuthGroup(a) => to_params(&a.params()?)?,
+            Cmd::IscsiAuthGroupAddSecret(a) => to_params(&a.params())?,
+            Cmd::IscsiAuthGroupRemoveSecret(a) => {
+                to_params(&params::IscsiAuthGroupRemoveSecret { tag: a.tag, user: a.user })?
             }
+            Cmd::IscsiTargetNodeSetAuth(a) => to_params(&a.params())?,
             Cmd::IscsiCreateInitiatorGroup(a) => to_params(&a.params())?,
             Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a.params())?,
             Cmd::IscsiCreateTargetNode(a) => to_params(&a.params())?,
@@ -692,7 +890,7 @@ impl Cmd {
                 to_params(&params::IscsiNodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
             }
             Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
-            Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent }),
+            Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent, output: a.output }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
             Cmd::External(args) => return external_action(args),
@@ -784,6 +982,31 @@ fn read_config(file: Option<&PathBuf>) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{from} is not valid JSON: {e}"))
 }
 
+/// Writes `text` to `path` readable by its owner only (mode 0600: a saved configuration holds
+/// CHAP secrets): into a new file beside it, then renamed over it, so an existing file with
+/// wider permissions is replaced rather than written into, and no half-written file is left.
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path.file_name().ok_or_else(|| format!("{}: not a file name", path.display()))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = dir.join(format!(".{}.riser-rpc-{}.tmp", name.to_string_lossy(), std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        // The umask may have taken bits off 0600; never added any. Make it exactly 0600.
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write {}: {e}", path.display())
+    })
+}
+
 fn main() -> ExitCode {
     // Parse through ArgMatches so the subcommand name typed (= the method name) is at hand.
     let matches = Cli::command().get_matches();
@@ -825,7 +1048,23 @@ fn main() -> ExitCode {
             let r = client.call(&method, params).map(|v| Some(pretty(&v, 2)));
             (method, r)
         }
-        Action::SaveConfig { indent } => ("save_config".to_string(), client.save_config().map(|v| Some(pretty(&v, indent)))),
+        Action::SaveConfig { indent, output: None } => {
+            ("save_config".to_string(), client.save_config().map(|v| Some(pretty(&v, indent))))
+        }
+        Action::SaveConfig { indent, output: Some(path) } => match client.save_config() {
+            Ok(v) => {
+                let mut text = pretty(&v, indent);
+                text.push('\n');
+                return match write_private(&path, &text) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(msg) => {
+                        eprintln!("error: {msg}");
+                        ExitCode::from(1)
+                    }
+                };
+            }
+            Err(e) => ("save_config".to_string(), Err(e)),
+        },
         Action::LoadConfig { .. } => {
             let cfg = config.unwrap_or(Value::Null);
             ("load_config".to_string(), client.load_config(&cfg).map(|()| None))
@@ -1139,7 +1378,7 @@ mod tests {
     fn every_iscsi_subcommand_has_help() {
         let cmd = Cli::command();
         let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
-        assert_eq!(iscsi.len(), 19);
+        assert_eq!(iscsi.len(), 26);
         for c in iscsi {
             assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
             let e = sent(&[c.get_name(), "--help"]).expect_err("--help");
@@ -1148,5 +1387,118 @@ mod tests {
                 assert!(a.get_help().is_some(), "{} {}: no help", c.get_name(), a.get_id());
             }
         }
+    }
+
+    #[test]
+    fn auth_group_commands() {
+        assert_eq!(params(&["iscsi_create_auth_group", "1"]), json!({"tag": 1}));
+        // rpc.py's -c form.
+        assert_eq!(
+            params(&["iscsi_create_auth_group", "1", "-c", "user:u secret:s muser:mu msecret:ms,user:u2 secret:s2"]),
+            json!({"tag": 1, "secrets": [
+                {"user": "u", "secret": "s", "muser": "mu", "msecret": "ms"},
+                {"user": "u2", "secret": "s2"}
+            ]})
+        );
+        // Looser than rpc.py: any order and whitespace, empty items, a ':' inside a value.
+        assert_eq!(
+            params(&["iscsi_create_auth_group", "--secrets", " secret:a:b \t user:x ,", "2"]),
+            json!({"tag": 2, "secrets": [{"user": "x", "secret": "a:b"}]})
+        );
+        assert_eq!(params(&["iscsi_create_auth_group", "3", "-c", ""]), json!({"tag": 3}));
+        for (bad, needle) in [
+            ("user:u secret:SECRETX extra", "--secrets item 1, word 3: not KEY:VALUE"),
+            ("user:u secret:SECRETX,user:v", "--secrets item 2: no secret:"),
+            ("secret:SECRETX", "--secrets item 1: no user:"),
+            ("user:u secret:SECRETX secret:SECRETY", "--secrets item 1, word 3: secret given twice"),
+            ("user:u secret:SECRETX pass:SECRETY", "--secrets item 1, word 3: unknown key"),
+            // A secret with a space: its second half looks like a word of its own.
+            ("user:u secret:SECRET X:SECRETY", "--secrets item 1, word 3: unknown key"),
+        ] {
+            let (msg, code) = sent(&["iscsi_create_auth_group", "1", "-c", bad]).expect_err(bad);
+            assert_eq!(code, 2, "{bad}: {msg}");
+            assert!(msg.contains(needle), "{bad}: {msg:?} lacks {needle:?}");
+            assert!(!msg.contains("SECRET"), "{bad}: the message shows a secret: {msg}");
+        }
+        refused(&["iscsi_create_auth_group", "0x1"], "is not a tag");
+
+        assert_eq!(params(&["iscsi_delete_auth_group", "4"]), json!({"tag": 4}));
+        assert_eq!(params(&["iscsi_get_auth_groups"]), Value::Null);
+        assert_eq!(
+            params(&["iscsi_auth_group_add_secret", "1", "-u", "u", "-s", "s"]),
+            json!({"tag": 1, "user": "u", "secret": "s"})
+        );
+        assert_eq!(
+            params(&["iscsi_auth_group_add_secret", "--user", "u", "--secret", "s", "-m", "mu", "-r", "ms", "1"]),
+            json!({"tag": 1, "user": "u", "secret": "s", "muser": "mu", "msecret": "ms"})
+        );
+        refused(&["iscsi_auth_group_add_secret", "1", "-u", "u"], "--secret");
+        refused(&["iscsi_auth_group_add_secret", "1", "-s", "s"], "--user");
+        assert_eq!(params(&["iscsi_auth_group_remove_secret", "1", "-u", "u"]), json!({"tag": 1, "user": "u"}));
+        refused(&["iscsi_auth_group_remove_secret", "1"], "--user");
+        // The global -s (socket) still works before the method.
+        let argv = ["riser-rpc", "-s", "/tmp/x.sock", "iscsi_auth_group_add_secret", "1", "-u", "u", "-s", "s"];
+        let cli = Cli::try_parse_from(argv).unwrap();
+        assert_eq!(cli.server, PathBuf::from("/tmp/x.sock"));
+    }
+
+    #[test]
+    fn auth_policy_commands() {
+        assert_eq!(params(&["iscsi_set_discovery_auth"]), Value::Null);
+        assert_eq!(
+            params(&["iscsi_set_discovery_auth", "-r", "-m", "-g", "2"]),
+            json!({"require_chap": true, "mutual_chap": true, "chap_group": 2})
+        );
+        assert_eq!(params(&["iscsi_set_discovery_auth", "--disable-chap"]), json!({"disable_chap": true}));
+        refused(&["iscsi_set_discovery_auth", "-d", "-r"], "cannot be used with");
+        refused(&["iscsi_set_discovery_auth", "-g", "x"], "is not a tag");
+        assert_eq!(params(&["iscsi_target_node_set_auth", "disk1"]), json!({"name": "disk1"}));
+        assert_eq!(
+            params(&["iscsi_target_node_set_auth", "disk1", "-g", "1", "-r", "-m"]),
+            json!({"name": "disk1", "chap_group": 1, "require_chap": true, "mutual_chap": true})
+        );
+        assert_eq!(params(&["iscsi_target_node_set_auth", "-d", "disk1"]), json!({"name": "disk1", "disable_chap": true}));
+        refused(&["iscsi_target_node_set_auth", "disk1", "-d", "-r"], "cannot be used with");
+        refused(&["iscsi_target_node_set_auth"], "required");
+    }
+
+    #[test]
+    fn debug_of_a_command_line_never_shows_secrets() {
+        for argv in [
+            &["riser-rpc", "iscsi_create_auth_group", "1", "-c", "user:u secret:SECRETX muser:m msecret:SECRETY"][..],
+            &["riser-rpc", "iscsi_auth_group_add_secret", "1", "-u", "u", "-s", "SECRETX", "-m", "m", "-r", "SECRETY"][..],
+        ] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            let text = format!("{cli:?} {cli:#?}");
+            assert!(!text.contains("SECRET"), "{text}");
+        }
+    }
+
+    #[test]
+    fn save_config_output_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let cli = Cli::try_parse_from(["riser-rpc", "save_config", "-o", "cfg.json", "-i", "4"]).unwrap();
+        match cli.cmd.into_action("save_config".into()) {
+            Ok(Action::SaveConfig { indent: 4, output: Some(p) }) => assert_eq!(p, PathBuf::from("cfg.json")),
+            _ => panic!("not save_config to cfg.json"),
+        }
+        let dir = std::env::temp_dir().join(format!("riser-rpc-save-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cfg.json");
+        // An existing file readable by all is replaced by a private one.
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(&path, "{\"subsystems\": []}\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"subsystems\": []}\n");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        write_private(&dir.join("new.json"), "x").unwrap();
+        assert_eq!(std::fs::metadata(dir.join("new.json")).unwrap().permissions().mode() & 0o777, 0o600);
+        // Nothing else left behind; a missing directory is an error, not a panic.
+        let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["cfg.json", "new.json"]);
+        let e = write_private(&dir.join("no/such/dir.json"), "x").unwrap_err();
+        assert!(e.starts_with("cannot write"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
