@@ -352,3 +352,97 @@ fn sigterm_exits_cleanly_and_removes_the_socket() {
     assert!(t0.elapsed() < Duration::from_secs(10));
     assert!(!sock.exists(), "{} left behind", sock.display());
 }
+
+/// CHAP configuration with riser-rpc's rpc.py-shaped commands, saved to a private file and
+/// replayed with `--json`; no secret reaches riser's log, even at trace level, nor an error.
+#[test]
+fn chap_configuration_saves_privately_and_replays_without_logging_secrets() {
+    use std::os::unix::fs::PermissionsExt;
+    const SECRETS: [&str; 5] = ["AliceSecret-1", "RiserSecret-1", "BobSecret-1", "CarolSecret-1", "DiscSecret-1"];
+    let dir = TempDir::new("chap");
+    let cfg = dir.join("config.json");
+    let port = free_port().to_string();
+    let (groups, nodes, options);
+    {
+        let mut riser = Riser::start_with(&["--log-level", "trace"]);
+        let portal = format!("127.0.0.1:{port}");
+        for args in [
+            &["bdev_malloc_create", "-b", "Malloc0", "8", "512"][..],
+            &["bdev_malloc_create", "-b", "Malloc1", "8", "512"],
+            &["iscsi_create_portal_group", "1", &portal, "-w"],
+            &["iscsi_create_initiator_group", "1", "ANY", "ANY"],
+            &["iscsi_create_auth_group", "1", "-c", "user:alice secret:AliceSecret-1 muser:riser msecret:RiserSecret-1,user:bob secret:BobSecret-1"],
+            &["iscsi_auth_group_add_secret", "1", "-u", "carol", "-s", "CarolSecret-1"],
+            &["iscsi_auth_group_remove_secret", "1", "-u", "bob"],
+            &["iscsi_create_auth_group", "2", "-c", "user:disc secret:DiscSecret-1"],
+            &["iscsi_set_discovery_auth", "-r", "-g", "2"],
+            &["iscsi_create_target_node", "disk1", "Disk1", "Malloc0:0", "1:1", "32", "-r", "-m", "-g", "1"],
+            &["iscsi_create_target_node", "disk2", "Disk2", "Malloc1:0", "1:1", "32", "-d"],
+            &["iscsi_target_node_set_auth", "disk2", "-g", "1"],
+        ] {
+            let out = riser.rpc(args);
+            assert!(out.status.success(), "riser-rpc {args:?}: {out:?}\n{}", riser.log());
+        }
+        // Refusals carry the crate's codes, and no secret.
+        for (args, code) in [
+            (&["iscsi_create_auth_group", "1", "-c", "user:x secret:AliceSecret-1"][..], "(code -17)"),
+            (&["iscsi_auth_group_add_secret", "1", "-u", "alice", "-s", "BobSecret-1"], "(code -17)"),
+            (&["iscsi_auth_group_add_secret", "9", "-u", "dan", "-s", "BobSecret-1"], "(code -19)"),
+            (&["iscsi_auth_group_add_secret", "1", "-u", "dan", "-s", "BobSecret-1", "-m", "m", "-r", "BobSecret-1"], "(code -32602)"),
+            (&["iscsi_target_node_set_auth", "disk2", "-m"], "(code -32602)"),
+            (&["iscsi_target_node_set_auth", "nope", "-r"], "(code -19)"),
+        ] {
+            let out = riser.rpc(args);
+            assert_eq!(out.code(), Some(1), "{args:?}: {out:?}");
+            assert!(out.stderr.contains(code), "{args:?}: {out:?}");
+            assert!(SECRETS.iter().all(|s| !out.stderr.contains(s)), "{args:?}: {out:?}");
+        }
+        groups = riser.rpc_json(&["iscsi_get_auth_groups"]);
+        assert_eq!(
+            groups,
+            json!([
+                {"tag": 1, "secrets": [
+                    {"user": "alice", "secret": "AliceSecret-1", "muser": "riser", "msecret": "RiserSecret-1"},
+                    {"user": "carol", "secret": "CarolSecret-1"}
+                ]},
+                {"tag": 2, "secrets": [{"user": "disc", "secret": "DiscSecret-1"}]}
+            ])
+        );
+        nodes = riser.rpc_json(&["iscsi_get_target_nodes"]);
+        let chap = |n: &Value| (n["disable_chap"].clone(), n["require_chap"].clone(), n["mutual_chap"].clone(), n["chap_group"].clone());
+        assert_eq!(chap(&nodes[0]), (json!(false), json!(true), json!(true), json!(1)), "{nodes}");
+        assert_eq!(chap(&nodes[1]), (json!(false), json!(false), json!(false), json!(1)), "{nodes}");
+        options = riser.rpc_json(&["iscsi_get_options"]);
+        assert_eq!((&options["require_chap"], &options["chap_group"]), (&json!(true), &json!(2)), "{options}");
+
+        let out = riser.rpc(&["save_config", "-o", cfg.to_str().unwrap()]);
+        assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+        let mode = std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "save_config -o wrote mode {mode:o}");
+        let saved: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        let iscsi = saved["subsystems"].as_array().and_then(|s| s.iter().find(|s| s["subsystem"] == "iscsi")).cloned();
+        let iscsi = iscsi.unwrap_or_else(|| panic!("no iscsi subsystem in {saved}"));
+        let methods: Vec<&str> = iscsi["config"].as_array().unwrap().iter().filter_map(|c| c["method"].as_str()).collect();
+        let first_node = methods.iter().position(|m| *m == "iscsi_create_target_node").unwrap();
+        let auth: Vec<usize> = (0..methods.len()).filter(|&i| methods[i] == "iscsi_create_auth_group").collect();
+        assert!(auth.len() == 2 && auth.iter().all(|&i| i < first_node), "auth groups before the nodes: {methods:?}");
+        assert_eq!(methods[0], "iscsi_set_options", "discovery auth travels in iscsi_set_options, as in SPDK");
+
+        assert!(riser.terminate(Duration::from_secs(10)).is_some(), "riser ignored SIGTERM");
+        // (Without the RPC server's own request handling, jsonrpc-core's trace lines would
+        // show every secret here.)
+        let log = riser.log();
+        for s in SECRETS {
+            assert!(!log.contains(s), "{s} in riser's log:\n{log}");
+        }
+    }
+
+    let riser = Riser::start_with(&["--json", cfg.to_str().unwrap(), "--log-level", "trace"]);
+    assert_eq!(riser.rpc_json(&["iscsi_get_auth_groups"]), groups);
+    assert_eq!(riser.rpc_json(&["iscsi_get_target_nodes"]), nodes);
+    assert_eq!(riser.rpc_json(&["iscsi_get_options"]), options);
+    let log = riser.log();
+    for s in SECRETS {
+        assert!(!log.contains(s), "{s} in riser's log after --json:\n{log}");
+    }
+}
