@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use riser_config::{Denied, TargetNode};
+use riser_config::{AuthDecision, AuthMode, Denied, TargetNode};
+use riser_iscsi::chap::{ChapSecret, ChapTarget};
 use riser_iscsi::login::{
     AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, LoginRx,
     LoginTransport, PortalSpec, ResourceKeys, SessionDecision, TargetInfo, TargetLookup, TransportError,
@@ -206,16 +207,12 @@ impl LoginPolicy for Policy<'_> {
             Err(Denied::NotFound) => return TargetLookup::Refused(LoginStatus::NOT_FOUND),
             Err(Denied::NotAuthorized) => return TargetLookup::Refused(LoginStatus::AUTHORIZATION_FAILURE),
         }
-        if node.chap().require_chap {
-            // CHAP is not implemented yet: refuse rather than let anyone in.
-            return TargetLookup::Refused(LoginStatus::AUTHENTICATION_FAILURE);
-        }
         self.queue_depth = node.queue_depth();
         TargetLookup::Found(TargetInfo {
             name: node.name().to_string(),
             alias: node.alias_name().map(str::to_string),
             config: self.target_config(Some(&node)),
-            auth: AuthPolicy::None,
+            auth: auth_policy(self.server.target.node_auth(&node)),
         })
     }
 
@@ -223,10 +220,30 @@ impl LoginPolicy for Policy<'_> {
         self.saw(who);
         let mut info = TargetInfo::discovery();
         info.config = self.target_config(None);
+        info.auth = auth_policy(self.server.target.discovery_auth());
         TargetLookup::Found(info)
     }
 
     fn session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
         self.server.decide_session(who, &target.name, self.reactor)
+    }
+}
+
+/// The login's authentication from the configuration's CHAP policy (SPDK's semantics:
+/// disable_chap → AuthMethod=None only; require_chap → CHAP only; neither → either; mutual
+/// implies require) and the secrets of the policy's auth group.
+fn auth_policy(d: AuthDecision) -> AuthPolicy {
+    let chap = || {
+        let secrets = d
+            .secrets
+            .iter()
+            .map(|s| ChapSecret { user: s.user.clone(), secret: s.secret.clone(), muser: s.muser.clone(), msecret: s.msecret.clone() })
+            .collect();
+        Box::new(ChapTarget::new(secrets, d.mutual))
+    };
+    match d.mode {
+        AuthMode::None => AuthPolicy::None,
+        AuthMode::Optional => AuthPolicy::Optional(chap()),
+        AuthMode::Required => AuthPolicy::Required(chap()),
     }
 }
