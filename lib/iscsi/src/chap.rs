@@ -693,9 +693,10 @@ impl ChapCredentials {
         }
     }
 
-    /// `USER:SECRET` (the secret may contain ':'; neither may be empty).
+    /// `USER:SECRET`, split at the last ':' (a user name may be an IQN, which has ':'s; the
+    /// secret then may not); neither may be empty.
     pub fn parse(s: &str) -> Result<ChapCredentials, String> {
-        match s.split_once(':') {
+        match s.rsplit_once(':') {
             Some((u, p)) if !u.is_empty() && !p.is_empty() => {
                 if u.len() > MAX_NAME_LEN {
                     return Err("the CHAP user name is longer than 255 bytes".into());
@@ -804,6 +805,11 @@ impl ChapInitiator {
     /// Whether the exchange completed (the target authenticated too, for mutual CHAP).
     pub fn is_done(&self) -> bool {
         matches!(self.state, InitiatorState::Done)
+    }
+
+    /// Whether [`Self::offer`] has been called.
+    pub fn offered(&self) -> bool {
+        !matches!(self.state, InitiatorState::Start)
     }
 
     /// Whether our response has been sent (only [`Self::verify`] is left).
