@@ -559,6 +559,7 @@ mod tests {
             data_digest: false,
             timeout: Duration::from_secs(10),
             isid: [0x80, 0, 0, 0, 0, 1],
+            chap: None,
         };
         let mut c = Conn::login(&url, &opts).unwrap();
         assert_eq!(

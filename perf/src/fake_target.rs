@@ -5,6 +5,8 @@
 //! separate SCSI Response, alternately), and solicits write data with R2Ts after the
 //! unsolicited burst. It answers pings (NOP-Out), ABORT TASK of a write still waiting for
 //! data and LOGICAL UNIT RESET. It records every rule the initiator breaks in `violations`.
+//! With [`start_with`] and a [`FakeChap`] it insists on CHAP in the security stage (riser's
+//! [`ChapTarget`] checks the keys; the fake target checks the stages and T bits).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -12,7 +14,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use riser_iscsi::chap::{ChapSecret, ChapTarget};
 use riser_iscsi::framer::{Framer, FramerLimits};
+use riser_iscsi::login::{AuthStep, Authenticator};
 use riser_iscsi::pdu::{
     tmf, DataIn, Digests, LoginResponse, LoginStatus, LogoutResponse, NopIn, Op, Pdu, R2t,
     ScsiResponse, Stage, TaskMgmtResponse,
@@ -41,6 +45,15 @@ pub struct Observed {
     /// NOP-Outs and task management requests received.
     pub nops: usize,
     pub tmfs: usize,
+    /// CHAP mode: the user that authenticated, or why CHAP failed.
+    pub chap_user: Option<String>,
+    pub chap_failure: Option<String>,
+}
+
+/// CHAP for the fake target: these secrets, mutual CHAP required or not.
+pub struct FakeChap {
+    pub secrets: Vec<ChapSecret>,
+    pub mutual: bool,
 }
 
 struct Write_ {
@@ -66,6 +79,7 @@ struct Conn {
     reads_done: u32,
     next_ttt: u32,
     obs: Arc<Mutex<Observed>>,
+    chap: Option<ChapTarget>,
 }
 
 fn violation(obs: &Arc<Mutex<Observed>>, what: String) {
@@ -140,19 +154,74 @@ impl Conn {
             max_cmd_sn: exp.add(WINDOW - 1),
             status: LoginStatus::SUCCESS,
         };
-        let s = self.next_stat();
-        let op = resp(
-            true,
-            Stage::SecurityNegotiation,
-            Stage::LoginOperationalNegotiation,
-            s,
-            self.exp_cmd_sn,
-            0,
-        );
-        self.send(Pdu::with_data(
-            Op::LoginResponse(op),
-            encode_pairs(&[("AuthMethod", "None"), ("TargetPortalGroupTag", "1")]),
-        ));
+        if let Some(mut chap) = self.chap.take() {
+            // AuthMethod=CHAP (T=0), then CHAP until it succeeds: T=1 with its last keys.
+            if !has("AuthMethod", "CHAP") {
+                violation(&self.obs, format!("CHAP target, AuthMethod not CHAP: {keys:?}"));
+            }
+            let s = self.next_stat();
+            let sec = Stage::SecurityNegotiation;
+            let op = resp(false, sec, sec, s, self.exp_cmd_sn, 0);
+            self.send(Pdu::with_data(
+                Op::LoginResponse(op),
+                encode_pairs(&[("AuthMethod", "CHAP"), ("TargetPortalGroupTag", "1")]),
+            ));
+            loop {
+                let Some(p) = self.recv() else { return false };
+                let Op::LoginRequest(req) = p.bhs.op else {
+                    return false;
+                };
+                if req.csg != sec {
+                    violation(&self.obs, format!("CHAP step in stage {:?}", req.csg));
+                }
+                let keys = parse_pairs(&p.data).unwrap_or_default();
+                let mut out = Vec::new();
+                let s = self.next_stat();
+                match chap.step(&keys, &mut out) {
+                    AuthStep::Continue => {
+                        if req.transit_bit {
+                            violation(&self.obs, "T=1 before the CHAP response".into());
+                        }
+                        let op = resp(false, sec, sec, s, self.exp_cmd_sn, 0);
+                        self.send(Pdu::with_data(Op::LoginResponse(op), encode_pairs(&out)));
+                    }
+                    AuthStep::Success => {
+                        if !req.transit_bit {
+                            violation(&self.obs, "no T=1 with the CHAP response".into());
+                        }
+                        if let Ok(mut o) = self.obs.lock() {
+                            o.chap_user = chap.authenticated_user().map(str::to_string);
+                        }
+                        let op = resp(true, sec, Stage::LoginOperationalNegotiation, s, self.exp_cmd_sn, 0);
+                        self.send(Pdu::with_data(Op::LoginResponse(op), encode_pairs(&out)));
+                        break;
+                    }
+                    AuthStep::Failure => {
+                        if let Ok(mut o) = self.obs.lock() {
+                            o.chap_failure = chap.failure_reason();
+                        }
+                        let mut op = resp(false, sec, sec, s, self.exp_cmd_sn, 0);
+                        op.status = LoginStatus::AUTHENTICATION_FAILURE;
+                        self.send(Pdu::new(Op::LoginResponse(op)));
+                        return false;
+                    }
+                }
+            }
+        } else {
+            let s = self.next_stat();
+            let op = resp(
+                true,
+                Stage::SecurityNegotiation,
+                Stage::LoginOperationalNegotiation,
+                s,
+                self.exp_cmd_sn,
+                0,
+            );
+            self.send(Pdu::with_data(
+                Op::LoginResponse(op),
+                encode_pairs(&[("AuthMethod", "None"), ("TargetPortalGroupTag", "1")]),
+            ));
+        }
         // Operational stage: answer, and offer a key of our own with T=0.
         let Some(p) = self.recv() else { return false };
         let keys = parse_pairs(&p.data).unwrap_or_default();
@@ -560,6 +629,11 @@ impl Conn {
 /// Starts the target on a free port for one connection; returns the port, what it saw
 /// and its thread.
 pub fn start() -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
+    start_with(None)
+}
+
+/// [`start`], with CHAP required if `chap` says so.
+pub fn start_with(chap: Option<FakeChap>) -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
     let obs = Arc::new(Mutex::new(Observed::default()));
@@ -579,6 +653,7 @@ pub fn start() -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
             reads_done: 0,
             next_ttt: 0,
             obs: o,
+            chap: chap.map(|c| ChapTarget::new(c.secrets, c.mutual)),
         };
         if c.login() {
             c.serve();

@@ -157,6 +157,7 @@ mod tests {
             data_digest: false,
             timeout: Duration::from_secs(2),
             isid: [0x80, 0, 0, 0, 0, 1],
+            chap: None,
         };
         match Session::login(&url, &opts, 4) {
             Ok(_) => panic!("an iSER login to 127.0.0.1 cannot succeed"),

@@ -1,11 +1,13 @@
 //! The login exchange of the initiator (RFC 7143 §6), free of I/O: [`LoginExchange`] makes
 //! the Login Requests and takes the Login Responses, stage by stage, with a
-//! [`KeyNegotiation`](super::KeyNegotiation) for the keys. The transports drive it over
-//! their own I/O ([`super::login`]); [`super::PduSession`] hands its PDUs to the caller.
+//! [`KeyNegotiation`](super::KeyNegotiation) for the keys and, when [`LoginParams::chap`] is
+//! set, a [`ChapInitiator`] for the security stage (RFC 7143 §12.1.3). The transports drive it
+//! over their own I/O ([`super::login`]); [`super::PduSession`] hands its PDUs to the caller.
 
 use std::time::Duration;
 
-use riser_iscsi::pdu::{Isid, LoginRequest, Op, Stage};
+use riser_iscsi::chap::{ChapInitiator, ChapInitiatorConfig};
+use riser_iscsi::pdu::{Isid, LoginRequest, LoginStatus, Op, Stage};
 use riser_iscsi::serial::Itt;
 use riser_iscsi::text::{encode_pairs, parse_pairs};
 
@@ -30,6 +32,8 @@ pub struct LoginOptions {
     /// For connect, login, setup commands and logout, each.
     pub timeout: Duration,
     pub isid: [u8; 6],
+    /// Log in with CHAP (`--chap`, `--chap-mutual`, `--chap-digest`); None: AuthMethod=None.
+    pub chap: Option<ChapInitiatorConfig>,
 }
 
 /// SessionType (RFC 7143 §13.21).
@@ -55,6 +59,9 @@ pub struct LoginParams {
     pub tsih: u16,
     /// The connection id.
     pub cid: u16,
+    /// AuthMethod=CHAP with these credentials (and mutual CHAP if they say so); None:
+    /// AuthMethod=None.
+    pub chap: Option<ChapInitiatorConfig>,
 }
 
 impl LoginParams {
@@ -67,12 +74,24 @@ impl LoginParams {
             isid,
             tsih: 0,
             cid: 0,
+            chap: None,
+        }
+    }
+
+    /// The same login with CHAP.
+    pub fn with_chap(self, chap: ChapInitiatorConfig) -> LoginParams {
+        LoginParams {
+            chap: Some(chap),
+            ..self
         }
     }
 
     /// What riser-perf's transports log in as: a new normal session to the URL's target.
     pub fn for_url(url: &TargetUrl, opts: &LoginOptions) -> LoginParams {
-        LoginParams::normal(&opts.initiator_name, &url.iqn, opts.isid)
+        LoginParams {
+            chap: opts.chap.clone(),
+            ..LoginParams::normal(&opts.initiator_name, &url.iqn, opts.isid)
+        }
     }
 }
 
@@ -87,12 +106,15 @@ pub enum LoginStep {
     Done(KeyNegotiation),
 }
 
-/// One login in progress, initiator side, with AuthMethod=None: security stage, then the
+/// One login in progress, initiator side: the security stage (AuthMethod=None, or CHAP:
+/// CHAP_A, then CHAP_N and CHAP_R, and the target's mutual answer checked), then the
 /// operational stage with [`KeyNegotiation::operational_proposal`], answering every key the
 /// target offers, following C=1 continuations, up to the full-feature phase.
 #[derive(Debug)]
 pub struct LoginExchange {
     neg: KeyNegotiation,
+    /// CHAP, when the login uses it.
+    chap: Option<ChapInitiator>,
     /// The last request sent (a continuation repeats it with T=0 and no text).
     req: LoginRequest,
     /// The text of the response being collected (several PDUs when C=1).
@@ -119,8 +141,12 @@ impl LoginExchange {
             SessionType::Discovery => "Discovery",
         };
         keys.push(("SessionType".into(), session_type.into()));
-        keys.push(("AuthMethod".into(), "None".into()));
+        // With credentials, CHAP only: a target that does not authenticate us (or, for mutual
+        // CHAP, itself) is refused rather than silently used without.
+        let method = if params.chap.is_some() { "CHAP" } else { "None" };
+        keys.push(("AuthMethod".into(), method.into()));
         neg.proposed.push("AuthMethod".into());
+        neg.chap = params.chap.is_some();
         neg.discovery = params.session_type == SessionType::Discovery;
         let req = LoginRequest {
             transit_bit: true,
@@ -138,25 +164,28 @@ impl LoginExchange {
         };
         let mut ex = LoginExchange {
             neg,
+            chap: params.chap.clone().map(ChapInitiator::new),
             req,
             text: Vec::new(),
             rounds: 0,
         };
-        let (req, text) = ex.round(Stage::SecurityNegotiation, &keys, s)?;
+        let (req, text) = ex.round(Stage::SecurityNegotiation, true, &keys, s)?;
         Ok((ex, req, text))
     }
 
-    /// The request of a new round in stage `csg` offering `keys`.
+    /// The request of a new round in stage `csg` offering `keys`, asking to go on to the
+    /// next stage if `transit`.
     fn round(
         &mut self,
         csg: Stage,
+        transit: bool,
         keys: &[(String, String)],
         s: &SessionState,
     ) -> Result<(LoginRequest, Vec<u8>), String> {
         self.rounds += 1;
         self.text.clear();
         let r = &mut self.req;
-        r.transit_bit = true;
+        r.transit_bit = transit;
         r.csg = csg;
         r.nsg = if csg == Stage::SecurityNegotiation {
             Stage::LoginOperationalNegotiation
@@ -185,7 +214,11 @@ impl LoginExchange {
             return Err(format!("expected a Login Response, got {:?}", op.opcode()));
         };
         if resp.status.class != 0 {
-            return Err(login_status_text(resp.status.class, resp.status.detail));
+            let mut e = login_status_text(resp.status.class, resp.status.detail);
+            if resp.status == LoginStatus::AUTHENTICATION_FAILURE && self.chap.is_none() {
+                e.push_str(": does the target require CHAP? (--chap USER:SECRET)");
+            }
+            return Err(e);
         }
         s.exp_stat_sn = resp.stat_sn.next();
         self.text.extend_from_slice(data);
@@ -198,8 +231,24 @@ impl LoginExchange {
         }
         let pairs =
             parse_pairs(&self.text).map_err(|e| format!("bad login text from the target: {e}"))?;
+        let (chap_keys, pairs): (Vec<_>, Vec<_>) =
+            pairs.into_iter().partition(|(k, _)| k.starts_with("CHAP_"));
         let mut answers = self.neg.take_response(&pairs)?;
         self.req.tsih = resp.tsih;
+        if self.req.csg == Stage::SecurityNegotiation {
+            if let Some(keys) = self.chap_step(&pairs, &chap_keys, resp.transit_bit)? {
+                // CHAP goes on: stay in the security stage until our response is out.
+                answers.extend(keys);
+                if self.rounds >= MAX_ROUNDS {
+                    return Err(format!("login did not finish in {MAX_ROUNDS} rounds"));
+                }
+                let transit = self.chap.as_ref().is_some_and(ChapInitiator::answered);
+                let (req, text) = self.round(Stage::SecurityNegotiation, transit, &answers, s)?;
+                return Ok(LoginStep::Send(req, text));
+            }
+        } else if !chap_keys.is_empty() {
+            return Err("the target sent CHAP keys outside the security stage".into());
+        }
         let csg = if resp.transit_bit {
             match resp.nsg {
                 Stage::FullFeaturePhase => {
@@ -228,7 +277,52 @@ impl LoginExchange {
         if self.rounds >= MAX_ROUNDS {
             return Err(format!("login did not finish in {MAX_ROUNDS} rounds"));
         }
-        let (req, text) = self.round(csg, &answers, s)?;
+        let (req, text) = self.round(csg, true, &answers, s)?;
         Ok(LoginStep::Send(req, text))
     }
+
+    /// CHAP in a security-stage response (`pairs`: its other keys; `transit`: its T bit):
+    /// the CHAP keys to send next while the exchange goes on, None once it is over (or
+    /// without CHAP).
+    fn chap_step(
+        &mut self,
+        pairs: &[(String, String)],
+        chap_keys: &[(String, String)],
+        transit: bool,
+    ) -> Result<Option<Vec<(String, String)>>, String> {
+        let Some(chap) = self.chap.as_mut() else {
+            if !chap_keys.is_empty() {
+                return Err("the target sent CHAP keys but no CHAP credentials were given (--chap)".into());
+            }
+            return Ok(None);
+        };
+        let chap_err = |e: riser_iscsi::chap::ChapError| format!("CHAP: {e}");
+        if chap.is_done() {
+            if !chap_keys.is_empty() {
+                return Err("the target sent CHAP keys after CHAP ended".into());
+            }
+            return Ok(None);
+        }
+        if chap.answered() {
+            // The target's answer to our response: its own (mutual CHAP), or nothing.
+            chap.verify(chap_keys).map_err(chap_err)?;
+            return Ok(None);
+        }
+        if transit {
+            return Err("the target left the security stage before CHAP was done".into());
+        }
+        if !chap.offered() {
+            if !pairs.iter().any(|(k, v)| k == "AuthMethod" && v == "CHAP") {
+                return Err("the target did not answer AuthMethod=CHAP".into());
+            }
+            if !chap_keys.is_empty() {
+                return Err("the target sent CHAP keys before CHAP_A".into());
+            }
+            return chap.offer().map(Some).map_err(chap_err);
+        }
+        chap.respond(chap_keys).map(Some).map_err(chap_err)
+    }
 }
+
+#[cfg(test)]
+mod tests;

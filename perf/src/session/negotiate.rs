@@ -118,6 +118,8 @@ pub struct KeyNegotiation {
     iser: bool,
     /// A discovery session: only the keys that apply to one are proposed.
     pub(crate) discovery: bool,
+    /// AuthMethod=CHAP was proposed (the login has CHAP credentials).
+    pub(crate) chap: bool,
     pub iser_result: IserKeys,
 }
 
@@ -166,6 +168,7 @@ impl KeyNegotiation {
             result: Negotiated::default(),
             iser: false,
             discovery: false,
+            chap: false,
             iser_result: IserKeys::default(),
         }
     }
@@ -345,6 +348,11 @@ impl KeyNegotiation {
                         answers.push((k.clone(), v.clone()));
                     }
                 }
+                "AuthMethod" if self.chap && answer_to_ours => {
+                    if v != "CHAP" {
+                        return Err(format!("the target refused AuthMethod=CHAP (answered {v})"));
+                    }
+                }
                 "AuthMethod" => {
                     if !answer_to_ours {
                         let none = v.split(',').any(|m| m == "None");
@@ -352,7 +360,7 @@ impl KeyNegotiation {
                     }
                     if v != "None" && !v.split(',').any(|m| m == "None") {
                         return Err(format!(
-                            "the target requires authentication (AuthMethod={v}); CHAP is not supported by riser-perf yet"
+                            "the target requires authentication (AuthMethod={v}): give --chap USER:SECRET"
                         ));
                     }
                 }

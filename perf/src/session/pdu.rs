@@ -234,8 +234,10 @@ impl PduSession {
 
     // ---- login -----------------------------------------------------------------------
 
-    /// Starts a login (AuthMethod=None) as `params`, negotiating with `neg`: the first
-    /// Login Request. Hand each response to [`Self::login_response`].
+    /// Starts a login as `params`, negotiating with `neg`: the first Login Request. Hand
+    /// each response to [`Self::login_response`]. AuthMethod=None, or CHAP when
+    /// [`LoginParams::chap`] is set (see [`LoginParams::with_chap`]): mutual CHAP if its
+    /// config has `mutual`, the target's answer then checked (a wrong one fails the login).
     pub fn login(&mut self, params: &LoginParams, neg: KeyNegotiation) -> Result<Pdu, String> {
         let (ex, req, text) =
             LoginExchange::start(params, neg, &self.s).map_err(|e| self.err(e))?;
