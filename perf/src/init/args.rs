@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use serde::Serialize;
 
 use crate::session::{INITIATOR_NAME, MAX_QD};
@@ -20,6 +21,32 @@ pub enum DigestArg {
     Header,
     Data,
     Both,
+}
+
+/// A CHAP digest (`--chap-digest`): the CHAP_A values 5 to 8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ChapDigestArg {
+    Md5,
+    Sha1,
+    Sha256,
+    #[value(name = "sha3-256")]
+    Sha3_256,
+}
+
+impl ChapDigestArg {
+    pub fn algorithm(self) -> ChapAlgorithm {
+        match self {
+            ChapDigestArg::Md5 => ChapAlgorithm::Md5,
+            ChapDigestArg::Sha1 => ChapAlgorithm::Sha1,
+            ChapDigestArg::Sha256 => ChapAlgorithm::Sha256,
+            ChapDigestArg::Sha3_256 => ChapAlgorithm::Sha3_256,
+        }
+    }
+}
+
+/// `USER:SECRET` of --chap and --chap-mutual.
+fn parse_chap(s: &str) -> Result<ChapCredentials, String> {
+    ChapCredentials::parse(s)
 }
 
 /// Flags of the initiator mode (`riser-perf [flags] URL...`).
@@ -109,6 +136,22 @@ pub struct InitArgs {
     #[arg(long, value_enum, default_value_t = DigestArg::None)]
     pub digest: DigestArg,
 
+    /// Log in with CHAP (RFC 7143 §12.1.3) as USER (CHAP_N) with SECRET, split at the last ':'
+    /// (USER may be an IQN; SECRET may not contain ':'). Only AuthMethod=CHAP is offered: a
+    /// target that does not use CHAP refuses the login. The secret shows in the process list.
+    #[arg(long, value_name = "USER:SECRET", value_parser = parse_chap)]
+    pub chap: Option<ChapCredentials>,
+
+    /// Mutual CHAP: the target must prove itself as USER with SECRET (its muser and msecret
+    /// in SPDK's auth groups); a wrong answer fails the login. Needs --chap.
+    #[arg(long = "chap-mutual", value_name = "USER:SECRET", value_parser = parse_chap, requires = "chap")]
+    pub chap_mutual: Option<ChapCredentials>,
+
+    /// CHAP digests offered (CHAP_A), in order of preference, comma-separated; the target
+    /// picks the first it supports. Default: sha256,sha3-256,sha1,md5. Needs --chap.
+    #[arg(long = "chap-digest", value_name = "DIGEST", value_enum, value_delimiter = ',', requires = "chap")]
+    pub chap_digest: Vec<ChapDigestArg>,
+
     /// InitiatorName sent at login.
     #[arg(long = "initiator-name", value_name = "IQN", default_value = INITIATOR_NAME)]
     pub initiator_name: String,
@@ -157,6 +200,8 @@ pub struct Plan {
     pub header_digest: bool,
     pub data_digest: bool,
     pub initiator_name: String,
+    /// CHAP credentials and offer (--chap, --chap-mutual, --chap-digest).
+    pub chap: Option<ChapInitiatorConfig>,
     pub timeout: Duration,
     pub json: bool,
     pub plot: Option<std::path::PathBuf>,
@@ -297,6 +342,7 @@ impl InitArgs {
             DigestArg::Both => (true, true),
         };
         Ok(Plan {
+            chap: self.chap_config()?,
             targets,
             workload: self.rw,
             read_pct: self.rw.read_pct(self.rwmixread),
@@ -317,6 +363,30 @@ impl InitArgs {
             json: self.json,
             plot: self.plot.clone(),
         })
+    }
+}
+
+impl InitArgs {
+    /// --chap, --chap-mutual and --chap-digest together (clap checks that the last two come
+    /// with --chap; this checks again for callers that build InitArgs themselves).
+    fn chap_config(&self) -> Result<Option<ChapInitiatorConfig>, String> {
+        let Some(credentials) = self.chap.clone() else {
+            if self.chap_mutual.is_some() || !self.chap_digest.is_empty() {
+                return Err("--chap-mutual and --chap-digest need --chap USER:SECRET".into());
+            }
+            return Ok(None);
+        };
+        let mut config = ChapInitiatorConfig::new(credentials);
+        config.mutual = self.chap_mutual.clone();
+        if !self.chap_digest.is_empty() {
+            config.algorithms.clear();
+            for a in self.chap_digest.iter().map(|d| d.algorithm()) {
+                if !config.algorithms.contains(&a) {
+                    config.algorithms.push(a);
+                }
+            }
+        }
+        Ok(Some(config))
     }
 }
 
@@ -378,5 +448,62 @@ impl Geometry {
         let lba = self.start + u * self.io_blocks as u64;
         let end = (lba + self.io_blocks as u64).min(self.start + self.count);
         (lba, (end - lba) as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        init: InitArgs,
+    }
+
+    const URL: &str = "iscsi://127.0.0.1/iqn.2016-06.io.riser:t/0";
+
+    fn plan(args: &[&str]) -> Result<Plan, String> {
+        let argv = std::iter::once("riser-perf").chain(args.iter().copied());
+        Cli::try_parse_from(argv).map_err(|e| e.to_string())?.init.plan()
+    }
+
+    #[test]
+    fn chap_flags() {
+        Cli::command().debug_assert();
+        assert_eq!(plan(&[URL]).unwrap().chap, None, "no flag: AuthMethod=None as before");
+        let c = plan(&["--chap", "alice:s3cret", URL]).unwrap().chap.unwrap();
+        assert_eq!(c.credentials, ChapCredentials::new("alice", "s3cret"));
+        assert_eq!((c.mutual, c.algorithms), (None, ChapAlgorithm::ALL.to_vec()));
+        let p = plan(&[
+            "--chap",
+            "alice:s3cret",
+            "--chap-mutual",
+            "iqn.2016-06.io.riser:t:t-secret",
+            "--chap-digest",
+            "md5,sha3-256",
+            "--chap-digest",
+            "md5",
+            URL,
+        ])
+        .unwrap();
+        let c = p.chap.clone().unwrap();
+        assert_eq!(c.algorithms, [ChapAlgorithm::Md5, ChapAlgorithm::Sha3_256]);
+        // The secret starts after the last ':': a user name may be an IQN.
+        assert_eq!(c.mutual, Some(ChapCredentials::new("iqn.2016-06.io.riser:t", "t-secret")));
+        let shown = format!("{p:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("t-secret"), "{shown}");
+
+        let err = |args: &[&str]| plan(args).unwrap_err();
+        assert!(err(&["--chap-mutual", "t:s", URL]).contains("--chap"));
+        assert!(err(&["--chap-digest", "md5", URL]).contains("--chap"));
+        assert!(err(&["--chap", "alice", URL]).contains("USER:SECRET"));
+        assert!(err(&["--chap", "alice:", URL]).contains("USER:SECRET"));
+        assert!(err(&["--chap", "a:b", "--chap-digest", "sha512", URL]).contains("sha3-256"));
+        let help = Cli::command().render_long_help().to_string();
+        for flag in ["--chap <USER:SECRET>", "--chap-mutual <USER:SECRET>", "--chap-digest <DIGEST>"] {
+            assert!(help.contains(flag), "{flag} in\n{help}");
+        }
     }
 }

@@ -235,7 +235,7 @@ impl Client {
             data_digest: plan.data_digest,
             timeout: plan.timeout,
             isid: [0; 6],
-            chap: None,
+            chap: plan.chap.clone(),
         };
         let mut infos = Vec::new();
         for s in &specs {
