@@ -93,6 +93,10 @@ cat "$logs/stats.json"; echo
 grep -q '"authentication":[1-9]' "$logs/stats.json" || fail "riser did not count the authentication failure"
 grep -q 'failed (0x0201)' "$logs/riser.log" || fail "riser did not log the authentication failure"
 
+grep -q 'authenticated with sha256' "$logs/riser.log" || fail "no CHAP_A SHA-256 login in riser's log"
+grep -q 'authenticated with sha3-256' "$logs/riser.log" || fail "no CHAP_A SHA3-256 login in riser's log"
+echo "CHAP_A: sha256 over TCP, sha3-256 over iSER"
+
 step "the authenticated sessions still do verified I/O"
 raw_verify "$disk_tcp" 8 tcp-again
 raw_verify "$disk_iser" 8 iser-again

@@ -655,6 +655,11 @@ impl Authenticator for ChapTarget {
         match self.advance(keys, &mut answer) {
             Ok(true) => {
                 out.extend(answer);
+                log::debug!(
+                    "CHAP: user {:?} authenticated with {}",
+                    self.authenticated_user().unwrap_or_default(),
+                    self.algorithm().map_or("?", ChapAlgorithm::name)
+                );
                 AuthStep::Success
             }
             Ok(false) => {
