@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use riser_bdev::BdevRegistry;
 use riser_config::IscsiTarget;
 use riser_datamover::mem::{self, MemClient, MemPortal};
+use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use riser_iscsi::login::{EnableDatamover, LoginRx, LoginTransport, PortalSpec, ResourceKeys, TransportError};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{logout, tmf, Lun, Pdu};
@@ -501,4 +502,69 @@ fn a_login_whose_resources_cannot_be_allocated_ends_without_a_connection() {
     // The server goes on serving others.
     let (other, _) = Client::login(&env, 2, keys(true, false, 65536));
     other.logout();
+}
+
+/// Auth group 1 with one secret (mutual with `riser`) on the node, which requires CHAP.
+fn require_chap(env: &Env, mutual: bool) {
+    env.call(
+        "iscsi_create_auth_group",
+        json!({"tag": 1, "secrets": [{"user": "alice", "secret": "alice-secret-1", "muser": "riser", "msecret": "riser-secret-2"}]}),
+    );
+    env.call(
+        "iscsi_target_node_set_auth",
+        json!({"name": TARGET, "chap_group": 1, "require_chap": true, "mutual_chap": mutual}),
+    );
+}
+
+fn chap_login(env: &Env, n: u8, chap: ChapInitiatorConfig) -> (Client, Result<Negotiated, String>) {
+    let mut c = Client { s: PduSession::new(format!("chap {n}"), Lun(0)), c: env.connect(n) };
+    let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, n]).with_chap(chap);
+    let r = c.login_as(&params, keys(true, false, 65536));
+    (c, r)
+}
+
+#[test]
+fn chap_one_way_and_mutual_log_in_and_wrong_secrets_are_refused() {
+    let env = Env::new();
+    require_chap(&env, true);
+    let alice = || ChapCredentials::new("alice", "alice-secret-1");
+    // Mutual, SHA-256 only offered.
+    let mut cfg = ChapInitiatorConfig::new(alice());
+    cfg.mutual = Some(ChapCredentials::new("riser", "riser-secret-2"));
+    cfg.algorithms = vec![ChapAlgorithm::Sha256];
+    let (mut c, r) = chap_login(&env, 1, cfg.clone());
+    r.expect("mutual CHAP login");
+    c.clear_unit_attention();
+    good(&c.read(0, 512));
+    c.logout();
+    // One-way does not satisfy mutual_chap.
+    let (_, r) = chap_login(&env, 2, ChapInitiatorConfig::new(alice()));
+    assert!(r.is_err(), "one-way CHAP logged in to a mutual_chap node");
+    // A wrong secret, an unknown user.
+    let (_, r) = chap_login(&env, 3, ChapInitiatorConfig { credentials: ChapCredentials::new("alice", "not-the-secret"), ..cfg.clone() });
+    assert!(r.is_err(), "a wrong secret logged in");
+    let (_, r) = chap_login(&env, 4, ChapInitiatorConfig { credentials: ChapCredentials::new("mallory", "alice-secret-1"), ..cfg.clone() });
+    assert!(r.is_err(), "an unknown user logged in");
+    // The initiator refuses a target that answers for another secret.
+    let (_, r) = chap_login(&env, 5, ChapInitiatorConfig { mutual: Some(ChapCredentials::new("riser", "wrong-target-9")), ..cfg });
+    assert!(r.is_err(), "the initiator accepted a wrong mutual answer");
+    let stats = env.call("iscsi_get_stats", json!({}));
+    assert!(stats["logins"]["failed"]["authentication"].as_u64().unwrap_or(0) >= 3, "{stats}");
+    // No CHAP at all: refused.
+    let mut c = Client { s: PduSession::new("none", Lun(0)), c: env.connect(6) };
+    let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, 6]);
+    assert!(c.login_as(&params, keys(true, false, 65536)).is_err(), "no CHAP logged in to a require_chap node");
+}
+
+#[test]
+fn chap_every_algorithm_one_way() {
+    let env = Env::new();
+    require_chap(&env, false);
+    for (n, alg) in [ChapAlgorithm::Md5, ChapAlgorithm::Sha1, ChapAlgorithm::Sha256, ChapAlgorithm::Sha3_256].into_iter().enumerate() {
+        let mut cfg = ChapInitiatorConfig::new(ChapCredentials::new("alice", "alice-secret-1"));
+        cfg.algorithms = vec![alg];
+        let (c, r) = chap_login(&env, 10 + n as u8, cfg);
+        r.unwrap_or_else(|e| panic!("{}: {e}", alg.name()));
+        c.logout();
+    }
 }
