@@ -7,6 +7,7 @@
 #   - a login over TCP with mutual CHAP and CHAP_A SHA-256 (node.session.auth.chap_algs),
 #     8 MiB verified;
 #   - a login over iSER with mutual CHAP and SHA3-256, 8 MiB verified;
+#   - a login over TCP to a second target that requires one-way CHAP, with MD5, 4 MiB verified;
 #   - a login with a wrong password (through a third iface) fails cleanly, riser counts it,
 #     while both authenticated sessions keep doing verified I/O;
 #   - no secret in riser's log; logout leaves no connection.
@@ -23,13 +24,15 @@ step "riser: a mutual-CHAP target and CHAP discovery, iSER and TCP portals on $R
 cat >/tmp/riser.json <<JSON
 {"subsystems":[{"subsystem":"bdev","config":[
 {"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":32768,"block_size":512}},
-{"method":"bdev_malloc_create","params":{"name":"Malloc1","num_blocks":32768,"block_size":512}}]},
+{"method":"bdev_malloc_create","params":{"name":"Malloc1","num_blocks":32768,"block_size":512}},
+{"method":"bdev_malloc_create","params":{"name":"Malloc2","num_blocks":16384,"block_size":512}}]},
 {"subsystem":"iscsi","config":[
 {"method":"iscsi_create_auth_group","params":{"tag":1,"secrets":[{"user":"$user","secret":"$secret","muser":"$muser","msecret":"$msecret"}]}},
 {"method":"iscsi_set_discovery_auth","params":{"require_chap":true,"chap_group":1}},
 {"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$RXE_IP","port":"3260","iser":true},{"host":"$RXE_IP","port":"3260"}]}},
 {"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
-{"method":"iscsi_create_target_node","params":{"name":"chap","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0},{"bdev_name":"Malloc1","lun_id":1}],"queue_depth":32,"require_chap":true,"mutual_chap":true,"chap_group":1}}]}]}
+{"method":"iscsi_create_target_node","params":{"name":"chap","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0},{"bdev_name":"Malloc1","lun_id":1}],"queue_depth":32,"require_chap":true,"mutual_chap":true,"chap_group":1}},
+{"method":"iscsi_create_target_node","params":{"name":"oneway","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc2","lun_id":0}],"queue_depth":32,"require_chap":true,"chap_group":1}}]}]}
 JSON
 riser_start /tmp/riser.json --poll-mode adaptive
 
@@ -54,17 +57,20 @@ cat "$logs/discovered.log"
 grep -q "$iqn" "$logs/discovered.log" || fail "discovery did not list $iqn"
 echo "discovery with CHAP lists $iqn"
 
-# The node record of $iqn through IFACE with CHAP: USER PASSWORD, mutual with $muser, CHAP_A ALGS.
+# The node record of target T (default $iqn) through IFACE with CHAP: USER PASSWORD, CHAP_A
+# ALGS, mutual with $muser unless MUTUAL=no.
 node_chap() {
-  local iface=$1 pass=$2 algs=$3 n
-  iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I "$iface" -o new >>"$logs/iscsiadm.log" 2>&1 || true
-  n() { iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I "$iface" -o update -n "$1" -v "$2" >>"$logs/iscsiadm.log" 2>&1 \
+  local iface=$1 pass=$2 algs=$3 t=${T:-$iqn} n
+  iscsiadm -m node -T "$t" -p "$RXE_IP" -I "$iface" -o new >>"$logs/iscsiadm.log" 2>&1 || true
+  n() { iscsiadm -m node -T "$t" -p "$RXE_IP" -I "$iface" -o update -n "$1" -v "$2" >>"$logs/iscsiadm.log" 2>&1 \
           || fail "iscsiadm: cannot set $1 on $iface"; }
   n node.session.auth.authmethod CHAP
   n node.session.auth.username "$user"
   n node.session.auth.password "$pass"
-  n node.session.auth.username_in "$muser"
-  n node.session.auth.password_in "$msecret"
+  if [ "${MUTUAL:-yes}" = yes ]; then
+    n node.session.auth.username_in "$muser"
+    n node.session.auth.password_in "$msecret"
+  fi
   n node.session.auth.chap_algs "$algs"
 }
 
@@ -82,6 +88,13 @@ sid_iser=$(login "$iqn" iser0)
 disk_iser=$(disk_of "$sid_iser" 1)
 raw_verify "$disk_iser" 8 iser
 
+step "login over TCP to a one-way CHAP target, MD5"
+T=iqn.2016-06.io.riser:oneway MUTUAL=no node_chap default "$secret" MD5
+sid_one=$(login iqn.2016-06.io.riser:oneway default)
+disk_one=$(disk_of "$sid_one" 0)
+raw_verify "$disk_one" 4 oneway
+logout_sid "$sid_one"
+
 step "a wrong password fails cleanly"
 node_chap tcp2 wrong-password-0 "SHA256,MD5"
 if iscsiadm -m node -T "$iqn" -p "$RXE_IP" -I tcp2 --login >"$logs/login-wrong.log" 2>&1; then
@@ -95,7 +108,8 @@ grep -q 'failed (0x0201)' "$logs/riser.log" || fail "riser did not log the authe
 
 grep -q 'authenticated with sha256' "$logs/riser.log" || fail "no CHAP_A SHA-256 login in riser's log"
 grep -q 'authenticated with sha3-256' "$logs/riser.log" || fail "no CHAP_A SHA3-256 login in riser's log"
-echo "CHAP_A: sha256 over TCP, sha3-256 over iSER"
+grep -q 'authenticated with md5' "$logs/riser.log" || fail "no CHAP_A MD5 login in riser's log"
+echo "CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way"
 
 step "the authenticated sessions still do verified I/O"
 raw_verify "$disk_tcp" 8 tcp-again

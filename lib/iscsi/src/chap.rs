@@ -443,6 +443,8 @@ pub struct ChapTarget {
     algorithms: Vec<ChapAlgorithm>,
     random: Box<dyn RandomSource>,
     state: TargetState,
+    /// The algorithm chosen from the initiator's CHAP_A, kept after the exchange.
+    chosen: Option<ChapAlgorithm>,
     user: Option<String>,
     failure: Option<ChapError>,
 }
@@ -485,6 +487,7 @@ impl ChapTarget {
             algorithms: ChapAlgorithm::ALL.to_vec(),
             random,
             state: TargetState::Algorithm,
+            chosen: None,
             user: None,
             failure: None,
         }
@@ -510,12 +513,9 @@ impl ChapTarget {
         }
     }
 
-    /// The algorithm chosen, once CHAP_A has been answered.
+    /// The algorithm chosen, once CHAP_A has been answered (also after the exchange).
     pub fn algorithm(&self) -> Option<ChapAlgorithm> {
-        match &self.state {
-            TargetState::Response { alg, .. } => Some(*alg),
-            _ => None,
-        }
+        self.chosen
     }
 
     fn pick(&self, offered: &str) -> Result<ChapAlgorithm, ChapError> {
@@ -551,6 +551,7 @@ impl ChapTarget {
                 out.push(("CHAP_I".into(), id.to_string()));
                 out.push(("CHAP_C".into(), encode_binary(&challenge, Encoding::Hex)));
                 self.state = TargetState::Response { alg, id, challenge };
+                self.chosen = Some(alg);
                 Ok(false)
             }
             TargetState::Response { alg, id, challenge } => {
