@@ -20,7 +20,8 @@ use riser_iscsi::login::{
     LoginTransport, PortalSpec, ResourceKeys, SessionDecision, TargetInfo, TargetLookup, TransportError,
 };
 use riser_iscsi::negotiate::{DigestPolicy, TargetConfig, Transport};
-use riser_iscsi::pdu::LoginStatus;
+use riser_iscsi::pdu::{LoginStatus, Op};
+use riser_iscsi::serial::Itt;
 
 use crate::stats::LoginFailure;
 use crate::IscsiServer;
@@ -68,6 +69,8 @@ impl IscsiServer {
             ..Default::default()
         });
         let mut policy = Policy::new(self, peer.ip(), portal.portal_group_tag as u32, t.reactor_hint());
+        // The ITT of the last Login Request, for a response the driver itself causes.
+        let mut last_itt = Itt(0);
         loop {
             // Answer what is pending.
             while let Some(out) = login.poll_output() {
@@ -82,9 +85,10 @@ impl IscsiServer {
                     LoginOutput::Event(LoginEvent::AllocateDatamoverResources) => {
                         let keys = ResourceKeys { queue_depth: policy.queue_depth };
                         if let Err(e) = t.allocate_connection_resources(&keys) {
-                            log::error!("{what} from {peer}{}: cannot allocate connection resources: {e}", policy.who());
-                            self.login_stats.failure(LoginFailure::TargetError);
-                            return;
+                            // Answered with Target Error / Out of Resources (0x0302), then the
+                            // Failed event below logs and counts it.
+                            let reason = format!("cannot allocate connection resources: {e}");
+                            login.resources_failed(last_itt, LoginStatus::OUT_OF_RESOURCES, reason);
                         }
                     }
                     LoginOutput::Event(LoginEvent::Failed { status, reason }) => {
@@ -111,7 +115,12 @@ impl IscsiServer {
                 }
             }
             match t.recv_login(deadline) {
-                Ok(LoginRx::Pdu(pdu)) => login.handle(&pdu, &mut policy),
+                Ok(LoginRx::Pdu(pdu)) => {
+                    if let Op::LoginRequest(r) = pdu.op() {
+                        last_itt = r.itt;
+                    }
+                    login.handle(&pdu, &mut policy)
+                }
                 Ok(LoginRx::Malformed { header, reason }) => {
                     log::warn!("{what} from {peer}: {reason}");
                     if let Some(h) = header {

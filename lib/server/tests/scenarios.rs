@@ -486,7 +486,7 @@ impl<T: LoginTransport> LoginTransport for NoResources<T> {
 }
 
 #[test]
-fn a_login_whose_resources_cannot_be_allocated_ends_without_a_connection() {
+fn a_login_whose_resources_cannot_be_allocated_is_answered_out_of_resources() {
     let env = Env::new();
     let (login, client) = mem::connection("127.0.0.9:40009".parse().expect("addr"), PORTAL.parse().expect("portal"));
     let asked = Arc::new(Mutex::new(None));
@@ -495,7 +495,11 @@ fn a_login_whose_resources_cannot_be_allocated_ends_without_a_connection() {
     let mut c = Client { s: PduSession::new("no resources", Lun(0)), c: client };
     let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, 9]);
     let err = c.login_as(&params, keys(true, false, 65536)).expect_err("the login cannot complete");
-    assert!(err.contains("closed"), "{err}");
+    // Answered Target Error / Out of Resources (0x0302), then closed.
+    assert!(err.contains("status class 0x03, detail 0x02"), "{err}");
+    assert!(matches!(c.c.recv(WAIT), Ok(None)), "closed after the refusal");
+    let stats = env.call("iscsi_get_stats", json!({}));
+    assert_eq!(stats["logins"]["failed"]["target_error"], 1, "{stats}");
     // Allocate_Connection_Resources was asked once, with the target's queue depth.
     assert_eq!(*asked.lock().unwrap_or_else(|p| p.into_inner()), Some(ResourceKeys { queue_depth: 32 }));
     assert!(env.connections().is_empty());

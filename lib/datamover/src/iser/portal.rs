@@ -342,9 +342,23 @@ impl IserLogin {
                     let rx = match IserHeader::parse(&msg) {
                         Ok(IserHeader::Control { .. }) => match Pdu::decode_message(&msg[ISER_HDR_LEN..], 8192) {
                             Ok(pdu) => LoginRx::Pdu(pdu),
-                            Err(e) => LoginRx::Malformed { header: None, reason: format!("bad PDU: {e}") },
+                            // With its header the login answers Initiator Error at once;
+                            // without, nothing can be answered: the connection ends.
+                            Err(e) => match msg.get(ISER_HDR_LEN..ISER_HDR_LEN + BHS_LEN) {
+                                Some(h) => {
+                                    let mut header = [0u8; BHS_LEN];
+                                    header.copy_from_slice(h);
+                                    LoginRx::Malformed { header: Some(header), reason: format!("bad PDU: {e}") }
+                                }
+                                None => return Err(TransportError::Failed(format!("bad PDU during login: {e}"))),
+                            },
                         },
-                        _ => LoginRx::Malformed { header: None, reason: "unexpected message".into() },
+                        // IB and RoCE have no Hello (RFC 7145's IB generalization); anything but
+                        // a control-type message ends the login at once.
+                        Ok(other) => {
+                            return Err(TransportError::Failed(format!("unexpected iSER message during login: {other:?}")))
+                        }
+                        Err(e) => return Err(TransportError::Failed(format!("undecodable message during login: {e}"))),
                     };
                     self.rx.push_back(rx);
                 }

@@ -18,7 +18,10 @@ use thiserror::Error;
 
 use crate::ffp::Datamover;
 use crate::negotiate::Transport;
-use crate::pdu::{Pdu, BHS_LEN};
+use crate::pdu::{LoginStatus, Op, Pdu, BHS_LEN};
+use crate::serial::Itt;
+
+use super::{Fail, Login, LoginOutput, State};
 
 /// Why a login transport gave up. The driver logs it and drops the connection.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -111,4 +114,27 @@ pub trait PortalTransport: Send + Sync {
     fn kind(&self) -> Transport;
     /// Starts listening on `portal` (in a thread of its own); runs until `stop` is set.
     fn listen(&self, portal: PortalSpec, sink: Arc<dyn LoginSink>, stop: Arc<AtomicBool>) -> Result<(), String>;
+}
+
+impl Login {
+    /// Allocate_Connection_Resources failed (RFC 5047 §7.1): the login ends with `status`
+    /// (Target Error / Out of Resources, 0x0302) answering the Login Request `itt`, instead of
+    /// whatever it had queued; the caller sends that response and closes.
+    pub fn resources_failed(&mut self, itt: Itt, status: LoginStatus, reason: impl Into<String>) {
+        // Responses not sent yet give way to the failure, which takes the first one's StatSN.
+        let mut stat_sn = None;
+        for out in self.output.drain(..) {
+            if let LoginOutput::Transmit(p) = out {
+                if let Op::LoginResponse(r) = p.op() {
+                    stat_sn.get_or_insert(r.stat_sn);
+                }
+            }
+        }
+        if let Some(sn) = stat_sn {
+            self.stat_sn = sn;
+        }
+        if self.state != State::Failed {
+            self.fail(itt, None, Fail(status, reason.into()));
+        }
+    }
 }
