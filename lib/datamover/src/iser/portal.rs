@@ -74,7 +74,14 @@ static CQS: std::sync::LazyLock<CqSet<VerbsCq>> = std::sync::LazyLock::new(CqSet
 struct CmState {
     established: AtomicBool,
     closed: AtomicBool,
+    /// Enable_Datamover has not happened yet: the connection is still logging in.
+    logging_in: AtomicBool,
 }
+
+/// Most connections of one portal still logging in: each holds a QP, CQ entries and a login
+/// buffer before anything is known about it (RFC 7145: resources only once login has got far
+/// enough), so connects beyond this are rejected until logins finish or time out.
+const MAX_PENDING_LOGINS: usize = 64;
 
 /// iSER portals: one rdma_cm listener thread per portal.
 #[derive(Debug, Default, Clone, Copy)]
@@ -151,6 +158,17 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
                     match ev.event_type {
                         CmEventType::ConnectRequest => {
                             if let Some(id) = ev.new_id {
+                                let pending = conns.values().filter(|c| c.logging_in.load(Ordering::Acquire)).count();
+                                if pending >= MAX_PENDING_LOGINS {
+                                    log::warn!(
+                                        "iSER portal {addr}: {pending} logins in progress; rejecting a connect from {}",
+                                        id.peer_addr().map_or_else(|| "?".to_string(), |a| a.to_string())
+                                    );
+                                    if let Err(e) = id.reject(&[]) {
+                                        log::debug!("iSER portal {addr}: reject: {e}");
+                                    }
+                                    continue;
+                                }
                                 let key = id.key();
                                 match setup(id, &mut pds, &ev.private_data, ev.responder_resources, ev.initiator_depth, sink.place()) {
                                     Ok(login) => {
@@ -289,7 +307,7 @@ fn setup(
         rdma_reads: rd_depth as u32,
         send_invalidate,
         reactor,
-        cm: Arc::new(CmState::default()),
+        cm: Arc::new(CmState { logging_in: AtomicBool::new(true), ..CmState::default() }),
         rx: VecDeque::new(),
         early: Vec::new(),
     })
@@ -460,6 +478,7 @@ impl LoginTransport for IserLogin {
             .dm
             .ok_or_else(|| TransportError::Failed("login completed without datamover resources".into()))?;
         let (cm, early) = (me.cm, me.early);
+        cm.logging_in.store(false, Ordering::Release);
         Ok(Box::new(move || Ok(Box::new(IserConnection { dm, cm, early, cm_closed: false }) as Box<dyn Datamover>)))
     }
 
