@@ -114,3 +114,16 @@ fn rxe_vm_chap_linux_initiator() {
     assert!(out.contains("oneway: 4 MiB verified"), "{out}");
     assert!(out.contains("CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way"), "{out}");
 }
+
+/// Before login, resources are bounded (issue "iSER by the book", defect 3): riser without
+/// CAP_IPC_LOCK under a 2 MiB RLIMIT_MEMLOCK answers an iSER login Target Error / Out of
+/// Resources (0x0302), logs and counts it, and keeps serving TCP; while 200 rping clients
+/// connect to its iSER portal (no iSER: each ends at its first message), the Linux
+/// initiator logs in over iSER and verifies 4 MiB.
+#[test]
+fn rxe_vm_iser_limits_before_login() {
+    let out = run_in_vm_smp("scripts/vm/iser-limits.sh", "ISER LIMITS OK", ISER_SMP);
+    assert!(out.contains("iSER login under RLIMIT_MEMLOCK answered 0x0302"), "{out}");
+    assert!(out.contains("Out of resources"), "libiscsi saw the status:\n{out}");
+    assert!(out.contains("iser: 4 MiB verified"), "{out}");
+}
