@@ -124,6 +124,9 @@ pub fn connection_config(outcome: &LoginOutcome, transport: Transport, limits: &
         max_outstanding_r2t: u32::from(s.max_outstanding_r2t),
         header_digest: c.header_digest,
         data_digest: c.data_digest,
+        // RFC 7145 §6.9, §6.10: the datamover applies them (RDMA Read offsets, the Hello).
+        tagged_buffer_for_solicited_data_only: iser && s.tagged_buffer_for_solicited_data_only,
+        iser_hello_required: iser && s.iser_hello_required,
     };
     (ffp, dm)
 }
@@ -201,6 +204,8 @@ mod tests {
                 max_outstanding_r2t: 4,
                 header_digest: true,
                 data_digest: false,
+                tagged_buffer_for_solicited_data_only: false,
+                iser_hello_required: false,
             }
         );
     }
@@ -227,6 +232,34 @@ mod tests {
         assert_eq!((d.initiator_max_recv_data_segment_length, d.target_max_recv_data_segment_length), (8192, 16384));
         assert!(!f.discovery && !d.header_digest && !d.data_digest);
         assert_eq!((d.max_burst_length, d.first_burst_length, d.max_outstanding_r2t), (1 << 20, 65536, 1));
+    }
+
+    #[test]
+    fn iser_keys_of_rfc_7145_reach_the_datamover() {
+        let s = SessionParams {
+            target_name: Some("iqn.2024-01.io.riser:disk".into()),
+            rdma_extensions: true,
+            tagged_buffer_for_solicited_data_only: true,
+            iser_hello_required: true,
+            ..SessionParams::default()
+        };
+        let (_, d) = connection_config(&outcome(Transport::Iser, s.clone(), ConnectionParams::default()), Transport::Iser, &limits());
+        assert!(d.tagged_buffer_for_solicited_data_only && d.iser_hello_required);
+        // the RFC defaults (No, No) when the initiator never sent the keys
+        let plain = SessionParams { rdma_extensions: true, ..SessionParams::default() };
+        let (_, d) = connection_config(&outcome(Transport::Iser, plain, ConnectionParams::default()), Transport::Iser, &limits());
+        assert!(!d.tagged_buffer_for_solicited_data_only && !d.iser_hello_required);
+        // iSER keys mean nothing on TCP
+        let (_, d) = connection_config(&outcome(Transport::Tcp, s, ConnectionParams::default()), Transport::Tcp, &limits());
+        assert!(!d.tagged_buffer_for_solicited_data_only && !d.iser_hello_required);
+        // from the keys as an initiator sends them, through the negotiation
+        let mut n = Negotiator::new(TargetConfig::default(), Transport::Iser, SessionType::Normal, true, None);
+        let keys = [("RDMAExtensions", "Yes"), ("TaggedBufferForSolicitedDataOnly", "Yes"), ("iSERHelloRequired", "Yes")];
+        let keys: Vec<(String, String)> = keys.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        n.respond(crate::negotiate::KeyPhase::Operational, &keys).unwrap();
+        let o = outcome(Transport::Iser, n.session().clone(), n.connection().clone());
+        let (_, d) = connection_config(&o, Transport::Iser, &limits());
+        assert!(d.tagged_buffer_for_solicited_data_only && d.iser_hello_required);
     }
 
     #[test]

@@ -74,6 +74,14 @@ pub struct DatamoverParams {
     pub max_outstanding_r2t: u32,
     pub header_digest: bool,
     pub data_digest: bool,
+    /// iSER, TaggedBufferForSolicitedDataOnly (RFC 7145 §6.9) as negotiated: true, the Write
+    /// STag's buffer holds the solicited data only (the first RDMA Read starts at its Base
+    /// Offset); false (the default), it holds all the command's data, the unsolicited part
+    /// (immediate data, unsolicited Data-Out) included.
+    pub tagged_buffer_for_solicited_data_only: bool,
+    /// iSER, iSERHelloRequired (RFC 7145 §6.10) as negotiated: true, the Hello / HelloReply
+    /// exchange is required, the initiator's first message in full-feature phase is a Hello.
+    pub iser_hello_required: bool,
 }
 
 impl Default for DatamoverParams {
@@ -86,6 +94,8 @@ impl Default for DatamoverParams {
             max_outstanding_r2t: 1,
             header_digest: false,
             data_digest: false,
+            tagged_buffer_for_solicited_data_only: false,
+            iser_hello_required: false,
         }
     }
 }
