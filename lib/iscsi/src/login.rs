@@ -473,6 +473,13 @@ impl Login {
             );
         }
 
+        if self.stage == Stage::LoginOperationalNegotiation {
+            // RFC 7145 §6.3: on iSER, RDMAExtensions=Yes goes in the first operational-stage
+            // response, not only once the initiator asks for full-feature phase.
+            if let Some(neg) = self.negotiator.as_mut() {
+                out.extend(neg.operational_offers());
+            }
+        }
         let transit = if req.transit_bit {
             self.may_transit(req.nsg, &mut out)?
         } else {

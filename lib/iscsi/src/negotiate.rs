@@ -322,6 +322,28 @@ impl Negotiator {
         )]
     }
 
+    /// Offers due in the first Login Response of the operational stage, whatever the initiator
+    /// asked for: RDMAExtensions=Yes on the leading connection of a normal session over iSER
+    /// (RFC 7145 §6.3: the target offers it in the first Login Response it may, the one
+    /// answering the first complete key list, C=0, of the LoginOperationalNegotiation stage).
+    /// Call with every operational-stage response; each key is offered once, unless the
+    /// initiator sent it first (Linux ib_iser does: it is then answered, not offered).
+    pub fn operational_offers(&mut self) -> Pairs {
+        let mut out: Pairs = Vec::new();
+        let key = "RDMAExtensions";
+        if self.transport == Transport::Iser
+            && self.leading
+            && self.session.session_type == SessionType::Normal
+            && !self.seen.contains(key)
+            && !self.offered.contains(&key)
+        {
+            self.awaiting.push(Offer { key });
+            self.offered.push(key);
+            out.push((key.into(), "Yes".into()));
+        }
+        out
+    }
+
     /// Keys the target offers because the initiator did not, and the default would be wrong
     /// for the target. Call each time the initiator asks to leave operational negotiation;
     /// each key is offered at most once. Offers whose outcome the offer itself decides (AND with No,
@@ -362,13 +384,9 @@ impl Negotiator {
                 });
                 out.push(("FirstBurstLength".into(), first.to_string()));
             }
-            if self.transport == Transport::Iser && unseen(self, "RDMAExtensions") {
-                self.awaiting.push(Offer {
-                    key: "RDMAExtensions",
-                });
-                out.push(("RDMAExtensions".into(), "Yes".into()));
-            }
         }
+        // Normally offered already, in the first operational-stage response.
+        out.extend(self.operational_offers());
         if self.transport == Transport::Tcp {
             for (key, policy) in [
                 ("HeaderDigest", self.config.header_digest),
@@ -384,7 +402,9 @@ impl Negotiator {
         // (MaxBurstLength answered below the default FirstBurstLength).
         for (key, _) in &out {
             if let Some(def) = lookup(key) {
-                self.offered.push(def.name);
+                if !self.offered.contains(&def.name) {
+                    self.offered.push(def.name);
+                }
             }
         }
         out
@@ -1048,6 +1068,29 @@ mod tests {
             .respond(KeyPhase::Operational, &pairs(&[("RDMAExtensions", "Yes")]))
             .unwrap();
         assert_eq!(get(&out, "RDMAExtensions"), Some("No"));
+    }
+
+    #[test]
+    fn rdma_extensions_is_an_operational_offer_on_iser() {
+        let iser = |session_type, leading| {
+            Negotiator::new(TargetConfig::default(), Transport::Iser, session_type, leading, None)
+        };
+        let mut n = iser(SessionType::Normal, true);
+        n.respond(KeyPhase::Operational, &pairs(&[("MaxBurstLength", "65536")])).unwrap();
+        assert_eq!(n.operational_offers(), pairs(&[("RDMAExtensions", "Yes")]));
+        assert!(n.awaiting_answers());
+        assert!(n.operational_offers().is_empty(), "offered once");
+        assert_eq!(get(&n.offers(), "RDMAExtensions"), None);
+        n.respond(KeyPhase::Operational, &pairs(&[("RDMAExtensions", "Yes")])).unwrap();
+        assert!(!n.awaiting_answers() && n.session().rdma_extensions);
+        // the initiator offered it first: answered, not offered
+        let mut n = iser(SessionType::Normal, true);
+        n.respond(KeyPhase::Operational, &pairs(&[("RDMAExtensions", "Yes")])).unwrap();
+        assert!(n.operational_offers().is_empty());
+        // not in discovery sessions, on added connections or on TCP
+        assert!(iser(SessionType::Discovery, true).operational_offers().is_empty());
+        assert!(iser(SessionType::Normal, false).operational_offers().is_empty());
+        assert!(normal().operational_offers().is_empty());
     }
 
     #[test]
