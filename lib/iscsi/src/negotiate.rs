@@ -73,11 +73,27 @@ pub struct TargetConfig {
     /// iSER: largest control-type data segment the target receives (RFC 7145 §6.2);
     /// sizes the receive buffers.
     pub target_recv_data_segment_length: u32,
-    /// iSER: receive buffers the target keeps for unexpected PDUs, 0 = no limit (§6.5).
+    /// iSER: the unexpected PDUs (RFC 7145 §6.7) the target can have outstanding, 0 = no limit:
+    /// what the iSER receive ring holds, so it MUST match the ring the datamover posts for the
+    /// target's queue depth; the server fills it with
+    /// [`iser_max_outstanding_unexpected_pdus`]`(queue_depth)`. Answered when the initiator
+    /// sends the key, never offered unasked: open-iscsi fails a login on a key it does not
+    /// know, and Linux never sends this one.
     pub max_outstanding_unexpected_pdus: u32,
     pub max_ahs_length: u16,
     /// The CmdSN window (MaxCmdSN - ExpCmdSN + 1) opened at the end of login.
     pub queue_depth: u32,
+}
+
+/// Receive buffers the iSER receive ring keeps beyond the CmdSN window: immediate commands
+/// (NOP-Out, Task Management, Logout, Text) and unsolicited Data-Out.
+pub const ISER_UNEXPECTED_PDU_MARGIN: u32 = 16;
+
+/// MaxOutstandingUnexpectedPDUs for a target with `queue_depth` (its CmdSN window): the
+/// receive ring the iSER datamover posts for that depth, `queue_depth` + 16
+/// ([`ISER_UNEXPECTED_PDU_MARGIN`]). The two must agree: change both or neither.
+pub const fn iser_max_outstanding_unexpected_pdus(queue_depth: u32) -> u32 {
+    queue_depth.saturating_add(ISER_UNEXPECTED_PDU_MARGIN)
 }
 
 impl Default for TargetConfig {
@@ -98,7 +114,7 @@ impl Default for TargetConfig {
             header_digest: DigestPolicy::Allowed,
             data_digest: DigestPolicy::Allowed,
             target_recv_data_segment_length: 8192,
-            max_outstanding_unexpected_pdus: 0,
+            max_outstanding_unexpected_pdus: iser_max_outstanding_unexpected_pdus(128),
             max_ahs_length: MAX_AHS_LENGTH as u16,
             queue_depth: 128,
         }
@@ -1018,7 +1034,8 @@ mod tests {
         assert_eq!(get(&out, "DataDigest"), Some("Reject"));
         assert_eq!(get(&out, "TargetRecvDataSegmentLength"), Some("16384"));
         assert_eq!(get(&out, "InitiatorRecvDataSegmentLength"), Some("262144"));
-        assert_eq!(get(&out, "MaxOutstandingUnexpectedPDUs"), Some("0"));
+        // the initiator's "no limit" meets the target's real one (the receive ring)
+        assert_eq!(get(&out, "MaxOutstandingUnexpectedPDUs"), Some("144"));
         // MaxRecvDataSegmentLength is still declared but the iSER keys rule
         assert_eq!(get(&out, "MaxRecvDataSegmentLength"), Some("262144"));
         let c = n.connection();
@@ -1027,6 +1044,32 @@ mod tests {
         assert_eq!(c.recv_limit(true), 16384);
         assert_eq!(c.send_limit(true), 262_144);
         assert!(n.finish().is_ok());
+    }
+
+    #[test]
+    fn max_outstanding_unexpected_pdus_is_the_receive_ring() {
+        assert_eq!(TargetConfig::default().max_outstanding_unexpected_pdus, 128 + 16);
+        assert_eq!(iser_max_outstanding_unexpected_pdus(256), 272);
+        let cfg = TargetConfig {
+            queue_depth: 256,
+            max_outstanding_unexpected_pdus: iser_max_outstanding_unexpected_pdus(256),
+            ..TargetConfig::default()
+        };
+        let answer = |offer: &str| {
+            let mut n = Negotiator::new(cfg.clone(), Transport::Iser, SessionType::Normal, true, None);
+            let out = n.respond(KeyPhase::Operational, &pairs(&[("MaxOutstandingUnexpectedPDUs", offer)])).unwrap();
+            (get(&out, "MaxOutstandingUnexpectedPDUs").map(str::to_owned), n.session().max_outstanding_unexpected_pdus)
+        };
+        // RFC 7145 §6.7: 0 is "no limit"; the target's real limit is never 0
+        assert_eq!(answer("0"), (Some("272".into()), 272));
+        assert_eq!(answer("100000"), (Some("272".into()), 272));
+        assert_eq!(answer("8"), (Some("8".into()), 8));
+        assert_eq!(answer("1").0.as_deref(), Some("Reject"));
+        // not declared to an initiator that does not send it (open-iscsi refuses unknown keys)
+        let mut n = Negotiator::new(cfg.clone(), Transport::Iser, SessionType::Normal, true, None);
+        n.respond(KeyPhase::Operational, &pairs(&[("RDMAExtensions", "Yes")])).unwrap();
+        let all: Pairs = n.offers().into_iter().chain(n.declarations()).collect();
+        assert_eq!(get(&all, "MaxOutstandingUnexpectedPDUs"), None);
     }
 
     #[test]
