@@ -444,6 +444,14 @@ impl Ffp {
             }
         }
         let edtl = cmd.expected_data_transfer_length;
+        if edtl > 0 && !cmd.read && !cmd.write {
+            // RFC 7143 §11.3.1.1: R and W MUST NOT both be 0 when data is to be transferred.
+            // Rejected as Invalid PDU field, as LIO and SPDK do; a rejected command gets no
+            // response (§11.17.1).
+            release_slot(self);
+            self.reject(header, RejectReason::InvalidPduField);
+            return;
+        }
         let imm = data.len() as u32;
         if imm > 0 && (!cmd.write || !self.cfg.immediate_data || imm > self.cfg.first_burst_length || imm > edtl) {
             // Immediate data the session did not allow, or more than promised.
@@ -605,7 +613,20 @@ impl Ffp {
             self.slot_freed();
         }
         let s = self.next_stat_sn();
-        let response = scsi_response(done.itt, done.status, &done.sense, done.residual, s);
+        let mut residual = done.residual;
+        if done.data_in_len > 0 && !t.cmd.read {
+            // Data-In for a command without the R bit (a READ sent as a write, or with no
+            // data expected): its Data-In EDTL is 0, so nothing is sent and the whole
+            // SCSI-presented length is a residual overflow (RFC 7143 §11.4.5.2), GOOD or not.
+            // libiscsi's iSCSIResiduals.Read10Invalid expects the status to stay as it is.
+            let presented = match done.residual {
+                Residual::Overflow(n) => done.data_in_len.saturating_add(n),
+                _ => done.data_in_len,
+            };
+            log::debug!("task {:#x}: {presented} bytes of Data-In without the R bit, not sent", done.itt.0);
+            residual = Residual::Overflow(presented);
+        }
+        let response = scsi_response(done.itt, done.status, &done.sense, residual, s);
         match done.data_in {
             Some(buf) if done.data_in_len > 0 && t.cmd.read => {
                 self.actions.push_back(Action::PutData(PutData {

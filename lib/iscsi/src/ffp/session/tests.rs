@@ -240,3 +240,57 @@ fn commands_failed_in_the_iscsi_layer_carry_fixed_sense() {
     assert_eq!(sent(&a[0]).data, fixed_sense_segment(0x0b, 0x4b, 0x00));
     assert_eq!(SENSE_NO_RESOURCES.fixed().as_slice(), &fixed_sense_segment(0x0b, 0x55, 0x03)[2..]);
 }
+
+#[test]
+fn data_expected_without_r_or_w_is_rejected() {
+    // RFC 7143 §11.3.1.1: R and W must not both be 0 when EDTL is not.
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, false, 512))), now);
+    let a = drain(&mut f);
+    assert_eq!(a.len(), 1, "rejected, not executed");
+    let p = sent(&a[0]);
+    let Op::Reject(r) = &p.bhs.op else { panic!("expected Reject") };
+    assert_eq!(r.reason, RejectReason::InvalidPduField as u8);
+    assert_eq!(p.data.len(), 48);
+    assert_eq!(r.max_cmd_sn, Sn(14), "its CmdSN slot is free again");
+    assert!(!f.is_closing());
+    assert_eq!(f.active_tasks(), 0);
+    // neither bit with EDTL 0: a command without data, executed
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, false, false, 0))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(2)));
+}
+
+/// Runs a write (W=1) whose CDB is READ(10) of one block through to its SCSI completion, with
+/// what the SCSI layer presents; returns what the iSCSI layer then does.
+fn read_cdb_sent_as_write(edtl: u32, data_in_len: u32, residual: Residual) -> Vec<Action> {
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, edtl))), now);
+    let Some(Action::GetData(g)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
+    f.on_data_ready(g.itt, g.buf);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
+    f.on_scsi_done(ScsiDone {
+        itt: Itt(1),
+        status: STATUS_GOOD,
+        sense: vec![],
+        data_in: Some(Box::new(vec![7u8; data_in_len as usize])),
+        data_in_len,
+        residual,
+        data_out: None,
+    });
+    drain(&mut f)
+}
+
+#[test]
+fn data_in_without_the_r_bit_is_a_residual_overflow() {
+    // libiscsi's iSCSIResiduals.Read10Invalid: READ(10) of one block flagged as a write. The
+    // block cannot go (no R bit: no Data-In expected); GOOD stays, with the whole block as a
+    // residual overflow instead of a silent GOOD.
+    let a = read_cdb_sent_as_write(512, 512, Residual::None);
+    assert_eq!(a.len(), 1, "no Put_Data");
+    let Op::ScsiResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected SCSI Response") };
+    assert_eq!((r.status, r.residual_overflow, r.residual_underflow, r.residual_count), (STATUS_GOOD, true, false, 512));
+    // The SCSI layer cut its 512 bytes to EDTL 200 and counted 312 over: 512 presented.
+    let a = read_cdb_sent_as_write(200, 200, Residual::Overflow(312));
+    let Op::ScsiResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected SCSI Response") };
+    assert_eq!((r.residual_overflow, r.residual_count), (true, 512));
+}
