@@ -705,8 +705,11 @@ impl Ffp {
         out
     }
 
+    /// Sends the next piece of a Text answer: at most what the initiator receives per PDU
+    /// (128 bytes on iSER, see [`super::config::ISER_INITIATOR_RECV_DATA_SEGMENT`]); the rest
+    /// waits for the initiator's empty continuation request (C=1, RFC 7143 §11.11).
     fn send_text_segment(&mut self, itt: Itt, lun: Lun, mut text: Vec<u8>) {
-        let max = self.cfg.initiator_mrdsl.max(512) as usize;
+        let max = self.cfg.initiator_mrdsl.max(1) as usize;
         let more = text.len() > max;
         let rest = if more { text.split_off(max) } else { Vec::new() };
         let ttt = if more { self.alloc_ttt() } else { Ttt::RESERVED };

@@ -294,3 +294,82 @@ fn data_in_without_the_r_bit_is_a_residual_overflow() {
     let Op::ScsiResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected SCSI Response") };
     assert_eq!((r.residual_overflow, r.residual_count), (true, 512));
 }
+
+/// A SendTargets answer of many targets, each with two portals.
+struct ManyTargets(usize);
+
+impl TextResponder for ManyTargets {
+    fn respond(&mut self, _: &Pairs) -> Pairs {
+        let mut out = Pairs::new();
+        for i in 0..self.0 {
+            out.push(("TargetName".into(), format!("iqn.2016-06.io.riser:a-rather-long-target-name-{i:04}")));
+            out.push(("TargetAddress".into(), format!("192.0.2.{}:3260,1", i % 250)));
+            out.push(("TargetAddress".into(), format!("[2001:db8::{i:x}]:3260,2")));
+        }
+        out
+    }
+}
+
+/// Sends SendTargets=All and fetches the answer the way an initiator does (RFC 7143 §11.10.2,
+/// §11.11): an empty Text Request with the response's TTT for every piece sent with C=1.
+/// Returns each Text Response with its data.
+fn send_targets(cfg: FfpConfig, targets: usize) -> Vec<(TextResponse, Vec<u8>)> {
+    let (mut f, now) = ffp(cfg);
+    f.set_responder(Box::new(ManyTargets(targets)));
+    let t = text_request(Itt(4), Sn(10), false);
+    f.on_pdu(Pdu::with_data(Op::TextRequest(t.clone()), b"SendTargets=All\0".to_vec()), now);
+    let mut pieces = Vec::new();
+    for _ in 0..1000 {
+        let a = drain(&mut f);
+        assert_eq!(a.len(), 1);
+        let p = sent(&a[0]);
+        let Op::TextResponse(r) = &p.bhs.op else { panic!("expected Text Response") };
+        pieces.push((r.clone(), p.data.clone()));
+        if !r.continue_bit {
+            return pieces;
+        }
+        let next = crate::pdu::TextRequest { ttt: r.ttt, ..t.clone() };
+        f.on_pdu(Pdu::new(Op::TextRequest(next)), now);
+    }
+    panic!("the answer never ended");
+}
+
+#[test]
+fn long_send_targets_answer_is_continued_not_cut() {
+    let expected = encode_pairs(&ManyTargets(40).respond(&Pairs::new()));
+    assert!(expected.len() > 4000);
+    // iSER: the initiator receives 128 bytes of data per PDU whatever it declared.
+    let iser = FfpConfig { initiator_mrdsl: crate::ffp::ISER_INITIATOR_RECV_DATA_SEGMENT, discovery: true, ..Default::default() };
+    // TCP: the initiator's MaxRecvDataSegmentLength.
+    let tcp = FfpConfig { initiator_mrdsl: 1024, discovery: true, ..Default::default() };
+    for (cfg, max) in [(iser, 128), (tcp, 1024)] {
+        let pieces = send_targets(cfg, 40);
+        assert!(pieces.len() >= expected.len() / max, "{} pieces", pieces.len());
+        let (last, init) = pieces.split_last().unwrap();
+        for (i, (r, data)) in init.iter().enumerate() {
+            assert!(r.continue_bit && !r.final_bit && !r.ttt.is_reserved(), "piece {i}: {r:?}");
+            assert_eq!(data.len(), max, "piece {i} fills the initiator's buffer");
+        }
+        assert!(!last.0.continue_bit && last.0.final_bit && last.0.ttt.is_reserved());
+        assert!(!last.1.is_empty() && last.1.len() <= max);
+        // one StatSN per response, in order
+        for (i, (r, _)) in pieces.iter().enumerate() {
+            assert_eq!(r.stat_sn, Sn(100 + i as u32));
+        }
+        let whole: Vec<u8> = pieces.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+        assert_eq!(whole, expected, "reassembled, nothing lost");
+        assert_eq!(crate::text::parse_pairs(&whole).unwrap(), ManyTargets(40).respond(&Pairs::new()));
+    }
+}
+
+#[test]
+fn nop_in_echo_is_limited_to_what_the_initiator_receives() {
+    // RFC 7143 §11.18: the echo is limited to the initiator's receive size; on iSER 128 bytes.
+    let ping: Vec<u8> = (0..=255u8).cycle().take(4000).collect();
+    for (mrdsl, expect) in [(crate::ffp::ISER_INITIATOR_RECV_DATA_SEGMENT as usize, 128), (8192, 4000)] {
+        let (mut f, now) = ffp(FfpConfig { initiator_mrdsl: mrdsl as u32, ..Default::default() });
+        f.on_pdu(Pdu::with_data(Op::NopOut(nop_out(Itt(9), Sn(10))), ping.clone()), now);
+        let a = drain(&mut f);
+        assert_eq!(sent(&a[0]).data, &ping[..expect]);
+    }
+}
