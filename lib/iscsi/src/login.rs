@@ -39,6 +39,8 @@ pub const LOGIN_MAX_DATA_SEGMENT_LENGTH: usize = 8192;
 pub const ISCSI_VERSION: u8 = 0x00;
 /// Longest iSCSI name (RFC 7143 §4.2.7.1).
 pub const MAX_ISCSI_NAME_LEN: usize = 223;
+/// The Login Request opcode (RFC 7143 §11.2.1.2), for headers that did not decode.
+const LOGIN_REQUEST_OPCODE: u8 = 0x03;
 
 /// Limits that make a hostile login fail cleanly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +312,8 @@ pub struct Login {
     auth_done: bool,
     resources_announced: bool,
     stat_sn: Sn,
+    /// ITT of the last Login Request, for an answer to something that is no PDU.
+    last_itt: Option<Itt>,
     output: VecDeque<LoginOutput>,
 }
 
@@ -350,6 +354,7 @@ impl Login {
             negotiator: None,
             auth_done: false,
             resources_announced: false,
+            last_itt: None,
             output: VecDeque::new(),
         }
     }
@@ -390,25 +395,50 @@ impl Login {
             );
             return;
         };
+        self.last_itt = Some(req.itt);
         if let Err(f) = self.request(req, &pdu.data, policy) {
             self.fail(req.itt, Some(req), f);
         }
     }
 
-    /// A header the framer could not parse during login (e.g. T and C both set,
-    /// RFC 7143 §11.12.2): answer Initiator Error and end the login.
+    /// A header the framer or the transport could not decode during login (e.g. T and C both
+    /// set, RFC 7143 §11.12.2): answer at once and end the login. A Login Request gets
+    /// Initiator Error (0x0200); any other opcode Invalid During Login (0x020b, §11.13.5), as
+    /// a decodable one does in [`Self::handle`].
     pub fn handle_malformed(&mut self, header: &[u8; BHS_LEN]) {
         if self.is_finished() {
             return;
         }
-        self.fail(
-            raw_itt(header),
-            None,
-            Fail(
-                LoginStatus::INITIATOR_ERROR,
-                "malformed Login Request".into(),
-            ),
-        );
+        let opcode = header[0] & 0x3f;
+        let itt = raw_itt(header);
+        if opcode != LOGIN_REQUEST_OPCODE {
+            let reason = format!("undecodable PDU (opcode {opcode:#04x}) during login");
+            self.fail(itt, None, Fail(LoginStatus::INVALID_DURING_LOGIN, reason));
+            return;
+        }
+        // The response names the session the request named (its ISID and TSIH, RFC 7143
+        // §11.13), also when this is the first request.
+        let isid = Isid([header[8], header[9], header[10], header[11], header[12], header[13]]);
+        let tsih = u16::from_be_bytes([header[14], header[15]]);
+        self.fail_as(itt, Some((isid, tsih)), None, Fail(LoginStatus::INITIATOR_ERROR, "malformed Login Request".into()));
+    }
+
+    /// Something that is no iSCSI PDU arrived during login (an iSER Hello on InfiniBand or
+    /// RoCE, a message too short for a header): the login ends at once, with Initiator Error
+    /// (0x0200) answering the last Login Request, or with no response if none came yet.
+    pub fn handle_unexpected(&mut self, reason: impl Into<String>) {
+        if self.is_finished() {
+            return;
+        }
+        let reason = reason.into();
+        match self.last_itt {
+            Some(itt) => self.fail(itt, None, Fail(LoginStatus::INITIATOR_ERROR, reason)),
+            None => {
+                log::info!("login failed: {reason} (no Login Request to answer)");
+                self.state = State::Failed;
+                self.output.push_back(LoginOutput::Event(LoginEvent::Failed { status: LoginStatus::INITIATOR_ERROR, reason }));
+            }
+        }
     }
 
     fn request(
@@ -940,7 +970,12 @@ impl Login {
             }));
     }
 
-    fn fail(&mut self, itt: Itt, req: Option<&LoginRequest>, Fail(status, reason): Fail) {
+    fn fail(&mut self, itt: Itt, req: Option<&LoginRequest>, f: Fail) {
+        self.fail_as(itt, req.map(|r| (r.isid, r.tsih)), req, f)
+    }
+
+    /// The failing Login Response, for `session` (ISID, TSIH) when known from the request.
+    fn fail_as(&mut self, itt: Itt, session: Option<(Isid, u16)>, req: Option<&LoginRequest>, Fail(status, reason): Fail) {
         if self.state == State::Failed {
             // a redirect already produced its response
             return;
@@ -964,11 +999,14 @@ impl Login {
             nsg: Stage::SecurityNegotiation,
             version_max: ISCSI_VERSION,
             version_active: ISCSI_VERSION,
-            isid: req
-                .map(|r| r.isid)
+            isid: session
+                .map(|(isid, _)| isid)
                 .or(self.first.map(|f| f.isid))
                 .unwrap_or_default(),
-            tsih: req.map(|r| r.tsih).unwrap_or_default(),
+            tsih: session
+                .map(|(_, tsih)| tsih)
+                .or(self.first.map(|f| f.tsih))
+                .unwrap_or_default(),
             itt,
             stat_sn,
             exp_cmd_sn: cmd_sn,

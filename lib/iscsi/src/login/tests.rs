@@ -587,6 +587,127 @@ fn malformed_header_during_login() {
 }
 
 #[test]
+fn malformed_header_of_another_opcode_is_invalid_during_login() {
+    // A SCSI Command header that did not decode: the same answer as a decodable one (0x020b).
+    let mut login = Login::new(LoginContext::default());
+    let mut raw = [0u8; BHS_LEN];
+    raw[0] = 0x01;
+    raw[1] = 0x60; // R and W without F
+    raw[19] = 9;
+    login.handle_malformed(&raw);
+    let out = drain(&mut login);
+    assert_eq!(out.failed, Some(LoginStatus::INVALID_DURING_LOGIN));
+    assert_eq!(only_response(&out).0.itt, Itt(9));
+    assert!(login.is_finished());
+}
+
+#[test]
+fn malformed_first_login_request_is_answered_for_its_session() {
+    let mut login = Login::new(LoginContext::default());
+    let mut raw = [0u8; BHS_LEN];
+    raw[0] = 0x43;
+    raw[1] = 0xc0; // T and C both set
+    raw[8..14].copy_from_slice(&[0x80, 0, 0, 0x12, 0x34, 0x56]);
+    raw[14..16].copy_from_slice(&7u16.to_be_bytes());
+    raw[19] = 5;
+    login.handle_malformed(&raw);
+    let out = drain(&mut login);
+    assert_eq!(out.order, "RF");
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    let r = &only_response(&out).0;
+    assert_eq!((r.itt, r.isid, r.tsih), (Itt(5), Isid([0x80, 0, 0, 0x12, 0x34, 0x56]), 7));
+}
+
+#[test]
+fn any_other_pdu_ends_the_login_at_once() {
+    use crate::pdu::{DataOut, LogoutRequest, SnackRequest, TaskMgmtRequest};
+    use crate::testing::{nop_out, scsi_command, text_request};
+    let itt = Itt(0x77);
+    let others = || {
+        vec![
+            Op::NopOut(nop_out(itt, Sn(100))),
+            Op::ScsiCommand(scsi_command(itt, Sn(100), true, false, 512, &[0x28; 10])),
+            Op::TaskMgmtRequest(TaskMgmtRequest {
+                immediate: true,
+                function: 0x81,
+                lun: Default::default(),
+                itt,
+                referenced_task_tag: Itt(1),
+                cmd_sn: Sn(100),
+                exp_stat_sn: Sn(0),
+                ref_cmd_sn: Sn(100),
+                exp_data_sn: Sn(0),
+            }),
+            Op::TextRequest(text_request(itt, Sn(100), false)),
+            Op::DataOut(DataOut {
+                final_bit: true,
+                lun: Default::default(),
+                itt,
+                ttt: crate::serial::Ttt::RESERVED,
+                exp_stat_sn: Sn(0),
+                data_sn: Sn(0),
+                buffer_offset: 0,
+            }),
+            Op::LogoutRequest(LogoutRequest { immediate: true, reason_code: 0, itt, cid: 0, cmd_sn: Sn(100), exp_stat_sn: Sn(0) }),
+            Op::SnackRequest(SnackRequest { snack_type: 0, lun: Default::default(), itt, ttt_or_snack_tag: 0, exp_stat_sn: Sn(0), beg_run: 0, run_length: 0 }),
+        ]
+    };
+    let first = || pdu(req(true, SEC, OP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET), ("AuthMethod", "None")]));
+    // Before any Login Request; after the security stage; in the middle of the initiator's
+    // C=1 key list; while the target's long answer is still being fetched.
+    for when in 0..4 {
+        for op in others() {
+            let mut login = Login::new(LoginContext::default());
+            let mut policy = Policy::default();
+            match when {
+                0 => {}
+                1 => assert!(run(&mut login, &mut policy, first()).failed.is_none()),
+                2 => {
+                    let mut r = req(false, SEC, SEC, &[("InitiatorName", INITIATOR)]);
+                    r.c = true;
+                    assert!(run(&mut login, &mut policy, pdu(r)).failed.is_none());
+                }
+                _ => {
+                    // 150 NotUnderstood answers of ~78 bytes: more than one Login Response
+                    let names: Vec<String> = (0..150).map(|i| format!("X-com.example.{i:03}.{}", "k".repeat(40))).collect();
+                    let mut keys = vec![("InitiatorName", INITIATOR), ("TargetName", TARGET)];
+                    keys.extend(names.iter().map(|k| (k.as_str(), "1")));
+                    let out = run(&mut login, &mut policy, pdu(req(false, OP, OP, &keys)));
+                    assert!(out.responses[0].0.continue_bit, "the answer continues");
+                }
+            }
+            let opcode = format!("{:?}", op);
+            let out = run(&mut login, &mut policy, Pdu::new(op));
+            assert_eq!(out.order, "RF", "{when} {opcode}");
+            assert_eq!(out.failed, Some(LoginStatus::INVALID_DURING_LOGIN));
+            assert_eq!(only_response(&out).0.itt, itt);
+            assert!(login.is_finished());
+            assert!(run(&mut login, &mut policy, first()).order.is_empty(), "nothing after the end");
+        }
+    }
+}
+
+#[test]
+fn a_message_that_is_no_pdu_ends_the_login_at_once() {
+    // An iSER Hello during login: Initiator Error, answering the last Login Request.
+    let mut login = Login::new(LoginContext { transport: Transport::Iser, ..LoginContext::default() });
+    let mut policy = Policy::default();
+    run(&mut login, &mut policy, pdu(req(true, SEC, OP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET), ("AuthMethod", "None")])));
+    login.handle_unexpected("iSER Hello during login");
+    let out = drain(&mut login);
+    assert_eq!(out.order, "RF");
+    assert_eq!(out.failed, Some(LoginStatus::INITIATOR_ERROR));
+    assert_eq!(only_response(&out).0.itt, Itt(0x10));
+    assert!(login.is_finished());
+    // before any Login Request there is nothing to answer: the login just ends
+    let mut login = Login::new(LoginContext::default());
+    login.handle_unexpected("iSER Hello during login");
+    let out = drain(&mut login);
+    assert_eq!((out.order.as_str(), out.failed), ("F", Some(LoginStatus::INITIATOR_ERROR)));
+    assert!(login.is_finished());
+}
+
+#[test]
 fn too_many_pdus_and_too_much_text() {
     let ctx = LoginContext {
         limits: LoginLimits {
