@@ -14,6 +14,12 @@
 //!   initiator depth outstanding (the rest waits in a queue, never fails), copied into the
 //!   task's buffer as they complete.
 //! * Every received PDU's buffer is reposted as soon as the PDU is decoded.
+//! * Deallocate_Task_Resources (RFC 5047 §8.9, ABORT TASK, LUN RESET): the task's queued
+//!   Put_Data, Get_Data and response are dropped. Work already on the wire cannot be
+//!   recalled, so every task gets a generation when its SCSI Command arrives, carried in the
+//!   work request id of its RDMA Reads: a completion whose generation is not the live task's
+//!   (aborted, and maybe its ITT reused since, as Linux and libiscsi do) only frees what the
+//!   work request held.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -114,13 +120,16 @@ pub struct Pool {
     mem: Box<dyn RegisteredMemory>,
     slot: usize,
     free: Vec<u32>,
+    /// Which slots are handed out: a completion naming a slot that is not (a bogus or
+    /// repeated work request id) frees nothing twice.
+    busy: Vec<bool>,
 }
 
 impl Pool {
     /// `count` slots of `slot` bytes over `mem` (at least `count * slot` bytes).
     pub fn new(mem: Box<dyn RegisteredMemory>, count: usize, slot: usize) -> Pool {
         let count = count.min(mem.len() / slot.max(1));
-        Pool { mem, slot, free: (0..count as u32).rev().collect() }
+        Pool { mem, slot, free: (0..count as u32).rev().collect(), busy: vec![false; count] }
     }
 
     /// A pool over plain memory (tests).
@@ -133,11 +142,21 @@ impl Pool {
     }
 
     fn alloc(&mut self) -> Option<u32> {
-        self.free.pop()
+        let i = self.free.pop()?;
+        if let Some(b) = self.busy.get_mut(i as usize) {
+            *b = true;
+        }
+        Some(i)
     }
 
     fn release(&mut self, i: u32) {
-        self.free.push(i);
+        match self.busy.get_mut(i as usize) {
+            Some(b) if *b => {
+                *b = false;
+                self.free.push(i);
+            }
+            _ => log::debug!("iSER: slot {i} freed but not in use; ignored"),
+        }
     }
 
     /// The first `len` bytes of slot `i`.
@@ -204,30 +223,60 @@ impl Default for IserConfig {
     }
 }
 
+/// Work request ids: the kind in the top byte, a task generation in the next three bytes
+/// (RDMA Reads; zero elsewhere), the slot or chunk index in the low four.
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
 const KIND_READ: u64 = 3 << 56;
 const KIND_MASK: u64 = 0xff << 56;
+const GEN_SHIFT: u32 = 32;
+const GEN_MASK: u32 = 0xff_ffff;
+
+fn wr_id(kind: u64, gen: u32, idx: u32) -> u64 {
+    kind | (u64::from(gen & GEN_MASK) << GEN_SHIFT) | u64::from(idx)
+}
+
+fn wr_gen(wr_id: u64) -> u32 {
+    (wr_id >> GEN_SHIFT) as u32 & GEN_MASK
+}
+
+fn wr_idx(wr_id: u64) -> u32 {
+    wr_id as u32
+}
+
+/// What the datamover knows of a task, from its SCSI Command until its response goes out
+/// or it is deallocated.
+struct Task {
+    /// Fences this task's work requests from a later task with the same ITT.
+    gen: u32,
+    write: Option<TaggedBuffer>,
+    read: Option<TaggedBuffer>,
+}
 
 /// A send waiting for a send slot or data chunks.
 enum Pending {
     /// A PDU, and the STag its SEND invalidates (a SCSI Response with Send with Invalidate).
     Control(Pdu, Option<Stag>),
-    Put(PutData),
+    /// A Put_Data and the generation of its task when it was asked for (None: a task the
+    /// datamover never saw a command of: no Read STag).
+    Put(PutData, Option<u32>),
 }
 
 /// A Get_Data in progress.
 struct Fetch {
+    gen: u32,
     buf: IoBuf,
     /// Chunks still to complete.
     outstanding: usize,
-    failed: bool,
+    /// Why the Get_Data fails, once something went wrong.
+    failed: Option<&'static str>,
 }
 
 /// One RDMA Read not yet posted, or in flight.
 #[derive(Clone, Copy)]
 struct ReadJob {
     itt: Itt,
+    gen: u32,
     remote_addr: u64,
     rkey: Stag,
     /// Where in the task's buffer the bytes go.
@@ -242,12 +291,16 @@ pub struct IserDatamover<Q: IserQp> {
     recv: Pool,
     send: Pool,
     data: Pool,
-    /// The tagged buffers each SCSI Command advertised, by ITT.
-    tags: HashMap<Itt, (Option<TaggedBuffer>, Option<TaggedBuffer>)>,
+    /// The tasks whose SCSI Command arrived, by ITT.
+    tasks: HashMap<Itt, Task>,
+    next_gen: u32,
     /// Data chunks to free when a send slot's SEND completes.
     send_chunks: HashMap<u32, Vec<u32>>,
     pending: VecDeque<Pending>,
     fetches: HashMap<Itt, Fetch>,
+    /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
+    /// (None) or failed (the reason).
+    settled: VecDeque<(Itt, IoBuf, Option<&'static str>)>,
     read_queue: VecDeque<ReadJob>,
     /// In-flight reads by data chunk.
     reads: HashMap<u32, ReadJob>,
@@ -272,10 +325,12 @@ impl<Q: IserQp> IserDatamover<Q> {
             recv,
             send,
             data,
-            tags: HashMap::new(),
+            tasks: HashMap::new(),
+            next_gen: 0,
             send_chunks: HashMap::new(),
             pending: VecDeque::new(),
             fetches: HashMap::new(),
+            settled: VecDeque::new(),
             read_queue: VecDeque::new(),
             reads: HashMap::new(),
             wcs: Vec::with_capacity(32),
@@ -285,7 +340,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             dead: false,
         };
         let ring: Vec<(u64, Sge)> =
-            (0..dm.recv.count() as u32).map(|i| (KIND_RECV | i as u64, dm.recv.sge(i, dm.recv.slot_size()))).collect();
+            (0..dm.recv.count() as u32).map(|i| (wr_id(KIND_RECV, 0, i), dm.recv.sge(i, dm.recv.slot_size()))).collect();
         dm.qp.post_recvs(&ring)?;
         // All receive slots are owned by the QP from here on.
         dm.recv.free.clear();
@@ -313,12 +368,20 @@ impl<Q: IserQp> IserDatamover<Q> {
 
     fn fail(&mut self, why: String, events: &mut Vec<DmEvent>) {
         if !self.dead {
+            log::warn!("iSER: {why}; the connection closes");
             self.dead = true;
             self.tx.clear();
             self.rx.clear();
             self.qp.disconnect();
             events.push(DmEvent::Terminated(why));
         }
+    }
+
+    /// A fresh task generation (24 bits wrap: a work request would have to outlive 16 M
+    /// later tasks to be mistaken for a live one).
+    fn new_gen(&mut self) -> u32 {
+        self.next_gen = self.next_gen.wrapping_add(1) & GEN_MASK;
+        self.next_gen
     }
 
     /// Builds the SEND of a control PDU into a send slot; None when no slot is free.
@@ -341,35 +404,60 @@ impl<Q: IserQp> IserDatamover<Q> {
         Some(Ok((slot, self.send.sge(slot, n))))
     }
 
-    /// Tries to send one pending item; false when resources are short (it stays queued).
+    /// Tries to send one pending item; gives it back when resources are short (it stays
+    /// queued). A PDU that cannot be encoded fails the connection: its task (or the
+    /// exchange it answers) could never complete, and the queue behind it would stall.
     fn try_send(&mut self, item: Pending, events: &mut Vec<DmEvent>) -> Result<(), Pending> {
         match item {
             Pending::Control(pdu, inv) => match self.stage_control(&pdu) {
                 None => Err(Pending::Control(pdu, inv)),
                 Some(Err(e)) => {
-                    log::error!("iSER: {e}");
+                    self.fail(e.to_string(), events);
                     Ok(())
                 }
                 Some(Ok((slot, sge))) => {
                     let op = inv.map_or(SendOp::Send, SendOp::SendInvalidate);
-                    self.tx.push(SendWr { wr_id: KIND_SEND | slot as u64, op, sge, signaled: true });
+                    self.tx.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op, sge, signaled: true });
                     Ok(())
                 }
             },
-            Pending::Put(put) => {
-                let len = (put.len as usize).min(put.buf.as_slice().len());
-                let chunk = self.data.slot_size();
-                let needed = len.div_ceil(chunk);
-                let Some(&(_, Some(read))) = self.tags.get(&put.itt) else {
+            Pending::Put(put, gen) => {
+                let read = match gen {
+                    Some(g) => match self.tasks.get(&put.itt) {
+                        Some(t) if t.gen == g => t.read,
+                        // Deallocated meanwhile (and maybe its ITT reused): never sent.
+                        _ => {
+                            log::debug!("iSER: Put_Data of task {:#x} dropped (task gone)", put.itt.0);
+                            return Ok(());
+                        }
+                    },
+                    None => None,
+                };
+                let Some(read) = read else {
                     // A read without a Read STag: nothing can be written; the response
                     // (with its residual) still goes out.
                     log::warn!("iSER: task {:#x} has data but no Read STag", put.itt.0);
-                    let inv = self.invalidate(put.itt);
+                    let inv = gen.and_then(|_| self.invalidate(put.itt));
+                    if gen.is_some() {
+                        self.tasks.remove(&put.itt);
+                    }
                     return self.try_send(Pending::Control(put.response, inv), events);
                 };
+                let len = (put.len as usize).min(put.buf.as_slice().len());
+                let chunk = self.data.slot_size();
+                let needed = len.div_ceil(chunk);
                 if self.data.free.len() < needed || self.send.free.is_empty() {
-                    return Err(Pending::Put(put));
+                    return Err(Pending::Put(put, gen));
                 }
+                // The response first: if it cannot be encoded, no data goes out either.
+                let (slot, sge) = match self.stage_control(&put.response) {
+                    None => return Err(Pending::Put(put, gen)),
+                    Some(Err(e)) => {
+                        self.fail(e.to_string(), events);
+                        return Ok(());
+                    }
+                    Some(Ok(s)) => s,
+                };
                 let mut wrs = Vec::with_capacity(needed + 1);
                 let mut chunks = Vec::with_capacity(needed);
                 let mut off = 0;
@@ -386,16 +474,10 @@ impl<Q: IserQp> IserDatamover<Q> {
                     chunks.push(c);
                     off += n;
                 }
-                let Some(Ok((slot, sge))) = self.stage_control(&put.response) else {
-                    for c in chunks {
-                        self.data.release(c);
-                    }
-                    return Err(Pending::Put(put));
-                };
                 let op = if self.cfg.send_invalidate { SendOp::SendInvalidate(read.stag()) } else { SendOp::Send };
-                wrs.push(SendWr { wr_id: KIND_SEND | slot as u64, op, sge, signaled: true });
+                wrs.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op, sge, signaled: true });
                 self.send_chunks.insert(slot, chunks);
-                self.tags.remove(&put.itt);
+                self.tasks.remove(&put.itt);
                 self.tx.extend_from_slice(&wrs);
                 Ok(())
             }
@@ -412,8 +494,16 @@ impl<Q: IserQp> IserDatamover<Q> {
                     break;
                 }
             }
+            if self.dead {
+                break;
+            }
         }
         n
+    }
+
+    /// Whether `gen` is the generation of the live Get_Data of task `itt`.
+    fn fetch_is_live(&self, itt: Itt, gen: u32) -> bool {
+        self.fetches.get(&itt).is_some_and(|f| f.gen == gen)
     }
 
     /// Posts queued RDMA Reads while the initiator depth and data chunks allow.
@@ -421,10 +511,15 @@ impl<Q: IserQp> IserDatamover<Q> {
         let mut wrs = Vec::new();
         while (self.reads.len() + wrs.len()) < self.cfg.max_rdma_reads.max(1) as usize {
             let Some(job) = self.read_queue.front().copied() else { break };
+            if !self.fetch_is_live(job.itt, job.gen) {
+                // Its task was deallocated (the queue is purged then; this is a safety net).
+                self.read_queue.pop_front();
+                continue;
+            }
             let Some(c) = self.data.alloc() else { break };
             self.read_queue.pop_front();
             wrs.push(SendWr {
-                wr_id: KIND_READ | c as u64,
+                wr_id: wr_id(KIND_READ, job.gen, c),
                 op: SendOp::RdmaRead { remote_addr: job.remote_addr, rkey: job.rkey },
                 sge: self.data.sge(c, job.len),
                 signaled: true,
@@ -444,7 +539,10 @@ impl<Q: IserQp> IserDatamover<Q> {
                 match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
                     Ok(pdu) => {
                         if let Op::ScsiCommand(c) = pdu.op() {
-                            self.tags.insert(c.itt, (write, read));
+                            // A new task, even under an ITT seen before: whatever is still
+                            // on the wire for the old one can no longer reach this one.
+                            let gen = self.new_gen();
+                            self.tasks.insert(c.itt, Task { gen, write, read });
                         }
                         events.push(DmEvent::Control(pdu));
                     }
@@ -464,19 +562,18 @@ impl<Q: IserQp> IserDatamover<Q> {
                 IserHeader::HelloReply { reject: false, max_ver: 1, cur_ver: 1, ord: self.cfg.max_rdma_reads as u16 }.write(&mut h);
                 if let Some(s) = self.send.alloc() {
                     self.send.write(s, &h);
-                    let wr = SendWr { wr_id: KIND_SEND | s as u64, op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
+                    let wr = SendWr { wr_id: wr_id(KIND_SEND, 0, s), op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
                     self.tx.push(wr);
                 }
             }
             Ok(IserHeader::HelloReply { .. }) | Err(_) => {
-                log::warn!("iSER: unexpected message ({len} bytes); closing");
-                self.fail("protocol error: bad iSER header".into(), events);
+                self.fail(format!("protocol error: bad iSER header (unexpected message of {len} bytes)"), events);
                 return;
             }
         }
         // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell.
         let sge = self.recv.sge(slot, self.recv.slot_size());
-        self.rx.push((KIND_RECV | slot as u64, sge));
+        self.rx.push((wr_id(KIND_RECV, 0, slot), sge));
     }
 
     /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
@@ -485,8 +582,8 @@ impl<Q: IserQp> IserDatamover<Q> {
         if !self.cfg.send_invalidate {
             return None;
         }
-        let (write, read) = self.tags.get(&itt)?;
-        read.or(*write).map(|t| t.stag())
+        let t = self.tasks.get(&itt)?;
+        t.read.or(t.write).map(|t| t.stag())
     }
 
     /// Posts what this pass queued: receives first (the initiator may answer a response at
@@ -513,28 +610,55 @@ impl<Q: IserQp> IserDatamover<Q> {
         }
     }
 
-    fn on_read_done(&mut self, chunk: u32, ok: bool, events: &mut Vec<DmEvent>) {
+    fn on_send_done(&mut self, slot: u32) {
+        self.send.release(slot);
+        if let Some(chunks) = self.send_chunks.remove(&slot) {
+            for c in chunks {
+                self.data.release(c);
+            }
+        }
+    }
+
+    /// An RDMA Read into `chunk` completed (`ok`) or failed. Its data goes into the task's
+    /// buffer only if the read belongs to the live Get_Data of its task (`gen`).
+    fn on_read_done(&mut self, chunk: u32, gen: u32, ok: bool, events: &mut Vec<DmEvent>) {
         let Some(job) = self.reads.remove(&chunk) else { return };
+        if job.gen != gen || !self.fetch_is_live(job.itt, gen) {
+            // Its task was deallocated: the data goes nowhere, the chunk comes back.
+            log::debug!("iSER: RDMA Read of deallocated task {:#x} completed; dropped", job.itt.0);
+            self.data.release(chunk);
+            return;
+        }
         if let Some(f) = self.fetches.get_mut(&job.itt) {
             if ok {
-                if let Some(dst) = f.buf.as_mut_slice().get_mut(job.buf_offset..job.buf_offset + job.len) {
-                    self.data.read_into(chunk, dst);
+                let dst = job.buf_offset.checked_add(job.len).and_then(|end| f.buf.as_mut_slice().get_mut(job.buf_offset..end));
+                match dst {
+                    Some(dst) => self.data.read_into(chunk, dst),
+                    None => {
+                        log::warn!("iSER: RDMA Read of task {:#x} falls outside its buffer", job.itt.0);
+                        f.failed.get_or_insert("solicited data outside the task's buffer");
+                    }
                 }
             } else {
-                f.failed = true;
+                f.failed.get_or_insert("RDMA Read failed");
             }
-            f.outstanding -= 1;
+            f.outstanding = f.outstanding.saturating_sub(1);
             if f.outstanding == 0 {
                 if let Some(f) = self.fetches.remove(&job.itt) {
-                    if f.failed {
-                        events.push(DmEvent::DataFailed { itt: job.itt, buf: f.buf, reason: "RDMA Read failed" });
-                    } else {
-                        events.push(DmEvent::DataReady { itt: job.itt, buf: f.buf });
+                    match f.failed {
+                        Some(reason) => events.push(DmEvent::DataFailed { itt: job.itt, buf: f.buf, reason }),
+                        None => events.push(DmEvent::DataReady { itt: job.itt, buf: f.buf }),
                     }
                 }
             }
         }
         self.data.release(chunk);
+    }
+
+    /// A Get_Data that fails without any RDMA Read; reported by the next poll.
+    fn fail_fetch(&mut self, itt: Itt, buf: IoBuf, reason: &'static str) {
+        log::warn!("iSER: Get_Data of task {:#x} fails: {reason}", itt.0);
+        self.settled.push_back((itt, buf, Some(reason)));
     }
 }
 
@@ -544,7 +668,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             Op::ScsiResponse(r) => {
                 let itt = r.itt;
                 let inv = self.invalidate(itt);
-                self.tags.remove(&itt);
+                self.tasks.remove(&itt);
                 inv
             }
             _ => None,
@@ -553,22 +677,29 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
     }
 
     fn put_data(&mut self, req: PutData) {
-        self.pending.push_back(Pending::Put(req));
+        let gen = self.tasks.get(&req.itt).map(|t| t.gen);
+        self.pending.push_back(Pending::Put(req, gen));
     }
 
     fn get_data(&mut self, req: GetData) {
         let GetData { itt, buf, offset, len, .. } = req;
-        let write = self.tags.get(&itt).and_then(|t| t.0);
-        let Some(write) = write else {
+        let Some((gen, Some(write))) = self.tasks.get(&itt).map(|t| (t.gen, t.write)) else {
             // No Write STag: the initiator cannot be asked for data.
-            self.fetches.insert(itt, Fetch { buf, outstanding: 1, failed: true });
-            self.read_queue.push_back(ReadJob { itt, remote_addr: 0, rkey: Stag(0), buf_offset: 0, len: 0 });
-            return;
+            return self.fail_fetch(itt, buf, "no Write STag");
         };
-        let chunk = self.data.slot_size();
         let total = len as usize;
-        let n = total.div_ceil(chunk).max(1);
-        self.fetches.insert(itt, Fetch { buf, outstanding: n, failed: false });
+        let fits = (offset as usize).checked_add(total).is_some_and(|end| end <= buf.as_slice().len());
+        if !fits {
+            return self.fail_fetch(itt, buf, "solicited data outside the task's buffer");
+        }
+        let chunk = self.data.slot_size();
+        let n = total.div_ceil(chunk);
+        if n == 0 {
+            // Nothing to read: ready at once (reported by the next poll).
+            self.settled.push_back((itt, buf, None));
+            return;
+        }
+        self.fetches.insert(itt, Fetch { gen, buf, outstanding: n, failed: None });
         // RFC 7145 §7.3.5 and what Linux does: the Write STag's base offset already points
         // past the unsolicited data, so solicited byte `offset` is at the base offset.
         let mut done = 0;
@@ -576,6 +707,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             let l = (total - done).min(chunk);
             self.read_queue.push_back(ReadJob {
                 itt,
+                gen,
                 remote_addr: write.base_offset + done as u64,
                 rkey: write.stag(),
                 buf_offset: offset as usize + done,
@@ -591,10 +723,33 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
     }
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
-        self.tags.remove(&itt);
+        self.tasks.remove(&itt);
         self.read_queue.retain(|j| j.itt != itt);
-        // In-flight reads finish into the void (their chunks are freed on completion).
-        self.fetches.remove(&itt).map(|f| f.buf)
+        // In-flight reads finish into the void: their generation is no live task's.
+        let mut buf = self.fetches.remove(&itt).map(|f| f.buf);
+        let mut kept = VecDeque::with_capacity(self.settled.len());
+        for (i, b, reason) in self.settled.drain(..) {
+            if i == itt {
+                buf.get_or_insert(b);
+            } else {
+                kept.push_back((i, b, reason));
+            }
+        }
+        self.settled = kept;
+        // Nothing queued for the task may reach the initiator after the TMF Response: not
+        // its data, not its SCSI Response.
+        let mut kept = VecDeque::with_capacity(self.pending.len());
+        for p in self.pending.drain(..) {
+            match p {
+                Pending::Put(put, _) if put.itt == itt => {
+                    buf.get_or_insert(put.buf);
+                }
+                Pending::Control(pdu, _) if matches!(pdu.op(), Op::ScsiResponse(r) if r.itt == itt) => {}
+                p => kept.push_back(p),
+            }
+        }
+        self.pending = kept;
+        buf
     }
 
     fn connection_terminate(&mut self) {
@@ -606,34 +761,24 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             return 0;
         }
         let mut work = 0;
-        // Requests for a task without a Write STag fail here, uniformly.
-        while let Some(j) = self.read_queue.front().copied() {
-            if j.len != 0 {
-                break;
-            }
-            self.read_queue.pop_front();
-            if let Some(f) = self.fetches.remove(&j.itt) {
-                events.push(DmEvent::DataFailed { itt: j.itt, buf: f.buf, reason: "no Write STag" });
-            }
+        while let Some((itt, buf, failed)) = self.settled.pop_front() {
+            events.push(match failed {
+                Some(reason) => DmEvent::DataFailed { itt, buf, reason },
+                None => DmEvent::DataReady { itt, buf },
+            });
+            work += 1;
         }
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let n = self.qp.poll(&mut wcs, 32);
         work += n;
         for wc in wcs.iter().copied() {
-            let idx = (wc.wr_id & !KIND_MASK) as u32;
+            let (idx, gen) = (wr_idx(wc.wr_id), wr_gen(wc.wr_id));
             if let Some(flushed) = wc.error {
                 // Whatever the error, what the work request held is free again.
                 match wc.wr_id & KIND_MASK {
-                    KIND_SEND => {
-                        self.send.release(idx);
-                        if let Some(chunks) = self.send_chunks.remove(&idx) {
-                            for c in chunks {
-                                self.data.release(c);
-                            }
-                        }
-                    }
-                    KIND_READ => self.on_read_done(idx, false, events),
+                    KIND_SEND => self.on_send_done(idx),
+                    KIND_READ => self.on_read_done(idx, gen, false, events),
                     _ => {}
                 }
                 if flushed {
@@ -649,15 +794,8 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             }
             match wc.wr_id & KIND_MASK {
                 KIND_RECV => self.on_recv(idx, wc.byte_len as usize, events),
-                KIND_SEND => {
-                    self.send.release(idx);
-                    if let Some(chunks) = self.send_chunks.remove(&idx) {
-                        for c in chunks {
-                            self.data.release(c);
-                        }
-                    }
-                }
-                KIND_READ => self.on_read_done(idx, true, events),
+                KIND_SEND => self.on_send_done(idx),
+                KIND_READ => self.on_read_done(idx, gen, true, events),
                 _ => {}
             }
         }
@@ -667,6 +805,9 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         }
         work += self.start_reads();
         work += self.flush_pending(events);
+        if self.dead {
+            return work;
+        }
         self.doorbell(events);
         if self.terminating && self.pending.is_empty() && self.send.free.len() == self.send.count() {
             self.dead = true;
@@ -885,6 +1026,134 @@ mod tests {
         let want: Vec<u8> = (0..20_000usize).map(|i| (i * 7) as u8).collect();
         assert_eq!(&buf.as_slice()[8192..], &want[..], "solicited data starts at the Write STag's base");
         assert!(d.qp.chains.iter().all(|&n| n <= 2));
+    }
+
+    fn put(itt: u32, data: Vec<u8>, response: Pdu) -> PutData {
+        let len = data.len() as u32;
+        PutData { itt: Itt(itt), lun: Lun(0), buf: Box::new(data), len, response, sn: SnState::default() }
+    }
+
+    fn get(itt: u32, buf_len: usize, offset: u32, len: u32) -> GetData {
+        GetData { itt: Itt(itt), lun: Lun(0), buf: Box::new(vec![0u8; buf_len]), offset, len, sn: SnState::default() }
+    }
+
+    type DataEvents = (Vec<(Itt, Vec<u8>)>, Vec<(Itt, &'static str)>);
+
+    /// The buffers of the DataReady / DataFailed events in `ev`, by kind.
+    fn data_events(ev: &[DmEvent]) -> DataEvents {
+        let mut ready = Vec::new();
+        let mut failed = Vec::new();
+        for e in ev {
+            match e {
+                DmEvent::DataReady { itt, buf } => ready.push((*itt, buf.as_slice().to_vec())),
+                DmEvent::DataFailed { itt, reason, .. } => failed.push((*itt, *reason)),
+                _ => {}
+            }
+        }
+        (ready, failed)
+    }
+
+    /// RFC 5047 §8.9: after Deallocate_Task_Resources nothing of the task reaches the
+    /// initiator; a Put_Data still queued (here: no send slot yet) is dropped and its buffer
+    /// comes back.
+    #[test]
+    fn deallocate_drops_a_queued_put_data() {
+        let mut d = dm(IserConfig { send_slots: 1, ..Default::default() });
+        deliver(&mut d, &command(1, true, false, 4096, vec![]));
+        deliver(&mut d, &command(2, true, false, 4096, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        d.send_control(response(2));
+        d.put_data(put(1, vec![7u8; 4096], response(1)));
+        d.poll(&mut ev);
+        assert_eq!(d.pending.len(), 1, "the Put_Data waits for the only send slot");
+        let buf = d.deallocate_task_resources(Itt(1));
+        assert!(buf.is_some_and(|b| b.as_slice() == [7u8; 4096]), "its buffer comes back");
+        wire(&mut d);
+        d.poll(&mut ev);
+        wire(&mut d);
+        assert_eq!(d.qp.sent.len(), 1, "only task 2's response went out");
+        assert!(d.qp.read_buf[..4096].iter().all(|&b| b == 0), "no RDMA Write of the aborted task");
+        assert!(d.pending.is_empty());
+    }
+
+    /// ABORT TASK with RDMA Reads in flight, then the initiator reuses the ITT (Linux and
+    /// libiscsi do): the old reads' completions are recognised by their generation and
+    /// dropped; they neither write into the new task's buffer nor complete its Get_Data.
+    #[test]
+    fn rdma_reads_of_an_aborted_task_never_reach_a_new_task_with_its_itt() {
+        let mut d = dm(IserConfig { data_chunk: 4096, ..Default::default() });
+        deliver(&mut d, &command(5, false, true, 8192, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        d.get_data(get(5, 8192, 0, 8192));
+        d.poll(&mut ev);
+        let stale = std::mem::take(&mut d.qp.queued);
+        assert_eq!(stale.len(), 2, "two RDMA Reads in flight");
+        assert!(d.deallocate_task_resources(Itt(5)).is_some(), "the Get_Data buffer comes back");
+        // The new WRITE with the same ITT, and its own reads.
+        deliver(&mut d, &command(5, false, true, 8192, vec![]));
+        d.poll(&mut ev);
+        d.get_data(get(5, 8192, 0, 8192));
+        d.poll(&mut ev);
+        let fresh = std::mem::take(&mut d.qp.queued);
+        assert_eq!(fresh.len(), 2);
+        // The old reads complete first, with what the initiator's buffer held then.
+        d.qp.write_buf[..8192].fill(0xaa);
+        d.qp.queued = stale;
+        wire(&mut d);
+        ev.clear();
+        d.poll(&mut ev);
+        let (ready, failed) = data_events(&ev);
+        assert!(ready.is_empty() && failed.is_empty(), "stale completions complete nothing: {} {failed:?}", ready.len());
+        d.qp.write_buf[..8192].fill(0x55);
+        d.qp.queued = fresh;
+        wire(&mut d);
+        d.poll(&mut ev);
+        let (ready, _) = data_events(&ev);
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].0, Itt(5));
+        assert!(ready[0].1.iter().all(|&b| b == 0x55), "only the new reads' data lands in the new buffer");
+        assert_eq!(d.data.free.len(), d.data.count(), "the stale reads' chunks came back too");
+    }
+
+    /// A response that cannot be encoded fails the connection cleanly instead of staying at
+    /// the head of the send queue forever (every later send stalled behind it).
+    #[test]
+    fn a_response_that_cannot_be_encoded_fails_the_connection() {
+        let mut d = dm(IserConfig::default());
+        deliver(&mut d, &command(1, true, false, 4096, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        ev.clear();
+        let mut bad = response(1);
+        bad.ahs = vec![1, 2, 3];
+        d.put_data(put(1, vec![1u8; 4096], bad));
+        d.send_control(response(9));
+        d.poll(&mut ev);
+        assert!(matches!(ev.as_slice(), [DmEvent::Terminated(why)] if why.contains("encode")), "{}", ev.len());
+        assert!(d.qp.disconnected);
+        assert_eq!(d.data.free.len(), d.data.count(), "no data chunk kept");
+    }
+
+    /// Read data that would fall outside the task's buffer is not silently skipped: the
+    /// Get_Data fails.
+    #[test]
+    fn read_data_outside_the_task_buffer_fails_the_get_data() {
+        let mut d = dm(IserConfig { data_chunk: 4096, ..Default::default() });
+        deliver(&mut d, &command(3, false, true, 8192, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        ev.clear();
+        d.get_data(get(3, 100, 0, 8192));
+        for _ in 0..10 {
+            d.poll(&mut ev);
+            wire(&mut d);
+        }
+        let (ready, failed) = data_events(&ev);
+        assert!(ready.is_empty(), "no DataReady with data missing");
+        assert_eq!(failed.len(), 1);
+        assert_eq!(d.data.free.len(), d.data.count());
     }
 
     #[test]
