@@ -187,11 +187,23 @@ impl Pool {
     }
 }
 
+/// Unexpected PDUs (RFC 7145 §6.5) an initiator may have in flight beside the commands of
+/// its CmdSN window: what RFC 7143 delivers immediately, outside the window (NOP-Out pings,
+/// TMF requests such as ABORT TASK and LUN RESET, a Text request, a Logout, immediate SCSI
+/// commands). Linux isert keeps 6 receives for the same list: NOP-Out (2), Text, TMF (2),
+/// Logout.
+pub const IMMEDIATE_PDU_ROOM: usize = 8;
+/// Receives for expected PDUs: the NOP-Out answers to the target's own NOP-In pings.
+pub const EXPECTED_PDU_ROOM: usize = 2;
+/// Send slots beside one SCSI Response per command: NOP-In, Async Message, TMF / Text /
+/// Logout responses, Reject.
+pub const SEND_ROOM: usize = 8;
+
 /// Sizes of a connection's resources, from the negotiated keys.
 #[derive(Clone, Copy, Debug)]
 pub struct IserConfig {
     /// Receive buffers: the CmdSN window plus room for immediate PDUs (NOP-Out, TMF,
-    /// Logout, Text) and unsolicited Data-Out.
+    /// Logout, Text) and unsolicited Data-Out ([`IserConfig::for_queue_depth`]).
     pub recv_slots: usize,
     /// TargetRecvDataSegmentLength: the largest data segment a received PDU may carry.
     pub target_recv_data_segment_length: usize,
@@ -206,6 +218,42 @@ pub struct IserConfig {
     /// invalidates the STag its command advertised, sparing the initiator a local
     /// invalidation per I/O.
     pub send_invalidate: bool,
+}
+
+impl IserConfig {
+    /// The resources of a connection whose session may have `queue_depth` commands
+    /// outstanding (the CmdSN window MaxCmdSN - ExpCmdSN + 1 the target opens: the login's
+    /// `ResourceKeys::queue_depth`), with `unsolicited_data_out` Data-Out PDUs each command
+    /// may send unsolicited (0 with InitialR2T=Yes, which riser always negotiates; else
+    /// ceil((FirstBurstLength - immediate data) / TargetRecvDataSegmentLength)). Every SEND
+    /// of the initiator must find a posted receive (else RNR NAKs and stalls), so
+    ///
+    /// * receive ring = queue_depth × (1 + unsolicited_data_out) (a command's immediate data
+    ///   rides in its own SEND) + [`IMMEDIATE_PDU_ROOM`] + [`EXPECTED_PDU_ROOM`];
+    /// * send slots = queue_depth + [`SEND_ROOM`] (a response per command in one pass).
+    ///
+    /// The rest is [`IserConfig::default`]; the caller sets what the CM exchange decided
+    /// (`max_rdma_reads`, `send_invalidate`) and its pool sizes.
+    pub fn for_queue_depth(queue_depth: u32, unsolicited_data_out: u32) -> IserConfig {
+        let qd = queue_depth.max(1) as usize;
+        let unexpected = qd.saturating_mul(1 + unsolicited_data_out as usize).saturating_add(IMMEDIATE_PDU_ROOM);
+        IserConfig { recv_slots: unexpected + EXPECTED_PDU_ROOM, send_slots: qd + SEND_ROOM, ..IserConfig::default() }
+    }
+
+    /// What the target can declare as MaxOutstandingUnexpectedPDUs (RFC 7145 §6.5) with this
+    /// receive ring: every receive but those kept for expected PDUs. With
+    /// [`IserConfig::for_queue_depth`] that is queue_depth × (1 + unsolicited_data_out) +
+    /// [`IMMEDIATE_PDU_ROOM`].
+    pub fn max_outstanding_unexpected_pdus(&self) -> u32 {
+        u32::try_from(self.recv_slots.saturating_sub(EXPECTED_PDU_ROOM).max(2)).unwrap_or(u32::MAX)
+    }
+
+    /// Receive work requests the QP must allow: the ring, plus the login receive that may
+    /// still be posted when the ring goes in (Allocate_Connection_Resources happens during
+    /// login).
+    pub fn recv_wr(&self) -> u32 {
+        u32::try_from(self.recv_slots + 1).unwrap_or(u32::MAX)
+    }
 }
 
 impl Default for IserConfig {
@@ -1154,6 +1202,41 @@ mod tests {
         assert!(ready.is_empty(), "no DataReady with data missing");
         assert_eq!(failed.len(), 1);
         assert_eq!(d.data.free.len(), d.data.count());
+    }
+
+    /// A session at queue depth 256 (the most riser allows) with immediate data: all its
+    /// commands, the immediate PDUs beside them and the answers to our NOP-In pings arrive
+    /// before the target polls once, and every SEND finds a posted receive (FakeQp panics
+    /// otherwise: an RNR NAK on a real QP). The ring was a fixed 160.
+    #[test]
+    fn the_receive_ring_holds_a_full_queue_depth_and_the_unexpected_pdus_beside_it() {
+        let cfg = IserConfig::for_queue_depth(256, 0);
+        assert_eq!(cfg.recv_slots, 256 + IMMEDIATE_PDU_ROOM + EXPECTED_PDU_ROOM);
+        assert_eq!(cfg.max_outstanding_unexpected_pdus(), 256 + IMMEDIATE_PDU_ROOM as u32);
+        assert_eq!(cfg.send_slots, 256 + SEND_ROOM);
+        assert_eq!(cfg.recv_wr(), cfg.recv_slots as u32 + 1);
+        let mut d = dm(IserConfig { data_chunk: 4096, data_chunks: 8, ..cfg });
+        assert_eq!(d.qp.recvs.len(), cfg.recv_slots);
+        for itt in 0..256 {
+            deliver(&mut d, &command(itt, false, true, 8192, vec![3u8; 512]));
+        }
+        let nop = |itt: u32| {
+            let mut m = IserHeader::TARGET_CONTROL.to_vec();
+            Pdu::new(Op::NopOut(riser_iscsi::testing::nop_out(Itt(itt), Sn(1)))).encode_message(&mut m).unwrap();
+            m
+        };
+        for i in 0..(IMMEDIATE_PDU_ROOM + EXPECTED_PDU_ROOM) as u32 {
+            deliver(&mut d, &nop(1000 + i));
+        }
+        let mut ev = Vec::new();
+        while !d.qp.done.is_empty() {
+            d.poll(&mut ev);
+        }
+        assert_eq!(ev.iter().filter(|e| matches!(e, DmEvent::Control(_))).count(), 256 + IMMEDIATE_PDU_ROOM + EXPECTED_PDU_ROOM);
+        assert_eq!(d.qp.recvs.len(), cfg.recv_slots, "every receive reposted");
+        // With unsolicited Data-Out allowed, the ring grows by their number.
+        let cfg = IserConfig::for_queue_depth(32, 8);
+        assert_eq!(cfg.max_outstanding_unexpected_pdus(), 32 * 9 + IMMEDIATE_PDU_ROOM as u32);
     }
 
     #[test]
