@@ -19,7 +19,7 @@ use riser_iscsi::login::{
     AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, LoginRx,
     LoginTransport, PortalSpec, ResourceKeys, SessionDecision, TargetInfo, TargetLookup, TransportError,
 };
-use riser_iscsi::negotiate::{DigestPolicy, TargetConfig, Transport};
+use riser_iscsi::negotiate::{iser_max_outstanding_unexpected_pdus, DigestPolicy, TargetConfig, Transport};
 use riser_iscsi::pdu::{LoginStatus, Op};
 use riser_iscsi::serial::Itt;
 
@@ -123,8 +123,11 @@ impl IscsiServer {
                 }
                 Ok(LoginRx::Malformed { header, reason }) => {
                     log::warn!("{what} from {peer}: {reason}");
-                    if let Some(h) = header {
-                        login.handle_malformed(&h);
+                    match header {
+                        Some(h) => login.handle_malformed(&h),
+                        // Not a PDU at all: the login ends now (Initiator Error to the last
+                        // Login Request, if any), not at its timeout.
+                        None => login.handle_unexpected(reason),
                     }
                 }
                 Err(TransportError::TimedOut) => {
@@ -183,6 +186,7 @@ impl<'a> Policy<'a> {
     fn target_config(&self, node: Option<&TargetNode>) -> TargetConfig {
         let o = self.server.target.options();
         let digest = |required: bool| if required { DigestPolicy::Required } else { DigestPolicy::Allowed };
+        let queue_depth = node.map_or(DISCOVERY_QUEUE_DEPTH, |n| n.queue_depth());
         TargetConfig {
             first_burst_length: o.first_burst_length,
             immediate_data: o.immediate_data,
@@ -193,7 +197,9 @@ impl<'a> Policy<'a> {
             error_recovery_level: 0,
             header_digest: digest(node.map_or(false, |n| n.header_digest())),
             data_digest: digest(node.map_or(false, |n| n.data_digest())),
-            queue_depth: node.map_or(DISCOVERY_QUEUE_DEPTH, |n| n.queue_depth()),
+            queue_depth,
+            // What the iSER receive ring holds beyond the commands (RFC 7145 §6.4).
+            max_outstanding_unexpected_pdus: iser_max_outstanding_unexpected_pdus(queue_depth),
             ..TargetConfig::default()
         }
     }

@@ -368,15 +368,17 @@ impl IserLogin {
                                     header.copy_from_slice(h);
                                     LoginRx::Malformed { header: Some(header), reason: format!("bad PDU: {e}") }
                                 }
-                                None => return Err(TransportError::Failed(format!("bad PDU during login: {e}"))),
+                                None => LoginRx::Malformed { header: None, reason: format!("bad PDU during login: {e}") },
                             },
                         },
                         // IB and RoCE have no Hello (RFC 7145's IB generalization); anything but
-                        // a control-type message ends the login at once.
-                        Ok(other) => {
-                            return Err(TransportError::Failed(format!("unexpected iSER message during login: {other:?}")))
-                        }
-                        Err(e) => return Err(TransportError::Failed(format!("undecodable message during login: {e}"))),
+                        // a control-type message ends the login at once (the login driver
+                        // answers Initiator Error to the last Login Request, if there was one).
+                        Ok(other) => LoginRx::Malformed {
+                            header: None,
+                            reason: format!("unexpected iSER message during login: {other:?}"),
+                        },
+                        Err(e) => LoginRx::Malformed { header: None, reason: format!("undecodable message during login: {e}") },
                     };
                     self.rx.push_back(rx);
                 }
