@@ -14,6 +14,10 @@
 //!   initiator depth outstanding (the rest waits in a queue, never fails), copied into the
 //!   task's buffer as they complete.
 //! * Every received PDU's buffer is reposted as soon as the PDU is decoded.
+//! * Hello (RFC 7145 §5.1, iWARP): valid only as the first message of full-feature phase
+//!   when iSERHelloRequired=Yes; answered with a HelloReply (our version, the ORD capped by
+//!   the initiator's IRD), or rejected and the connection closed. Anything else about a
+//!   Hello is a protocol error that closes the connection.
 //! * Deallocate_Task_Resources (RFC 5047 §8.9, ABORT TASK, LUN RESET): the task's queued
 //!   Put_Data, Get_Data and response are dropped. Work already on the wire cannot be
 //!   recalled, so every task gets a generation when its SCSI Command arrives, carried in the
@@ -25,11 +29,11 @@ use std::collections::{HashMap, VecDeque};
 
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
-use riser_iscsi::pdu::{Op, Pdu, RejectReason, BHS_LEN};
+use riser_iscsi::pdu::{Op, Pdu, RejectReason, Stage, BHS_LEN};
 use riser_iscsi::serial::Itt;
 
 use super::error::IserError;
-use super::header::{IserHeader, Stag, TaggedBuffer, ISER_HDR_LEN};
+use super::header::{IserHeader, Stag, TaggedBuffer, ISER_HDR_LEN, ISER_VERSION};
 
 /// A local buffer for a work request: address, length, local key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,6 +222,9 @@ pub struct IserConfig {
     /// invalidates the STag its command advertised, sparing the initiator a local
     /// invalidation per I/O.
     pub send_invalidate: bool,
+    /// iSERHelloRequired=Yes was negotiated (RFC 7145 §6.8; iWARP): the first message of
+    /// full-feature phase must be a Hello. No on IB/RoCE, where nobody sends one.
+    pub hello_required: bool,
 }
 
 impl IserConfig {
@@ -267,6 +274,7 @@ impl Default for IserConfig {
             data_chunk: 128 * 1024,
             data_chunks: 256,
             send_invalidate: false,
+            hello_required: false,
         }
     }
 }
@@ -308,6 +316,8 @@ enum Pending {
     /// A Put_Data and the generation of its task when it was asked for (None: a task the
     /// datamover never saw a command of: no Read STag).
     Put(PutData, Option<u32>),
+    /// The answer to the initiator's Hello.
+    HelloReply(IserHeader),
 }
 
 /// A Get_Data in progress.
@@ -359,6 +369,13 @@ pub struct IserDatamover<Q: IserQp> {
     rx: Vec<(u64, Sge)>,
     terminating: bool,
     dead: bool,
+    /// The final Login Response went out: full-feature phase.
+    ffp: bool,
+    /// A message arrived in full-feature phase (the Hello, when required, must be the first).
+    ffp_rx: bool,
+    /// Why the connection closes once what is queued has gone out (a rejected Hello);
+    /// nothing received meanwhile is taken.
+    closing: Option<String>,
 }
 
 impl<Q: IserQp> IserDatamover<Q> {
@@ -386,6 +403,9 @@ impl<Q: IserQp> IserDatamover<Q> {
             rx: Vec::with_capacity(32),
             terminating: false,
             dead: false,
+            ffp: false,
+            ffp_rx: false,
+            closing: None,
         };
         let ring: Vec<(u64, Sge)> =
             (0..dm.recv.count() as u32).map(|i| (wr_id(KIND_RECV, 0, i), dm.recv.sge(i, dm.recv.slot_size()))).collect();
@@ -412,6 +432,19 @@ impl<Q: IserQp> IserDatamover<Q> {
 
     pub fn qp_mut(&mut self) -> &mut Q {
         &mut self.qp
+    }
+
+    /// Sets whether the first message of full-feature phase must be a Hello (negotiated
+    /// iSERHelloRequired; [`IserConfig::hello_required`]); call it before that message.
+    pub fn set_hello_required(&mut self, required: bool) {
+        self.cfg.hello_required = required;
+    }
+
+    /// Full-feature phase starts now. The datamover sees the final Login Response go out
+    /// through [`Datamover::send_control`] and needs this only when the login ran elsewhere
+    /// (iWARP's login in TCP streaming mode, before the switch to RDMA mode).
+    pub fn enter_full_feature_phase(&mut self) {
+        self.ffp = true;
     }
 
     fn fail(&mut self, why: String, events: &mut Vec<DmEvent>) {
@@ -469,6 +502,15 @@ impl<Q: IserQp> IserDatamover<Q> {
                     Ok(())
                 }
             },
+            Pending::HelloReply(h) => {
+                let Some(slot) = self.send.alloc() else { return Err(Pending::HelloReply(h)) };
+                let mut b = [0u8; ISER_HDR_LEN];
+                h.write(&mut b);
+                self.send.write(slot, &b[..h.wire_len()]);
+                let sge = self.send.sge(slot, h.wire_len());
+                self.tx.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op: SendOp::Send, sge, signaled: true });
+                Ok(())
+            }
             Pending::Put(put, gen) => {
                 let read = match gen {
                     Some(g) => match self.tasks.get(&put.itt) {
@@ -557,7 +599,8 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// Posts queued RDMA Reads while the initiator depth and data chunks allow.
     fn start_reads(&mut self) -> usize {
         let mut wrs = Vec::new();
-        while (self.reads.len() + wrs.len()) < self.cfg.max_rdma_reads.max(1) as usize {
+        // `reads` already holds the ones posted in this loop.
+        while self.reads.len() < self.cfg.max_rdma_reads as usize {
             let Some(job) = self.read_queue.front().copied() else { break };
             if !self.fetch_is_live(job.itt, job.gen) {
                 // Its task was deallocated (the queue is purged then; this is a safety net).
@@ -582,8 +625,17 @@ impl<Q: IserQp> IserDatamover<Q> {
     fn on_recv(&mut self, slot: u32, len: usize, events: &mut Vec<DmEvent>) {
         let msg = self.recv.read(slot, len);
         let msg = &msg[..];
-        match IserHeader::parse(msg) {
-            Ok(IserHeader::Control { write, read }) => {
+        let first_of_ffp = self.ffp && !self.ffp_rx;
+        self.ffp_rx |= self.ffp;
+        let header = if self.closing.is_some() { None } else { Some(IserHeader::parse(msg)) };
+        match header {
+            // Closing after a rejected Hello: nothing more is taken.
+            None => {}
+            Some(Ok(IserHeader::Control { .. })) if first_of_ffp && self.cfg.hello_required => {
+                self.fail("iSERHelloRequired=Yes, but the first message of full-feature phase is not a Hello".into(), events);
+                return;
+            }
+            Some(Ok(IserHeader::Control { write, read })) => {
                 match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
                     Ok(pdu) => {
                         if let Op::ScsiCommand(c) = pdu.op() {
@@ -603,18 +655,12 @@ impl<Q: IserQp> IserDatamover<Q> {
                     }
                 }
             }
-            Ok(IserHeader::Hello { .. }) => {
-                // iWARP's Hello: IB/RoCE initiators never send it; answer as RFC 7145 §5.1
-                // asks so an iWARP-style peer is not left waiting.
-                let mut h = [0u8; ISER_HDR_LEN];
-                IserHeader::HelloReply { reject: false, max_ver: 1, cur_ver: 1, ord: self.cfg.max_rdma_reads as u16 }.write(&mut h);
-                if let Some(s) = self.send.alloc() {
-                    self.send.write(s, &h);
-                    let wr = SendWr { wr_id: wr_id(KIND_SEND, 0, s), op: SendOp::Send, sge: self.send.sge(s, ISER_HDR_LEN), signaled: true };
-                    self.tx.push(wr);
+            Some(Ok(IserHeader::Hello { max_ver, min_ver, ird })) => {
+                if !self.on_hello(max_ver, min_ver, ird, first_of_ffp, events) {
+                    return;
                 }
             }
-            Ok(IserHeader::HelloReply { .. }) | Err(_) => {
+            Some(Ok(IserHeader::HelloReply { .. }) | Err(_)) => {
                 self.fail(format!("protocol error: bad iSER header (unexpected message of {len} bytes)"), events);
                 return;
             }
@@ -622,6 +668,41 @@ impl<Q: IserQp> IserDatamover<Q> {
         // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell.
         let sge = self.recv.sge(slot, self.recv.slot_size());
         self.rx.push((wr_id(KIND_RECV, 0, slot), sge));
+    }
+
+    /// A Hello (RFC 7145 §5.1, §9.3): valid only as the first message of full-feature phase
+    /// when iSERHelloRequired=Yes. Answered with a HelloReply carrying our version and our
+    /// ORD, capped by the initiator's IRD (and used from now on); a version range without
+    /// ours is rejected (REJ) and the connection closes once the reply is out. False when the
+    /// connection failed.
+    fn on_hello(&mut self, max_ver: u8, min_ver: u8, ird: u16, first_of_ffp: bool, events: &mut Vec<DmEvent>) -> bool {
+        let wrong = if !self.cfg.hello_required {
+            Some("iSER Hello, but iSERHelloRequired=No")
+        } else if !self.ffp {
+            Some("iSER Hello during login")
+        } else if !first_of_ffp {
+            Some("iSER Hello after the start of full-feature phase")
+        } else {
+            None
+        };
+        if let Some(why) = wrong {
+            self.fail(why.into(), events);
+            return false;
+        }
+        let reply = if (min_ver..=max_ver).contains(&ISER_VERSION) {
+            let ord = self.cfg.max_rdma_reads.min(u32::from(ird));
+            self.cfg.max_rdma_reads = ord;
+            log::debug!("iSER Hello: versions {min_ver}..={max_ver}, IRD {ird}; ORD {ord}");
+            IserHeader::HelloReply { reject: false, max_ver: ISER_VERSION, cur_ver: ISER_VERSION, ord: ord as u16 }
+        } else {
+            let why = format!("iSER Hello for versions {min_ver}..={max_ver}, not {ISER_VERSION}: rejected");
+            log::warn!("iSER: {why}; the connection closes");
+            self.closing = Some(why);
+            self.terminating = true;
+            IserHeader::HelloReply { reject: true, max_ver: ISER_VERSION, cur_ver: ISER_VERSION, ord: 0 }
+        };
+        self.pending.push_front(Pending::HelloReply(reply));
+        true
     }
 
     /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
@@ -719,6 +800,12 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
                 self.tasks.remove(&itt);
                 inv
             }
+            Op::LoginResponse(r) => {
+                if r.transit_bit && r.nsg == Stage::FullFeaturePhase && r.status.class == 0 {
+                    self.ffp = true;
+                }
+                None
+            }
             _ => None,
         };
         self.pending.push_back(Pending::Control(pdu, inv));
@@ -735,6 +822,9 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             // No Write STag: the initiator cannot be asked for data.
             return self.fail_fetch(itt, buf, "no Write STag");
         };
+        if self.cfg.max_rdma_reads == 0 {
+            return self.fail_fetch(itt, buf, "the initiator takes no RDMA Read (iSER-IRD 0)");
+        }
         let total = len as usize;
         let fits = (offset as usize).checked_add(total).is_some_and(|end| end <= buf.as_slice().len());
         if !fits {
@@ -860,7 +950,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         if self.terminating && self.pending.is_empty() && self.send.free.len() == self.send.count() {
             self.dead = true;
             self.qp.disconnect();
-            events.push(DmEvent::Terminated("connection closed".into()));
+            events.push(DmEvent::Terminated(self.closing.take().unwrap_or_else(|| "connection closed".into())));
             work += 1;
         }
         work
@@ -1237,6 +1327,124 @@ mod tests {
         // With unsolicited Data-Out allowed, the ring grows by their number.
         let cfg = IserConfig::for_queue_depth(32, 8);
         assert_eq!(cfg.max_outstanding_unexpected_pdus(), 32 * 9 + IMMEDIATE_PDU_ROOM as u32);
+    }
+
+    /// The final Login Response, as the login sends it through the datamover.
+    fn final_login_response() -> Pdu {
+        use riser_iscsi::pdu::{Isid, LoginResponse, LoginStatus};
+        Pdu::new(Op::LoginResponse(LoginResponse {
+            transit_bit: true,
+            continue_bit: false,
+            csg: Stage::LoginOperationalNegotiation,
+            nsg: Stage::FullFeaturePhase,
+            version_max: 0,
+            version_active: 0,
+            isid: Isid::default(),
+            tsih: 1,
+            itt: Itt(0),
+            stat_sn: Sn(0),
+            exp_cmd_sn: Sn(1),
+            max_cmd_sn: Sn(64),
+            status: LoginStatus::SUCCESS,
+        }))
+    }
+
+    fn hello(max_ver: u8, min_ver: u8, ird: u16) -> Vec<u8> {
+        let mut b = [0u8; ISER_HDR_LEN];
+        IserHeader::Hello { max_ver, min_ver, ird }.write(&mut b);
+        b[..crate::iser::header::HELLO_LEN].to_vec()
+    }
+
+    /// A datamover in full-feature phase (its final Login Response went out).
+    fn ffp_dm(cfg: IserConfig) -> IserDatamover<FakeQp> {
+        let mut d = dm(cfg);
+        d.send_control(final_login_response());
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        wire(&mut d);
+        d.poll(&mut ev);
+        d.qp.sent.clear();
+        assert!(ev.is_empty());
+        d
+    }
+
+    fn terminated(ev: &[DmEvent]) -> Option<&str> {
+        ev.iter().find_map(|e| match e {
+            DmEvent::Terminated(why) => Some(why.as_str()),
+            _ => None,
+        })
+    }
+
+    /// RFC 7145 §5.1 with iSERHelloRequired=Yes: the Hello (12 bytes) is the first message of
+    /// full-feature phase; the HelloReply carries our version and an ORD capped by the
+    /// initiator's IRD, which then bounds our RDMA Reads. A second Hello is an error.
+    #[test]
+    fn a_required_hello_is_answered_with_the_ord_capped_by_the_ird() {
+        let mut d = ffp_dm(IserConfig { hello_required: true, max_rdma_reads: 16, data_chunk: 4096, ..Default::default() });
+        deliver(&mut d, &hello(ISER_VERSION, ISER_VERSION, 2));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        wire(&mut d);
+        assert!(ev.is_empty());
+        assert_eq!(d.qp.sent, vec![vec![0x30, 0xaa, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0]], "HelloReply: version 10, ORD 2");
+        // The ORD bounds the RDMA Reads from now on.
+        deliver(&mut d, &command(1, false, true, 6 * 4096, vec![]));
+        d.poll(&mut ev);
+        d.get_data(get(1, 6 * 4096, 0, 6 * 4096));
+        d.poll(&mut ev);
+        assert_eq!(d.qp.queued.len(), 2, "as many reads in flight as the initiator's IRD, no more");
+        // A second Hello is a protocol error.
+        deliver(&mut d, &hello(ISER_VERSION, ISER_VERSION, 2));
+        ev.clear();
+        d.poll(&mut ev);
+        assert!(terminated(&ev).is_some_and(|w| w.contains("Hello")), "{:?}", terminated(&ev));
+        assert!(d.qp.disconnected);
+    }
+
+    /// A Hello where none is expected closes the connection: with iSERHelloRequired=No (all
+    /// of IB/RoCE), during login, or after other messages. It used to be answered at any time.
+    #[test]
+    fn an_unexpected_hello_closes_the_connection() {
+        // iSERHelloRequired=No (a 28-byte Hello, which the old code parsed and answered).
+        let mut d = ffp_dm(IserConfig::default());
+        let mut h = [0u8; ISER_HDR_LEN];
+        IserHeader::Hello { max_ver: ISER_VERSION, min_ver: ISER_VERSION, ird: 4 }.write(&mut h);
+        deliver(&mut d, &h);
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        wire(&mut d);
+        assert!(d.qp.sent.is_empty(), "no HelloReply");
+        assert!(terminated(&ev).is_some_and(|w| w.contains("iSERHelloRequired=No")));
+        // Required, but during login.
+        let mut d = dm(IserConfig { hello_required: true, ..Default::default() });
+        deliver(&mut d, &hello(ISER_VERSION, ISER_VERSION, 4));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(terminated(&ev).is_some_and(|w| w.contains("during login")));
+        // Required, and the first message of full-feature phase is something else.
+        let mut d = ffp_dm(IserConfig { hello_required: true, ..Default::default() });
+        deliver(&mut d, &command(1, true, false, 512, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(matches!(ev.as_slice(), [DmEvent::Terminated(w)] if w.contains("not a Hello")));
+    }
+
+    /// A Hello whose version range does not hold ours gets a HelloReply with REJ, then the
+    /// connection closes; what arrives meanwhile is not taken.
+    #[test]
+    fn a_hello_without_our_version_is_rejected() {
+        let mut d = ffp_dm(IserConfig { hello_required: true, ..Default::default() });
+        d.set_hello_required(true);
+        deliver(&mut d, &hello(2, 1, 8));
+        deliver(&mut d, &command(1, true, false, 512, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert!(ev.is_empty(), "the reply goes out first, and the command is not taken");
+        wire(&mut d);
+        assert_eq!(d.qp.sent, vec![vec![0x31, 0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], "HelloReply with REJ");
+        d.poll(&mut ev);
+        assert!(terminated(&ev).is_some_and(|w| w.contains("versions 1..=2")), "{:?}", terminated(&ev));
+        assert!(d.qp.disconnected);
     }
 
     #[test]

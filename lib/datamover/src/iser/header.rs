@@ -6,6 +6,12 @@ use std::fmt;
 use thiserror::Error;
 
 pub const ISER_HDR_LEN: usize = 28;
+/// Hello and HelloReply are 12 bytes (RFC 7145 §9.3, §9.4): opcode, versions, IRD / ORD,
+/// and 8 reserved bytes; no iSCSI PDU follows.
+pub const HELLO_LEN: usize = 12;
+/// The iSER version of RFC 5046 / RFC 7145, as MaxVer, MinVer and CurVer carry it (the
+/// Wireshark dissector accepts a Hello / HelloReply only with both nibbles 10).
+pub const ISER_VERSION: u8 = 10;
 /// Opcode nibble (byte 0, high 4 bits).
 pub const OP_CONTROL: u8 = 0x1;
 pub const OP_HELLO: u8 = 0x2;
@@ -87,12 +93,19 @@ pub enum IserHeader {
 }
 
 impl IserHeader {
-    /// Parses the first 28 bytes of a received message.
+    /// Parses the header of a received message: 28 bytes for a control-type PDU, 12 for a
+    /// Hello or HelloReply.
     pub fn parse(msg: &[u8]) -> Result<IserHeader, IserHeaderError> {
-        let h: &[u8; ISER_HDR_LEN] = msg
-            .get(..ISER_HDR_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(IserHeaderError::Short(msg.len()))?;
+        let need = match msg.first().map(|b| b >> 4) {
+            Some(OP_HELLO | OP_HELLO_REPLY) => HELLO_LEN,
+            _ => ISER_HDR_LEN,
+        };
+        if msg.len() < need {
+            return Err(IserHeaderError::Short(msg.len()));
+        }
+        let mut h = [0u8; ISER_HDR_LEN];
+        let n = msg.len().min(ISER_HDR_LEN);
+        h[..n].copy_from_slice(&msg[..n]);
         let be32 = |o: usize| u32::from_be_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
         let be64 = |o: usize| ((be32(o) as u64) << 32) | be32(o + 4) as u64;
         match h[0] >> 4 {
@@ -111,7 +124,17 @@ impl IserHeader {
         }
     }
 
-    /// Writes the header into `out[..28]`.
+    /// Bytes of this header on the wire: [`ISER_HDR_LEN`], or [`HELLO_LEN`] for a Hello or
+    /// HelloReply (which is the whole message).
+    pub fn wire_len(&self) -> usize {
+        match self {
+            IserHeader::Control { .. } => ISER_HDR_LEN,
+            IserHeader::Hello { .. } | IserHeader::HelloReply { .. } => HELLO_LEN,
+        }
+    }
+
+    /// Writes the header into `out[..28]` (a Hello or HelloReply takes the first 12 bytes,
+    /// the rest is zero: send `wire_len()` bytes).
     pub fn write(&self, out: &mut [u8; ISER_HDR_LEN]) {
         out.fill(0);
         match *self {
@@ -210,6 +233,22 @@ mod tests {
         assert_eq!(IserHeader::parse(&b).unwrap(), IserHeader::Control { write: None, read: None });
     }
 
+    /// RFC 7145 §9.3 / §9.4: a Hello is 12 bytes (no iSCSI PDU behind it), and so is the
+    /// HelloReply; both parse from 12 bytes.
+    #[test]
+    fn hello_messages_are_12_bytes() {
+        let hello = [0x20, 0xaa, 0x00, 0x10, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(IserHeader::parse(&hello), Ok(IserHeader::Hello { max_ver: ISER_VERSION, min_ver: ISER_VERSION, ird: 16 }));
+        assert_eq!(IserHeader::parse(&hello[..11]), Err(IserHeaderError::Short(11)));
+        let r = IserHeader::HelloReply { reject: false, max_ver: ISER_VERSION, cur_ver: ISER_VERSION, ord: 4 };
+        let mut b = [0u8; ISER_HDR_LEN];
+        r.write(&mut b);
+        assert_eq!(r.wire_len(), HELLO_LEN);
+        assert_eq!(&b[..HELLO_LEN], &[0x30, 0xaa, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(IserHeader::parse(&b[..HELLO_LEN]), Ok(r));
+        assert_eq!(IserHeader::TARGET_CONTROL.len(), IserHeader::Control { write: None, read: None }.wire_len());
+    }
+
     #[test]
     fn hello_and_errors() {
         let h = IserHeader::Hello { max_ver: 1, min_ver: 1, ird: 16 };
@@ -221,6 +260,8 @@ mod tests {
         assert_eq!(b[0], 0x31);
         assert_eq!(IserHeader::parse(&b).unwrap(), r);
         assert_eq!(IserHeader::parse(&b[..10]), Err(IserHeaderError::Short(10)));
+        b[0] = 0x10;
+        assert_eq!(IserHeader::parse(&b[..20]), Err(IserHeaderError::Short(20)), "a control header is 28 bytes");
         b[0] = 0x70;
         assert_eq!(IserHeader::parse(&b), Err(IserHeaderError::UnknownOpcode(7)));
         assert_eq!(cm::flags(&[]), 0);
