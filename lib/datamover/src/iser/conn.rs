@@ -225,6 +225,18 @@ pub struct IserConfig {
     /// iSERHelloRequired=Yes was negotiated (RFC 7145 §6.8; iWARP): the first message of
     /// full-feature phase must be a Hello. No on IB/RoCE, where nobody sends one.
     pub hello_required: bool,
+    /// TaggedBufferForSolicitedDataOnly as the initiator declared it (RFC 7145 §6.7), None
+    /// when it did not send the key. It says where the Write STag's buffer starts, so where
+    /// the RDMA Reads of solicited data go:
+    ///
+    /// * `Some(false)`, the RFC's default: the buffer holds all the write data, immediate and
+    ///   unsolicited included: solicited byte N (of the whole data) is at Write Base Offset + N.
+    /// * `Some(true)`: it holds the solicited data only: byte N is at Write Base Offset +
+    ///   N - (immediate and unsolicited bytes received).
+    /// * `None`: as `Some(true)`. Linux ib_iser, libiscsi and riser-perf never send the key
+    ///   yet advertise the solicited-only layout (write_va = buffer + unsolicited length);
+    ///   reading their silence as the RFC's No would shift every write with immediate data.
+    pub tagged_buffer_for_solicited_data_only: Option<bool>,
 }
 
 impl IserConfig {
@@ -275,6 +287,7 @@ impl Default for IserConfig {
             data_chunks: 256,
             send_invalidate: false,
             hello_required: false,
+            tagged_buffer_for_solicited_data_only: None,
         }
     }
 }
@@ -307,6 +320,8 @@ struct Task {
     gen: u32,
     write: Option<TaggedBuffer>,
     read: Option<TaggedBuffer>,
+    /// Unsolicited bytes received: immediate data and unsolicited Data-Out.
+    unsolicited: u64,
 }
 
 /// A send waiting for a send slot or data chunks.
@@ -438,6 +453,13 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// iSERHelloRequired; [`IserConfig::hello_required`]); call it before that message.
     pub fn set_hello_required(&mut self, required: bool) {
         self.cfg.hello_required = required;
+    }
+
+    /// Sets TaggedBufferForSolicitedDataOnly as the initiator declared it (None: not sent);
+    /// see [`IserConfig::tagged_buffer_for_solicited_data_only`]. Applies to the Get_Data
+    /// asked for from then on.
+    pub fn set_tagged_buffer_for_solicited_data_only(&mut self, declared: Option<bool>) {
+        self.cfg.tagged_buffer_for_solicited_data_only = declared;
     }
 
     /// Full-feature phase starts now. The datamover sees the final Login Response go out
@@ -638,11 +660,20 @@ impl<Q: IserQp> IserDatamover<Q> {
             Some(Ok(IserHeader::Control { write, read })) => {
                 match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
                     Ok(pdu) => {
-                        if let Op::ScsiCommand(c) = pdu.op() {
-                            // A new task, even under an ITT seen before: whatever is still
-                            // on the wire for the old one can no longer reach this one.
-                            let gen = self.new_gen();
-                            self.tasks.insert(c.itt, Task { gen, write, read });
+                        match pdu.op() {
+                            Op::ScsiCommand(c) => {
+                                // A new task, even under an ITT seen before: whatever is still
+                                // on the wire for the old one can no longer reach this one.
+                                let gen = self.new_gen();
+                                let unsolicited = pdu.data.len() as u64;
+                                self.tasks.insert(c.itt, Task { gen, write, read, unsolicited });
+                            }
+                            Op::DataOut(d) if d.ttt.is_reserved() => {
+                                if let Some(t) = self.tasks.get_mut(&d.itt) {
+                                    t.unsolicited += pdu.data.len() as u64;
+                                }
+                            }
+                            _ => {}
                         }
                         events.push(DmEvent::Control(pdu));
                     }
@@ -655,15 +686,13 @@ impl<Q: IserQp> IserDatamover<Q> {
                     }
                 }
             }
-            Some(Ok(IserHeader::Hello { max_ver, min_ver, ird })) => {
-                if !self.on_hello(max_ver, min_ver, ird, first_of_ffp, events) {
-                    return;
-                }
-            }
+            Some(Ok(IserHeader::Hello { max_ver, min_ver, ird })) => self.on_hello(max_ver, min_ver, ird, first_of_ffp, events),
             Some(Ok(IserHeader::HelloReply { .. }) | Err(_)) => {
                 self.fail(format!("protocol error: bad iSER header (unexpected message of {len} bytes)"), events);
-                return;
             }
+        }
+        if self.dead {
+            return;
         }
         // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell.
         let sge = self.recv.sge(slot, self.recv.slot_size());
@@ -673,9 +702,8 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// A Hello (RFC 7145 §5.1, §9.3): valid only as the first message of full-feature phase
     /// when iSERHelloRequired=Yes. Answered with a HelloReply carrying our version and our
     /// ORD, capped by the initiator's IRD (and used from now on); a version range without
-    /// ours is rejected (REJ) and the connection closes once the reply is out. False when the
-    /// connection failed.
-    fn on_hello(&mut self, max_ver: u8, min_ver: u8, ird: u16, first_of_ffp: bool, events: &mut Vec<DmEvent>) -> bool {
+    /// ours is rejected (REJ) and the connection closes once the reply is out.
+    fn on_hello(&mut self, max_ver: u8, min_ver: u8, ird: u16, first_of_ffp: bool, events: &mut Vec<DmEvent>) {
         let wrong = if !self.cfg.hello_required {
             Some("iSER Hello, but iSERHelloRequired=No")
         } else if !self.ffp {
@@ -686,8 +714,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             None
         };
         if let Some(why) = wrong {
-            self.fail(why.into(), events);
-            return false;
+            return self.fail(why.into(), events);
         }
         let reply = if (min_ver..=max_ver).contains(&ISER_VERSION) {
             let ord = self.cfg.max_rdma_reads.min(u32::from(ird));
@@ -702,7 +729,6 @@ impl<Q: IserQp> IserDatamover<Q> {
             IserHeader::HelloReply { reject: true, max_ver: ISER_VERSION, cur_ver: ISER_VERSION, ord: 0 }
         };
         self.pending.push_front(Pending::HelloReply(reply));
-        true
     }
 
     /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
@@ -818,9 +844,17 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
 
     fn get_data(&mut self, req: GetData) {
         let GetData { itt, buf, offset, len, .. } = req;
-        let Some((gen, Some(write))) = self.tasks.get(&itt).map(|t| (t.gen, t.write)) else {
+        let Some((gen, Some(write), unsolicited)) = self.tasks.get(&itt).map(|t| (t.gen, t.write, t.unsolicited)) else {
             // No Write STag: the initiator cannot be asked for data.
             return self.fail_fetch(itt, buf, "no Write STag");
+        };
+        // Where solicited byte `offset` lies in the Write STag's buffer (RFC 7145 §6.7).
+        let start = match self.cfg.tagged_buffer_for_solicited_data_only {
+            Some(false) => Some(u64::from(offset)),
+            Some(true) | None => u64::from(offset).checked_sub(unsolicited),
+        };
+        let Some(start) = start.and_then(|s| write.base_offset.checked_add(s)) else {
+            return self.fail_fetch(itt, buf, "solicited data outside the Write STag's buffer");
         };
         if self.cfg.max_rdma_reads == 0 {
             return self.fail_fetch(itt, buf, "the initiator takes no RDMA Read (iSER-IRD 0)");
@@ -838,15 +872,13 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             return;
         }
         self.fetches.insert(itt, Fetch { gen, buf, outstanding: n, failed: None });
-        // RFC 7145 §7.3.5 and what Linux does: the Write STag's base offset already points
-        // past the unsolicited data, so solicited byte `offset` is at the base offset.
         let mut done = 0;
         while done < total {
             let l = (total - done).min(chunk);
             self.read_queue.push_back(ReadJob {
                 itt,
                 gen,
-                remote_addr: write.base_offset + done as u64,
+                remote_addr: start.wrapping_add(done as u64),
                 rkey: write.stag(),
                 buf_offset: offset as usize + done,
                 len: l,
@@ -1445,6 +1477,70 @@ mod tests {
         d.poll(&mut ev);
         assert!(terminated(&ev).is_some_and(|w| w.contains("versions 1..=2")), "{:?}", terminated(&ev));
         assert!(d.qp.disconnected);
+    }
+
+    /// A WRITE with 4 KiB immediate data and 4 KiB unsolicited Data-Out, then 12 KiB
+    /// solicited (offset 8 KiB), against a Write STag whose base is 0x1000 into the
+    /// initiator's buffer. Returns where the solicited data was read from, in that buffer.
+    fn solicited_read_source(tagged_buffer_for_solicited_data_only: Option<bool>) -> usize {
+        let mut d = dm(IserConfig { data_chunk: 4096, tagged_buffer_for_solicited_data_only, ..Default::default() });
+        let h = IserHeader::Control { write: Some(TaggedBuffer { stag: 0x22, base_offset: 0x1000 }), read: None };
+        let mut msg = [0u8; ISER_HDR_LEN];
+        h.write(&mut msg);
+        let mut msg = msg.to_vec();
+        let mut cmd = scsi_command(Itt(4), Sn(1), false, true, 20480, &[]);
+        cmd.final_bit = false;
+        Pdu::with_data(Op::ScsiCommand(cmd), vec![1u8; 4096]).encode_message(&mut msg).unwrap();
+        deliver(&mut d, &msg);
+        let mut msg = IserHeader::TARGET_CONTROL.to_vec();
+        let dout = riser_iscsi::testing::data_out(Itt(4), riser_iscsi::serial::Ttt::RESERVED, Sn(0), 4096);
+        Pdu::with_data(Op::DataOut(dout), vec![2u8; 4096]).encode_message(&mut msg).unwrap();
+        deliver(&mut d, &msg);
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert_eq!(ev.len(), 2);
+        d.get_data(get(4, 20480, 8192, 12288));
+        d.poll(&mut ev);
+        let read_at = |w: &SendWr| match w.op {
+            SendOp::RdmaRead { remote_addr, .. } => Some(remote_addr),
+            _ => None,
+        };
+        let addrs: Vec<u64> = d.qp.queued.iter().filter_map(read_at).collect();
+        assert_eq!(addrs.len(), 3);
+        assert!(addrs.windows(2).all(|w| w[1] == w[0] + 4096), "{addrs:?}");
+        let mut rounds = 0;
+        while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
+            wire(&mut d);
+            d.poll(&mut ev);
+            rounds += 1;
+            assert!(rounds < 10);
+        }
+        let (ready, _) = data_events(&ev);
+        let want = addrs[0] as usize;
+        let pattern: Vec<u8> = (want..want + 12288).map(|i| (i * 7) as u8).collect();
+        assert_eq!(&ready[0].1[8192..], &pattern[..], "the solicited data lands at its offset in the task's buffer");
+        want
+    }
+
+    /// RFC 7145 §6.7: with TaggedBufferForSolicitedDataOnly=No (the RFC's default, declared)
+    /// the Write STag's buffer holds all the write data, so the RDMA Reads start at the base
+    /// plus the immediate and unsolicited bytes; with Yes, and with the key not sent (Linux,
+    /// libiscsi), at the base itself. The old code always read at the base.
+    #[test]
+    fn rdma_read_offsets_follow_tagged_buffer_for_solicited_data_only() {
+        assert_eq!(solicited_read_source(Some(false)), 0x1000 + 8192);
+        assert_eq!(solicited_read_source(Some(true)), 0x1000);
+        assert_eq!(solicited_read_source(None), 0x1000);
+        // Yes, and a Get_Data starting inside the unsolicited part: the buffer does not
+        // hold it.
+        let mut d = dm(IserConfig { tagged_buffer_for_solicited_data_only: Some(true), ..Default::default() });
+        deliver(&mut d, &command(6, false, true, 8192, vec![5u8; 4096]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        d.get_data(get(6, 8192, 0, 8192));
+        ev.clear();
+        d.poll(&mut ev);
+        assert_eq!(data_events(&ev).1, vec![(Itt(6), "solicited data outside the Write STag's buffer")]);
     }
 
     #[test]
