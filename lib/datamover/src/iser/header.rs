@@ -185,6 +185,15 @@ pub mod cm {
         private_data.first().copied().unwrap_or(0)
     }
 
+    /// Whether a connection uses Send with Invalidate: the initiator's private data says it
+    /// takes it (present, 0x40 clear: Linux ib_iser with its default per-task registration;
+    /// libiscsi always sets 0x40) and the device can post it (`device_capable`: see
+    /// [`crate::iser::verbs::supports_send_with_invalidate`]). The same answer goes into
+    /// [`reply`] and the datamover's configuration.
+    pub fn use_send_with_invalidate(private_data: &[u8], device_capable: bool) -> bool {
+        device_capable && private_data.len() >= 4 && flags(private_data) & SEND_W_INV_NOT_SUPPORTED == 0
+    }
+
     /// Private data for our accept.
     pub fn reply(send_with_invalidate: bool) -> [u8; 4] {
         let mut f = ZBVA_NOT_SUPPORTED;
@@ -267,5 +276,17 @@ mod tests {
         assert_eq!(cm::flags(&[]), 0);
         assert_eq!(cm::reply(false)[0], 0xc0);
         assert_eq!(cm::reply(true)[0], 0x80);
+    }
+
+    /// Send with Invalidate needs both the initiator's consent and the device's capability
+    /// (it used to be offered on the initiator's word alone).
+    #[test]
+    fn send_with_invalidate_needs_the_initiator_and_the_device() {
+        let linux = [cm::ZBVA_NOT_SUPPORTED, 0, 0, 0];
+        let libiscsi = [cm::ZBVA_NOT_SUPPORTED | cm::SEND_W_INV_NOT_SUPPORTED, 0, 0, 0];
+        assert!(cm::use_send_with_invalidate(&linux, true));
+        assert!(!cm::use_send_with_invalidate(&linux, false), "a device without the memory management extensions");
+        assert!(!cm::use_send_with_invalidate(&libiscsi, true));
+        assert!(!cm::use_send_with_invalidate(&[], true), "no private data: not");
     }
 }

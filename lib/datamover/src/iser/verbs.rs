@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use riser_rdma::{Access, CmId, CompletionQueue, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp, SendWr as RSendWr, WorkCompletion, WrData};
+use riser_rdma::{
+    sys, Access, CmId, CompletionQueue, DeviceAttr, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp,
+    SendWr as RSendWr, WorkCompletion, WrData,
+};
 
 use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
 use super::error::IserError;
@@ -30,6 +33,13 @@ impl RegisteredMemory for MemoryRegion {
             log::error!("iSER: write to registered memory failed: {e}");
         }
     }
+}
+
+/// Whether the device can post Send with Invalidate (IBV_WR_SEND_WITH_INV): it needs the
+/// memory management extensions (IBV_DEVICE_MEM_MGT_EXTENSIONS in `device_cap_flags`), which
+/// Linux isert checks too before offering it.
+pub fn supports_send_with_invalidate(attr: &DeviceAttr) -> bool {
+    attr.device_cap_flags & sys::ibv_device_cap_flags::IBV_DEVICE_MEM_MGT_EXTENSIONS.0 != 0
 }
 
 /// A pool over freshly registered memory: `count` slots of `slot` bytes, local write and
@@ -174,5 +184,45 @@ impl IserQp for VerbsQp {
             }
             let _ = self.id.disconnect();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(device_cap_flags: u32) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: String::new(),
+            node_guid: 0,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_mr_size: 0,
+            max_qp: 0,
+            max_qp_wr: 0,
+            max_sge: 0,
+            max_sge_rd: 0,
+            max_cq: 0,
+            max_cqe: 0,
+            max_mr: 0,
+            max_pd: 0,
+            max_qp_rd_atom: 0,
+            max_qp_init_rd_atom: 0,
+            max_res_rd_atom: 0,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_srq_sge: 0,
+            max_mw: 0,
+            phys_port_cnt: 1,
+            device_cap_flags,
+        }
+    }
+
+    #[test]
+    fn send_with_invalidate_needs_the_memory_management_extensions() {
+        assert!(supports_send_with_invalidate(&attr(1 << 21)), "IBV_DEVICE_MEM_MGT_EXTENSIONS is bit 21");
+        assert!(supports_send_with_invalidate(&attr(u32::MAX)));
+        assert!(!supports_send_with_invalidate(&attr(!(1 << 21))));
     }
 }
