@@ -654,7 +654,8 @@ impl<Q: IserQp> IserDatamover<Q> {
             // Closing after a rejected Hello: nothing more is taken.
             None => {}
             Some(Ok(IserHeader::Control { .. })) if first_of_ffp && self.cfg.hello_required => {
-                self.fail("iSERHelloRequired=Yes, but the first message of full-feature phase is not a Hello".into(), events);
+                let why = "iSERHelloRequired=Yes, but the first message of full-feature phase is not a Hello";
+                self.fail(why.into(), events);
                 return;
             }
             Some(Ok(IserHeader::Control { write, read })) => {
@@ -686,7 +687,9 @@ impl<Q: IserQp> IserDatamover<Q> {
                     }
                 }
             }
-            Some(Ok(IserHeader::Hello { max_ver, min_ver, ird })) => self.on_hello(max_ver, min_ver, ird, first_of_ffp, events),
+            Some(Ok(IserHeader::Hello { max_ver, min_ver, ird })) => {
+                self.on_hello(max_ver, min_ver, ird, first_of_ffp, events)
+            }
             Some(Ok(IserHeader::HelloReply { .. }) | Err(_)) => {
                 self.fail(format!("protocol error: bad iSER header (unexpected message of {len} bytes)"), events);
             }
@@ -786,7 +789,8 @@ impl<Q: IserQp> IserDatamover<Q> {
         }
         if let Some(f) = self.fetches.get_mut(&job.itt) {
             if ok {
-                let dst = job.buf_offset.checked_add(job.len).and_then(|end| f.buf.as_mut_slice().get_mut(job.buf_offset..end));
+                let end = job.buf_offset.checked_add(job.len);
+                let dst = end.and_then(|end| f.buf.as_mut_slice().get_mut(job.buf_offset..end));
                 match dst {
                     Some(dst) => self.data.read_into(chunk, dst),
                     None => {
