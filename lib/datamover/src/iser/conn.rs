@@ -9,7 +9,8 @@
 //!
 //! * Put_Data: the read data is copied into data chunks and RDMA-Written to the
 //!   initiator's Read STag, chained with the SCSI Response SEND; only the SEND is signaled
-//!   (RC completes in order, so its completion frees the chunks too).
+//!   (RC completes in order, so its completion frees the chunks too). Data larger than the
+//!   whole chunk pool goes out in batches, each freed by its last (signaled) RDMA Write.
 //! * Get_Data: RDMA Reads from the Write STag into data chunks, at most the negotiated
 //!   initiator depth outstanding (the rest waits in a queue, never fails), copied into the
 //!   task's buffer as they complete.
@@ -297,6 +298,8 @@ impl Default for IserConfig {
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
 const KIND_READ: u64 = 3 << 56;
+/// The signaled last RDMA Write of a batch of a Put_Data larger than the chunk pool.
+const KIND_WRITE: u64 = 4 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 const GEN_SHIFT: u32 = 32;
 const GEN_MASK: u32 = 0xff_ffff;
@@ -328,9 +331,9 @@ struct Task {
 enum Pending {
     /// A PDU, and the STag its SEND invalidates (a SCSI Response with Send with Invalidate).
     Control(Pdu, Option<Stag>),
-    /// A Put_Data and the generation of its task when it was asked for (None: a task the
-    /// datamover never saw a command of: no Read STag).
-    Put(PutData, Option<u32>),
+    /// A Put_Data, the generation of its task when it was asked for (None: a task the
+    /// datamover never saw a command of: no Read STag), and the bytes already written.
+    Put { put: PutData, gen: Option<u32>, sent: usize },
     /// The answer to the initiator's Hello.
     HelloReply(IserHeader),
 }
@@ -369,6 +372,8 @@ pub struct IserDatamover<Q: IserQp> {
     next_gen: u32,
     /// Data chunks to free when a send slot's SEND completes.
     send_chunks: HashMap<u32, Vec<u32>>,
+    /// Data chunks to free when the batch whose last RDMA Write used this chunk completes.
+    write_chunks: HashMap<u32, Vec<u32>>,
     pending: VecDeque<Pending>,
     fetches: HashMap<Itt, Fetch>,
     /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
@@ -408,6 +413,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             tasks: HashMap::new(),
             next_gen: 0,
             send_chunks: HashMap::new(),
+            write_chunks: HashMap::new(),
             pending: VecDeque::new(),
             fetches: HashMap::new(),
             settled: VecDeque::new(),
@@ -533,7 +539,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                 self.tx.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op: SendOp::Send, sge, signaled: true });
                 Ok(())
             }
-            Pending::Put(put, gen) => {
+            Pending::Put { put, gen, sent } => {
                 let read = match gen {
                     Some(g) => match self.tasks.get(&put.itt) {
                         Some(t) if t.gen == g => t.read,
@@ -557,43 +563,78 @@ impl<Q: IserQp> IserDatamover<Q> {
                 };
                 let len = (put.len as usize).min(put.buf.as_slice().len());
                 let chunk = self.data.slot_size();
-                let needed = len.div_ceil(chunk);
+                let needed = (len - sent.min(len)).div_ceil(chunk);
                 if self.data.free.len() < needed || self.send.free.is_empty() {
-                    return Err(Pending::Put(put, gen));
+                    // The chunks a Put_Data can count on: the pool less what the RDMA Reads
+                    // may hold. More than that: write what fits now, the rest later.
+                    let room = self.data.count().saturating_sub(self.cfg.max_rdma_reads as usize).max(1);
+                    if needed > room && !self.data.free.is_empty() {
+                        let sent = self.write_batch(&put, read, sent, len, self.data.free.len());
+                        return Err(Pending::Put { put, gen, sent });
+                    }
+                    return Err(Pending::Put { put, gen, sent });
                 }
                 // The response first: if it cannot be encoded, no data goes out either.
                 let (slot, sge) = match self.stage_control(&put.response) {
-                    None => return Err(Pending::Put(put, gen)),
+                    None => return Err(Pending::Put { put, gen, sent }),
                     Some(Err(e)) => {
                         self.fail(e.to_string(), events);
                         return Ok(());
                     }
                     Some(Ok(s)) => s,
                 };
-                let mut wrs = Vec::with_capacity(needed + 1);
-                let mut chunks = Vec::with_capacity(needed);
-                let mut off = 0;
-                while off < len {
-                    let n = (len - off).min(chunk);
-                    let Some(c) = self.data.alloc() else { break };
-                    self.data.write(c, &put.buf.as_slice()[off..off + n]);
-                    wrs.push(SendWr {
-                        wr_id: 0,
-                        op: SendOp::RdmaWrite { remote_addr: read.base_offset + off as u64, rkey: read.stag() },
-                        sge: self.data.sge(c, n),
-                        signaled: false,
-                    });
-                    chunks.push(c);
-                    off += n;
-                }
+                let (wrs, chunks) = self.rdma_writes(&put, read, sent, len, needed);
+                self.tx.extend_from_slice(&wrs);
                 let op = if self.cfg.send_invalidate { SendOp::SendInvalidate(read.stag()) } else { SendOp::Send };
-                wrs.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op, sge, signaled: true });
+                self.tx.push(SendWr { wr_id: wr_id(KIND_SEND, 0, slot), op, sge, signaled: true });
                 self.send_chunks.insert(slot, chunks);
                 self.tasks.remove(&put.itt);
-                self.tx.extend_from_slice(&wrs);
                 Ok(())
             }
         }
+    }
+
+    /// Up to `max_chunks` unsignaled RDMA Writes of `put`'s bytes from `from` (below `len`)
+    /// to the Read STag, and the chunks they use.
+    fn rdma_writes(
+        &mut self,
+        put: &PutData,
+        read: TaggedBuffer,
+        from: usize,
+        len: usize,
+        max_chunks: usize,
+    ) -> (Vec<SendWr>, Vec<u32>) {
+        let chunk = self.data.slot_size();
+        let mut wrs = Vec::with_capacity(max_chunks + 1);
+        let mut chunks = Vec::with_capacity(max_chunks);
+        let mut off = from;
+        while off < len && chunks.len() < max_chunks {
+            let n = (len - off).min(chunk);
+            let Some(c) = self.data.alloc() else { break };
+            self.data.write(c, &put.buf.as_slice()[off..off + n]);
+            wrs.push(SendWr {
+                wr_id: 0,
+                op: SendOp::RdmaWrite { remote_addr: read.base_offset.wrapping_add(off as u64), rkey: read.stag() },
+                sge: self.data.sge(c, n),
+                signaled: false,
+            });
+            chunks.push(c);
+            off += n;
+        }
+        (wrs, chunks)
+    }
+
+    /// Writes a batch of a Put_Data larger than the chunk pool, its last RDMA Write signaled
+    /// so that its completion frees the batch's chunks; returns the bytes written so far.
+    fn write_batch(&mut self, put: &PutData, read: TaggedBuffer, from: usize, len: usize, max: usize) -> usize {
+        let (mut wrs, chunks) = self.rdma_writes(put, read, from, len, max);
+        let (Some(last), Some(&c)) = (wrs.last_mut(), chunks.last()) else { return from };
+        last.wr_id = wr_id(KIND_WRITE, 0, c);
+        last.signaled = true;
+        let written: usize = wrs.iter().map(|w| w.sge.len as usize).sum();
+        self.write_chunks.insert(c, chunks);
+        self.tx.extend_from_slice(&wrs);
+        from + written
     }
 
     fn flush_pending(&mut self, events: &mut Vec<DmEvent>) -> usize {
@@ -777,6 +818,12 @@ impl<Q: IserQp> IserDatamover<Q> {
         }
     }
 
+    fn on_write_done(&mut self, chunk: u32) {
+        for c in self.write_chunks.remove(&chunk).unwrap_or_default() {
+            self.data.release(c);
+        }
+    }
+
     /// An RDMA Read into `chunk` completed (`ok`) or failed. Its data goes into the task's
     /// buffer only if the read belongs to the live Get_Data of its task (`gen`).
     fn on_read_done(&mut self, chunk: u32, gen: u32, ok: bool, events: &mut Vec<DmEvent>) {
@@ -843,7 +890,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
 
     fn put_data(&mut self, req: PutData) {
         let gen = self.tasks.get(&req.itt).map(|t| t.gen);
-        self.pending.push_back(Pending::Put(req, gen));
+        self.pending.push_back(Pending::Put { put: req, gen, sent: 0 });
     }
 
     fn get_data(&mut self, req: GetData) {
@@ -915,7 +962,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         let mut kept = VecDeque::with_capacity(self.pending.len());
         for p in self.pending.drain(..) {
             match p {
-                Pending::Put(put, _) if put.itt == itt => {
+                Pending::Put { put, .. } if put.itt == itt => {
                     buf.get_or_insert(put.buf);
                 }
                 Pending::Control(pdu, _) if matches!(pdu.op(), Op::ScsiResponse(r) if r.itt == itt) => {}
@@ -952,6 +999,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
                 // Whatever the error, what the work request held is free again.
                 match wc.wr_id & KIND_MASK {
                     KIND_SEND => self.on_send_done(idx),
+                    KIND_WRITE => self.on_write_done(idx),
                     KIND_READ => self.on_read_done(idx, gen, false, events),
                     _ => {}
                 }
@@ -969,6 +1017,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             match wc.wr_id & KIND_MASK {
                 KIND_RECV => self.on_recv(idx, wc.byte_len as usize, events),
                 KIND_SEND => self.on_send_done(idx),
+                KIND_WRITE => self.on_write_done(idx),
                 KIND_READ => self.on_read_done(idx, gen, true, events),
                 _ => {}
             }
@@ -1545,6 +1594,30 @@ mod tests {
         ev.clear();
         d.poll(&mut ev);
         assert_eq!(data_events(&ev).1, vec![(Itt(6), "solicited data outside the Write STag's buffer")]);
+    }
+
+    /// A READ larger than the whole data pool (riser allows 32 MiB; the portal's pool is
+    /// 8 MiB) goes out in batches, each freed by its last RDMA Write's completion, then the
+    /// response; it used to wait at the head of the queue forever, and every send behind it.
+    #[test]
+    fn a_read_larger_than_the_data_pool_goes_out_in_batches() {
+        let mut d = dm(IserConfig { data_chunk: 4096, data_chunks: 4, ..Default::default() });
+        deliver(&mut d, &command(1, true, false, 10 * 4096 + 100, vec![]));
+        deliver(&mut d, &command(2, false, false, 0, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        let data: Vec<u8> = (0..10 * 4096 + 100u32).map(|i| (i % 253) as u8).collect();
+        d.put_data(put(1, data.clone(), response(1)));
+        d.send_control(response(2));
+        for _ in 0..20 {
+            d.poll(&mut ev);
+            wire(&mut d);
+        }
+        assert!(d.qp.read_buf[..data.len()] == data[..], "all the data was written");
+        assert_eq!(d.qp.sent.len(), 2, "both responses went out");
+        assert!(d.qp.chains.len() >= 3, "two batches of 4 RDMA Writes, then the last 3 with the responses");
+        assert_eq!(d.data.free.len(), d.data.count());
+        assert_eq!(d.send.free.len(), d.send.count());
     }
 
     #[test]
