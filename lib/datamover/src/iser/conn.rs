@@ -196,8 +196,9 @@ impl Pool {
 /// its CmdSN window: what RFC 7143 delivers immediately, outside the window (NOP-Out pings,
 /// TMF requests such as ABORT TASK and LUN RESET, a Text request, a Logout, immediate SCSI
 /// commands). Linux isert keeps 6 receives for the same list: NOP-Out (2), Text, TMF (2),
-/// Logout.
-pub const IMMEDIATE_PDU_ROOM: usize = 8;
+/// Logout. The negotiation declares MaxOutstandingUnexpectedPDUs with the same margin
+/// ([`riser_iscsi::negotiate::iser_max_outstanding_unexpected_pdus`]): one constant for both.
+pub const IMMEDIATE_PDU_ROOM: usize = riser_iscsi::negotiate::ISER_UNEXPECTED_PDU_MARGIN as usize;
 /// Receives for expected PDUs: the NOP-Out answers to the target's own NOP-In pings.
 pub const EXPECTED_PDU_ROOM: usize = 2;
 /// Send slots beside one SCSI Response per command: NOP-In, Async Message, TMF / Text /
@@ -1388,6 +1389,13 @@ mod tests {
         let cfg = IserConfig::for_queue_depth(256, 0);
         assert_eq!(cfg.recv_slots, 256 + IMMEDIATE_PDU_ROOM + EXPECTED_PDU_ROOM);
         assert_eq!(cfg.max_outstanding_unexpected_pdus(), 256 + IMMEDIATE_PDU_ROOM as u32);
+        for qd in [1, 64, 128, 256] {
+            assert_eq!(
+                IserConfig::for_queue_depth(qd, 0).max_outstanding_unexpected_pdus(),
+                riser_iscsi::negotiate::iser_max_outstanding_unexpected_pdus(qd),
+                "the ring holds what the negotiation declares"
+            );
+        }
         assert_eq!(cfg.send_slots, 256 + SEND_ROOM);
         assert_eq!(cfg.recv_wr(), cfg.recv_slots as u32 + 1);
         let mut d = dm(IserConfig { data_chunk: 4096, data_chunks: 8, ..cfg });
