@@ -192,7 +192,7 @@ impl Pool {
     }
 }
 
-/// Unexpected PDUs (RFC 7145 §6.5) an initiator may have in flight beside the commands of
+/// Unexpected PDUs (RFC 7145 §6.7) an initiator may have in flight beside the commands of
 /// its CmdSN window: what RFC 7143 delivers immediately, outside the window (NOP-Out pings,
 /// TMF requests such as ABORT TASK and LUN RESET, a Text request, a Logout, immediate SCSI
 /// commands). Linux isert keeps 6 receives for the same list: NOP-Out (2), Text, TMF (2),
@@ -224,11 +224,13 @@ pub struct IserConfig {
     /// invalidates the STag its command advertised, sparing the initiator a local
     /// invalidation per I/O.
     pub send_invalidate: bool,
-    /// iSERHelloRequired=Yes was negotiated (RFC 7145 §6.8; iWARP): the first message of
-    /// full-feature phase must be a Hello. No on IB/RoCE, where nobody sends one.
+    /// iSERHelloRequired=Yes was negotiated (RFC 7145 §6.10; iWARP): the first message of
+    /// full-feature phase must be a Hello. No on IB/RoCE, where nobody sends one. Set from
+    /// `DatamoverParams::iser_hello_required` by Notice_Key_Values.
     pub hello_required: bool,
-    /// TaggedBufferForSolicitedDataOnly as the initiator declared it (RFC 7145 §6.7), None
-    /// when it did not send the key. It says where the Write STag's buffer starts, so where
+    /// TaggedBufferForSolicitedDataOnly as the initiator declared it (RFC 7145 §6.9), None
+    /// when it did not send the key (or when that is not known: see
+    /// [`Datamover::notice_key_values`]). It says where the Write STag's buffer starts, so where
     /// the RDMA Reads of solicited data go:
     ///
     /// * `Some(false)`, the RFC's default: the buffer holds all the write data, immediate and
@@ -261,7 +263,7 @@ impl IserConfig {
         IserConfig { recv_slots: unexpected + EXPECTED_PDU_ROOM, send_slots: qd + SEND_ROOM, ..IserConfig::default() }
     }
 
-    /// What the target can declare as MaxOutstandingUnexpectedPDUs (RFC 7145 §6.5) with this
+    /// What the target can declare as MaxOutstandingUnexpectedPDUs (RFC 7145 §6.7) with this
     /// receive ring: every receive but those kept for expected PDUs. With
     /// [`IserConfig::for_queue_depth`] that is queue_depth × (1 + unsolicited_data_out) +
     /// [`IMMEDIATE_PDU_ROOM`].
@@ -744,7 +746,7 @@ impl<Q: IserQp> IserDatamover<Q> {
         self.rx.push((wr_id(KIND_RECV, 0, slot), sge));
     }
 
-    /// A Hello (RFC 7145 §5.1, §9.3): valid only as the first message of full-feature phase
+    /// A Hello (RFC 7145 §5.1, §9): valid only as the first message of full-feature phase
     /// when iSERHelloRequired=Yes. Answered with a HelloReply carrying our version and our
     /// ORD, capped by the initiator's IRD (and used from now on); a version range without
     /// ours is rejected (REJ) and the connection closes once the reply is out.
@@ -900,7 +902,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             // No Write STag: the initiator cannot be asked for data.
             return self.fail_fetch(itt, buf, "no Write STag");
         };
-        // Where solicited byte `offset` lies in the Write STag's buffer (RFC 7145 §6.7).
+        // Where solicited byte `offset` lies in the Write STag's buffer (RFC 7145 §6.9).
         let start = match self.cfg.tagged_buffer_for_solicited_data_only {
             Some(false) => Some(u64::from(offset)),
             Some(true) | None => u64::from(offset).checked_sub(unsolicited),
@@ -942,6 +944,14 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
     fn notice_key_values(&mut self, params: DatamoverParams) {
         // Sizes were fixed when the pools were built; keep the initiator's receive limit.
         self.cfg.initiator_recv_data_segment_length = params.initiator_max_recv_data_segment_length as usize;
+        self.cfg.hello_required = params.iser_hello_required;
+        // A negotiated Yes is the initiator's declaration. A No cannot be told from a key
+        // never sent, and Linux, libiscsi and riser-perf never send it yet lay their buffers
+        // out the Yes way: reading their silence as the RFC's No would shift every write
+        // with immediate data. So No leaves the layout as configured (None: theirs).
+        if params.tagged_buffer_for_solicited_data_only {
+            self.cfg.tagged_buffer_for_solicited_data_only = Some(true);
+        }
     }
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
@@ -1583,7 +1593,7 @@ mod tests {
         want
     }
 
-    /// RFC 7145 §6.7: with TaggedBufferForSolicitedDataOnly=No (the RFC's default, declared)
+    /// RFC 7145 §6.9: with TaggedBufferForSolicitedDataOnly=No (the RFC's default, declared)
     /// the Write STag's buffer holds all the write data, so the RDMA Reads start at the base
     /// plus the immediate and unsolicited bytes; with Yes, and with the key not sent (Linux,
     /// libiscsi), at the base itself. The old code always read at the base.
@@ -1626,6 +1636,29 @@ mod tests {
         assert!(d.qp.chains.len() >= 3, "two batches of 4 RDMA Writes, then the last 3 with the responses");
         assert_eq!(d.data.free.len(), d.data.count());
         assert_eq!(d.send.free.len(), d.send.count());
+    }
+
+    /// Notice_Key_Values carries the negotiated iSER keys into the datamover: a Hello becomes
+    /// required; TaggedBufferForSolicitedDataOnly=Yes is applied, while a negotiated No (also
+    /// what an initiator that never sends the key gets, like Linux) keeps the peers' layout,
+    /// so a Linux write with immediate data is still read from the Write STag's base.
+    #[test]
+    fn notice_key_values_applies_the_iser_keys() {
+        let mut d = dm(IserConfig::default());
+        let keys = DatamoverParams { iser_hello_required: true, tagged_buffer_for_solicited_data_only: true, ..Default::default() };
+        d.notice_key_values(keys);
+        assert!(d.cfg.hello_required);
+        assert_eq!(d.cfg.tagged_buffer_for_solicited_data_only, Some(true));
+        let mut d = dm(IserConfig { data_chunk: 4096, ..Default::default() });
+        d.notice_key_values(DatamoverParams::default());
+        assert!(!d.cfg.hello_required);
+        assert_eq!(d.cfg.tagged_buffer_for_solicited_data_only, None);
+        deliver(&mut d, &command(2, false, true, 8192 + 4096, vec![9u8; 8192]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        d.get_data(get(2, 8192 + 4096, 8192, 4096));
+        d.poll(&mut ev);
+        assert!(matches!(d.qp.queued.as_slice(), [w] if w.op == SendOp::RdmaRead { remote_addr: 0, rkey: Stag(0x22) }));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::fmt;
 use thiserror::Error;
 
 pub const ISER_HDR_LEN: usize = 28;
-/// Hello and HelloReply are 12 bytes (RFC 7145 §9.3, §9.4): opcode, versions, IRD / ORD,
+/// Hello and HelloReply are 12 bytes (RFC 7145 §9): opcode, versions, IRD / ORD,
 /// and 8 reserved bytes; no iSCSI PDU follows.
 pub const HELLO_LEN: usize = 12;
 /// The iSER version of RFC 5046 / RFC 7145, as MaxVer, MinVer and CurVer carry it (the
@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(IserHeader::parse(&b).unwrap(), IserHeader::Control { write: None, read: None });
     }
 
-    /// RFC 7145 §9.3 / §9.4: a Hello is 12 bytes (no iSCSI PDU behind it), and so is the
+    /// RFC 7145 §9: a Hello is 12 bytes (no iSCSI PDU behind it), and so is the
     /// HelloReply; both parse from 12 bytes.
     #[test]
     fn hello_messages_are_12_bytes() {
