@@ -51,11 +51,13 @@ use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, S
 use super::error::IserError;
 use super::header::{cm, IserHeader, ISER_HDR_LEN};
 use super::shared_cq::CqSet;
-use super::verbs::{registered_pool, VerbsCq, VerbsQp};
+use super::verbs::{registered_pool, supports_send_with_invalidate, VerbsCq, VerbsQp};
 
 const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
 const WR_LOGIN_RECV: u64 = 0xA1 << 56;
 const WR_LOGIN_SEND: u64 = 0xA2 << 56;
+/// The deepest session queue depth a target node can be given (`iscsi_create_target_node`).
+const MAX_QUEUE_DEPTH: u32 = 256;
 /// Entries of a shared CQ (at most; less if the device allows less).
 const SHARED_CQ_ENTRIES: u32 = 16384;
 /// How long a login waiting for its next PDU sleeps between polls of its QP.
@@ -252,10 +254,10 @@ fn setup(
             pd
         }
     };
-    let cfg = IserConfig::default();
     let max_wr = attr.max_qp_wr.max(64) as u32;
     let send_wr = 1024u32.min(max_wr);
-    let recv_wr = (cfg.recv_slots as u32 + 8).min(max_wr);
+    // The queue depth is negotiated later: room for the receive ring of the deepest session.
+    let recv_wr = IserConfig::for_queue_depth(MAX_QUEUE_DEPTH, 0).recv_wr().min(max_wr);
     let depth = send_wr + recv_wr;
     let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
     let shared = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
@@ -287,8 +289,9 @@ fn setup(
         "iSER connect from {peer}: private data flags {flags:#04x}, peer IRD {peer_responder_resources} ORD {peer_initiator_depth}, reactor {reactor}, QP {qp_num}"
     );
     // Send with Invalidate only when the initiator said it takes it (Linux ib_iser does when
-    // it registers every task's memory, its default); no private data: not.
-    let send_invalidate = private_data.len() >= 4 && flags & cm::SEND_W_INV_NOT_SUPPORTED == 0;
+    // it registers every task's memory, its default; no private data: not) and the device can
+    // post it (memory management extensions, as Linux isert checks).
+    let send_invalidate = cm::use_send_with_invalidate(private_data, supports_send_with_invalidate(&attr));
     let reply = cm::reply(send_invalidate);
     qp.cm_id().accept(&ConnParam {
         private_data: &reply,
@@ -455,12 +458,14 @@ impl LoginTransport for IserLogin {
         qp.post_send(&[wr]).map_err(|e| TransportError::Failed(e.to_string()))
     }
 
-    fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {
+    fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError> {
+        // The receive ring from the session's queue depth (InitialR2T=Yes: no unsolicited
+        // Data-Out), which is also what the target declared as MaxOutstandingUnexpectedPDUs.
         let cfg = IserConfig {
             max_rdma_reads: self.rdma_reads,
             data_chunks: 64,
             send_invalidate: self.send_invalidate,
-            ..IserConfig::default()
+            ..IserConfig::for_queue_depth(keys.queue_depth.clamp(1, MAX_QUEUE_DEPTH), 0)
         };
         let [r, s, d] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
         let pools = (|| -> Result<(Pool, Pool, Pool), IserError> {
