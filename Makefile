@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench bench-rxe bench-scale deps clean
+.PHONY: all build release run test unit integration bench bench-rxe bench-scale fuzz deps clean
 
 all: build
 
@@ -44,6 +44,15 @@ bench-rxe: build
 # Multi-reactor scaling over iSCSI/TCP on loopback (needs about 16 cores; see the script).
 bench-scale: release
 	scripts/bench-scale.sh
+
+# Fuzzing, never part of `make test`: each cargo-fuzz target of test/fuzz/ (framer, pdu_codec,
+# text, login, iser_header, scsi_cdb, session) for FUZZ_SECONDS (default 60) with libFuzzer and ASan, on
+# the stable toolchain; installs cargo-fuzz if missing. FUZZ_TARGETS picks some, FUZZ_SANITIZER=
+# none runs without ASan. Seeds in test/fuzz/corpus/, findings in test/fuzz/artifacts/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 clean:
 	$(CARGO) clean
