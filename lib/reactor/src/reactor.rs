@@ -733,8 +733,15 @@ mod tests {
         assert_eq!(h.least_loaded(), 1);
         h.add_load(0, -5);
         assert_eq!(h.least_loaded(), 0);
-        let s = h.stats();
-        assert!(s[0].busy_ns > 0 && s[0].messages >= 1);
+        // A reactor publishes its counters after the message that answered `call` returned:
+        // wait for them (bounded) rather than race the reply.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut s = h.stats();
+        while !(s[0].busy_ns > 0 && s[0].messages >= 1) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            s = h.stats();
+        }
+        assert!(s[0].busy_ns > 0 && s[0].messages >= 1, "{:?}", (s[0].busy_ns, s[0].messages));
         set.shutdown();
     }
 
