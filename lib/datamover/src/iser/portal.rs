@@ -64,8 +64,9 @@ const SHARED_CQ_ENTRIES: u32 = 16384;
 const LOGIN_POLL_IDLE: Duration = Duration::from_micros(500);
 /// How long the portal thread sleeps when no CM event came.
 const PORTAL_IDLE: Duration = Duration::from_micros(500);
-/// How long a failed login's last response is given to go out before the QP is destroyed.
-const FAILED_LINGER: Duration = Duration::from_millis(20);
+/// How long a failed login waits for the initiator to close after its last response, at most,
+/// before the QP is destroyed (on the login's own thread).
+const FAILED_LINGER: Duration = Duration::from_secs(2);
 
 /// The shared CQs of every iSER portal, by (device, reactor).
 static CQS: std::sync::LazyLock<CqSet<VerbsCq>> = std::sync::LazyLock::new(CqSet::default);
@@ -490,12 +491,21 @@ impl LoginTransport for IserLogin {
     }
 
     fn linger(&mut self) {
-        // Let the response go out, then drop everything.
-        if let Some(dm) = self.dm.as_mut() {
-            let mut ev = Vec::new();
-            dm.poll(&mut ev);
+        // Push the last response out, then give the initiator the time to read it and close
+        // (bounded): destroying the QP at once can reach it as a disconnect before the
+        // response it has received is handled (libiscsi then reports an event failure, not
+        // the status).
+        let until = Instant::now() + FAILED_LINGER;
+        while !self.cm.closed.load(Ordering::Acquire) && Instant::now() < until {
+            if let Some(dm) = self.dm.as_mut() {
+                let mut ev = Vec::new();
+                dm.poll(&mut ev);
+            } else if let Some(qp) = self.qp.as_mut() {
+                let mut wcs: Vec<Completion> = Vec::new();
+                qp.poll(&mut wcs, 8);
+            }
+            thread::sleep(LOGIN_POLL_IDLE);
         }
-        thread::sleep(FAILED_LINGER);
     }
 }
 
