@@ -7,7 +7,8 @@
 #   - a login over TCP with mutual CHAP and CHAP_A SHA-256 (node.session.auth.chap_algs),
 #     8 MiB verified;
 #   - a login over iSER with mutual CHAP and SHA3-256, 8 MiB verified;
-#   - a login over TCP to a second target that requires one-way CHAP, with MD5, 4 MiB verified;
+#   - logins to a second target that requires one-way CHAP: MD5 over TCP and SHA-1 over
+#     iSER, 4 MiB verified each;
 #   - a login with a wrong password (through a third iface) fails cleanly, riser counts it,
 #     while both authenticated sessions keep doing verified I/O;
 #   - no secret in riser's log; logout leaves no connection.
@@ -88,11 +89,17 @@ sid_iser=$(login "$iqn" iser0)
 disk_iser=$(disk_of "$sid_iser" 1)
 raw_verify "$disk_iser" 8 iser
 
-step "login over TCP to a one-way CHAP target, MD5"
+step "one-way CHAP to a second target: MD5 over TCP, SHA-1 over iSER"
 T=iqn.2016-06.io.riser:oneway MUTUAL=no node_chap default "$secret" MD5
 sid_one=$(login iqn.2016-06.io.riser:oneway default)
 disk_one=$(disk_of "$sid_one" 0)
 raw_verify "$disk_one" 4 oneway
+logout_sid "$sid_one"
+T=iqn.2016-06.io.riser:oneway MUTUAL=no node_chap iser0 "$secret" SHA1
+sid_one=$(login iqn.2016-06.io.riser:oneway iser0)
+[ "$(transport_of "$sid_one")" = iser ] || fail "session $sid_one is not iser"
+disk_one=$(disk_of "$sid_one" 0)
+raw_verify "$disk_one" 4 oneway-iser
 logout_sid "$sid_one"
 
 step "a wrong password fails cleanly"
@@ -109,7 +116,8 @@ grep -q 'failed (0x0201)' "$logs/riser.log" || fail "riser did not log the authe
 grep -q 'authenticated with sha256' "$logs/riser.log" || fail "no CHAP_A SHA-256 login in riser's log"
 grep -q 'authenticated with sha3-256' "$logs/riser.log" || fail "no CHAP_A SHA3-256 login in riser's log"
 grep -q 'authenticated with md5' "$logs/riser.log" || fail "no CHAP_A MD5 login in riser's log"
-echo "CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way"
+grep -q 'authenticated with sha1' "$logs/riser.log" || fail "no CHAP_A SHA-1 login in riser's log"
+echo "CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way over TCP, sha1 one-way over iSER"
 
 step "the authenticated sessions still do verified I/O"
 raw_verify "$disk_tcp" 8 tcp-again

@@ -104,15 +104,15 @@ fn rxe_vm_iser_fault_device_removed() {
 
 /// CHAP with the Linux initiator over TCP and iSER: discovery authentication (refused without
 /// CHAP), mutual CHAP with SHA-256 over TCP and SHA3-256 over iSER, each 8 MiB verified,
-/// one-way CHAP with MD5 to a second target; a wrong password fails cleanly and is counted
+/// one-way CHAP to a second target (MD5 over TCP, SHA-1 over iSER); a wrong password fails cleanly and is counted
 /// while both sessions keep doing verified I/O; no secret in riser's log.
 #[test]
 fn rxe_vm_chap_linux_initiator() {
     let out = run_in_vm_smp("scripts/vm/chap.sh", "CHAP OK", ISER_SMP);
     assert!(out.contains("discovery without CHAP refused"), "{out}");
     assert!(out.contains("tcp-again: 8 MiB verified") && out.contains("iser-again: 8 MiB verified"), "{out}");
-    assert!(out.contains("oneway: 4 MiB verified"), "{out}");
-    assert!(out.contains("CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way"), "{out}");
+    assert!(out.contains("oneway: 4 MiB verified") && out.contains("oneway-iser: 4 MiB verified"), "{out}");
+    assert!(out.contains("CHAP_A: sha256 over TCP, sha3-256 over iSER, md5 one-way over TCP, sha1 one-way over iSER"), "{out}");
 }
 
 /// Before login, resources are bounded (issue "iSER by the book", defect 3): riser without
