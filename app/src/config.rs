@@ -16,7 +16,6 @@ const IGNORED_SPDK_METHODS: &[&str] = &[
     "bdev_nvme_set_options",
     "bdev_nvme_set_hotplug",
     "bdev_iscsi_set_options",
-    "iobuf_set_options",
     "sock_impl_set_options",
     "sock_set_default_impl",
     "accel_set_options",

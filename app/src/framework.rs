@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::App;
 
 /// Subsystems in dependency order, as `framework_get_subsystems` lists them.
-const SUBSYSTEMS: &[(&str, &[&str])] = &[("bdev", &[]), ("iscsi", &["bdev"])];
+const SUBSYSTEMS: &[(&str, &[&str])] = &[("iobuf", &[]), ("bdev", &["iobuf"]), ("iscsi", &["bdev"])];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +47,7 @@ pub fn subsystem_config(app: &App, name: &str) -> Option<Vec<Value>> {
                 .collect(),
         ),
         "iscsi" => Some(app.target.config_json()),
+        "iobuf" => Some(crate::iobuf::config_json()),
         _ => None,
     }
 }

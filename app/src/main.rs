@@ -3,6 +3,7 @@
 
 mod config;
 mod framework;
+mod iobuf;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -116,6 +117,7 @@ fn run(args: Args) -> Result<(), String> {
     let app = Arc::new(App { bdevs, target: target.clone(), server: server.clone(), reactors: reactors.handle() });
     let mut registry = RpcRegistry::new();
     framework::register(&mut registry, &app);
+    iobuf::register(&mut registry);
     riser_bdev::rpc::register(&mut registry, &app.bdevs);
     riser_config::rpc::register(&mut registry, target.clone());
     riser_server::rpc::register(&mut registry, &server);

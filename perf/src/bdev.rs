@@ -346,8 +346,9 @@ impl Job {
         let idle_bufs = (0..plan.qd)
             .map(|i| {
                 // A recognisable non-zero pattern, so writes carry real data.
-                let b: Box<[u8]> = vec![(i as u8) | 1; plan.bs as usize].into_boxed_slice();
-                Some(Box::new(b) as IoBuf)
+                let mut b = IoBuf::alloc(plan.bs as usize);
+                b.fill((i as u8) | 1);
+                Some(b)
             })
             .collect();
         Job {

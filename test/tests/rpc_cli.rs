@@ -446,3 +446,48 @@ fn chap_configuration_saves_privately_and_replays_without_logging_secrets() {
         assert!(!log.contains(s), "{s} in riser's log after --json:\n{log}");
     }
 }
+
+/// The I/O buffer budget: iobuf_set_options (riser's max_bytes or SPDK's pool fields),
+/// iobuf_get_options, iobuf_get_stats, bad values refused, and the budget in save_config
+/// and back through --json.
+#[test]
+fn iobuf_budget_options_stats_and_save_config() {
+    let dir = TempDir::new("iobuf");
+    let cfg = dir.join("config.json");
+    {
+        let mut riser = Riser::start();
+        let opts = riser.rpc_json(&["iobuf_get_options"]);
+        assert_eq!(opts["max_bytes"], json!(48u64 << 20), "the default budget: {opts}");
+        // Below the largest transfer (32 MiB): refused with a reason, nothing changes.
+        let r = riser.call("iobuf_set_options", Some(json!({"max_bytes": 1 << 20})));
+        assert_eq!(rpc_code(&r), -32602, "{r:?}");
+        assert!(rpc_message(&r).contains("32 MiB"), "{}", rpc_message(&r));
+        let r = riser.call("iobuf_set_options", Some(json!({"max_bytes": 64u64 << 20, "small_pool_count": 1})));
+        assert_eq!(rpc_code(&r), -32602, "{r:?}");
+        assert_eq!(riser.rpc_json(&["iobuf_get_options"])["max_bytes"], json!(48u64 << 20));
+        // SPDK's fields: the budget is what those pools would hold.
+        riser
+            .call("iobuf_set_options", Some(json!({"small_pool_count": 4096, "small_bufsize": 8192, "large_pool_count": 512, "large_bufsize": 135168})))
+            .expect("SPDK's iobuf_set_options");
+        assert_eq!(riser.rpc_json(&["iobuf_get_options"])["max_bytes"], json!(4096u64 * 8192 + 512 * 135168));
+        riser.call("iobuf_set_options", Some(json!({"max_bytes": 96u64 << 20}))).expect("max_bytes");
+        let stats = riser.rpc_json(&["iobuf_get_stats"]);
+        assert_eq!(stats["max_bytes"], json!(96u64 << 20), "{stats}");
+        for k in ["mapped_bytes", "in_use_bytes", "cached_bytes", "waiting", "waits", "maps", "reuses", "unmaps"] {
+            assert!(stats[k].is_u64(), "{k} missing from {stats}");
+        }
+        let out = riser.rpc(&["save_config"]);
+        let saved = out.json();
+        let subsystems = saved["subsystems"].as_array().cloned().unwrap_or_default();
+        assert_eq!(subsystems.first().map(|s| s["subsystem"].clone()), Some(json!("iobuf")), "iobuf comes first: {saved}");
+        assert_eq!(
+            subsystems[0]["config"],
+            json!([{"method": "iobuf_set_options", "params": {"max_bytes": 96u64 << 20}}]),
+            "{saved}"
+        );
+        std::fs::write(&cfg, &out.stdout).unwrap();
+        assert!(riser.terminate(Duration::from_secs(10)).is_some(), "riser ignored SIGTERM");
+    }
+    let riser = Riser::start_with(&["--json", cfg.to_str().unwrap()]);
+    assert_eq!(riser.rpc_json(&["iobuf_get_options"])["max_bytes"], json!(96u64 << 20), "--json restores the budget");
+}

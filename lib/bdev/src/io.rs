@@ -8,32 +8,9 @@ use uuid::Uuid;
 
 use crate::Lba;
 
-/// A data buffer handed to a device and handed back in the completion. Any owner of
-/// contiguous bytes can be one (a `Vec<u8>`, or later a slice of registered RDMA memory).
-pub trait Buffer: Send {
-    fn as_slice(&self) -> &[u8];
-    fn as_mut_slice(&mut self) -> &mut [u8];
-}
-
-impl Buffer for Vec<u8> {
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        self
-    }
-}
-
-impl Buffer for Box<[u8]> {
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        self
-    }
-}
-
-pub type IoBuf = Box<dyn Buffer>;
+/// The data buffer handed to a device and handed back in the completion: riser-buf's
+/// owned, page-aligned, pooled buffer.
+pub use riser_buf::IoBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IoKind {
@@ -67,7 +44,7 @@ impl fmt::Debug for BdevIo {
             .field("kind", &self.kind)
             .field("offset_blocks", &self.offset_blocks)
             .field("num_blocks", &self.num_blocks)
-            .field("buf_len", &self.buf.as_ref().map(|b| b.as_slice().len()))
+            .field("buf_len", &self.buf.as_ref().map(|b| b.len()))
             .field("tag", &self.tag)
             .finish()
     }

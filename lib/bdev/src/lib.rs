@@ -16,7 +16,7 @@ mod registry;
 pub mod rpc;
 
 pub use io::{
-    run_sync, validate, BdevError, BdevInfo, BdevIo, Buffer, IoBuf, IoChannel, IoCompletion,
+    run_sync, validate, BdevError, BdevInfo, BdevIo, IoBuf, IoChannel, IoCompletion,
     IoKind,
 };
 pub use lba::Lba;

@@ -183,11 +183,11 @@ impl BdevRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{run_sync, BdevIo, IoKind, Lba};
+    use crate::{run_sync, BdevIo, IoBuf, IoKind, Lba};
 
     fn io(kind: IoKind, off: u64, n: u64, buf: Option<Vec<u8>>, tag: u64) -> BdevIo {
         let offset_blocks = Lba::new(off);
-        BdevIo { kind, offset_blocks, num_blocks: n, buf: buf.map(|b| Box::new(b) as _), tag }
+        BdevIo { kind, offset_blocks, num_blocks: n, buf: buf.map(IoBuf::from), tag }
     }
 
     #[test]

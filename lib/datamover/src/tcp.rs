@@ -543,7 +543,7 @@ mod tests {
         let (mut dm, mut c) = pair();
         dm.notice_key_values(DatamoverParams { initiator_max_recv_data_segment_length: 4096, data_digest: true, header_digest: true, ..Default::default() });
         let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
-        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: Box::new(data.clone()), len: 10000, response: response(0, false), sn: SnState::default() });
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 10000, response: response(0, false), sn: SnState::default() });
         let mut ev = Vec::new();
         while !dm.idle() {
             dm.poll(&mut ev);
@@ -563,7 +563,7 @@ mod tests {
         assert!(last.final_bit && last.residual_underflow && last.residual_count == 512 && last.stat_sn == Sn(77));
         assert_eq!(got, data);
         // With sense data the response travels separately, after the data.
-        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: Box::new(vec![1u8; 100]), len: 100, response: response(2, true), sn: SnState::default() });
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![1u8; 100]), len: 100, response: response(2, true), sn: SnState::default() });
         while !dm.idle() {
             dm.poll(&mut ev);
         }
@@ -576,7 +576,7 @@ mod tests {
     fn get_data_solicits_with_r2t_and_fails_bad_datasn() {
         let (mut dm, mut c) = pair();
         dm.notice_key_values(DatamoverParams { max_burst_length: 4096, max_outstanding_r2t: 1, target_max_recv_data_segment_length: 8192, ..Default::default() });
-        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: Box::new(vec![0u8; 8192]), offset: 0, len: 8192, sn: SnState::default() });
+        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 8192]), offset: 0, len: 8192, sn: SnState::default() });
         let mut ev = Vec::new();
         let mut f = Framer::new();
         let answer = |c: &mut TcpStream, ttt: Ttt, sn: u32, off: u32, fill: u8| {
@@ -613,7 +613,7 @@ mod tests {
         assert!(buf.as_slice()[..4096].iter().all(|&b| b == 1) && buf.as_slice()[4096..].iter().all(|&b| b == 2));
 
         // A Data-Out with the wrong DataSN fails the task, not the connection.
-        dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: Box::new(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });
+        dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });
         while !dm.idle() {
             dm.poll(&mut ev);
         }

@@ -269,7 +269,7 @@ fn data_result(task: &ScsiTask, mut v: Vec<u8>, alloc: usize) -> ScsiResult {
         status: Status::Good,
         sense: None,
         data_in: if n > 0 {
-            Some(Box::new(v) as IoBuf)
+            Some(IoBuf::from(v))
         } else {
             None
         },

@@ -40,11 +40,12 @@ mod util;
 use rmw::Rmw;
 use util::*;
 
-/// Allocates data buffers of exactly the requested length.
+/// Allocates data buffers of exactly the requested length. The executor fills every byte
+/// of each buffer it takes (a device read, a pattern), so their contents may be stale.
 pub type BufAlloc = Box<dyn FnMut(usize) -> IoBuf + Send>;
 
 fn default_alloc() -> BufAlloc {
-    Box::new(|n| Box::new(vec![0u8; n]) as IoBuf)
+    Box::new(IoBuf::alloc)
 }
 
 /// A hasher for the small set of nexus ids (already unique integers).
@@ -549,7 +550,7 @@ impl LunChannel {
     // Results
 
     fn vec_buf(v: Vec<u8>) -> IoBuf {
-        Box::new(v)
+        IoBuf::from(v)
     }
 
     fn finish_now(&mut self, tag: u64, edtl: u32, xfer: u64, r: CmdResult<Status>, dsense: bool) {

@@ -173,6 +173,8 @@ impl<D: Datamover> Connection<D> {
         }
         // Commands held for a CmdSN gap another connection of the session filled.
         self.ffp.release_held();
+        // Writes waiting for buffer memory that others have given back meanwhile.
+        work += self.ffp.grant_buffers();
         self.scsi.poll(&mut self.results);
         // Work in progress inside the SCSI layer (a background SANITIZE, I/O in flight)
         // keeps the reactor from backing off to sleep.

@@ -121,7 +121,7 @@ pub fn run(data: &[u8]) {
         task.read = ctl & 2 != 0;
         task.write = ctl & 4 != 0;
         if task.write {
-            task.data_out = Some(Box::new(dout) as IoBuf);
+            task.data_out = Some(IoBuf::from(dout));
         }
         task.attr = match (ctl >> 5) & 3 {
             0 => TaskAttr::Simple,

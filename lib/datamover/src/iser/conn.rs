@@ -1189,7 +1189,7 @@ mod tests {
         assert!(matches!(ev.as_slice(), [DmEvent::Control(p)] if matches!(p.op(), Op::ScsiCommand(_))));
         assert_eq!(d.qp.recvs.len(), IserConfig::default().recv_slots, "receive reposted at once");
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: Box::new(data.clone()), len: 200_000, response: response(1), sn: SnState::default() });
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 200_000, response: response(1), sn: SnState::default() });
         d.poll(&mut ev);
         wire(&mut d);
         assert_eq!(d.qp.chains, vec![5], "4 RDMA Writes and the SEND in one post");
@@ -1215,7 +1215,7 @@ mod tests {
         d.poll(&mut ev);
         assert_eq!(ev.len(), 3);
         assert_eq!(d.qp.chains.len(), 0, "receives only: no send posted");
-        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: Box::new(vec![5u8; 4096]), len: 4096, response: response(1), sn: SnState::default() });
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![5u8; 4096]), len: 4096, response: response(1), sn: SnState::default() });
         d.send_control(response(2));
         d.send_control(response(3));
         d.poll(&mut ev);
@@ -1247,7 +1247,7 @@ mod tests {
         let mut ev = Vec::new();
         d.poll(&mut ev);
         ev.clear();
-        d.get_data(GetData { itt: Itt(2), lun: Lun(0), buf: Box::new(vec![0u8; 28_192]), offset: 8192, len: 20_000, sn: SnState::default() });
+        d.get_data(GetData { itt: Itt(2), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 28_192]), offset: 8192, len: 20_000, sn: SnState::default() });
         let mut rounds = 0;
         while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
             d.poll(&mut ev);
@@ -1264,11 +1264,11 @@ mod tests {
 
     fn put(itt: u32, data: Vec<u8>, response: Pdu) -> PutData {
         let len = data.len() as u32;
-        PutData { itt: Itt(itt), lun: Lun(0), buf: Box::new(data), len, response, sn: SnState::default() }
+        PutData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(data), len, response, sn: SnState::default() }
     }
 
     fn get(itt: u32, buf_len: usize, offset: u32, len: u32) -> GetData {
-        GetData { itt: Itt(itt), lun: Lun(0), buf: Box::new(vec![0u8; buf_len]), offset, len, sn: SnState::default() }
+        GetData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; buf_len]), offset, len, sn: SnState::default() }
     }
 
     type DataEvents = (Vec<(Itt, Vec<u8>)>, Vec<(Itt, &'static str)>);

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use riser_bdev::IoBuf;
+use riser_buf::{Pool, Waiter};
 pub use riser_scsi::Residual;
 use riser_scsi::{Asc, Sense, SenseKey, Status};
 
@@ -96,6 +97,8 @@ pub trait TextResponder {
 enum TaskState {
     /// Collecting unsolicited data (immediate data done; Data-Out with TTT 0xffffffff).
     Unsolicited,
+    /// Waiting for budgeted buffer memory before its solicited data is asked for.
+    WaitingBuffer,
     /// Solicited data requested from the datamover.
     Fetching,
     /// In the SCSI layer.
@@ -107,7 +110,14 @@ struct Task {
     cmd: ScsiCommand,
     cdb: Vec<u8>,
     state: TaskState,
+    /// The write buffer (EDTL bytes): taken at once when all the data is unsolicited,
+    /// else from the budget when the solicited part is about to be asked for.
     buf: Option<IoBuf>,
+    /// Unsolicited data received before the buffer exists (immediate data, unsolicited
+    /// Data-Out), in order from offset 0: the PDUs' own segments, copied once into `buf`.
+    staged: Vec<Vec<u8>>,
+    /// The task's place in the queue for budgeted memory (dropped with the task).
+    waiter: Option<Waiter>,
     /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
     received: u32,
     /// Unsolicited bytes the initiator may still send.
@@ -132,6 +142,12 @@ pub struct Ffp {
     ping: Option<(Ttt, Instant)>,
     closing: bool,
     responder: Option<Box<dyn TextResponder>>,
+    /// Where write buffers come from (the global pool; tests give their own).
+    pool: &'static Pool,
+    /// Writes waiting for buffer memory, oldest first.
+    waiting_buf: VecDeque<Itt>,
+    /// Payload bytes this layer copied (unsolicited data into write buffers).
+    copied_bytes: u64,
 }
 
 impl Ffp {
@@ -160,7 +176,56 @@ impl Ffp {
             ping: None,
             closing: false,
             responder: None,
+            pool: Pool::global(),
+            waiting_buf: VecDeque::new(),
+            copied_bytes: 0,
         }
+    }
+
+    /// Takes write buffers from `pool` instead of the global one (tests).
+    pub fn set_pool(&mut self, pool: &'static Pool) {
+        self.pool = pool;
+    }
+
+    /// Payload bytes the iSCSI layer copied so far: unsolicited write data (immediate data,
+    /// unsolicited Data-Out) copied once into the write buffer.
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied_bytes
+    }
+
+    /// Writes waiting for buffer memory now.
+    pub fn waiting_for_buffers(&self) -> usize {
+        self.waiting_buf.len()
+    }
+
+    /// Gives buffer memory to writes waiting for it, oldest first, as the budget allows;
+    /// each one then asks the datamover for its solicited data. The driver calls it every
+    /// poll; cheap when none waits. Returns how many were served.
+    pub fn grant_buffers(&mut self) -> usize {
+        let mut served = 0;
+        while let Some(&itt) = self.waiting_buf.front() {
+            let pool = self.pool;
+            let Some(t) = self.tasks.get_mut(&itt).filter(|t| matches!(t.state, TaskState::WaitingBuffer)) else {
+                // Aborted (or otherwise gone) meanwhile: its place went with it.
+                self.waiting_buf.pop_front();
+                continue;
+            };
+            let edtl = t.cmd.expected_data_transfer_length as usize;
+            let Some(mut buf) = pool.try_alloc(edtl, &mut t.waiter) else {
+                break;
+            };
+            self.waiting_buf.pop_front();
+            let mut off = 0;
+            for seg in t.staged.drain(..) {
+                buf[off..off + seg.len()].copy_from_slice(&seg);
+                off += seg.len();
+            }
+            self.copied_bytes += off as u64;
+            t.buf = Some(buf);
+            served += 1;
+            self.fetch(itt);
+        }
+        served
     }
 
     /// Who answers SendTargets in this session.
@@ -469,26 +534,32 @@ impl Ffp {
             cdb,
             state: TaskState::Executing,
             buf: None,
+            staged: Vec::new(),
+            waiter: None,
             received: imm,
             unsolicited_expected: 0,
             next_data_sn: Sn(0),
             cmd,
         };
         if task.cmd.write && edtl > 0 {
-            let mut buf: Vec<u8> = Vec::new();
-            if buf.try_reserve_exact(edtl as usize).is_err() {
-                release_slot(self);
-                self.respond_check(task.cmd.itt, immediate, SENSE_NO_RESOURCES, edtl, false);
-                return;
-            }
-            buf.resize(edtl as usize, 0);
-            buf[..data.len()].copy_from_slice(&data);
-            task.buf = Some(Box::new(buf));
             // Unsolicited Data-Out may follow unless F is set or InitialR2T=Yes
             // (RFC 7143 §13.10, §13.14).
             if !self.cfg.initial_r2t && !task.cmd.final_bit {
                 let first_burst = self.cfg.first_burst_length.min(edtl);
                 task.unsolicited_expected = first_burst.saturating_sub(imm);
+            }
+            if imm + task.unsolicited_expected == edtl {
+                // All of it comes unsolicited (at most FirstBurstLength per command, within
+                // the command window): the buffer is taken now, outside the budget, and the
+                // immediate data copied in once.
+                let mut buf = IoBuf::alloc(edtl as usize);
+                buf[..data.len()].copy_from_slice(&data);
+                self.copied_bytes += data.len() as u64;
+                task.buf = Some(buf);
+            } else if imm > 0 {
+                // Part of it is solicited: the buffer waits for that; the immediate data
+                // stays in its PDU segment until then.
+                task.staged.push(data);
             }
             task.state = TaskState::Unsolicited;
             let itt = task.cmd.itt;
@@ -501,29 +572,41 @@ impl Ffp {
         }
     }
 
-    /// Moves a write on once its unsolicited data is in: fetch the rest, or execute.
+    /// Moves a write on once its unsolicited data is in: wait for buffer memory and fetch
+    /// the rest, or execute.
     fn after_unsolicited(&mut self, itt: Itt) {
-        let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         if t.unsolicited_expected > 0 {
             return;
         }
-        let edtl = t.cmd.expected_data_transfer_length;
-        if t.received < edtl {
-            if let Some(buf) = t.buf.take() {
-                t.state = TaskState::Fetching;
-                self.actions.push_back(Action::GetData(GetData {
-                    itt,
-                    lun: t.lun,
-                    buf,
-                    offset: t.received,
-                    len: edtl - t.received,
-                    sn,
-                }));
-                return;
+        if t.received < t.cmd.expected_data_transfer_length {
+            // Solicited data follows: first the memory for it, in turn with every other
+            // write of every connection (grant_buffers), then Get_Data.
+            t.state = TaskState::WaitingBuffer;
+            self.waiting_buf.push_back(itt);
+            if self.waiting_buf.len() == 1 {
+                self.grant_buffers();
             }
+            return;
         }
         self.execute(itt);
+    }
+
+    /// Get_Data for a write whose buffer is there.
+    fn fetch(&mut self, itt: Itt) {
+        let sn = self.sn();
+        let Some(t) = self.tasks.get_mut(&itt) else { return };
+        let edtl = t.cmd.expected_data_transfer_length;
+        let Some(buf) = t.buf.take() else { return };
+        t.state = TaskState::Fetching;
+        self.actions.push_back(Action::GetData(GetData {
+            itt,
+            lun: t.lun,
+            buf,
+            offset: t.received,
+            len: edtl - t.received,
+            sn,
+        }));
     }
 
     fn execute(&mut self, itt: Itt) {
@@ -571,11 +654,16 @@ impl Ffp {
             }
             return;
         }
-        if let Some(buf) = t.buf.as_mut() {
-            let off = d.buffer_offset as usize;
-            if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
-                dst.copy_from_slice(&pdu.data);
+        match t.buf.as_mut() {
+            Some(buf) => {
+                let off = d.buffer_offset as usize;
+                if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
+                    dst.copy_from_slice(&pdu.data);
+                    self.copied_bytes += len as u64;
+                }
             }
+            // In order from offset 0 (checked above): kept as it came until the buffer is.
+            None => t.staged.push(pdu.data),
         }
         t.received += len;
         t.unsolicited_expected -= len;
@@ -914,13 +1002,6 @@ fn cmd_sn_of(op: &Op) -> Option<(bool, Sn)> {
 /// A write larger than the target takes (`largest_write`, the MAXIMUM TRANSFER LENGTH the
 /// Block Limits VPD page advertises): ILLEGAL REQUEST, INVALID FIELD IN CDB.
 const SENSE_WRITE_TOO_LARGE: Sense = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
-
-/// No memory for the write buffer: ABORTED COMMAND, INSUFFICIENT RESOURCES (SPC-4: the device
-/// server lacks the resources to process the command). ABORTED COMMAND makes initiators retry.
-/// Linux LIO answers a command it has no resources for with status TASK SET FULL and no
-/// sense data (SAM-5: the logical unit cannot take the command now), which initiators also
-/// retry, after lowering their queue depth; SPDK queues the command until memory is free.
-const SENSE_NO_RESOURCES: Sense = Sense::new(SenseKey::AbortedCommand, Asc::INSUFFICIENT_RESOURCES);
 
 /// A broken Data-Out sequence or failed solicited data under ERL 0: ABORTED COMMAND, DATA PHASE
 /// ERROR, as iSCSI targets report it.

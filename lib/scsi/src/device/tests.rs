@@ -68,7 +68,7 @@ impl H {
     ) {
         let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
         t.write = data.is_some();
-        t.data_out = data.map(|d| Box::new(d) as IoBuf);
+        t.data_out = data.map(IoBuf::from);
         self.dc.submit(t);
     }
 

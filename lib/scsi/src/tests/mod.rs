@@ -141,7 +141,7 @@ impl Env {
         let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
         t.write = data.is_some();
         t.read = data.is_none() && edtl > 0;
-        t.data_out = data.map(|d| Box::new(d) as IoBuf);
+        t.data_out = data.map(IoBuf::from);
         t
     }
 

@@ -77,7 +77,7 @@ fn compare_and_write_is_atomic_across_reactors() {
             let mut run = |ch: &mut LunChannel, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>| {
                 tag += 1;
                 let mut task = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
-                task.data_out = data.map(|d| Box::new(d) as IoBuf);
+                task.data_out = data.map(IoBuf::from);
                 ch.submit(task);
                 let mut out = vec![];
                 loop {

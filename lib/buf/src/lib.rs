@@ -1,0 +1,647 @@
+//! I/O buffers: the memory that data moves through, from the block device to the wire and
+//! back, and the budget that bounds it.
+//!
+//! An [`IoBuf`] is an owned, page-aligned (4 KiB) buffer. It moves by value — bdev → SCSI →
+//! iSCSI → datamover and back — and is never copied to change hands. When dropped it goes
+//! back to its [`Pool`], which keeps it for the next I/O of the same size class, so a
+//! steady stream of I/O maps no memory and allocates nothing.
+//!
+//! Buffers are anonymous memory mappings: page-aligned as O_DIRECT and io_uring fixed
+//! buffers need, registrable with an RDMA protection domain, and given back to the kernel
+//! (not just to the C heap) when the pool trims them.
+//!
+//! # The budget
+//!
+//! A pool has one limit, `max_bytes` (the `iobuf_set_options` RPC), on the memory it maps:
+//! buffers in use plus buffers kept for reuse. Two ways to get a buffer:
+//!
+//! * [`Pool::try_alloc`] — *budgeted*, for memory an initiator can make the target pin
+//!   (write data it solicits). When the budget is spent it returns `None` and queues the
+//!   caller, who retries on its next poll; callers are served strictly in order (a
+//!   [`Waiter`] holds the place; dropping it leaves the queue). A command waits for its
+//!   buffer, it never fails for lack of one, and the memory stays bounded whatever the
+//!   initiators send.
+//! * [`IoBuf::alloc`] — *unbudgeted*, for buffers the target sizes itself and releases on
+//!   its own schedule (read data the device is filling, control data). Always succeeds; it
+//!   counts towards the budget, so budgeted requests see less room while it is held.
+//!
+//! Size classes: powers of two from 4 KiB to 1 MiB, then whole MiB up to 32 MiB (the
+//! largest transfer riser takes). Larger buffers are mapped for each use.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use crossbeam_queue::ArrayQueue;
+use memmap2::MmapMut;
+
+/// The alignment of every buffer, and the granularity of sizes.
+pub const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+/// The largest pooled size class.
+pub const MAX_POOLED: usize = 32 * MIB;
+/// The default budget: room for one largest transfer and change. A node that serves many
+/// initiators with large writes raises it with `iobuf_set_options`.
+pub const DEFAULT_MAX_BYTES: usize = 48 * MIB;
+/// The smallest budget `set_max_bytes` accepts: one largest transfer must always fit.
+pub const MIN_MAX_BYTES: usize = MAX_POOLED;
+
+/// 4 KiB, 8 KiB, ... 1 MiB.
+const SMALL_CLASSES: usize = 9;
+/// The small classes, then 2 MiB, 3 MiB, ... 32 MiB.
+const CLASSES: usize = SMALL_CLASSES + MAX_POOLED / MIB - 1;
+
+/// The size class of a buffer of `len` bytes, or `None` above [`MAX_POOLED`].
+fn class_of(len: usize) -> Option<usize> {
+    if len <= PAGE {
+        Some(0)
+    } else if len <= MIB {
+        Some((len.next_power_of_two().trailing_zeros() - PAGE.trailing_zeros()) as usize)
+    } else if len <= MAX_POOLED {
+        Some(SMALL_CLASSES - 2 + len.div_ceil(MIB))
+    } else {
+        None
+    }
+}
+
+/// The bytes a buffer of class `c` maps.
+fn class_size(c: usize) -> usize {
+    if c < SMALL_CLASSES {
+        PAGE << c
+    } else {
+        (c + 2 - SMALL_CLASSES) * MIB
+    }
+}
+
+/// What a buffer of `len` bytes maps: its class size, or `len` rounded up to pages.
+fn mapped_size(len: usize) -> usize {
+    class_of(len).map_or_else(|| len.div_ceil(PAGE) * PAGE, class_size)
+}
+
+/// How many free buffers a class keeps at most (beyond that they are unmapped).
+fn class_capacity(c: usize) -> usize {
+    if c < SMALL_CLASSES {
+        2048
+    } else {
+        64
+    }
+}
+
+/// A pool of buffers under one budget. riser uses the process-wide [`Pool::global`];
+/// separate pools exist for tests.
+pub struct Pool {
+    max: AtomicUsize,
+    /// Bytes mapped: buffers in use and buffers kept free.
+    mapped: AtomicUsize,
+    in_use: AtomicUsize,
+    cached: AtomicUsize,
+    free: Vec<ArrayQueue<MmapMut>>,
+    waiters: Mutex<VecDeque<u64>>,
+    /// `waiters.len()`, readable without the lock (the fast path checks it).
+    waiting: AtomicUsize,
+    next_waiter: AtomicU64,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
+    reuses: AtomicU64,
+    waits: AtomicU64,
+}
+
+static GLOBAL: LazyLock<Pool> = LazyLock::new(|| Pool::new(DEFAULT_MAX_BYTES));
+
+/// Figures for `iobuf_get_stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub max_bytes: usize,
+    /// Bytes mapped now: in use plus kept for reuse.
+    pub mapped_bytes: usize,
+    pub in_use_bytes: usize,
+    pub cached_bytes: usize,
+    /// Requests waiting for budget now.
+    pub waiting: usize,
+    /// Requests that had to wait for budget, since start.
+    pub waits: u64,
+    /// Buffers mapped, reused from the pool, and unmapped, since start.
+    pub maps: u64,
+    pub reuses: u64,
+    pub unmaps: u64,
+}
+
+/// A place in the queue for budgeted memory ([`Pool::try_alloc`]). Dropping it gives the
+/// place up (the task was aborted, the connection closed).
+pub struct Waiter {
+    pool: &'static Pool,
+    id: u64,
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut q = self.pool.queue();
+        if let Some(i) = q.iter().position(|&w| w == self.id) {
+            q.remove(i);
+        }
+        self.pool.waiting.store(q.len(), Ordering::Release);
+    }
+}
+
+impl Pool {
+    /// A pool with a budget of `max_bytes`.
+    pub fn new(max_bytes: usize) -> Pool {
+        Pool {
+            max: AtomicUsize::new(max_bytes),
+            mapped: AtomicUsize::new(0),
+            in_use: AtomicUsize::new(0),
+            cached: AtomicUsize::new(0),
+            free: (0..CLASSES).map(|c| ArrayQueue::new(class_capacity(c))).collect(),
+            waiters: Mutex::new(VecDeque::new()),
+            waiting: AtomicUsize::new(0),
+            next_waiter: AtomicU64::new(1),
+            maps: AtomicU64::new(0),
+            unmaps: AtomicU64::new(0),
+            reuses: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    /// The process-wide pool every riser buffer comes from.
+    pub fn global() -> &'static Pool {
+        &GLOBAL
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// Sets the budget (at least [`MIN_MAX_BYTES`]); buffers kept for reuse beyond it are
+    /// unmapped now, buffers in use when they come back.
+    pub fn set_max_bytes(&self, max_bytes: usize) -> Result<(), String> {
+        if max_bytes < MIN_MAX_BYTES {
+            return Err(format!(
+                "max_bytes {max_bytes} is below {MIN_MAX_BYTES} (32 MiB, the largest transfer must fit)"
+            ));
+        }
+        self.max.store(max_bytes, Ordering::Relaxed);
+        while self.mapped.load(Ordering::Relaxed) > max_bytes && self.trim_one() {}
+        log::info!("I/O buffer budget set to {} MiB", max_bytes / MIB);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            max_bytes: self.max_bytes(),
+            mapped_bytes: self.mapped.load(Ordering::Relaxed),
+            in_use_bytes: self.in_use.load(Ordering::Relaxed),
+            cached_bytes: self.cached.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            maps: self.maps.load(Ordering::Relaxed),
+            reuses: self.reuses.load(Ordering::Relaxed),
+            unmaps: self.unmaps.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Unmaps every buffer kept for reuse.
+    pub fn trim(&self) {
+        while self.trim_one() {}
+    }
+
+    fn queue(&self) -> MutexGuard<'_, VecDeque<u64>> {
+        // The queue holds plain ids: a panic elsewhere cannot leave it inconsistent.
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A budgeted buffer of `len` bytes, or `None` (the budget is spent): then `waiter`
+    /// holds the caller's place in the queue and the caller retries later with the same
+    /// `waiter`. Served in order: while others wait, a newcomer waits behind them.
+    pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
+        if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(map) = self.take(len, true) {
+                return Some(IoBuf { map, len, pool: self });
+            }
+        }
+        let mut q = self.queue();
+        let id = match waiter {
+            Some(w) => w.id,
+            None => {
+                let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+                q.push_back(id);
+                self.waiting.store(q.len(), Ordering::Release);
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                *waiter = Some(Waiter { pool: self, id });
+                id
+            }
+        };
+        if q.front() != Some(&id) {
+            return None;
+        }
+        let map = self.take(len, true)?;
+        q.pop_front();
+        self.waiting.store(q.len(), Ordering::Release);
+        drop(q);
+        // Served: the place is already out of the queue.
+        if let Some(w) = waiter.take() {
+            std::mem::forget(w);
+        }
+        Some(IoBuf { map, len, pool: self })
+    }
+
+    /// An unbudgeted buffer (see the crate docs).
+    pub fn alloc(&'static self, len: usize) -> IoBuf {
+        match self.take(len, false) {
+            Some(map) => IoBuf { map, len, pool: self },
+            // Out of address space or memory: what a failed heap allocation does too.
+            None => panic!("cannot map an I/O buffer of {len} bytes"),
+        }
+    }
+
+    /// A mapping for `len` bytes: a kept one of its class, or a new one if the budget
+    /// allows (trimming kept buffers of other classes to make room), or `None`.
+    fn take(&self, len: usize, budgeted: bool) -> Option<Option<MmapMut>> {
+        if len == 0 {
+            return Some(None);
+        }
+        let size = mapped_size(len);
+        if let Some(c) = class_of(len) {
+            if let Some(m) = self.free[c].pop() {
+                self.cached.fetch_sub(size, Ordering::Relaxed);
+                self.in_use.fetch_add(size, Ordering::Relaxed);
+                self.reuses.fetch_add(1, Ordering::Relaxed);
+                return Some(Some(m));
+            }
+        }
+        loop {
+            let m = self.mapped.load(Ordering::Relaxed);
+            let max = self.max_bytes();
+            // A buffer larger than the whole budget is let through when nothing is in use,
+            // so that it cannot wait forever.
+            let fits = m + size <= max || (size > max && self.in_use.load(Ordering::Relaxed) == 0);
+            if !budgeted || fits {
+                if self.mapped.compare_exchange(m, m + size, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+                    continue;
+                }
+                return match MmapMut::map_anon(size) {
+                    Ok(map) => {
+                        self.in_use.fetch_add(size, Ordering::Relaxed);
+                        self.maps.fetch_add(1, Ordering::Relaxed);
+                        Some(Some(map))
+                    }
+                    Err(e) => {
+                        self.mapped.fetch_sub(size, Ordering::Relaxed);
+                        log::error!("cannot map an I/O buffer of {size} bytes: {e}");
+                        None
+                    }
+                };
+            }
+            if !self.trim_one() {
+                return None;
+            }
+        }
+    }
+
+    /// Unmaps one kept buffer, the largest first; false if none is kept.
+    fn trim_one(&self) -> bool {
+        for c in (0..CLASSES).rev() {
+            if let Some(m) = self.free[c].pop() {
+                let size = class_size(c);
+                self.cached.fetch_sub(size, Ordering::Relaxed);
+                self.mapped.fetch_sub(size, Ordering::Relaxed);
+                self.unmaps.fetch_add(1, Ordering::Relaxed);
+                drop(m);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A buffer came back: keep it for reuse if its class has room and the budget allows.
+    fn give_back(&self, map: MmapMut) {
+        let size = map.len();
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+        let keep = class_of(size).filter(|&c| class_size(c) == size && self.mapped.load(Ordering::Relaxed) <= self.max_bytes());
+        let map = match keep {
+            Some(c) => match self.free[c].push(map) {
+                Ok(()) => {
+                    self.cached.fetch_add(size, Ordering::Relaxed);
+                    return;
+                }
+                Err(map) => map,
+            },
+            None => map,
+        };
+        self.mapped.fetch_sub(size, Ordering::Relaxed);
+        self.unmaps.fetch_add(1, Ordering::Relaxed);
+        drop(map);
+    }
+}
+
+/// An owned, page-aligned I/O buffer of `len()` bytes (its mapping may be larger: the size
+/// class). Its contents are unspecified when it comes from [`IoBuf::alloc`] (a reused
+/// buffer holds old data): whoever fills it fills all of it, or uses [`IoBuf::zeroed`].
+pub struct IoBuf {
+    map: Option<MmapMut>,
+    len: usize,
+    pool: &'static Pool,
+}
+
+impl IoBuf {
+    /// An unbudgeted buffer of `len` bytes from the global pool, contents unspecified.
+    pub fn alloc(len: usize) -> IoBuf {
+        Pool::global().alloc(len)
+    }
+
+    /// An unbudgeted buffer of `len` zero bytes.
+    pub fn zeroed(len: usize) -> IoBuf {
+        let mut b = IoBuf::alloc(len);
+        b.fill(0);
+        b
+    }
+
+    /// An unbudgeted buffer holding a copy of `data`.
+    pub fn copy_from(data: &[u8]) -> IoBuf {
+        let mut b = IoBuf::alloc(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    /// An empty buffer (maps nothing).
+    pub fn empty() -> IoBuf {
+        IoBuf { map: None, len: 0, pool: Pool::global() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes mapped for this buffer (its size class).
+    pub fn capacity(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.len())
+    }
+
+    /// Shortens (or, up to [`capacity`](Self::capacity), lengthens) the buffer. Bytes
+    /// uncovered by lengthening are unspecified.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.capacity(), "IoBuf::set_len({len}) beyond its capacity {}", self.capacity());
+        self.len = len;
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.map {
+            Some(m) => &m[..self.len],
+            None => &[],
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &mut self.map {
+            Some(m) => &mut m[..self.len],
+            None => &mut [],
+        }
+    }
+
+    /// The address of the first byte (page-aligned), for registering or posting it.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.as_slice().as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        if let Some(map) = self.map.take() {
+            self.pool.give_back(map);
+        }
+    }
+}
+
+impl Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl AsRef<[u8]> for IoBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl AsMut<[u8]> for IoBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl From<&[u8]> for IoBuf {
+    fn from(data: &[u8]) -> IoBuf {
+        IoBuf::copy_from(data)
+    }
+}
+
+/// A copy of the vector's bytes (for tests and control paths; the data path never has a
+/// `Vec` to convert).
+impl From<Vec<u8>> for IoBuf {
+    fn from(data: Vec<u8>) -> IoBuf {
+        IoBuf::copy_from(&data)
+    }
+}
+
+impl Clone for IoBuf {
+    fn clone(&self) -> IoBuf {
+        IoBuf::copy_from(self.as_slice())
+    }
+}
+
+impl PartialEq for IoBuf {
+    fn eq(&self, other: &IoBuf) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoBuf").field("len", &self.len).field("capacity", &self.capacity()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(max: usize) -> &'static Pool {
+        Box::leak(Box::new(Pool::new(max)))
+    }
+
+    #[test]
+    fn classes_cover_every_size_once() {
+        assert_eq!(class_of(0), Some(0));
+        assert_eq!(class_of(1), Some(0));
+        assert_eq!(class_of(PAGE), Some(0));
+        assert_eq!(class_of(PAGE + 1), Some(1));
+        assert_eq!(class_of(MIB), Some(SMALL_CLASSES - 1));
+        assert_eq!(class_of(MIB + 1), Some(SMALL_CLASSES));
+        assert_eq!(class_size(SMALL_CLASSES), 2 * MIB);
+        assert_eq!(class_of(MAX_POOLED), Some(CLASSES - 1));
+        assert_eq!(class_size(CLASSES - 1), MAX_POOLED);
+        assert_eq!(class_of(MAX_POOLED + 1), None);
+        for len in [1, 4095, 4096, 4097, 65536, 100_000, MIB, MIB + 1, 5 * MIB + 3, MAX_POOLED] {
+            let c = class_of(len).unwrap();
+            assert!(class_size(c) >= len, "class {c} too small for {len}");
+            if c > 0 {
+                assert!(class_size(c - 1) < len, "class {} would do for {len}", c - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn buffers_are_aligned_and_reused() {
+        let p = pool(64 * MIB);
+        let mut a = p.alloc(5000);
+        assert_eq!(a.len(), 5000);
+        assert_eq!(a.capacity(), 8192);
+        assert_eq!(a.as_ptr() as usize % PAGE, 0);
+        a.fill(7);
+        let addr = a.as_ptr();
+        drop(a);
+        assert_eq!(p.stats().cached_bytes, 8192);
+        let b = p.alloc(8000);
+        assert_eq!(b.as_ptr(), addr, "the kept buffer of the class is reused");
+        let s = p.stats();
+        assert_eq!((s.maps, s.reuses, s.in_use_bytes, s.cached_bytes), (1, 1, 8192, 0));
+        drop(b);
+        p.trim();
+        let s = p.stats();
+        assert_eq!((s.mapped_bytes, s.unmaps), (0, 1));
+    }
+
+    #[test]
+    fn empty_and_oversized_buffers() {
+        let p = pool(MIN_MAX_BYTES);
+        let e = p.alloc(0);
+        assert!(e.is_empty() && e.capacity() == 0);
+        let big = p.alloc(MAX_POOLED + 1);
+        assert_eq!(big.capacity(), MAX_POOLED + PAGE);
+        drop(big);
+        // Not pooled: unmapped at once.
+        assert_eq!(p.stats().mapped_bytes, 0);
+    }
+
+    #[test]
+    fn budgeted_requests_wait_in_order() {
+        let p = pool(MIN_MAX_BYTES);
+        let (mut w1, mut w2, mut w3) = (None, None, None);
+        let a = p.try_alloc(16 * MIB, &mut w1).expect("fits");
+        assert!(w1.is_none());
+        let b = p.try_alloc(16 * MIB, &mut w1).expect("fits exactly");
+        // Spent: the next two queue, in order.
+        assert!(p.try_alloc(16 * MIB, &mut w2).is_none());
+        assert!(p.try_alloc(4096, &mut w3).is_none(), "a small request waits behind an older one");
+        assert_eq!(p.stats().waiting, 2);
+        drop(a);
+        // w3 is not at the head: still waiting even though 4 KiB would fit.
+        assert!(p.try_alloc(4096, &mut w3).is_none());
+        let c = p.try_alloc(16 * MIB, &mut w2).expect("the head is served");
+        assert!(w2.is_none());
+        drop(b);
+        let d = p.try_alloc(4096, &mut w3).expect("then the next");
+        assert_eq!(p.stats().waiting, 0);
+        assert_eq!(p.stats().waits, 2);
+        drop((c, d));
+        assert!(p.stats().mapped_bytes <= MIN_MAX_BYTES);
+    }
+
+    #[test]
+    fn a_dropped_waiter_leaves_the_queue() {
+        let p = pool(MIN_MAX_BYTES);
+        let mut w = None;
+        let a = p.try_alloc(MIN_MAX_BYTES, &mut w).unwrap();
+        let (mut w1, mut w2) = (None, None);
+        assert!(p.try_alloc(MIB, &mut w1).is_none());
+        assert!(p.try_alloc(MIB, &mut w2).is_none());
+        drop(w1);
+        drop(a);
+        assert!(p.try_alloc(MIB, &mut w2).is_some(), "the second waiter moved to the head");
+        assert_eq!(p.stats().waiting, 0);
+    }
+
+    #[test]
+    fn kept_buffers_make_room_for_other_classes() {
+        let p = pool(MIN_MAX_BYTES);
+        let mut w = None;
+        drop(p.try_alloc(MIN_MAX_BYTES, &mut w).unwrap());
+        assert_eq!(p.stats().cached_bytes, MIN_MAX_BYTES);
+        // The kept 32 MiB buffer is unmapped to map two 16 MiB ones.
+        let a = p.try_alloc(16 * MIB, &mut w).expect("trimmed to fit");
+        let b = p.try_alloc(16 * MIB, &mut w).expect("trimmed to fit");
+        let s = p.stats();
+        assert_eq!((s.mapped_bytes, s.cached_bytes, s.unmaps), (MIN_MAX_BYTES, 0, 1));
+        drop((a, b));
+    }
+
+    #[test]
+    fn unbudgeted_buffers_count_and_are_unmapped_over_budget() {
+        let p = pool(MIN_MAX_BYTES);
+        let a = p.alloc(MIN_MAX_BYTES);
+        let b = p.alloc(MIB);
+        assert_eq!(p.stats().mapped_bytes, MIN_MAX_BYTES + MIB);
+        let mut w = None;
+        assert!(p.try_alloc(4096, &mut w).is_none(), "no room while unbudgeted buffers hold it");
+        drop(b); // over budget: unmapped, not kept
+        assert_eq!(p.stats().cached_bytes, 0);
+        drop(a);
+        assert!(p.try_alloc(4096, &mut w).is_some());
+    }
+
+    #[test]
+    fn set_max_bytes_checks_and_trims() {
+        let p = pool(64 * MIB);
+        assert!(p.set_max_bytes(MIB).is_err());
+        drop(p.alloc(48 * MIB));
+        assert_eq!(p.stats().cached_bytes, 0, "48 MiB is beyond the pooled classes");
+        drop(p.alloc(MAX_POOLED));
+        drop(p.alloc(16 * MIB));
+        assert_eq!(p.stats().cached_bytes, 48 * MIB);
+        p.set_max_bytes(MIN_MAX_BYTES).unwrap();
+        assert!(p.stats().mapped_bytes <= MIN_MAX_BYTES);
+    }
+
+    #[test]
+    fn zeroed_copy_and_len() {
+        let mut a = IoBuf::alloc(100);
+        a.fill(0xAA);
+        drop(a);
+        let z = IoBuf::zeroed(100);
+        assert!(z.iter().all(|&b| b == 0));
+        let mut c = IoBuf::copy_from(b"hello");
+        assert_eq!(&c[..], b"hello");
+        c.truncate(2);
+        assert_eq!(c.as_slice(), b"he");
+        c.set_len(5);
+        assert_eq!(c.len(), 5);
+        assert_eq!(IoBuf::from(vec![1u8, 2, 3]).as_slice(), &[1, 2, 3]);
+    }
+}
