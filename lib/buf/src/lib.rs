@@ -28,6 +28,7 @@
 //! Size classes: powers of two from 4 KiB to 1 MiB, then whole MiB up to 32 MiB (the
 //! largest transfer riser takes). Larger buffers are mapped for each use.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -89,6 +90,31 @@ fn class_capacity(c: usize) -> usize {
     }
 }
 
+/// A registration of a mapping with some device (an RDMA protection domain): its key
+/// (lkey) and the guard whose drop undoes it.
+struct Registration {
+    domain: usize,
+    key: u32,
+    _guard: Box<dyn Any + Send + Sync>,
+}
+
+/// One mapping and what it is registered with. The registrations are declared first, so
+/// they are dropped (deregistered) before the memory is unmapped.
+struct Mapping {
+    regs: Vec<Registration>,
+    map: MmapMut,
+}
+
+impl Mapping {
+    fn new(map: MmapMut) -> Mapping {
+        Mapping { regs: Vec::new(), map }
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
 /// A pool of buffers under one budget. riser uses the process-wide [`Pool::global`];
 /// separate pools exist for tests.
 pub struct Pool {
@@ -97,7 +123,7 @@ pub struct Pool {
     mapped: AtomicUsize,
     in_use: AtomicUsize,
     cached: AtomicUsize,
-    free: Vec<ArrayQueue<MmapMut>>,
+    free: Vec<ArrayQueue<Mapping>>,
     waiters: Mutex<VecDeque<u64>>,
     /// `waiters.len()`, readable without the lock (the fast path checks it).
     waiting: AtomicUsize,
@@ -263,7 +289,7 @@ impl Pool {
 
     /// A mapping for `len` bytes: a kept one of its class, or a new one if the budget
     /// allows (trimming kept buffers of other classes to make room), or `None`.
-    fn take(&self, len: usize, budgeted: bool) -> Option<Option<MmapMut>> {
+    fn take(&self, len: usize, budgeted: bool) -> Option<Option<Mapping>> {
         if len == 0 {
             return Some(None);
         }
@@ -290,7 +316,7 @@ impl Pool {
                     Ok(map) => {
                         self.in_use.fetch_add(size, Ordering::Relaxed);
                         self.maps.fetch_add(1, Ordering::Relaxed);
-                        Some(Some(map))
+                        Some(Some(Mapping::new(map)))
                     }
                     Err(e) => {
                         self.mapped.fetch_sub(size, Ordering::Relaxed);
@@ -321,7 +347,7 @@ impl Pool {
     }
 
     /// A buffer came back: keep it for reuse if its class has room and the budget allows.
-    fn give_back(&self, map: MmapMut) {
+    fn give_back(&self, map: Mapping) {
         let size = map.len();
         self.in_use.fetch_sub(size, Ordering::Relaxed);
         let keep = class_of(size).filter(|&c| class_size(c) == size && self.mapped.load(Ordering::Relaxed) <= self.max_bytes());
@@ -345,7 +371,7 @@ impl Pool {
 /// class). Its contents are unspecified when it comes from [`IoBuf::alloc`] (a reused
 /// buffer holds old data): whoever fills it fills all of it, or uses [`IoBuf::zeroed`].
 pub struct IoBuf {
-    map: Option<MmapMut>,
+    map: Option<Mapping>,
     len: usize,
     pool: &'static Pool,
 }
@@ -388,6 +414,32 @@ impl IoBuf {
         self.map.as_ref().map_or(0, |m| m.len())
     }
 
+    /// The start of the whole mapping ([`capacity`](Self::capacity) bytes), for registering
+    /// it with a device; null for an empty buffer.
+    pub fn mapping_ptr(&mut self) -> *mut u8 {
+        self.map.as_mut().map_or(std::ptr::null_mut(), |m| m.map.as_mut_ptr())
+    }
+
+    /// The key (an RDMA lkey) this buffer's mapping is registered under with `domain`
+    /// (an RDMA protection domain, by address), if it is. Registrations stay with the
+    /// mapping while the pool keeps it, so a buffer reused for the next I/O is registered
+    /// already.
+    pub fn reg_key(&self, domain: usize) -> Option<u32> {
+        self.map.as_ref()?.regs.iter().find(|r| r.domain == domain).map(|r| r.key)
+    }
+
+    /// Records that the whole mapping ([`mapping_ptr`](Self::mapping_ptr),
+    /// [`capacity`](Self::capacity)) is registered with `domain` under `key`. `guard` undoes
+    /// the registration when dropped; riser-buf drops it before the mapping is unmapped
+    /// (never while the buffer is in use), so a registration never outlives the memory.
+    /// Registering an empty buffer does nothing.
+    pub fn add_registration(&mut self, domain: usize, key: u32, guard: Box<dyn Any + Send + Sync>) {
+        if let Some(m) = self.map.as_mut() {
+            m.regs.retain(|r| r.domain != domain);
+            m.regs.push(Registration { domain, key, _guard: guard });
+        }
+    }
+
     /// Shortens (or, up to [`capacity`](Self::capacity), lengthens) the buffer. Bytes
     /// uncovered by lengthening are unspecified.
     pub fn set_len(&mut self, len: usize) {
@@ -401,14 +453,14 @@ impl IoBuf {
 
     pub fn as_slice(&self) -> &[u8] {
         match &self.map {
-            Some(m) => &m[..self.len],
+            Some(m) => &m.map[..self.len],
             None => &[],
         }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.map {
-            Some(m) => &mut m[..self.len],
+            Some(m) => &mut m.map[..self.len],
             None => &mut [],
         }
     }
@@ -627,6 +679,37 @@ mod tests {
         assert_eq!(p.stats().cached_bytes, 48 * MIB);
         p.set_max_bytes(MIN_MAX_BYTES).unwrap();
         assert!(p.stats().mapped_bytes <= MIN_MAX_BYTES);
+    }
+
+    #[test]
+    fn registrations_travel_with_the_mapping_and_end_before_it() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        struct Guard(Arc<AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let p = pool(64 * MIB);
+        let mut a = p.alloc(4096);
+        assert_eq!(a.reg_key(1), None);
+        let gone = Arc::new(AtomicBool::new(false));
+        let base = a.mapping_ptr();
+        a.add_registration(1, 77, Box::new(Guard(gone.clone())));
+        assert_eq!(a.reg_key(1), Some(77));
+        assert_eq!(a.reg_key(2), None);
+        drop(a);
+        let b = p.alloc(100);
+        assert_eq!(b.reg_key(1), Some(77), "the pooled mapping kept its registration");
+        assert_eq!(b.as_ptr(), base as *const u8);
+        drop(b);
+        assert!(!gone.load(Ordering::SeqCst));
+        p.trim();
+        assert!(gone.load(Ordering::SeqCst), "unmapping deregisters");
+        let mut e = p.alloc(0);
+        e.add_registration(1, 5, Box::new(()));
+        assert_eq!(e.reg_key(1), None);
     }
 
     #[test]

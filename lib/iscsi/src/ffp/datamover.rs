@@ -100,6 +100,30 @@ impl Default for DatamoverParams {
     }
 }
 
+/// Payload bytes a datamover copied with the CPU between the I/O buffers ([`IoBuf`]) and
+/// the wire, by direction; what the NIC moves by DMA (RDMA Read/Write, SEND from or into the
+/// buffer itself) and the kernel's own socket copies are not counted. `iscsi_get_stats`
+/// shows the sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Read data (Put_Data) copied on its way out.
+    pub read_bytes: u64,
+    /// Solicited write data (Get_Data) copied on its way in.
+    pub solicited_bytes: u64,
+    /// Unsolicited write data (immediate data, unsolicited Data-Out) copied on its way in
+    /// (at the datamover; the iSCSI layer's own copy into the write buffer is counted by
+    /// [`super::Ffp::copied_bytes`]).
+    pub unsolicited_bytes: u64,
+}
+
+impl std::ops::AddAssign for CopyStats {
+    fn add_assign(&mut self, o: CopyStats) {
+        self.read_bytes += o.read_bytes;
+        self.solicited_bytes += o.solicited_bytes;
+        self.unsolicited_bytes += o.unsolicited_bytes;
+    }
+}
+
 /// The RFC 5047 primitives riser uses. One instance per connection, owned by one reactor.
 pub trait Datamover {
     /// Send_Control: a control-type PDU.
@@ -119,6 +143,10 @@ pub trait Datamover {
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize;
     /// Whether everything queued has been handed to the transport.
     fn idle(&self) -> bool;
+    /// Payload bytes copied so far (see [`CopyStats`]).
+    fn copies(&self) -> CopyStats {
+        CopyStats::default()
+    }
 }
 
 /// A boxed datamover (the server holds each transport's datamover as a trait object).
@@ -146,5 +174,8 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn idle(&self) -> bool {
         (**self).idle()
+    }
+    fn copies(&self) -> CopyStats {
+        (**self).copies()
     }
 }
