@@ -309,6 +309,7 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
 }
 
 pub mod iscsi;
+pub mod slow_writer;
 pub mod vm;
 
 /// A TCP port free on 127.0.0.1 right now (tests run in parallel: each target gets its own).
