@@ -313,6 +313,19 @@ fn verify_against_riser_passes_and_names_changed_blocks() {
     let url = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
     let ctx = || format!("riser log:\n{}", riser.log());
     verify_clean(&url, 21, &ctx);
+    // Payload copies over TCP, in iscsi_get_stats once the session is gone: read data goes
+    // out from the I/O buffers (none), write data is copied on its way in (the framer's two
+    // and one into the buffer, for each byte riser-perf wrote, immediate or solicited).
+    let t0 = Instant::now();
+    while riser.rpc_json(&["iscsi_get_connections"]).as_array().map_or(false, |a| !a.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "riser-perf's connection outlived it\n{}", ctx());
+        thread::sleep(Duration::from_millis(50));
+    }
+    let copies = riser.rpc_json(&["iscsi_get_stats"])["payload_copies"].clone();
+    assert_eq!(copies["read_bytes"], serde_json::json!(0), "{copies}");
+    let written = LUN_MIB << 20;
+    let inbound = copies["solicited_bytes"].as_u64().unwrap_or(0) + copies["unsolicited_bytes"].as_u64().unwrap_or(0);
+    assert_eq!(inbound, 3 * written, "{copies}");
     // A second session (the test initiator) overwrites LBA 777 with foreign data.
     let mut c = Client::connect(port);
     c.login(&iqn, &[]).unwrap_or_else(|e| panic!("test initiator login failed: {e:?}\n{}", ctx()));

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use riser_bdev::IoBuf;
-use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
+use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
 use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
 use riser_iscsi::serial::{Itt, Sn, Ttt};
@@ -108,6 +108,9 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     terminating: bool,
     dead: bool,
     rxbuf: Vec<u8>,
+    /// Payload copies: the framer's two (receive buffer → framer, framer → PDU segment)
+    /// and the one into a task's buffer; read data goes out from the task's buffer.
+    copies: CopyStats,
 }
 
 impl<S: ByteStream> TcpDatamover<S> {
@@ -128,6 +131,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             terminating: false,
             dead: false,
             rxbuf: vec![0u8; 64 * 1024],
+            copies: CopyStats::default(),
         })
     }
 
@@ -232,6 +236,7 @@ impl<S: ByteStream> TcpDatamover<S> {
         let off = d.buffer_offset as usize;
         if let Some(dst) = s.buf.as_mut_slice().get_mut(off..off + len as usize) {
             dst.copy_from_slice(&pdu.data);
+            self.copies.solicited_bytes += len as u64;
         }
         r.received += len;
         r.next_data_sn = r.next_data_sn.next();
@@ -289,6 +294,13 @@ impl<S: ByteStream> TcpDatamover<S> {
             match self.framer.next_pdu() {
                 Ok(Some(pdu)) => {
                     n += 1;
+                    // The framer copied the segment twice on its way here.
+                    let framed = 2 * pdu.data.len() as u64;
+                    match pdu.op() {
+                        Op::DataOut(d) if !d.ttt.is_reserved() => self.copies.solicited_bytes += framed,
+                        Op::DataOut(_) | Op::ScsiCommand(_) => self.copies.unsolicited_bytes += framed,
+                        _ => {}
+                    }
                     match pdu.op() {
                         Op::DataOut(d) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, events),
                         _ => events.push(DmEvent::Control(pdu)),
@@ -494,6 +506,10 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         work
     }
 
+    fn copies(&self) -> CopyStats {
+        self.copies
+    }
+
     fn idle(&self) -> bool {
         self.tx.is_empty()
     }
@@ -570,6 +586,7 @@ mod tests {
         let pdus = read_pdus(&mut c, &mut f, 2);
         assert!(matches!(&pdus[0].bhs.op, Op::DataIn(d) if !d.status_present));
         assert!(matches!(&pdus[1].bhs.op, Op::ScsiResponse(r) if r.status == 2 && r.exp_data_sn == Sn(1)));
+        assert_eq!(dm.copies().read_bytes, 0, "read data goes out from the task's buffer");
     }
 
     #[test]
@@ -611,6 +628,8 @@ mod tests {
         let Some(DmEvent::DataReady { itt, buf }) = std::mem::take(&mut ev).into_iter().find(|e| matches!(e, DmEvent::DataReady { .. })) else { panic!("no DataReady") };
         assert_eq!(itt, Itt(9));
         assert!(buf.as_slice()[..4096].iter().all(|&b| b == 1) && buf.as_slice()[4096..].iter().all(|&b| b == 2));
+        // Two copies in the framer, one into the buffer.
+        assert_eq!(dm.copies(), CopyStats { solicited_bytes: 3 * 8192, ..Default::default() });
 
         // A Data-Out with the wrong DataSN fails the task, not the connection.
         dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });

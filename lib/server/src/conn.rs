@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use riser_config::{Lun, TargetNode};
-use riser_iscsi::ffp::{Action, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest};
+use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest};
 use riser_iscsi::pdu::Lun as PduLun;
 use riser_reactor::{Ctx, PollStatus};
 use riser_scsi::{DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
@@ -38,6 +38,8 @@ pub struct Connection<D: Datamover> {
     closing_since: Option<Instant>,
     last_timer: Instant,
     done: bool,
+    /// Payload copies already published to `info.copies`.
+    published: CopyStats,
 }
 
 impl<D: Datamover> Connection<D> {
@@ -68,6 +70,7 @@ impl<D: Datamover> Connection<D> {
             closing_since: None,
             last_timer: now,
             done: false,
+            published: CopyStats::default(),
         }
     }
 
@@ -191,6 +194,7 @@ impl<D: Datamover> Connection<D> {
         if now.duration_since(self.last_timer) >= TIMER_EVERY {
             self.last_timer = now;
             self.ffp.on_timer(now);
+            self.publish_copies();
             if self.info.kill.load(Ordering::Acquire) && self.closing_since.is_none() {
                 log::info!("connection {}: closed by the target (session reinstated, node deleted or shutdown)", self.info.id);
                 self.dm.connection_terminate();
@@ -216,6 +220,19 @@ impl<D: Datamover> Connection<D> {
         }
     }
 
+    /// Adds the payload copies made since the last call to the connection's counters.
+    fn publish_copies(&mut self) {
+        let mut now = self.dm.copies();
+        now.unsolicited_bytes += self.ffp.copied_bytes();
+        let p = self.published;
+        self.info.copies.add(CopyStats {
+            read_bytes: now.read_bytes.saturating_sub(p.read_bytes),
+            solicited_bytes: now.solicited_bytes.saturating_sub(p.solicited_bytes),
+            unsolicited_bytes: now.unsolicited_bytes.saturating_sub(p.unsolicited_bytes),
+        });
+        self.published = now;
+    }
+
     /// A node's LUN list changed (LUN added): pick up the new snapshot.
     fn refresh_luns(&mut self) {
         if let Some(node) = &self.node {
@@ -236,6 +253,7 @@ impl<D: Datamover> Connection<D> {
             // it end with it.
             self.scsi.teardown(&self.nexus);
             self.dm.connection_terminate();
+            self.publish_copies();
             self.registry.remove(self.info.id);
             log::info!(
                 "connection {} ({} from {}) ended: {why}",

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use riser_iscsi::ffp::CopyStats;
 use riser_reactor::ReactorHandle;
 use serde_json::{json, Value};
 
@@ -29,6 +30,37 @@ pub struct ConnInfo {
     pub kill: AtomicBool,
     pub pdus_in: AtomicU64,
     pub tasks_done: AtomicU64,
+    /// Payload bytes copied by the CPU on this connection (published by its reactor).
+    pub copies: CopyCounters,
+}
+
+/// Payload copies ([`CopyStats`]) as counters other threads can read.
+#[derive(Debug, Default)]
+pub struct CopyCounters {
+    read_bytes: AtomicU64,
+    solicited_bytes: AtomicU64,
+    unsolicited_bytes: AtomicU64,
+}
+
+impl CopyCounters {
+    pub fn add(&self, c: CopyStats) {
+        self.read_bytes.fetch_add(c.read_bytes, Ordering::Relaxed);
+        self.solicited_bytes.fetch_add(c.solicited_bytes, Ordering::Relaxed);
+        self.unsolicited_bytes.fetch_add(c.unsolicited_bytes, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> CopyStats {
+        CopyStats {
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            solicited_bytes: self.solicited_bytes.load(Ordering::Relaxed),
+            unsolicited_bytes: self.unsolicited_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// `{"read_bytes": n, "solicited_bytes": n, "unsolicited_bytes": n}`.
+pub fn copies_json(c: CopyStats) -> Value {
+    json!({"read_bytes": c.read_bytes, "solicited_bytes": c.solicited_bytes, "unsolicited_bytes": c.unsolicited_bytes})
 }
 
 impl ConnInfo {
@@ -48,6 +80,7 @@ impl ConnInfo {
             "negotiated": self.params,
             "pdus_in": self.pdus_in.load(Ordering::Relaxed),
             "tasks_done": self.tasks_done.load(Ordering::Relaxed),
+            "payload_copies": copies_json(self.copies.get()),
         })
     }
 }
@@ -61,6 +94,8 @@ pub struct ConnRegistry {
     next_id: AtomicU64,
     reactors: Option<ReactorHandle>,
     on_gone: Mutex<Option<GoneHook>>,
+    /// The copies of connections that are gone.
+    ended_copies: CopyCounters,
 }
 
 impl ConnRegistry {
@@ -89,6 +124,7 @@ impl ConnRegistry {
     pub fn remove(&self, id: u64) {
         let gone = self.lock().remove(&id);
         if let Some(c) = gone {
+            self.ended_copies.add(c.copies.get());
             if let Some(r) = &self.reactors {
                 r.add_load(c.reactor, -1);
             }
@@ -113,6 +149,15 @@ impl ConnRegistry {
             n += 1;
         }
         n
+    }
+
+    /// Payload bytes copied on every connection, live and gone, since start.
+    pub fn copies(&self) -> CopyStats {
+        let mut total = self.ended_copies.get();
+        for c in self.lock().values() {
+            total += c.copies.get();
+        }
+        total
     }
 
     pub fn is_empty(&self) -> bool {
