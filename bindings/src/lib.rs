@@ -10,6 +10,7 @@
 //! | [`Context`] | `ibv_context` | PDs, CQs, completion channels |
 //! | [`ProtectionDomain`] | `ibv_pd` | memory regions, QPs, SRQs |
 //! | [`MemoryRegion`] | `ibv_mr` + the buffer | - |
+//! | [`register_iobuf`] | `ibv_mr` over a `riser_buf::IoBuf`'s mapping | the mapping (dropped before it is unmapped) |
 //! | [`CompletionChannel`] | `ibv_comp_channel` | CQs attached to it |
 //! | [`CompletionQueue`] | `ibv_cq` | QPs using it |
 //! | [`SharedReceiveQueue`] | `ibv_srq` | QPs using it |
@@ -39,7 +40,7 @@ pub use cm::{CmEvent, CmEventType, CmId, CmIdKey, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH};
 pub use device::{devices, mtu_bytes, refresh_cm_devices, Context, DeviceAttr, LinkLayer, PortAttr, PortState, ProtectionDomain};
 pub use error::{RdmaError, Result};
-pub use mr::{Access, MemoryRegion, Sge};
+pub use mr::{iobuf_domain, register_iobuf, Access, MemoryRegion, Sge};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue, WrData, MAX_CHAIN};
 
 /// The raw bindings, for calls this crate does not wrap (each use is `unsafe`).

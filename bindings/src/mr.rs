@@ -284,6 +284,71 @@ impl std::fmt::Debug for MemoryRegion {
     }
 }
 
+/// The registration domain of `pd` in riser-buf's terms ([`riser_buf::IoBuf::reg_key`]): the
+/// address of its `ibv_pd`. Unique while the PD lives, and every registration holds the PD.
+pub fn iobuf_domain(pd: &ProtectionDomain) -> usize {
+    pd.as_raw() as usize
+}
+
+/// Registers the whole mapping of `buf` ([`riser_buf::IoBuf::mapping_ptr`],
+/// [`riser_buf::IoBuf::capacity`]) with `pd` and records the registration in the buffer, so
+/// that work requests can name the buffer's own memory (zero copy); returns the lkey. A buffer
+/// whose mapping is registered with `pd` already (pooled mappings keep their registrations
+/// from one I/O to the next) costs nothing: its key is returned.
+///
+/// The registration lives with the mapping, not with the I/O: riser-buf drops it (here:
+/// `ibv_dereg_mr`) before the memory is unmapped, and it holds an `Arc` of `pd`, so the PD
+/// outlives every registration made with it. A device being removed is therefore held until
+/// the buffers registered with its PD are unmapped (`riser_buf::Pool::trim`).
+pub fn register_iobuf(pd: &Arc<ProtectionDomain>, buf: &mut riser_buf::IoBuf, access: Access) -> Result<u32> {
+    let domain = iobuf_domain(pd);
+    if let Some(key) = buf.reg_key(domain) {
+        return Ok(key);
+    }
+    let len = buf.capacity();
+    if len == 0 {
+        return Err(RdmaError::invalid("ibv_reg_mr", "cannot register an empty buffer"));
+    }
+    let ptr = buf.mapping_ptr();
+    // SAFETY: `ptr` and `len` are the buffer's whole mapping (riser-buf's contract for
+    // mapping_ptr/capacity), which stays mapped until the guard recorded below is dropped:
+    // riser-buf drops a mapping's registrations before unmapping it and never while a buffer
+    // of it is in use. `pd` is a live PD.
+    let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), ptr as *mut libc::c_void, len, access.bits() as libc::c_int) };
+    let mr = NonNull::new(mr).ok_or_else(|| RdmaError::last("ibv_reg_mr"))?;
+    // SAFETY: `mr` was just returned by ibv_reg_mr; lkey is set at registration.
+    let lkey = unsafe { (*mr.as_ptr()).lkey };
+    buf.add_registration(domain, lkey, Box::new(IoBufRegistration { mr, _pd: pd.clone() }));
+    Ok(lkey)
+}
+
+/// An `ibv_mr` over an [`riser_buf::IoBuf`]'s mapping, owned by that mapping (riser-buf
+/// keeps it as the registration's guard): dropping it deregisters.
+struct IoBufRegistration {
+    mr: NonNull<sys::ibv_mr>,
+    /// The PD outlives the MR (ibv_dealloc_pd fails while MRs exist).
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the guard only holds the MR to deregister it once, from whichever thread drops it;
+// verbs objects are thread safe.
+unsafe impl Send for IoBufRegistration {}
+// SAFETY: no `&self` method touches the MR.
+unsafe impl Sync for IoBufRegistration {}
+
+impl Drop for IoBufRegistration {
+    fn drop(&mut self) {
+        // SAFETY: a live MR, deregistered exactly once. riser-buf drops this guard before it
+        // unmaps the memory, so the memory is still mapped here. Should deregistration fail,
+        // the pages stay pinned by the kernel for the MR, so the device can never reach memory
+        // reused by anyone else after the unmapping.
+        let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if ret != 0 {
+            log::error!("ibv_dereg_mr of an I/O buffer failed (errno {ret}); its pages stay pinned");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,5 +383,30 @@ mod tests {
         assert!(check_range("t", usize::MAX, 0, big).is_err());
         let e = check_range("MemoryRegion::sge", 100, 90, 20).unwrap_err();
         assert_eq!(e.call(), "MemoryRegion::sge");
+    }
+
+    /// On a machine with an RDMA device (the soft-RoCE VM), an I/O buffer is registered once
+    /// per PD, the key travels with its pooled mapping, and the MR goes when the mapping is
+    /// unmapped. Without a device (this machine, CI) there is nothing to register with.
+    #[test]
+    fn iobuf_registration_travels_with_the_mapping() {
+        let Ok(names) = crate::devices() else { return };
+        let Some(name) = names.first() else { return };
+        let ctx = crate::Context::open(name).expect("open the device");
+        let pd = ProtectionDomain::new(&ctx).expect("a PD");
+        let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
+        let mut b = pool.alloc(5000);
+        let key = register_iobuf(&pd, &mut b, Access::LOCAL_WRITE).expect("ibv_reg_mr");
+        assert_eq!(b.reg_key(iobuf_domain(&pd)), Some(key));
+        assert_eq!(register_iobuf(&pd, &mut b, Access::LOCAL_WRITE).unwrap(), key, "registered once");
+        drop(b);
+        let b = pool.alloc(8192);
+        assert_eq!(b.reg_key(iobuf_domain(&pd)), Some(key), "the reused mapping is registered already");
+        drop(b);
+        assert_eq!(Arc::strong_count(&pd), 2, "the registration holds the PD");
+        pool.trim();
+        assert_eq!(Arc::strong_count(&pd), 1, "unmapping deregistered it");
+        let mut e = pool.alloc(0);
+        assert!(register_iobuf(&pd, &mut e, Access::LOCAL_WRITE).is_err());
     }
 }
