@@ -118,6 +118,8 @@ struct Task {
     staged: Vec<Vec<u8>>,
     /// The task's place in the queue for budgeted memory (dropped with the task).
     waiter: Option<Waiter>,
+    /// Budgeted bytes its buffer holds (0 if none).
+    budgeted: u32,
     /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
     received: u32,
     /// Unsolicited bytes the initiator may still send.
@@ -201,19 +203,33 @@ impl Ffp {
     /// Gives buffer memory to writes waiting for it, oldest first, as the budget allows;
     /// each one then asks the datamover for its solicited data. The driver calls it every
     /// poll; cheap when none waits. Returns how many were served.
+    ///
+    /// Fairness: a connection that already holds budgeted memory takes no more than a
+    /// quarter of the budget, so that one slow writer cannot hold all of it while others
+    /// wait; a write larger than that still goes when the connection holds nothing.
     pub fn grant_buffers(&mut self) -> usize {
         let mut served = 0;
         while let Some(&itt) = self.waiting_buf.front() {
             let pool = self.pool;
-            let Some(t) = self.tasks.get_mut(&itt).filter(|t| matches!(t.state, TaskState::WaitingBuffer)) else {
+            let Some(edtl) = self
+                .tasks
+                .get(&itt)
+                .filter(|t| matches!(t.state, TaskState::WaitingBuffer))
+                .map(|t| t.cmd.expected_data_transfer_length)
+            else {
                 // Aborted (or otherwise gone) meanwhile: its place went with it.
                 self.waiting_buf.pop_front();
                 continue;
             };
-            let edtl = t.cmd.expected_data_transfer_length as usize;
-            let Some(mut buf) = pool.try_alloc(edtl, &mut t.waiter) else {
+            let held: u64 = self.tasks.values().map(|t| t.budgeted as u64).sum();
+            if held > 0 && held + edtl as u64 > pool.max_bytes() as u64 / 4 {
+                break;
+            }
+            let Some(t) = self.tasks.get_mut(&itt) else { break };
+            let Some(mut buf) = pool.try_alloc(edtl as usize, &mut t.waiter) else {
                 break;
             };
+            t.budgeted = edtl;
             self.waiting_buf.pop_front();
             let mut off = 0;
             for seg in t.staged.drain(..) {
@@ -536,6 +552,7 @@ impl Ffp {
             buf: None,
             staged: Vec::new(),
             waiter: None,
+            budgeted: 0,
             received: imm,
             unsolicited_expected: 0,
             next_data_sn: Sn(0),

@@ -378,25 +378,42 @@ fn small_pool() -> &'static Pool {
     Box::leak(Box::new(Pool::new(riser_buf::MIN_MAX_BYTES)))
 }
 
+/// The SCSI layer finishing task `itt` with GOOD and no data.
+fn done(f: &mut Ffp, itt: u32) {
+    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: None, data_in_len: 0, residual: Residual::None, data_out: None });
+}
+
 #[test]
 fn writes_wait_for_buffer_memory_in_order() {
-    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
+    let cfg = FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() };
+    let (mut f, now) = ffp(cfg.clone());
+    let (mut g, _) = ffp(cfg);
     let pool = small_pool();
     f.set_pool(pool);
+    g.set_pool(pool);
     // InitialR2T=Yes, no immediate data: nothing is taken until the data is solicited.
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
     let Some(Action::GetData(g1)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
     assert_eq!(pool.stats().in_use_bytes, 32 << 20);
-    // The budget is spent: the next writes wait, no Get_Data, no failure.
+    // The budget is spent: the next writes wait, no Get_Data, no failure. This connection
+    // already holds more than its share, so its own wait without a place in the queue;
+    // another connection's write takes one.
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, false, true, 4096))), now);
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(3, 12, false, true, 8192))), now);
-    assert!(drain(&mut f).is_empty());
-    assert_eq!((f.waiting_for_buffers(), pool.stats().waiting), (2, 1));
+    g.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 10, false, true, 16 << 20))), now);
+    assert!(drain(&mut f).is_empty() && drain(&mut g).is_empty());
+    assert_eq!((f.waiting_for_buffers(), g.waiting_for_buffers(), pool.stats().waiting), (2, 1, 1));
     assert_eq!(f.grant_buffers(), 0);
-    // The first write completes and gives its buffer back: the others go, oldest first.
+    // The first write completes and gives its buffer back: the other connection's write,
+    // first in the queue, goes first, then this one's, oldest first.
     f.on_data_ready(g1.itt, g1.buf);
     let Some(Action::Execute(req)) = drain(&mut f).into_iter().next() else { panic!("expected Execute") };
     drop(req);
+    done(&mut f, 1);
+    drain(&mut f);
+    assert_eq!(f.grant_buffers(), 0, "behind the other connection's write");
+    assert_eq!(g.grant_buffers(), 1);
+    assert!(matches!(&drain(&mut g)[..], [Action::GetData(a)] if a.itt == Itt(7)));
     assert_eq!(f.grant_buffers(), 2);
     let a = drain(&mut f);
     assert!(matches!(&a[..], [Action::GetData(a), Action::GetData(b)] if a.itt == Itt(2) && b.itt == Itt(3)));
@@ -404,14 +421,39 @@ fn writes_wait_for_buffer_memory_in_order() {
 }
 
 #[test]
+fn one_connection_takes_a_quarter_of_the_budget_while_holding_some() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
+    let pool = small_pool(); // 32 MiB: a quarter is 8 MiB
+    f.set_pool(pool);
+    for (i, sn) in (1..=3).zip(10..) {
+        f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(i, sn, false, true, 4 << 20))), now);
+    }
+    let a = drain(&mut f);
+    assert_eq!(a.len(), 2, "two 4 MiB writes make the quarter; the third waits");
+    assert_eq!((f.waiting_for_buffers(), pool.stats().waiting, pool.stats().in_use_bytes), (1, 0, 8 << 20));
+    for x in a {
+        let Action::GetData(g) = x else { panic!("expected GetData") };
+        f.on_data_ready(g.itt, g.buf);
+    }
+    drain(&mut f);
+    done(&mut f, 1);
+    drain(&mut f);
+    assert_eq!(f.grant_buffers(), 1);
+}
+
+#[test]
 fn an_aborted_waiting_write_leaves_the_queue() {
     let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
     let pool = small_pool();
     f.set_pool(pool);
-    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
-    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, false, true, 4096))), now);
+    // Another connection holds the whole budget.
+    let (mut h, _) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
+    h.set_pool(pool);
+    h.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
+    let _held = drain(&mut h);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 10, false, true, 4096))), now);
     drain(&mut f);
-    assert_eq!(pool.stats().waiting, 1);
+    assert_eq!((f.waiting_for_buffers(), pool.stats().waiting), (1, 1));
     let t = TaskMgmtRequest {
         immediate: true,
         function: tmf::ABORT_TASK | 0x80,
@@ -436,10 +478,13 @@ fn immediate_data_waits_in_its_segment_then_is_copied_once() {
     let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
     let pool = small_pool();
     f.set_pool(pool);
-    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
-    let Some(Action::GetData(g1)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
+    // Another connection holds the whole budget.
+    let (mut h, _) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
+    h.set_pool(pool);
+    h.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
+    let Some(Action::GetData(g1)) = drain(&mut h).into_iter().next() else { panic!("expected GetData") };
     // 512 bytes of immediate data, the rest solicited: waits with its data.
-    let mut c = cmd(2, 11, false, true, 4096);
+    let mut c = cmd(2, 10, false, true, 4096);
     c.final_bit = true;
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![0x5a; 512]), now);
     assert!(drain(&mut f).is_empty());
@@ -451,7 +496,7 @@ fn immediate_data_waits_in_its_segment_then_is_copied_once() {
     assert!(g2.buf[..512].iter().all(|&b| b == 0x5a));
     assert_eq!(f.copied_bytes(), 512);
     // A write that is all immediate data takes its buffer at once, outside the budget.
-    let c = cmd(3, 12, false, true, 1024);
+    let c = cmd(3, 11, false, true, 1024);
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![1; 1024]), now);
     let a = drain(&mut f);
     assert!(matches!(&a[..], [Action::Execute(r)] if r.data_out.as_ref().map(|b| b.len()) == Some(1024)));
