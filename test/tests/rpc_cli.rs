@@ -470,7 +470,7 @@ fn iobuf_budget_options_stats_and_save_config() {
             .call("iobuf_set_options", Some(json!({"small_pool_count": 4096, "small_bufsize": 8192, "large_pool_count": 512, "large_bufsize": 135168})))
             .expect("SPDK's iobuf_set_options");
         assert_eq!(riser.rpc_json(&["iobuf_get_options"])["max_bytes"], json!(4096u64 * 8192 + 512 * 135168));
-        riser.call("iobuf_set_options", Some(json!({"max_bytes": 96u64 << 20}))).expect("max_bytes");
+        assert_eq!(riser.rpc_json(&["iobuf_set_options", "--max-bytes", "100663296"]), json!(true));
         let stats = riser.rpc_json(&["iobuf_get_stats"]);
         assert_eq!(stats["max_bytes"], json!(96u64 << 20), "{stats}");
         for k in ["mapped_bytes", "in_use_bytes", "cached_bytes", "waiting", "waits", "maps", "reuses", "unmaps"] {

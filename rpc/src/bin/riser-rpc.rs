@@ -129,8 +129,14 @@ enum Cmd {
     IscsiGetTargetNodes,
     /// List the live iSCSI connections
     IscsiGetConnections,
-    /// Show iSCSI connection counts by state
+    /// Show iSCSI connection counts by state, logins by outcome, payload copies
     IscsiGetStats,
+    /// Set the I/O buffer budget (bytes mapped for data buffers, in use and kept)
+    IobufSetOptions(IobufSetOptions),
+    /// Show the I/O buffer budget
+    IobufGetOptions,
+    /// Show the I/O buffer pool: mapped, in use, kept, waiting requests, reuse counts
+    IobufGetStats,
     /// Call any method with optional JSON params
     Call(Call),
     /// Any other method name: METHOD ['{JSON params}']
@@ -238,6 +244,27 @@ struct LoadConfig {
     /// JSON file made by save_config (standard input when absent)
     #[arg(short = 'j', long = "json-conf", value_name = "FILE")]
     json_conf: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Serialize)]
+struct IobufSetOptions {
+    /// The budget in bytes (at least 33554432, the largest transfer)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_bytes: Option<u64>,
+    /// SPDK's fields, for rpc.py habits: the budget becomes what these pools would hold
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    small_pool_count: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    large_pool_count: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    small_bufsize: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    large_bufsize: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -861,7 +888,10 @@ impl Cmd {
             | Cmd::IscsiGetAuthGroups
             | Cmd::IscsiGetTargetNodes
             | Cmd::IscsiGetConnections
-            | Cmd::IscsiGetStats => None,
+            | Cmd::IscsiGetStats
+            | Cmd::IobufGetOptions
+            | Cmd::IobufGetStats => None,
+            Cmd::IobufSetOptions(a) => to_params(&a)?,
             Cmd::IscsiSetOptions(a) => to_params(&a.params())?,
             Cmd::IscsiCreatePortalGroup(a) => {
                 for p in a.portals.iter().flat_map(|l| &l.0) {
