@@ -16,6 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use riser_bdev::{BdevError, BdevIo, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
+use riser_buf::{Pool, Waiter};
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, Cdb};
 use crate::inquiry::{
@@ -91,6 +92,10 @@ enum Job {
         lba: Lba,
         blocks: u64,
         ret_len: usize,
+        /// The read buffer, taken from the budget before the job starts.
+        buf: Option<IoBuf>,
+        /// The job's place in the queue for budgeted memory while it waits.
+        waiter: Option<Waiter>,
     },
     Write {
         lba: Lba,
@@ -227,6 +232,8 @@ pub struct LunChannel {
     seen: IdSet,
     alloc: BufAlloc,
     active: usize,
+    /// Where read buffers come from, under the budget (the global pool; tests give their own).
+    pool: &'static Pool,
 }
 
 impl Drop for LunChannel {
@@ -289,6 +296,11 @@ impl LunChannel {
 
     /// Like [`new`](Self::new), with the buffers for data-in and bdev I/O coming from
     /// `alloc` (e.g. registered memory for iSER).
+    /// Takes read buffers from `pool` instead of the global one (tests).
+    pub fn set_pool(&mut self, pool: &'static Pool) {
+        self.pool = pool;
+    }
+
     pub fn with_allocator(lun: Arc<Lun>, alloc: BufAlloc) -> LunChannel {
         let io = lun.bdev().clone().open_channel();
         let counter = lun.ranges.register_counter();
@@ -304,6 +316,7 @@ impl LunChannel {
             seen: IdSet::default(),
             alloc,
             active: 0,
+            pool: Pool::global(),
         }
     }
 

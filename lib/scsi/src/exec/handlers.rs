@@ -87,6 +87,8 @@ impl LunChannel {
                 lba: b.lba,
                 blocks,
                 ret_len: want as usize,
+                buf: None,
+                waiter: None,
             },
         ))
     }

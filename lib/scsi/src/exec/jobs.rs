@@ -9,11 +9,21 @@ impl LunChannel {
     /// Tries to admit and start the op; false if it must wait for the range lock.
     pub(super) fn try_start(&mut self, slot: usize) -> bool {
         let lun = self.lun.clone();
+        let pool = self.pool;
         let Some(o) = self.ops[slot].as_mut() else {
             return true;
         };
         if o.started {
             return true;
+        }
+        // A read waits for its buffer under the budget, in turn with everyone else's
+        // (before taking the range lock, so a waiting read holds up no write).
+        if let Job::Read { blocks, buf: buf @ None, waiter, .. } = &mut o.job {
+            let len = *blocks as usize * lun.block_size() as usize;
+            match pool.try_alloc(len, waiter) {
+                Some(b) => *buf = Some(b),
+                None => return false,
+            }
         }
         match &o.need {
             Need::None => {}
@@ -44,9 +54,9 @@ impl LunChannel {
             return;
         };
         match &mut o.job {
-            Job::Read { lba, blocks, .. } => {
-                let (lba, blocks) = (*lba, *blocks);
-                let b = self.buf(blocks as usize * bs);
+            Job::Read { lba, blocks, buf, .. } => {
+                let (lba, blocks, b) = (*lba, *blocks, buf.take());
+                let b = b.unwrap_or_else(|| self.buf(blocks as usize * bs));
                 self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
             }
             Job::Write { lba, blocks, buf }

@@ -226,3 +226,38 @@ fn read_only_lun_refuses_writes_first() {
     assert_eq!(d[2] & 0x80, 0x80);
     e.read16(&a, 0, 1);
 }
+
+/// A READ waits for its buffer while the budget is spent, and completes once memory comes
+/// back; it never fails for lack of it.
+#[test]
+fn a_read_waits_for_budgeted_memory() {
+    let e = env();
+    let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
+    let mut held = None;
+    let hog = pool.try_alloc(riser_buf::MIN_MAX_BYTES, &mut held).expect("the whole budget");
+    let mut ch = LunChannel::new(e.lun.clone());
+    ch.set_pool(pool);
+    let n = Arc::new(Nexus::new("iqn.2024-01.test:budget", 1, "iqn.2024-01.test:tgt", 1));
+    let mut out = vec![];
+    let run = |ch: &mut LunChannel, tag: u64, cdb: &[u8], edtl: u32, out: &mut Vec<ScsiResult>| {
+        ch.submit(ScsiTask::new(tag, 0, cdb, edtl, n.clone()));
+        for _ in 0..1000 {
+            ch.poll(out);
+        }
+    };
+    run(&mut ch, 1, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, &mut out); // power-on UA
+    out.clear();
+    run(&mut ch, 2, &rw16(op::READ16, 0, 8, 0), 8 * BS as u32, &mut out);
+    assert!(out.is_empty(), "the read waits while the budget is spent");
+    assert_eq!(pool.stats().waiting, 1);
+    drop(hog);
+    for _ in 0..1000 {
+        ch.poll(&mut out);
+        if !out.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(out.len(), 1, "the read went once memory came back");
+    assert_eq!((out[0].tag, out[0].status, out[0].data_len), (2, Status::Good, 8 * BS));
+    assert_eq!(pool.stats().waiting, 0);
+}
