@@ -322,6 +322,15 @@ pub fn register_iobuf(pd: &Arc<ProtectionDomain>, buf: &mut riser_buf::IoBuf, ac
     Ok(lkey)
 }
 
+/// Unmaps the I/O buffers riser-buf keeps for reuse ([`riser_buf::Pool::trim`] of the
+/// global pool), dropping the registrations they carry and the PDs those hold. After a
+/// device removal that is what lets the device go: a PD kept by an idle buffer keeps the
+/// device's context open, and soft-RoCE's removal waits for every context to close.
+/// Buffers in use keep theirs until they come back (call it again then).
+pub fn release_idle_iobuf_registrations() {
+    riser_buf::Pool::global().trim();
+}
+
 /// An `ibv_mr` over an [`riser_buf::IoBuf`]'s mapping, owned by that mapping (riser-buf
 /// keeps it as the registration's guard): dropping it deregisters.
 struct IoBufRegistration {

@@ -13,9 +13,10 @@
 //! 2. Login PDUs arrive in RC SENDs behind the 28-byte iSER header; the login receive is
 //!    reposted before each non-final response.
 //! 3. Allocate_Connection_Resources (when the login reaches operational negotiation, after any
-//!    security stage: the rule against denial of service): receive ring, send buffers, data
-//!    chunks, all registered once; the whole receive ring is posted before the final Login
-//!    Response goes out through the datamover.
+//!    security stage: the rule against denial of service): receive ring and send buffers,
+//!    registered once (data moves between the tasks' own buffers and the initiator's, each
+//!    registered with the PD on first use and for the life of its pooled mapping); the whole
+//!    receive ring is posted before the final Login Response goes out through the datamover.
 //! 4. Enable_Datamover: the datamover moves to the session's reactor: the one chosen at
 //!    connect for a new session (so its completions are polled where they arrive), the
 //!    session's own for a connection joining one (its CQ is then polled from both).
@@ -24,9 +25,10 @@
 //! connection in full-feature phase terminates (its datamover sees the mark).
 //! DEVICE_REMOVAL (the RDMA device went away, e.g. `rdma link delete`): the kernel cannot
 //! finish removing a soft-RoCE device while a process holds anything on it, so the portal
-//! drops its listener and cached PD, the connections on the device close, librdmacm is asked
-//! to re-read its device list (it then closes its own context of the device), and the portal
-//! listens again once the address has a device.
+//! drops its listener and cached PD, the connections on the device close, the idle task
+//! buffers registered with the device's PD are unmapped (their registrations hold the PD),
+//! librdmacm is asked to re-read its device list (it then closes its own context of the
+//! device), and the portal listens again once the address has a device.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -146,6 +148,8 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
                         // cached PD now (connections hold their own until they are freed),
                         // the listener and the connections below (each id gets this event).
                         pds.clear();
+                        // Task buffers registered with the device's PD hold it too.
+                        riser_rdma::release_idle_iobuf_registrations();
                         refresh_until = Some(Instant::now() + REFRESH_FOR);
                         next_retry = Instant::now() + RELISTEN_EVERY;
                         if listener_key == Some(ev.id) {
@@ -211,6 +215,8 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
         if (listener.is_none() || refresh_until.is_some()) && Instant::now() >= next_retry {
             next_retry = Instant::now() + RELISTEN_EVERY;
             if refresh_until.is_some_and(|t| Instant::now() < t) {
+                // The buffers the closing connections held come back registered: let them go.
+                riser_rdma::release_idle_iobuf_registrations();
                 if let Err(e) = riser_rdma::refresh_cm_devices() {
                     log::debug!("iSER portal {addr}: {e}");
                 }
@@ -309,6 +315,7 @@ fn setup(
         peer,
         local,
         rdma_reads: rd_depth as u32,
+        send_wr,
         send_invalidate,
         reactor,
         cm: Arc::new(CmState { logging_in: AtomicBool::new(true), ..CmState::default() }),
@@ -327,6 +334,8 @@ pub struct IserLogin {
     peer: SocketAddr,
     local: Option<SocketAddr>,
     rdma_reads: u32,
+    /// The send queue's depth (max_send_wr as asked; the device may grant more).
+    send_wr: u32,
     /// Both sides agreed to Send with Invalidate (CM private data).
     send_invalidate: bool,
     /// The reactor whose CQ the QP completes on: a new session goes there.
@@ -462,15 +471,17 @@ impl LoginTransport for IserLogin {
     fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError> {
         // The receive ring from the session's queue depth (InitialR2T=Yes: no unsolicited
         // Data-Out), which is also what the target declared as MaxOutstandingUnexpectedPDUs.
+        // Data moves straight between the tasks' buffers and the initiator's (registered
+        // in place): the pools hold control messages only.
         let cfg = IserConfig {
             max_rdma_reads: self.rdma_reads,
-            data_chunks: 64,
             send_invalidate: self.send_invalidate,
+            send_queue_depth: self.send_wr as usize,
             ..IserConfig::for_queue_depth(keys.queue_depth.clamp(1, MAX_QUEUE_DEPTH), 0)
         };
-        let [r, s, d] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
-        let pools = (|| -> Result<(Pool, Pool, Pool), IserError> {
-            Ok((registered_pool(&self.pd, r.0, r.1)?, registered_pool(&self.pd, s.0, s.1)?, registered_pool(&self.pd, d.0, d.1)?))
+        let [r, s] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
+        let pools = (|| -> Result<(Pool, Pool), IserError> {
+            Ok((registered_pool(&self.pd, r.0, r.1)?, registered_pool(&self.pd, s.0, s.1)?))
         })()
         .map_err(|e| TransportError::Failed(e.to_string()))?;
         let qp = self.qp.take().ok_or(TransportError::Closed)?;

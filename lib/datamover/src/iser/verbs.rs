@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use riser_bdev::IoBuf;
 use riser_rdma::{
     sys, Access, CmId, CompletionQueue, DeviceAttr, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp,
     SendWr as RSendWr, WorkCompletion, WrData,
@@ -174,6 +175,14 @@ impl IserQp for VerbsQp {
                 1
             }
         }
+    }
+
+    fn register(&mut self, buf: &mut IoBuf) -> Result<u32, IserError> {
+        let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
+        // Local access only: the initiator never sees these keys (RDMA Read lands here,
+        // RDMA Write is sourced here).
+        riser_rdma::register_iobuf(qp.pd(), buf, Access::LOCAL_WRITE)
+            .map_err(|source| IserError::Registration { bytes: buf.capacity(), source })
     }
 
     fn disconnect(&mut self) {
