@@ -563,4 +563,7 @@ impl Datamover for IserConnection {
     fn idle(&self) -> bool {
         self.early.is_empty() && self.dm.idle()
     }
+    fn copies(&self) -> riser_iscsi::ffp::CopyStats {
+        self.dm.copies()
+    }
 }
