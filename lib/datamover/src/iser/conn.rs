@@ -212,6 +212,10 @@ pub const EXPECTED_PDU_ROOM: usize = 2;
 /// Send slots beside one SCSI Response per command: NOP-In, Async Message, TMF / Text /
 /// Logout responses, Reject.
 pub const SEND_ROOM: usize = 8;
+/// Data bytes a small send slot takes: a SCSI Response's sense data (2 + 252 bytes), a
+/// Reject's quoted header, a short NOP-In echo. Larger PDUs (Text, Login and NOP-In
+/// responses with more data) take one of the [`SEND_ROOM`] large slots.
+pub const SMALL_SEND_DATA: usize = 512;
 
 /// Sizes of a connection's resources, from the negotiated keys.
 #[derive(Clone, Copy, Debug)]
@@ -387,7 +391,10 @@ pub struct IserDatamover<Q: IserQp> {
     qp: Q,
     cfg: IserConfig,
     recv: Pool,
+    /// Send slots for small control PDUs (one per command: its SCSI Response), and the few
+    /// large ones for PDUs with more data.
     send: Pool,
+    send_large: Pool,
     /// The tasks whose SCSI Command arrived, by ITT.
     tasks: HashMap<Itt, Task>,
     next_gen: u32,
@@ -429,16 +436,17 @@ pub struct IserDatamover<Q: IserQp> {
 }
 
 impl<Q: IserQp> IserDatamover<Q> {
-    /// Takes a connected QP whose memory pools are registered (`pools` = recv, send, sized
-    /// by [`IserDatamover::pool_sizes`]) and posts the whole receive ring (RFC 7145: before
-    /// the final Login Response is sent).
-    pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool)) -> Result<Self, IserError> {
-        let (recv, send) = pools;
+    /// Takes a connected QP whose memory pools are registered (`pools` = receive ring, small
+    /// and large send slots, sized by [`IserDatamover::pool_sizes`]) and posts the whole
+    /// receive ring (RFC 7145: before the final Login Response is sent).
+    pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, IserError> {
+        let (recv, send, send_large) = pools;
         let mut dm = IserDatamover {
             qp,
             cfg,
             recv,
             send,
+            send_large,
             tasks: HashMap::new(),
             next_gen: 0,
             sq_posted: 0,
@@ -469,18 +477,23 @@ impl<Q: IserQp> IserDatamover<Q> {
         Ok(dm)
     }
 
-    /// Slot sizes and counts of the two pools (receive ring, send buffers).
-    pub fn pool_sizes(cfg: &IserConfig) -> [(usize, usize); 2] {
+    /// Slot counts and sizes of the three pools: the receive ring (each receive takes the
+    /// largest PDU the initiator may send: TargetRecvDataSegmentLength of immediate data),
+    /// small send slots (`send_slots`), and [`SEND_ROOM`] large ones (a PDU of
+    /// InitiatorRecvDataSegmentLength). Data has no pool: it moves between the tasks' own
+    /// buffers and the initiator's.
+    pub fn pool_sizes(cfg: &IserConfig) -> [(usize, usize); 3] {
         [
             (cfg.recv_slots, ISER_HDR_LEN + BHS_LEN + 1020 + cfg.target_recv_data_segment_length),
-            (cfg.send_slots, ISER_HDR_LEN + BHS_LEN + cfg.initiator_recv_data_segment_length.max(256)),
+            (cfg.send_slots, ISER_HDR_LEN + BHS_LEN + SMALL_SEND_DATA),
+            (SEND_ROOM, ISER_HDR_LEN + BHS_LEN + cfg.initiator_recv_data_segment_length.max(SMALL_SEND_DATA)),
         ]
     }
 
     /// The pools over plain memory (tests).
-    pub fn plain_pools(cfg: &IserConfig) -> (Pool, Pool) {
-        let [r, s] = Self::pool_sizes(cfg);
-        (Pool::plain(r.0, r.1), Pool::plain(s.0, s.1))
+    pub fn plain_pools(cfg: &IserConfig) -> (Pool, Pool, Pool) {
+        let [r, s, l] = Self::pool_sizes(cfg);
+        (Pool::plain(r.0, r.1), Pool::plain(s.0, s.1), Pool::plain(l.0, l.1))
     }
 
     pub fn qp_mut(&mut self) -> &mut Q {
@@ -526,23 +539,32 @@ impl<Q: IserQp> IserDatamover<Q> {
     }
 
     /// Builds the SEND of a control PDU into a send slot; None when no slot is free.
+    /// The slot ids of large send slots have this bit set.
+    const LARGE_SLOT: u32 = 1 << 31;
+
+    /// Builds the SEND of a control PDU into a send slot (a small one if it fits, else a
+    /// large one); None when no slot is free. Returns the slot id and its SGE.
     fn stage_control(&mut self, pdu: &Pdu) -> Option<Result<(u32, Sge), IserError>> {
-        let slot = self.send.alloc()?;
         let mut msg = Vec::with_capacity(ISER_HDR_LEN + BHS_LEN + pdu.data.len());
         msg.extend_from_slice(&IserHeader::TARGET_CONTROL);
         if let Err(e) = pdu.encode_message(&mut msg) {
-            self.send.release(slot);
             return Some(Err(IserError::Encode { opcode: pdu.opcode(), source: e }));
         }
-        let room = self.send.slot_size();
+        let (pool, tag) = if msg.len() <= self.send.slot_size() {
+            (&mut self.send, 0)
+        } else {
+            (&mut self.send_large, Self::LARGE_SLOT)
+        };
+        let slot = pool.alloc()?;
+        let room = pool.slot_size();
         if msg.len() > room {
             // Full-feature PDUs to the initiator stay small (sense data, NOP echo); a larger
             // one is cut to what the initiator accepts rather than overrunning its buffer.
             msg.truncate(room);
         }
         let n = msg.len();
-        self.send.write(slot, &msg);
-        Some(Ok((slot, self.send.sge(slot, n))))
+        pool.write(slot, &msg);
+        Some(Ok((slot | tag, pool.sge(slot, n))))
     }
 
     /// Free entries of the send queue.
@@ -898,7 +920,11 @@ impl<Q: IserQp> IserDatamover<Q> {
     }
 
     fn on_send_done(&mut self, slot: u32) {
-        self.send.release(slot);
+        if slot & Self::LARGE_SLOT != 0 {
+            self.send_large.release(slot & !Self::LARGE_SLOT);
+        } else {
+            self.send.release(slot);
+        }
         self.retire_signaled();
     }
 
@@ -1126,7 +1152,9 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             return work;
         }
         self.doorbell(events);
-        let quiet = self.send.free.len() == self.send.count() && self.sq_retired == self.sq_posted;
+        let quiet = self.send.free.len() == self.send.count()
+            && self.send_large.free.len() == self.send_large.count()
+            && self.sq_retired == self.sq_posted;
         if self.terminating && self.pending.is_empty() && quiet {
             self.dead = true;
             self.qp.disconnect();
@@ -1201,7 +1229,7 @@ mod tests {
     /// The pool and offset an SGE names.
     fn locate(d: &mut IserDatamover<FakeQp>, sge: Sge) -> (&mut Pool, usize) {
         assert_eq!(sge.lkey, 0, "pool memory");
-        for pool in [&mut d.recv, &mut d.send] {
+        for pool in [&mut d.recv, &mut d.send, &mut d.send_large] {
             let base = pool.mem.base();
             if sge.addr >= base && sge.addr + sge.len as u64 <= base + pool.mem.len() as u64 {
                 return (pool, (sge.addr - base) as usize);
@@ -1918,5 +1946,28 @@ mod tests {
         assert_eq!(d.qp.registrations, 1);
         assert_eq!(d.copies(), CopyStats::default());
         assert_eq!(d.sq_posted, d.sq_retired);
+    }
+
+    /// A control PDU with more data than a small send slot takes (a Text or NOP-In response)
+    /// goes whole in a large slot; a SCSI Response in a small one; both slots come back.
+    #[test]
+    fn large_control_pdus_take_a_large_send_slot() {
+        let mut d = ffp_dm(IserConfig::default());
+        let big = Pdu::with_data(response(1).bhs.op.clone(), vec![0x5a; 4000]);
+        d.send_control(big);
+        d.send_control(response(2));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        let sends: Vec<SendWr> = d.qp.queued.clone();
+        assert_eq!(sends.len(), 2);
+        assert_ne!(wr_idx(sends[0].wr_id) & IserDatamover::<FakeQp>::LARGE_SLOT, 0, "a large slot");
+        assert_eq!(sends[0].sge.len as usize, ISER_HDR_LEN + BHS_LEN + 4000, "not truncated");
+        assert_eq!(wr_idx(sends[1].wr_id) & IserDatamover::<FakeQp>::LARGE_SLOT, 0, "a small slot");
+        wire(&mut d);
+        d.poll(&mut ev);
+        assert_eq!(d.send.free.len(), d.send.count());
+        assert_eq!(d.send_large.free.len(), d.send_large.count());
+        let p = Pdu::decode_message(&d.qp.sent[0][ISER_HDR_LEN..], 8192).unwrap();
+        assert_eq!(p.data.len(), 4000);
     }
 }

@@ -479,9 +479,13 @@ impl LoginTransport for IserLogin {
             send_queue_depth: self.send_wr as usize,
             ..IserConfig::for_queue_depth(keys.queue_depth.clamp(1, MAX_QUEUE_DEPTH), 0)
         };
-        let [r, s] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
-        let pools = (|| -> Result<(Pool, Pool), IserError> {
-            Ok((registered_pool(&self.pd, r.0, r.1)?, registered_pool(&self.pd, s.0, s.1)?))
+        let [r, s, l] = IserDatamover::<VerbsQp>::pool_sizes(&cfg);
+        let pools = (|| -> Result<(Pool, Pool, Pool), IserError> {
+            Ok((
+                registered_pool(&self.pd, r.0, r.1)?,
+                registered_pool(&self.pd, s.0, s.1)?,
+                registered_pool(&self.pd, l.0, l.1)?,
+            ))
         })()
         .map_err(|e| TransportError::Failed(e.to_string()))?;
         let qp = self.qp.take().ok_or(TransportError::Closed)?;
