@@ -11,7 +11,6 @@ pub mod portal;
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::rc::Rc;
 use std::time::Duration;
 
 use riser_bdev::IoBuf;
@@ -56,19 +55,85 @@ impl ByteStream for TcpStream {
     }
 }
 
+/// The longest inline chunk: a BHS and its header digest.
+const SMALL: usize = BHS_LEN + 4;
+
 /// A piece of the send queue.
 enum Chunk {
+    /// A header (and its digest) or a data segment's padding and digest, inline.
+    Small { bytes: [u8; SMALL], len: u8 },
     Owned(Vec<u8>),
-    /// Bytes `off..off+len` of a task's read buffer.
-    Shared { buf: Rc<IoBuf>, off: usize, len: usize },
+    /// Bytes `off..off+len` of the held read buffer in slot `slot`.
+    Held { slot: u32, off: usize, len: usize },
 }
 
 impl Chunk {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Chunk::Owned(v) => v,
-            Chunk::Shared { buf, off, len } => buf.as_slice().get(*off..*off + *len).unwrap_or_default(),
+    fn small(b: &[u8]) -> Chunk {
+        let mut bytes = [0u8; SMALL];
+        bytes[..b.len()].copy_from_slice(b);
+        Chunk::Small { bytes, len: b.len() as u8 }
+    }
+}
+
+/// Read buffers whose bytes are queued for sending, each with the number of chunks that
+/// still point into it; slots are reused, so queuing read data allocates nothing.
+#[derive(Default)]
+struct Held {
+    slots: Vec<Option<(IoBuf, u32)>>,
+    free: Vec<u32>,
+}
+
+impl Held {
+    fn hold(&mut self, buf: IoBuf) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some((buf, 0));
+                i
+            }
+            None => {
+                self.slots.push(Some((buf, 0)));
+                (self.slots.len() - 1) as u32
+            }
         }
+    }
+
+    fn add_ref(&mut self, slot: u32) {
+        if let Some(Some((_, n))) = self.slots.get_mut(slot as usize) {
+            *n += 1;
+        }
+    }
+
+    /// One chunk of `slot` is sent: the buffer goes when its last chunk has.
+    fn release(&mut self, slot: u32) {
+        if let Some(entry) = self.slots.get_mut(slot as usize) {
+            if let Some((_, n)) = entry {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    *entry = None;
+                    self.free.push(slot);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self, slot: u32, off: usize, len: usize) -> &[u8] {
+        match self.slots.get(slot as usize) {
+            Some(Some((b, _))) => b.as_slice().get(off..off + len).unwrap_or_default(),
+            _ => &[],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+    }
+}
+
+fn chunk_bytes<'a>(c: &'a Chunk, held: &'a Held) -> &'a [u8] {
+    match c {
+        Chunk::Small { bytes, len } => &bytes[..*len as usize],
+        Chunk::Owned(v) => v,
+        Chunk::Held { slot, off, len } => held.bytes(*slot, *off, *len),
     }
 }
 
@@ -101,6 +166,7 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     params: DatamoverParams,
     digests: Digests,
     tx: VecDeque<Chunk>,
+    held: Held,
     /// Bytes of the front chunk already written.
     tx_pos: usize,
     solicits: HashMap<Itt, Solicit>,
@@ -125,6 +191,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             params: DatamoverParams::default(),
             digests: Digests::default(),
             tx: VecDeque::new(),
+            held: Held::default(),
             tx_pos: 0,
             solicits: HashMap::new(),
             next_ttt: 0x100,
@@ -140,6 +207,13 @@ impl<S: ByteStream> TcpDatamover<S> {
     }
 
     fn push_pdu(&mut self, pdu: &Pdu) {
+        if pdu.ahs.is_empty() && pdu.data.is_empty() {
+            // Header only (a SCSI Response without sense, an R2T, a NOP-In): inline.
+            match pdu.header_bytes() {
+                Ok(h) => return self.push_header_bytes(&h),
+                Err(e) => return log::error!("cannot encode PDU {:?}: {e}", pdu.opcode()),
+            }
+        }
         let mut v = Vec::with_capacity(pdu.encoded_len(self.digests));
         match pdu.encode(self.digests, &mut v) {
             Ok(()) => self.tx.push_back(Chunk::Owned(v)),
@@ -147,29 +221,53 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
     }
 
-    /// Header (+ header digest) of a PDU whose data segment is sent from a shared buffer.
+    /// Header (+ header digest) of a PDU whose data segment is sent from a held buffer.
     fn push_header(&mut self, bhs: &Bhs) {
-        let mut v = Vec::with_capacity(BHS_LEN + 4);
-        v.extend_from_slice(&bhs.to_bytes());
-        if self.digests.header {
-            v.extend_from_slice(&crc32c::crc32c(&v).to_le_bytes());
-        }
-        self.tx.push_back(Chunk::Owned(v));
+        self.push_header_bytes(&bhs.to_bytes());
     }
 
-    /// Data segment from a shared buffer, with padding and data digest.
-    fn push_data(&mut self, buf: &Rc<IoBuf>, off: usize, len: usize) {
-        self.tx.push_back(Chunk::Shared { buf: buf.clone(), off, len });
+    fn push_header_bytes(&mut self, h: &[u8; BHS_LEN]) {
+        let mut b = [0u8; SMALL];
+        b[..BHS_LEN].copy_from_slice(h);
+        let mut n = BHS_LEN;
+        if self.digests.header {
+            let crc = crc32c::crc32c(&b[..BHS_LEN]);
+            b[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
+            n += 4;
+        }
+        self.tx.push_back(Chunk::small(&b[..n]));
+    }
+
+    /// Data segment from held buffer `slot`, with padding and data digest.
+    fn push_data(&mut self, slot: u32, off: usize, len: usize) {
+        self.held.add_ref(slot);
+        self.tx.push_back(Chunk::Held { slot, off, len });
         let pad = (4 - len % 4) % 4;
-        let mut tail = vec![0u8; pad];
+        let mut tail = [0u8; 7];
+        let mut n = pad;
         if self.digests.data {
-            let data = buf.as_slice().get(off..off + len).unwrap_or_default();
-            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &tail);
-            tail.extend_from_slice(&crc.to_le_bytes());
+            let data = self.held.bytes(slot, off, len);
+            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &tail[..pad]);
+            tail[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+            n += 4;
         }
-        if !tail.is_empty() {
-            self.tx.push_back(Chunk::Owned(tail));
+        if n > 0 {
+            self.tx.push_back(Chunk::small(&tail[..n]));
         }
+    }
+
+    /// The front chunk is sent.
+    fn pop_front(&mut self) {
+        if let Some(Chunk::Held { slot, .. }) = self.tx.pop_front() {
+            self.held.release(slot);
+        }
+        self.tx_pos = 0;
+    }
+
+    fn clear_tx(&mut self) {
+        self.tx.clear();
+        self.held.clear();
+        self.tx_pos = 0;
     }
 
     /// Issues R2Ts for `itt` while MaxOutstandingR2T allows.
@@ -210,7 +308,7 @@ impl<S: ByteStream> TcpDatamover<S> {
 
     /// A solicited Data-Out: check it against its R2T, copy it into the task's buffer.
     fn on_solicited_data(&mut self, pdu: Pdu, events: &mut Vec<DmEvent>) {
-        let Op::DataOut(d) = pdu.op() else { return };
+        let Op::DataOut(d) = pdu.op().clone() else { return };
         let itt = d.itt;
         let Some(s) = self.solicits.get_mut(&itt) else {
             // Unknown task (aborted or failed): let the iSCSI layer decide.
@@ -238,6 +336,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             dst.copy_from_slice(&pdu.data);
             self.copies.solicited_bytes += len as u64;
         }
+        self.framer.recycle(pdu.data);
         r.received += len;
         r.next_data_sn = r.next_data_sn.next();
         s.remaining -= len.min(s.remaining);
@@ -348,39 +447,38 @@ impl<S: ByteStream> TcpDatamover<S> {
     fn write_socket(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut written = 0;
         while !self.tx.is_empty() {
-            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut n_iov = 0;
             for (i, c) in self.tx.iter().take(MAX_IOV).enumerate() {
-                let b = c.bytes();
+                let b = chunk_bytes(c, &self.held);
                 let b = if i == 0 { b.get(self.tx_pos..).unwrap_or_default() } else { b };
                 if !b.is_empty() {
-                    iov.push(IoSlice::new(b));
+                    iov[n_iov] = IoSlice::new(b);
+                    n_iov += 1;
                 }
             }
-            if iov.is_empty() {
-                self.tx.clear();
-                self.tx_pos = 0;
+            if n_iov == 0 {
+                self.clear_tx();
                 break;
             }
-            match self.sock.write_vectored(&iov) {
+            match self.sock.write_vectored(&iov[..n_iov]) {
                 Ok(0) => break,
                 Ok(mut n) => {
                     written += n;
                     while n > 0 {
                         let Some(front) = self.tx.front() else { break };
-                        let left = front.bytes().len() - self.tx_pos;
+                        let left = chunk_bytes(front, &self.held).len() - self.tx_pos;
                         if n >= left {
                             n -= left;
-                            self.tx.pop_front();
-                            self.tx_pos = 0;
+                            self.pop_front();
                         } else {
                             self.tx_pos += n;
                             n = 0;
                         }
                     }
                     // Drop any empty chunks at the front.
-                    while self.tx.front().map_or(false, |c| c.bytes().len() == self.tx_pos) {
-                        self.tx.pop_front();
-                        self.tx_pos = 0;
+                    while self.tx.front().map_or(false, |c| chunk_bytes(c, &self.held).len() == self.tx_pos) {
+                        self.pop_front();
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -390,8 +488,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                         self.dead = true;
                         events.push(DmEvent::Terminated(format!("send failed: {e}")));
                     }
-                    self.tx.clear();
-                    self.tx_pos = 0;
+                    self.clear_tx();
                     break;
                 }
             }
@@ -416,7 +513,8 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         };
         // Phase collapse: a status without sense rides in the last Data-In.
         let collapse = response.data.is_empty();
-        let buf = Rc::new(buf);
+        // Held while chunks point into it; a read without data never is.
+        let slot = if len > 0 { self.held.hold(buf) } else { 0 };
         let mut off = 0usize;
         let mut data_sn = Sn(0);
         let mut in_burst = 0usize;
@@ -448,7 +546,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             };
             let bhs = Bhs { total_ahs_length: 0, data_segment_length: n as u32, op: Op::DataIn(di) };
             self.push_header(&bhs);
-            self.push_data(&buf, off, n);
+            self.push_data(slot, off, n);
             data_sn = data_sn.next();
             off += n;
         }
@@ -508,6 +606,10 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
 
     fn copies(&self) -> CopyStats {
         self.copies
+    }
+
+    fn recycle(&mut self, segment: Vec<u8>) {
+        self.framer.recycle(segment);
     }
 
     fn idle(&self) -> bool {

@@ -139,7 +139,13 @@ pub struct Framer {
     limits: FramerLimits,
     digests: Digests,
     failed: bool,
+    /// Emptied data-segment vectors handed back ([`recycle`](Self::recycle)), reused for
+    /// the next PDUs' segments so a steady stream of PDUs allocates nothing.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most spare segment vectors a framer keeps.
+const MAX_SPARE: usize = 64;
 
 impl Framer {
     /// A framer with login limits and no digests.
@@ -181,6 +187,15 @@ impl Framer {
         }
         self.compact();
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// Takes back a data segment of a PDU this framer returned, once its bytes are used, so
+    /// the next segment reuses its memory.
+    pub fn recycle(&mut self, mut v: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
+            v.clear();
+            self.spare.push(v);
+        }
     }
 
     /// Bytes held and not yet returned as PDUs.
@@ -247,7 +262,8 @@ impl Framer {
         if self.failed {
             return Err(FrameError::Failed);
         }
-        let pending = self.pending();
+        // The fields, not `self.pending()`: the spare segments are taken while this is held.
+        let pending = self.buf.get(self.start..).unwrap_or_default();
         let Some(raw) = pending
             .get(..BHS_LEN)
             .and_then(|s| <[u8; BHS_LEN]>::try_from(s).ok())
@@ -303,7 +319,18 @@ impl Framer {
             .unwrap_or_default()
             .to_vec();
         let data_area = frame.get(header_len..).unwrap_or_default();
-        let data = data_area.get(..dsl).unwrap_or_default().to_vec();
+        let segment = data_area.get(..dsl).unwrap_or_default();
+        let data = if segment.is_empty() {
+            Vec::new()
+        } else {
+            // A spare big enough, or a new vector (which comes back here when used).
+            let mut v = match self.spare.iter().rposition(|v| v.capacity() >= segment.len()) {
+                Some(i) => self.spare.swap_remove(i),
+                None => Vec::with_capacity(segment.len()),
+            };
+            v.extend_from_slice(segment);
+            v
+        };
         let digest_check = if dsl > 0 && self.digests.data {
             let padded = padded_len(dsl);
             let computed = digest::crc32c(data_area.get(..padded).unwrap_or_default());

@@ -75,6 +75,8 @@ enum Need {
     None,
     /// A write of these `(lba, blocks)` ranges.
     Shared(Vec<(Lba, u64)>),
+    /// A write of one range (the common case, without a vector).
+    One(Lba, u64),
     /// An atomic read-modify-write of `[lba, lba+blocks)`.
     Exclusive(Lba, u64),
 }

@@ -93,7 +93,7 @@ impl<D: Datamover> Connection<D> {
         // command that sees its REPORTED LUNS DATA HAS CHANGED unit attention.
         self.refresh_luns();
         let lun = lun_id(req.lun);
-        let mut task = ScsiTask::new(req.itt.0 as u64, lun.get(), &req.cdb, req.edtl, self.nexus.clone());
+        let mut task = ScsiTask::new(req.itt.0 as u64, lun.get(), req.cdb(), req.edtl, self.nexus.clone());
         task.read = req.read;
         task.write = req.write;
         task.data_out = req.data_out;
@@ -173,6 +173,10 @@ impl<D: Datamover> Connection<D> {
                 DmEvent::Reject { header, reason } => self.ffp.reject_raw(&header, reason),
                 DmEvent::Terminated(why) => terminated = Some(why),
             }
+        }
+        // Data segments the FFP is done with go back to the datamover for reuse.
+        while let Some(v) = self.ffp.take_spare() {
+            self.dm.recycle(v);
         }
         // Commands held for a CmdSN gap another connection of the session filled.
         self.ffp.release_held();

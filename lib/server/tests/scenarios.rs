@@ -7,215 +7,22 @@
 //! This is the place for the next cases of the data path, iSER fixes, CHAP and block
 //! devices: one `#[test]` per scenario, built from [`Env`] and [`Client`].
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use riser_bdev::BdevRegistry;
-use riser_config::IscsiTarget;
-use riser_datamover::mem::{self, MemClient, MemPortal};
+use riser_datamover::mem;
 use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use riser_iscsi::login::{EnableDatamover, LoginRx, LoginTransport, PortalSpec, ResourceKeys, TransportError};
 use riser_iscsi::negotiate::Transport;
-use riser_iscsi::pdu::{logout, tmf, Lun, Pdu};
-use riser_iscsi::serial::Itt;
+use riser_iscsi::pdu::{tmf, Lun, Pdu};
 use riser_perf::scsi::{rw_cdb, Dir};
-use riser_perf::session::{
-    Completed, Event, KeyNegotiation, LoginParams, Negotiated, PduSession, Proposal, Unsolicited, INITIATOR_NAME,
-};
-use riser_reactor::{PollMode, ReactorConfig, ReactorSet};
-use riser_rpc::RpcRegistry;
-use riser_server::IscsiServer;
-use serde_json::{json, Value};
+use riser_perf::session::{Event, LoginParams, Negotiated, PduSession, Unsolicited, INITIATOR_NAME};
+use serde_json::json;
 
-const PORTAL: &str = "127.0.0.1:3260";
-const TARGET: &str = "iqn.2016-06.io.riser:disk1";
-const BLOCK: usize = 512;
-/// How long any one answer may take before the scenario fails.
-const WAIT: Duration = Duration::from_secs(5);
-
-/// A target with one malloc LUN (1 MiB, 512-byte blocks) behind an in-memory portal, served
-/// by one reactor in adaptive mode (it sleeps when idle).
-struct Env {
-    reactors: Option<ReactorSet>,
-    server: Arc<IscsiServer>,
-    portal: MemPortal,
-    rpc: RpcRegistry,
-    _target: Arc<IscsiTarget>,
-}
-
-impl Env {
-    fn new() -> Env {
-        let reactors = ReactorSet::start(ReactorConfig { cores: vec![0], mode: PollMode::Adaptive, ring_size: 1024, pin: false })
-            .expect("reactors");
-        let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
-        let target = Arc::new(IscsiTarget::new(bdevs.clone()));
-        let portal = MemPortal::default();
-        let server = IscsiServer::new(target.clone(), reactors.handle(), vec![Arc::new(portal.clone())]);
-        let mut rpc = RpcRegistry::new();
-        riser_bdev::rpc::register(&mut rpc, &bdevs);
-        riser_config::rpc::register(&mut rpc, target.clone());
-        riser_server::rpc::register(&mut rpc, &server);
-        let env = Env { reactors: Some(reactors), server, portal, rpc, _target: target };
-        env.call("bdev_malloc_create", json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK}));
-        env.call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": "3260"}]}));
-        env.call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
-        env.call(
-            "iscsi_create_target_node",
-            json!({"name": "disk1", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
-                   "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 32}),
-        );
-        env
-    }
-
-    fn call(&self, method: &str, params: Value) -> Value {
-        self.rpc.call(method, params).unwrap_or_else(|e| panic!("{method}: {e:?}"))
-    }
-
-    /// A new connection from initiator port `n` (its own address).
-    fn connect(&self, n: u8) -> MemClient {
-        let from: SocketAddr = format!("127.0.0.{}:{}", 10 + n, 40000 + n as u16).parse().expect("address");
-        self.portal.connect(from, PORTAL.parse().expect("portal")).expect("connect")
-    }
-
-    /// The server's live connections, as `iscsi_get_connections` shows them.
-    fn connections(&self) -> Vec<Value> {
-        match self.call("iscsi_get_connections", json!({})) {
-            Value::Array(v) => v,
-            other => panic!("iscsi_get_connections: {other}"),
-        }
-    }
-
-    /// Waits until the server has `n` connections.
-    fn wait_connections(&self, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.connections().len() != n {
-            assert!(Instant::now() < deadline, "expected {n} connection(s), have {:?}", self.connections());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(r) = self.reactors.take() {
-            r.shutdown();
-        }
-    }
-}
-
-/// One initiator session on one in-memory connection.
-struct Client {
-    s: PduSession,
-    c: MemClient,
-}
-
-/// Keys for a scenario: TCP defaults with these data-transfer keys.
-fn keys(immediate_data: bool, initial_r2t: bool, first_burst: u32) -> Proposal {
-    Proposal { immediate_data, initial_r2t, first_burst, max_burst: 65536, max_recv_dsl: 8192, ..Proposal::tcp(false, false) }
-}
-
-impl Client {
-    /// Connects as initiator port `n` (ISID ends in `n`) and logs in with `proposal`.
-    fn login(env: &Env, n: u8, proposal: Proposal) -> (Client, Negotiated) {
-        let mut c = Client { s: PduSession::new(format!("client {n}"), Lun(0)), c: env.connect(n) };
-        let params = LoginParams::normal(INITIATOR_NAME, TARGET, [0x80, 0, 0, 0, 0, n]);
-        let neg = c.login_as(&params, proposal).expect("login");
-        c.clear_unit_attention();
-        (c, neg)
-    }
-
-    /// TEST UNIT READY until GOOD: a new I_T nexus first sees POWER ON, RESET, OR BUS
-    /// DEVICE RESET OCCURRED (and a reset leaves its unit attention), as initiators expect.
-    fn clear_unit_attention(&mut self) {
-        for _ in 0..3 {
-            let (itt, pdus) = self.s.scsi_command(&[0u8; 6], 0, &[], Unsolicited::Negotiated).expect("TEST UNIT READY");
-            self.send(pdus);
-            let done = self.completion(itt);
-            if done.status == 0 {
-                return;
-            }
-            assert_eq!(done.sense.map(|s| s.key), Some(0x06), "only UNIT ATTENTION before GOOD: {done:?}");
-        }
-        panic!("TEST UNIT READY never became GOOD");
-    }
-
-    fn login_as(&mut self, params: &LoginParams, proposal: Proposal) -> Result<Negotiated, String> {
-        let c = &mut self.c;
-        self.s.login_via(params, KeyNegotiation::with_proposal(proposal), |req| {
-            c.send(&req).map_err(|e| e.to_string())?;
-            c.recv(WAIT).map_err(|e| e.to_string())?.ok_or_else(|| "closed during login".to_string())
-        })
-    }
-
-    fn send(&mut self, pdus: impl IntoIterator<Item = Pdu>) {
-        for p in pdus {
-            self.c.send(&p).expect("send");
-        }
-    }
-
-    /// The next PDU's meaning; panics if none comes in time or the target closed.
-    fn next(&mut self) -> Event {
-        let pdu = self.c.recv(WAIT).expect("a PDU in time").expect("the target closed the connection");
-        self.s.receive(&pdu).unwrap_or_else(|e| panic!("{e}: {pdu:?}"))
-    }
-
-    /// Reads events, answering R2Ts and pings, until `want` picks one.
-    fn until<T>(&mut self, mut want: impl FnMut(&Event) -> Option<T>) -> T {
-        loop {
-            let ev = self.next();
-            if let Some(t) = want(&ev) {
-                return t;
-            }
-            match ev {
-                Event::R2t { reply, .. } => self.send(reply),
-                Event::Ping { reply } => self.send([reply]),
-                _ => {}
-            }
-        }
-    }
-
-    /// Waits for task `itt` to complete.
-    fn completion(&mut self, itt: Itt) -> Completed {
-        self.until(|e| match e {
-            Event::Complete(c) if c.itt == itt => Some(c.clone()),
-            _ => None,
-        })
-    }
-
-    fn write(&mut self, lba: u64, data: &[u8]) -> Completed {
-        let (itt, pdus) = self.s.write(&rw_cdb(Dir::Write, lba, (data.len() / BLOCK) as u32), data).expect("write");
-        self.send(pdus);
-        self.completion(itt)
-    }
-
-    fn read(&mut self, lba: u64, len: usize) -> Completed {
-        let (itt, pdu) = self.s.read(&rw_cdb(Dir::Read, lba, (len / BLOCK) as u32), len as u32).expect("read");
-        self.send([pdu]);
-        self.completion(itt)
-    }
-
-    /// Logs out (closing the session) and checks the target answers and closes.
-    fn logout(mut self) {
-        let (itt, pdu) = self.s.logout(logout::CLOSE_SESSION);
-        self.send([pdu]);
-        let response = self.until(|e| match e {
-            Event::Logout { itt: i, response, .. } if *i == itt => Some(*response),
-            _ => None,
-        });
-        assert_eq!(response, 0, "logout response");
-        assert!(matches!(self.c.recv(WAIT), Ok(None)), "the target closes after the Logout Response");
-    }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
-fn good(c: &Completed) {
-    assert_eq!((c.response, c.status), (0, 0), "status of {:?}: sense {:?}", c.itt, c.sense);
-}
+use common::*;
 
 #[test]
 fn login_reaches_full_feature_phase_and_logout_ends_the_connection() {

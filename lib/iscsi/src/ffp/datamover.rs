@@ -147,6 +147,11 @@ pub trait Datamover {
     fn copies(&self) -> CopyStats {
         CopyStats::default()
     }
+    /// Takes back the data segment of a PDU this datamover delivered, its bytes used, for
+    /// reuse (no allocation per PDU). Dropping it instead is always correct.
+    fn recycle(&mut self, segment: Vec<u8>) {
+        drop(segment);
+    }
 }
 
 /// A boxed datamover (the server holds each transport's datamover as a trait object).
@@ -177,5 +182,8 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn copies(&self) -> CopyStats {
         (**self).copies()
+    }
+    fn recycle(&mut self, segment: Vec<u8>) {
+        (**self).recycle(segment)
     }
 }

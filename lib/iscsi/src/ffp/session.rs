@@ -43,8 +43,10 @@ pub type SharedWindow = Rc<Cell<CmdWindow>>;
 pub struct ScsiRequest {
     pub itt: Itt,
     pub lun: Lun,
-    /// The CDB, 16 bytes or longer with an Extended CDB AHS.
-    pub cdb: Vec<u8>,
+    /// The CDB's first 16 bytes (the whole CDB unless [`ext_cdb`](Self::ext_cdb) is set).
+    pub cdb: [u8; 16],
+    /// The whole CDB when an Extended CDB AHS makes it longer than 16 bytes, else empty.
+    pub ext_cdb: Vec<u8>,
     pub edtl: u32,
     pub read: bool,
     pub write: bool,
@@ -52,6 +54,17 @@ pub struct ScsiRequest {
     /// Write data (EDTL bytes, `data_out_len` of them received).
     pub data_out: Option<IoBuf>,
     pub data_out_len: u32,
+}
+
+impl ScsiRequest {
+    /// The whole CDB.
+    pub fn cdb(&self) -> &[u8] {
+        if self.ext_cdb.is_empty() {
+            &self.cdb
+        } else {
+            &self.ext_cdb
+        }
+    }
 }
 
 /// A finished SCSI command.
@@ -108,7 +121,9 @@ enum TaskState {
 struct Task {
     lun: Lun,
     cmd: ScsiCommand,
-    cdb: Vec<u8>,
+    cdb: [u8; 16],
+    /// The whole CDB when an Extended CDB AHS makes it longer than 16 bytes, else empty.
+    ext_cdb: Vec<u8>,
     state: TaskState,
     /// The write buffer (EDTL bytes): taken at once when all the data is unsolicited,
     /// else from the budget when the solicited part is about to be asked for.
@@ -150,7 +165,12 @@ pub struct Ffp {
     waiting_buf: VecDeque<Itt>,
     /// Payload bytes this layer copied (unsolicited data into write buffers).
     copied_bytes: u64,
+    /// Data segments whose bytes were copied, for the datamover to reuse (`take_spare`).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most used data segments kept for the datamover.
+const MAX_SPARE: usize = 64;
 
 impl Ffp {
     /// Starts full-feature phase after a successful login: `exp_cmd_sn` is the CmdSN of the
@@ -181,6 +201,19 @@ impl Ffp {
             pool: Pool::global(),
             waiting_buf: VecDeque::new(),
             copied_bytes: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// A data segment this layer is done with, for the datamover to reuse
+    /// ([`super::Datamover::recycle`]). The driver drains them every poll.
+    pub fn take_spare(&mut self) -> Option<Vec<u8>> {
+        self.spare.pop()
+    }
+
+    fn keep_spare(&mut self, v: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
+            self.spare.push(v);
         }
     }
 
@@ -235,6 +268,9 @@ impl Ffp {
             for seg in t.staged.drain(..) {
                 buf[off..off + seg.len()].copy_from_slice(&seg);
                 off += seg.len();
+                if self.spare.len() < MAX_SPARE {
+                    self.spare.push(seg);
+                }
             }
             self.copied_bytes += off as u64;
             t.buf = Some(buf);
@@ -506,14 +542,17 @@ impl Ffp {
             self.reject(header, RejectReason::InvalidPduField);
             return;
         }
-        let mut cdb = cmd.cdb.to_vec();
+        let mut ext_cdb = Vec::new();
         if !ahs.is_empty() {
             match crate::pdu::ahs_segments(&ahs) {
                 Ok(segs) => {
                     for seg in segs {
                         if seg.ahs_type == 1 {
                             // Extended CDB AHS: the CDB continues (RFC 7143 §11.2.2.3).
-                            cdb.extend_from_slice(seg.specific.get(1..).unwrap_or_default());
+                            if ext_cdb.is_empty() {
+                                ext_cdb.extend_from_slice(&cmd.cdb);
+                            }
+                            ext_cdb.extend_from_slice(seg.specific.get(1..).unwrap_or_default());
                         }
                     }
                 }
@@ -547,7 +586,8 @@ impl Ffp {
         }
         let mut task = Task {
             lun: cmd.lun,
-            cdb,
+            cdb: cmd.cdb,
+            ext_cdb,
             state: TaskState::Executing,
             buf: None,
             staged: Vec::new(),
@@ -573,6 +613,7 @@ impl Ffp {
                 buf[..data.len()].copy_from_slice(&data);
                 self.copied_bytes += data.len() as u64;
                 task.buf = Some(buf);
+                self.keep_spare(data);
             } else if imm > 0 {
                 // Part of it is solicited: the buffer waits for that; the immediate data
                 // stays in its PDU segment until then.
@@ -633,7 +674,8 @@ impl Ffp {
         self.actions.push_back(Action::Execute(ScsiRequest {
             itt,
             lun: t.lun,
-            cdb: std::mem::take(&mut t.cdb),
+            cdb: t.cdb,
+            ext_cdb: std::mem::take(&mut t.ext_cdb),
             edtl: t.cmd.expected_data_transfer_length,
             read: t.cmd.read,
             write: t.cmd.write,
@@ -677,6 +719,9 @@ impl Ffp {
                 if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
                     dst.copy_from_slice(&pdu.data);
                     self.copied_bytes += len as u64;
+                }
+                if self.spare.len() < MAX_SPARE {
+                    self.spare.push(pdu.data);
                 }
             }
             // In order from offset 0 (checked above): kept as it came until the buffer is.

@@ -129,7 +129,7 @@ impl LunChannel {
         let need = if atomic {
             Need::Exclusive(b.lba, blocks)
         } else {
-            Need::Shared(vec![(b.lba, blocks)])
+            Need::One(b.lba, blocks)
         };
         if verify {
             let check = b.flags & 0x02 != 0;
@@ -272,7 +272,7 @@ impl LunChannel {
         if blocks == 0 {
             return Ok(Action::Good);
         }
-        let need = Need::Shared(vec![(b.lba, blocks)]);
+        let need = Need::One(b.lba, blocks);
         if unmap {
             return Ok(Action::Job(
                 need,

@@ -32,6 +32,11 @@ impl LunChannel {
                 WriteAdmission::Registered(g) => o.adm = Adm::Grant(g),
                 WriteAdmission::Wait => return false,
             },
+            Need::One(lba, n) => match lun.ranges.admit_write(&self.counter, &[(*lba, *n)]) {
+                WriteAdmission::Fast => o.adm = Adm::Fast,
+                WriteAdmission::Registered(g) => o.adm = Adm::Grant(g),
+                WriteAdmission::Wait => return false,
+            },
             Need::Exclusive(lba, n) => {
                 if !o.begun_exclusive {
                     lun.ranges.begin_exclusive();

@@ -1,0 +1,127 @@
+//! Heap allocations per I/O on the reactor, in steady state: a counting global allocator
+//! counts what reactor threads (named `reactor_*`) allocate while one session runs 4 KiB
+//! reads and writes over the in-memory datamover (the TCP datamover on an in-memory pipe:
+//! framer, Ffp, SCSI, malloc bdev, buffers). The client's own allocations run on the test
+//! thread and are not counted.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::*;
+
+struct Counting;
+
+static REACTOR_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Whether this thread is a reactor: unknown (None) until first asked.
+    static IS_REACTOR: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Set while this thread is finding out (which may allocate).
+    static ASKING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn on_reactor() -> bool {
+    IS_REACTOR
+        .try_with(|r| match r.get() {
+            Some(v) => v,
+            None => {
+                if ASKING.with(|a| a.replace(true)) {
+                    return false;
+                }
+                let v = std::thread::current().name().is_some_and(|n| n.starts_with("reactor_"));
+                r.set(Some(v));
+                ASKING.with(|a| a.set(false));
+                v
+            }
+        })
+        .unwrap_or(false)
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; the counter is a side effect.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if on_reactor() {
+            REACTOR_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if on_reactor() {
+            REACTOR_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if on_reactor() {
+            REACTOR_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const IOS: u64 = 2000;
+
+/// Reactor allocations per I/O over `IOS` I/Os of `op`, after as many to warm up.
+fn per_io<W: Wire>(c: &mut Client<W>, mut op: impl FnMut(&mut Client<W>, u64)) -> f64 {
+    for i in 0..IOS {
+        op(c, i);
+    }
+    let before = REACTOR_ALLOCS.load(Ordering::Relaxed);
+    for i in 0..IOS {
+        op(c, i);
+    }
+    (REACTOR_ALLOCS.load(Ordering::Relaxed) - before) as f64 / IOS as f64
+}
+
+/// 4 KiB writes (immediate data, the whole write in the command PDU, as Linux sends it) and
+/// 4 KiB reads, QD 1; allocations per I/O of each.
+fn run<W: Wire>(c: &mut Client<W>) -> (f64, f64) {
+    let data = pattern(3, 4096);
+    let lbas = (2048 / 8) as u64;
+    let writes = per_io(c, |c, i| good(&c.write((i % lbas) * 8, &data)));
+    let reads = per_io(c, |c, i| good(&c.read((i % lbas) * 8, 4096)));
+    (writes, reads)
+}
+
+/// Serialises the tests: the counter is global.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn over_tcp_4k_reads_and_writes_allocate_nothing_per_io_on_the_reactor() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let _env = Env::tcp(&addr);
+    let (mut c, _) = Client::login_over(TcpWire::connect(addr.parse().expect("address")), 1, keys(true, true, 65536));
+    let (writes, reads) = run(&mut c);
+    println!("TCP: reactor heap allocations per I/O: 4 KiB write {writes:.3}, 4 KiB read {reads:.3}");
+    assert!(reads < 0.01, "4 KiB reads over TCP: {reads:.3} heap allocations per I/O on the reactor");
+    assert!(writes < 0.01, "4 KiB writes over TCP: {writes:.3} heap allocations per I/O on the reactor");
+    c.logout();
+}
+
+#[test]
+fn reads_and_writes_of_4k_allocate_nothing_per_io_on_the_reactor() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new();
+    let (mut c, _) = Client::login(&env, 1, keys(true, true, 65536));
+    let (writes, reads) = run(&mut c);
+    println!("in memory: reactor heap allocations per I/O: 4 KiB write {writes:.3}, 4 KiB read {reads:.3}");
+    assert!(reads < 0.01, "4 KiB reads: {reads:.3} heap allocations per I/O on the reactor");
+    assert!(writes < 0.01, "4 KiB writes: {writes:.3} heap allocations per I/O on the reactor");
+    c.logout();
+}
