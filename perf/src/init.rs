@@ -449,7 +449,7 @@ mod tests {
         assert!(err(&["iscsi://h/iqn.x"]).contains("no LUN"));
         assert!(err(&["--bs", "1000", U]).contains("multiple of 512"));
         assert!(err(&["--bs", "0", U]).contains("--bs 0"));
-        assert!(err(&["--bs", "33554432", U]).contains("16 MiB"));
+        assert!(err(&["--bs", "33554944", U]).contains("32 MiB"));
         assert!(err(&["--qd", "0", U]).contains("--qd 0"));
         assert!(err(&["--qd", "5000", U]).contains("1 to 4096"));
         assert!(err(&["--time", "0", U]).contains("--time 0"));

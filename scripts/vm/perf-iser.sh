@@ -4,7 +4,7 @@
 # (a) riser serves a malloc LUN on an iSER portal on the soft-RoCE address; riser-perf --verify
 #     over iser:// writes every block of a range in its self-checking format and reads it back,
 #     with 4 KiB I/Os and with 256 KiB I/Os (several RDMA chunks per command), QD 16: zero
-#     mismatches, some I/O done; then 16 MiB I/Os (riser-perf's largest; QD 2), which
+#     mismatches, some I/O done; then 16 MiB and 32 MiB I/Os (riser's largest; QD 2), which
 #     riser moves by RDMA straight between its I/O buffers and the initiator's (zero copy):
 #     iscsi_get_stats must show no read or solicited write byte copied.
 # (b) The same against the kernel's iSER target, LIO + ib_isert (configfs, rd_mcp ramdisk), in
@@ -80,9 +80,10 @@ verify_ok riser "$riser_url" 1048576
 # (1 MiB per work request); QD 2 keeps two 16 MiB commands in flight within riser's
 # default I/O buffer budget (48 MiB).
 VERIFY_QD=2 verify_ok riser "$riser_url" 16777216
-# TODO(32 MiB): riser-perf refuses --bs above 16 MiB (perf/), and libiscsi's iscsi-perf fails
-# to send a 32 MiB READ(16) over iser:// (then crashes: double free): 32 MiB commands, riser's
-# largest, are covered by riser-datamover's unit tests only, until riser-perf takes them.
+# 32 MiB, riser's largest transfer: one command's buffer takes two thirds of the budget, so
+# the second waits for the first (back-pressure, never a failure). libiscsi's iscsi-perf
+# cannot send a 32 MiB READ(16) over iser:// (it crashes: double free), riser-perf can.
+VERIFY_QD=2 verify_ok riser "$riser_url" 33554432
 # Payload bytes copied by riser's CPU (iscsi_get_stats "payload_copies"): none for read data
 # (Put_Data) nor solicited write data (Get_Data) over iSER; immediate data may be copied.
 rpc iscsi_get_stats >"$logs/riser-stats.json"

@@ -257,8 +257,9 @@ impl InitArgs {
                 self.bs
             ));
         }
-        if self.bs > 16 << 20 {
-            return Err(format!("--bs {} is above the 16 MiB limit", self.bs));
+        if self.bs > 32 << 20 {
+            // riser's (and most targets') MAXIMUM TRANSFER LENGTH.
+            return Err(format!("--bs {} is above the 32 MiB limit", self.bs));
         }
         if self.qd == 0 || self.qd as usize > MAX_QD {
             return Err(format!(
