@@ -27,9 +27,11 @@ test:
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace --no-fail-fast
 
-# Benchmarks print figures; they are not tests. A few minutes: bdevperf-like runs, riser vs
-# tgt with iscsi-perf and riser-perf, and the riser-perf matrix (table, JSON and chart under
-# target/bench/). BENCH_TIME=seconds BENCH_ROUNDS=n shorten or lengthen every part.
+# Benchmarks print figures; they are not tests. About 10 minutes (plus SPDK v24.01's build,
+# about 10 minutes, once, cached in /opt/spdk-peer/spdk): bdevperf-like runs; riser vs SPDK's
+# iscsi_tgt and tgt, each alone on core 0, with iscsi-perf and riser-perf (IOPS, busy time per
+# I/O, ratios; table and JSON under target/bench/peers-DATE/); the riser-perf matrix vs tgt.
+# BENCH_TIME=seconds BENCH_ROUNDS=n shorten or lengthen every part; BENCH_PEERS=spdk,tgt picks peers.
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh

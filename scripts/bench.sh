@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # `make bench`: prints figures (never pass/fail). Each benchmark says what it measures.
-# A few minutes in all. BENCH_TIME / BENCH_ROUNDS set the seconds per run and the rounds of
-# every part (defaults: bdev 5 s; iscsi 5 s x 3; matrix 3 s x 2, also MATRIX_TIME /
-# MATRIX_ROUNDS); BENCH_OUT is where the matrix's JSON and chart go.
+# About 10 minutes, plus SPDK's build (about 10 minutes, once). BENCH_TIME / BENCH_ROUNDS set
+# the seconds per run and the rounds of every part (defaults: bdev 5 s; peers 5 s x 3; matrix
+# 3 s x 2, also MATRIX_TIME / MATRIX_ROUNDS); BENCH_PEERS (default "spdk,tgt") picks the peers
+# riser is measured against (the matrix needs tgt). Tables and JSON go under target/bench/
+# (BENCH_OUT=DIR: DIR/peers and DIR/matrix instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 perf=./target/release/riser-perf
 time=${BENCH_TIME:-5}
+peers=${BENCH_PEERS-spdk,tgt}
+
+# SPDK's iscsi_tgt first (built once, then cached), so a failed build stops everything early.
+if [[ ",${peers// /}," == *",spdk,"* ]]; then
+  scripts/bench-spdk.sh
+fi
 
 echo "== bdev: in-process, 4 KiB random read, QD 128, one reactor (aim: >= 5 M IOPS per core on null) =="
 for dev in null malloc; do
@@ -15,9 +23,13 @@ for dev in null malloc; do
 done
 
 echo
-echo "== iSCSI over TCP: riser vs tgt, 4 KiB random read, QD 32, null LUN, iscsi-perf and riser-perf (aims: riser >= 1.5x tgt; riser-perf >= iscsi-perf against tgt) =="
-scripts/bench-iscsi.sh
+echo "== iSCSI over TCP: riser vs peers (${peers:-none}), each alone on core 0: 4 KiB random read/write QD 32, 128 KiB sequential read/write, iscsi-perf and riser-perf, IOPS and busy time per I/O (aims: riser >= 1.2x SPDK IOPS, <= 0.7x its busy time per I/O) =="
+BENCH_OUT=${BENCH_OUT:+$BENCH_OUT/peers} scripts/bench-peers.sh
 
 echo
-echo "== iSCSI over TCP: the riser-perf matrix, riser vs tgt (4 KiB random read/write QD 1/32/128, 128 KiB sequential read/write) =="
-scripts/bench-perf-matrix.sh
+if [[ ",${peers// /}," == *",tgt,"* ]]; then
+  echo "== iSCSI over TCP: the riser-perf matrix, riser vs tgt (4 KiB random read/write QD 1/32/128, 128 KiB sequential read/write) =="
+  BENCH_OUT=${BENCH_OUT:+$BENCH_OUT/matrix} scripts/bench-perf-matrix.sh
+else
+  echo "== the riser-perf matrix (riser vs tgt) is left out: BENCH_PEERS=\"$peers\" has no tgt =="
+fi

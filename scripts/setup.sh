@@ -11,7 +11,7 @@ for g in "${groups[@]}"; do
   case "$g" in
     build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev) ;;
     test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev python3 libiscsi-bin sg3-utils tgt) ;;
-    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux) ;;
+    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs) ;;
     *) echo "setup.sh: unknown group $g (build, test, bench, vm)" >&2; exit 2 ;;

@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# iSCSI over TCP, riser against its peers: SPDK v24.01's iscsi_tgt (built once by
+# ../shared/peers/spdk/build.sh into SPDK_PREFIX, default /opt/spdk-peer/spdk) and tgt (Debian's
+# user-space target). Every target serves a null LUN (512-byte blocks) on 127.0.0.1 and runs
+# ALONE (one target process alive at a time: a busy-polling target steals the core of whatever
+# runs beside it), pinned to core 0; the clients run on core 1. Each round starts and stops every
+# target in turn (the order rotates round by round) and drives it with both clients:
+#   libiscsi's iscsi-perf (one session; it only reads, so it runs the two read workloads) and
+#   riser-perf (one client thread, 2 sessions, the QD below per session),
+# over 4 KiB random read and write at QD 32 and 128 KiB sequential read and write at QD
+# BENCH_SEQ_QD (default 8). Around every run it samples the target's CPU cost: the reactor busy
+# time of framework_get_reactors (riser: ns; SPDK: ticks at its reply's tick_rate) or, for tgt
+# (event-driven, no such counter), the utime+stime of tgtd from /proc; divided by the I/Os the
+# client completed, it is the busy time per I/O.
+# Prints each run, then a table of medians with riser/SPDK and riser/tgt ratios (aims: riser >=
+# 1.2x SPDK's IOPS, busy time per I/O <= 0.7x SPDK's), saved with a JSON version and every run
+# (runs.tsv) in BENCH_OUT (default target/bench/peers-DATE). A benchmark: figures, no asserts;
+# it exits non-zero when something is missing or a run fails.
+#
+# Environment: BENCH_TIME (seconds per run, default 5), BENCH_ROUNDS (default 3), BENCH_PEERS
+# (comma-separated, default "spdk,tgt"; riser always runs), BENCH_SEQ_QD, BENCH_OUT,
+# SPDK_PREFIX, SPDK_PEER_DIR (default ../shared/peers/spdk: build.sh and start.sh).
+# About ROUNDS x (1 + peers) x (6 x (TIME + 2) + 5) seconds: 4 minutes with the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${BENCH_TIME:-5}
+rounds=${BENCH_ROUNDS:-3}
+seq_qd=${BENCH_SEQ_QD:-8}
+peers_csv=${BENCH_PEERS-spdk,tgt}
+out=${BENCH_OUT:-target/bench/peers-$(date +%Y%m%d-%H%M%S)}
+export SPDK_PREFIX=${SPDK_PREFIX:-/opt/spdk-peer/spdk}
+spdk_dir=${SPDK_PEER_DIR:-../shared/peers/spdk}
+riser=./target/release/riser
+perf=./target/release/riser-perf
+riser_port=3266
+spdk_port=3267
+tgt_port=3268
+tgt_ctl=3268
+die() { echo "bench-peers: $*" >&2; exit 1; }
+
+# --- what is needed, checked before anything runs ---------------------------------------
+targets=(riser)
+IFS=',' read -r -a want <<<"$peers_csv"
+for p in "${want[@]}"; do
+  p=${p// /}
+  case "$p" in
+    spdk|tgt) [[ " ${targets[*]} " == *" $p "* ]] || targets+=("$p") ;;
+    riser|"") ;;
+    *) die "BENCH_PEERS: unknown peer '$p' (spdk, tgt)" ;;
+  esac
+done
+for b in "$riser" "$perf"; do [ -x "$b" ] || die "$b not built: make release"; done
+command -v iscsi-perf >/dev/null || die "iscsi-perf missing (Debian libiscsi-bin): scripts/setup.sh bench"
+command -v python3 >/dev/null || die "python3 missing: scripts/setup.sh bench"
+command -v taskset >/dev/null || die "taskset missing (util-linux): scripts/setup.sh bench"
+[ "$(nproc)" -ge 2 ] || die "needs 2 cores (target on core 0, client on core 1); this machine has $(nproc)"
+if [[ " ${targets[*]} " == *" tgt "* ]]; then
+  [ -x /usr/sbin/tgtd ] && command -v tgtadm >/dev/null || die "tgt missing: scripts/setup.sh bench (or BENCH_PEERS without tgt)"
+  . scripts/lib-tgt.sh
+fi
+if [[ " ${targets[*]} " == *" spdk "* ]]; then
+  [ -x "$spdk_dir/build.sh" ] && [ -x "$spdk_dir/start.sh" ] ||
+    die "SPDK's build.sh/start.sh not found in $spdk_dir (set SPDK_PEER_DIR, or BENCH_PEERS without spdk)"
+  SPDK_PEER_DIR=$spdk_dir scripts/bench-spdk.sh || die "SPDK's iscsi_tgt is not available (see above)"
+  [ -x "$SPDK_PREFIX/build/bin/iscsi_tgt" ] || die "no $SPDK_PREFIX/build/bin/iscsi_tgt after the build"
+  [ -f "$SPDK_PREFIX/scripts/rpc.py" ] || die "no $SPDK_PREFIX/scripts/rpc.py"
+fi
+for port in $riser_port $spdk_port $tgt_port; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then die "port $port is already in use on 127.0.0.1"; fi
+done
+
+mkdir -p "$out"
+work=$(mktemp -d /tmp/bench-peers.XXXXXX)
+pid=        # the running target's process (riser or iscsi_tgt); tgt's is tgt_pid
+cleanup() {
+  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+  declare -F tgt_stop >/dev/null && tgt_stop
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A JSON-RPC 2.0 call over a UNIX socket (riser and SPDK both speak it): SOCK METHOD [PARAMS-JSON]
+rpc() {
+  python3 - "$@" <<'PY'
+import json, socket, sys
+sock, method = sys.argv[1], sys.argv[2]
+req = {"jsonrpc": "2.0", "id": 1, "method": method}
+if len(sys.argv) > 3: req["params"] = json.loads(sys.argv[3])
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sock)
+s.sendall(json.dumps(req).encode() + b"\n")
+buf, dec = b"", json.JSONDecoder()
+while True:
+    chunk = s.recv(65536)
+    if not chunk: sys.exit(f"rpc {method}: connection closed without a reply")
+    buf += chunk
+    try: reply, _ = dec.raw_decode(buf.decode().lstrip()); break
+    except ValueError: continue
+if "error" in reply: sys.exit(f"rpc {method}: {reply['error']}")
+print(json.dumps(reply["result"]))
+PY
+}
+
+wait_port() { # PORT PID NAME LOG
+  for _ in $(seq 300); do
+    (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || die "$3 exited while starting; see $4"
+    sleep 0.1
+  done
+  die "$3 does not listen on 127.0.0.1:$1 after 30 s; see $4"
+}
+
+cat > "$work/riser.json" <<JSON
+{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_null_create","params":{"name":"Null0","num_blocks":2097152,"block_size":512}}]},
+{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"127.0.0.1","port":"$riser_port"}]}},
+{"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
+{"method":"iscsi_create_target_node","params":{"name":"null","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Null0","lun_id":0}],"queue_depth":64,"disable_chap":true}}]}]}
+JSON
+
+declare -A url=(
+  [riser]="iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"
+  [spdk]="iscsi://127.0.0.1:$spdk_port/iqn.2016-06.io.spdk:null/0"
+  [tgt]="iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"
+)
+sock=$work/target.sock
+
+start_target() { # NAME ROUND: starts it alone on core 0, configured with a null LUN
+  case "$1" in
+    riser)
+      rm -f "$sock"
+      taskset -c 0 "$riser" -m 0x1 --poll-mode busy -r "$sock" --json "$work/riser.json" >"$out/riser.$2.log" 2>&1 &
+      pid=$!
+      wait_port $riser_port "$pid" riser "$out/riser.$2.log"
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+      ;;
+    spdk)
+      # start.sh: iscsi_tgt --no-huge -s 2048 -u -m MASK (no hugepages, nothing on the machine
+      # changes); taskset keeps DPDK's side threads on core 0 too.
+      pid=$(taskset -c 0 "$spdk_dir/start.sh" "$sock" 0x1) || die "SPDK's iscsi_tgt did not start; see $sock.log"
+      local r=(env PYTHONPATH="$SPDK_PREFIX/python" python3 "$SPDK_PREFIX/scripts/rpc.py" -s "$sock")
+      {
+        "${r[@]}" -t 60 framework_wait_init &&
+        "${r[@]}" bdev_null_create Null0 1024 512 &&
+        "${r[@]}" iscsi_create_portal_group 1 "127.0.0.1:$spdk_port" &&
+        "${r[@]}" iscsi_create_initiator_group 1 ANY ANY &&
+        "${r[@]}" iscsi_create_target_node null null_alias Null0:0 1:1 64 -d
+      } >"$out/spdk.$2.rpc.log" 2>&1 || { cp "$sock.log" "$out/spdk.$2.log"; die "configuring SPDK failed; see $out/spdk.$2.rpc.log and $out/spdk.$2.log"; }
+      wait_port $spdk_port "$pid" "SPDK's iscsi_tgt" "$sock.log"
+      ;;
+    tgt)
+      tgt_start "$out/tgt.$2.log" >/dev/null
+      # Its CPU time is read from /proc/$tgt_pid: that must be tgtd itself.
+      [ "$(cat "/proc/$tgt_pid/comm" 2>/dev/null)" = tgtd ] || die "tgtd did not start (or is not pid $tgt_pid); see $out/tgt.$2.log"
+      wait_port $tgt_port "$tgt_pid" tgtd "$out/tgt.$2.log"
+      ;;
+  esac
+}
+
+stop_target() { # NAME ROUND
+  case "$1" in
+    tgt) tgt_stop; tgt_pid= ;;
+    *)
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      [ "$1" = spdk ] && cp "$sock.log" "$out/spdk.$2.log" 2>/dev/null
+      pid=
+      ;;
+  esac
+}
+
+cost_sample() { # NAME -> "COUNTER RATE": reactor busy ticks and tick rate, or tgtd's CPU ticks
+  case "$1" in
+    tgt) awk -v hz="$(getconf CLK_TCK)" '{print $14 + $15, hz}' "/proc/$tgt_pid/stat" ;;
+    *) rpc "$sock" framework_get_reactors |
+         python3 -c 'import json,sys; r=json.load(sys.stdin); print(sum(x["busy"] for x in r["reactors"]), r["tick_rate"])' ;;
+  esac
+}
+
+# workload | riser-perf --rw | --bs | --qd (per session) | iscsi-perf flags ("" = it cannot)
+workloads=(
+  "randread-4k|randread|4096|32|-r -m 32 -b 8"
+  "randwrite-4k|randwrite|4096|32|"
+  "read-128k|read|131072|$seq_qd|-m $seq_qd -b 256"
+  "write-128k|write|131072|$seq_qd|"
+)
+
+run_client() { # CLIENT TARGET WORKLOAD-SPEC LOG -> "IOPS IOS" or nothing
+  local name rw bs qd ip
+  IFS='|' read -r name rw bs qd ip <<<"$3"
+  if [ "$1" = iscsi-perf ]; then
+    timeout $((secs + 30)) taskset -c 1 iscsi-perf -t "$secs" $ip "${url[$2]}" 2>&1 | tr '\r' '\n' >"$4" || true
+    # "iops average N" over the whole run: I/Os = N x seconds.
+    sed -n 's/^ *iops average \([0-9]*\).*/\1/p' "$4" | tail -1 | awk -v s="$secs" '$1 > 0 {print $1, $1 * s}'
+  else
+    timeout $((secs + 30)) "$perf" -m 0x2 --sessions 2 --rw "$rw" --bs "$bs" --qd "$qd" --time "$secs" --ramp 0 \
+      --json "${url[$2]}" >"$4" 2>"$4.err" || { cat "$4.err" >>"$4"; rm -f "$4.err"; return 0; }
+    [ -s "$4.err" ] || rm -f "$4.err"
+    python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; print(t["iops"], t["ios"]) if t["ios"] > 0 else None' "$4"
+  fi
+}
+
+runs=$out/runs.tsv
+printf 'round\ttarget\tclient\tworkload\tiops\tios\tbusy_us_per_io\n' >"$runs"
+failed=0
+echo "peers: riser vs ${targets[*]:1}; each target alone on core 0, clients on core 1; $rounds round(s) x $secs s per run; files in $out"
+for round in $(seq "$rounds"); do
+  n=${#targets[@]}
+  for k in $(seq 0 $((n - 1))); do
+    t=${targets[$(( (k + round - 1) % n ))]}
+    start_target "$t" "$round"
+    m=0
+    for w in "${workloads[@]}"; do
+      for c in iscsi-perf riser-perf; do
+        [ "$c" = iscsi-perf ] && [ -z "${w##*|}" ] && continue
+        m=$((m + 1))
+        wname=${w%%|*}
+        log="$out/run.$round.$t.$c.$wname.log"
+        s0=$(cost_sample "$t") || die "reading $t's busy time failed"
+        res=$(run_client "$c" "$t" "$w" "$log")
+        s1=$(cost_sample "$t") || die "reading $t's busy time failed (did $t die? see $out)"
+        if [ -z "$res" ]; then
+          printf 'round %d %-5s %-10s %-12s FAILED (see %s)\n' "$round" "$t" "$c" "$wname" "$log"
+          failed=$((failed + 1))
+          continue
+        fi
+        read -r iops ios <<<"$res"
+        busy=$(awk -v a="${s0% *}" -v b="${s1% *}" -v hz="${s1#* }" -v n="$ios" 'BEGIN {printf "%.3f", (b - a) / hz * 1e6 / n}')
+        printf 'round %d %-5s %-10s %-12s %9.0f IOPS  %8s us busy/IO\n' "$round" "$t" "$c" "$wname" "$iops" "$busy"
+        printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$t" "$c" "$wname" "$iops" "$ios" "$busy" >>"$runs"
+      done
+    done
+    stop_target "$t" "$round"
+  done
+done
+
+python3 - "$runs" "$out" "$secs" "$rounds" "$seq_qd" <<'PY'
+import csv, json, statistics, sys
+runs, out, secs, rounds, seq_qd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+rows = list(csv.DictReader(open(runs), delimiter="\t"))
+targets = [t for t in ("riser", "spdk", "tgt") if any(r["target"] == t for r in rows)]
+wl = {"randread-4k": "4 KiB random read QD 32", "randwrite-4k": "4 KiB random write QD 32",
+      "read-128k": f"128 KiB sequential read QD {seq_qd}", "write-128k": f"128 KiB sequential write QD {seq_qd}"}
+AIM_IOPS, AIM_BUSY = 1.2, 0.7
+def med(t, c, w, k):
+    v = [float(r[k]) for r in rows if (r["target"], r["client"], r["workload"]) == (t, c, w)]
+    return statistics.median(v) if v else None
+def ratio(a, b): return a / b if a is not None and b else None
+cases = []
+for w in wl:
+    for c in ("iscsi-perf", "riser-perf"):
+        if not any(r["workload"] == w and r["client"] == c for r in rows): continue
+        e = {"workload": w, "description": wl[w], "client": c, "targets": {}}
+        for t in targets:
+            e["targets"][t] = {"iops": med(t, c, w, "iops"), "busy_us_per_io": med(t, c, w, "busy_us_per_io"),
+                               "runs": sum(1 for r in rows if (r["target"], r["client"], r["workload"]) == (t, c, w))}
+        R = e["targets"].get("riser", {})
+        for p in ("spdk", "tgt"):
+            if p in e["targets"]:
+                P = e["targets"][p]
+                e[f"riser_over_{p}"] = {"iops": ratio(R.get("iops"), P["iops"]),
+                                        "busy_us_per_io": ratio(R.get("busy_us_per_io"), P["busy_us_per_io"])}
+        cases.append(e)
+def f(v, spec): return "-" if v is None else format(v, spec)
+def mark(v, ok): return "" if v is None else (" ok" if ok(v) else " MISS")
+head = ["workload", "client"]
+for t in targets: head += [f"{t} IOPS", f"{t} us/IO"]
+if "spdk" in targets: head += ["riser/SPDK IOPS (aim>=1.2)", "riser/SPDK us/IO (aim<=0.7)"]
+if "tgt" in targets: head += ["riser/tgt IOPS", "riser/tgt us/IO"]
+table = []
+for e in cases:
+    row = [e["workload"], e["client"]]
+    for t in targets:
+        row += [f(e["targets"][t]["iops"], ".0f"), f(e["targets"][t]["busy_us_per_io"], ".2f")]
+    if "spdk" in targets:
+        a, b = e["riser_over_spdk"]["iops"], e["riser_over_spdk"]["busy_us_per_io"]
+        row += [f(a, ".2f") + "x" + mark(a, lambda v: v >= AIM_IOPS), f(b, ".2f") + "x" + mark(b, lambda v: v <= AIM_BUSY)]
+    if "tgt" in targets:
+        row += [f(e["riser_over_tgt"]["iops"], ".2f") + "x", f(e["riser_over_tgt"]["busy_us_per_io"], ".2f") + "x"]
+    table.append(row)
+wid = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+line = lambda r: "  ".join(str(x).rjust(w) if i >= 2 else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, wid)))
+text = [f"iSCSI/TCP, null LUNs, each target alone on core 0, clients on core 1; medians of {rounds} round(s) x {secs} s.",
+        "us/IO = target busy time per I/O: reactor busy delta of framework_get_reactors (riser, SPDK);",
+        "for tgt, tgtd's CPU time (utime+stime), it has no busy counter. iscsi-perf only reads; riser-perf: 2 sessions, QD per session.",
+        "Aims: riser >= 1.2x SPDK's IOPS and <= 0.7x SPDK's busy time per I/O (ok / MISS).",
+        line(head), line(["-" * w for w in wid])] + [line(r) for r in table]
+print("\n".join(text))
+open(f"{out}/table.txt", "w").write("\n".join(text) + "\n")
+json.dump({"time_s": secs, "rounds": rounds, "aims": {"riser_over_spdk_iops_min": AIM_IOPS, "riser_over_spdk_busy_per_io_max": AIM_BUSY},
+           "busy_units": "microseconds of target busy time per I/O (tgt: process CPU time)",
+           "cases": cases, "runs": rows}, open(f"{out}/summary.json", "w"), indent=2)
+print(f"saved: {out}/table.txt, {out}/summary.json, {runs}")
+PY
+[ "$failed" -eq 0 ] || die "$failed run(s) failed: see the FAILED lines above"
