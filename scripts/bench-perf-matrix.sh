@@ -22,7 +22,7 @@ seq_qd=${MATRIX_SEQ_QD:-8}
 out=${BENCH_OUT:-target/bench/matrix-$(date +%Y%m%d-%H%M%S)}
 riser_port=3264
 tgt_port=3265
-# tgtd's management instance (see lib-tgt.sh): not bench-iscsi.sh's.
+# tgtd's management instance (see lib-tgt.sh): not bench-peers.sh's.
 tgt_ctl=3265
 . scripts/lib-tgt.sh
 for b in "$perf" "$riser"; do

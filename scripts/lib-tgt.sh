@@ -1,4 +1,4 @@
-# tgtd (Debian's user-space iSCSI target) for the benchmarks, sourced by bench-iscsi.sh and
+# tgtd (Debian's user-space iSCSI target) for the benchmarks, sourced by bench-peers.sh and
 # bench-perf-matrix.sh: started on its own management instance (tgtd -C / tgtadm -C, never
 # the default 0, so a tgtd of the machine or of the other script is never touched), pinned
 # to core 0, with one target (tgt_iqn) whose LUN 1 is a null device.
