@@ -22,6 +22,8 @@ use riser_iscsi::serial::{Itt, Sn, Ttt};
 /// Most bytes read from the socket in one poll, so one busy connection cannot starve the
 /// others on its reactor.
 const MAX_READ_PER_POLL: usize = 1 << 20;
+/// Room offered to each read from the socket.
+const READ_CHUNK: usize = 64 * 1024;
 /// Most iovecs in one writev.
 const MAX_IOV: usize = 64;
 
@@ -173,7 +175,6 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     next_ttt: u32,
     terminating: bool,
     dead: bool,
-    rxbuf: Vec<u8>,
     /// Payload copies: the framer's two (receive buffer → framer, framer → PDU segment)
     /// and the one into a task's buffer; read data goes out from the task's buffer.
     copies: CopyStats,
@@ -197,7 +198,6 @@ impl<S: ByteStream> TcpDatamover<S> {
             next_ttt: 0x100,
             terminating: false,
             dead: false,
-            rxbuf: vec![0u8; 64 * 1024],
             copies: CopyStats::default(),
         })
     }
@@ -306,8 +306,9 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
     }
 
-    /// A solicited Data-Out: check it against its R2T, copy it into the task's buffer.
-    fn on_solicited_data(&mut self, pdu: Pdu, events: &mut Vec<DmEvent>) {
+    /// A solicited Data-Out: check it against its R2T, copy it into the task's buffer
+    /// (unless the framer already `placed` it there, see [`place_solicited`]).
+    fn on_solicited_data(&mut self, pdu: Pdu, placed: bool, events: &mut Vec<DmEvent>) {
         let Op::DataOut(d) = pdu.op().clone() else { return };
         let itt = d.itt;
         let Some(s) = self.solicits.get_mut(&itt) else {
@@ -315,7 +316,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             events.push(DmEvent::Control(pdu));
             return;
         };
-        let len = pdu.data.len() as u32;
+        let len = if placed { pdu.bhs.data_segment_length } else { pdu.data.len() as u32 };
         log::trace!("Data-Out itt {:#x} ttt {:#x} DataSN {} offset {} len {len} F {}", itt.0, d.ttt.0, d.data_sn.get(), d.buffer_offset, d.final_bit);
         let Some(ri) = s.r2ts.iter().position(|r| r.ttt == d.ttt) else {
             events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: RejectReason::InvalidPduField });
@@ -332,11 +333,13 @@ impl<S: ByteStream> TcpDatamover<S> {
             return;
         }
         let off = d.buffer_offset as usize;
-        if let Some(dst) = s.buf.as_mut_slice().get_mut(off..off + len as usize) {
-            dst.copy_from_slice(&pdu.data);
-            self.copies.solicited_bytes += len as u64;
+        if !placed {
+            if let Some(dst) = s.buf.as_mut_slice().get_mut(off..off + len as usize) {
+                dst.copy_from_slice(&pdu.data);
+                self.copies.solicited_bytes += len as u64;
+            }
+            self.framer.recycle(pdu.data);
         }
-        self.framer.recycle(pdu.data);
         r.received += len;
         r.next_data_sn = r.next_data_sn.next();
         s.remaining -= len.min(s.remaining);
@@ -362,7 +365,8 @@ impl<S: ByteStream> TcpDatamover<S> {
     fn read_socket(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut total = 0;
         while total < MAX_READ_PER_POLL {
-            match self.sock.read(&mut self.rxbuf) {
+            // Straight into the framer's buffer.
+            match self.framer.read_from(&mut self.sock, READ_CHUNK) {
                 Ok(0) => {
                     self.dead = true;
                     events.push(DmEvent::Terminated("connection closed by the initiator".into()));
@@ -370,8 +374,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                 }
                 Ok(n) => {
                     total += n;
-                    self.framer.feed(&self.rxbuf[..n]);
-                    if n < self.rxbuf.len() {
+                    if n < READ_CHUNK {
                         break;
                     }
                 }
@@ -390,18 +393,26 @@ impl<S: ByteStream> TcpDatamover<S> {
     fn deliver(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut n = 0;
         loop {
-            match self.framer.next_pdu() {
-                Ok(Some(pdu)) => {
+            // Solicited data that continues its R2T's sequence is copied from the framer's
+            // buffer straight into the task's buffer; anything else (an error to report, a
+            // control PDU) comes as a PDU with its segment.
+            let solicits = &mut self.solicits;
+            let next = self.framer.next_pdu_routed(|bhs, data| place_solicited(solicits, bhs, data));
+            match next {
+                Ok(Some((pdu, placed))) => {
                     n += 1;
-                    // The framer copied the segment twice on its way here.
-                    let framed = 2 * pdu.data.len() as u64;
+                    // One copy out of the framer's buffer (into a task's buffer or a segment).
+                    let framed = pdu.data.len() as u64;
                     match pdu.op() {
+                        Op::DataOut(d) if !d.ttt.is_reserved() && placed => {
+                            self.copies.solicited_bytes += pdu.bhs.data_segment_length as u64
+                        }
                         Op::DataOut(d) if !d.ttt.is_reserved() => self.copies.solicited_bytes += framed,
                         Op::DataOut(_) | Op::ScsiCommand(_) => self.copies.unsolicited_bytes += framed,
                         _ => {}
                     }
                     match pdu.op() {
-                        Op::DataOut(d) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, events),
+                        Op::DataOut(d) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, placed, events),
                         _ => events.push(DmEvent::Control(pdu)),
                     }
                 }
@@ -494,6 +505,30 @@ impl<S: ByteStream> TcpDatamover<S> {
             }
         }
         written
+    }
+}
+
+/// Copies a solicited Data-Out's segment into its task's buffer if it is exactly the next
+/// piece of one of the task's outstanding R2Ts (the checks [`TcpDatamover::on_solicited_data`]
+/// makes, so anything it would refuse stays out of the buffer); true if it did.
+fn place_solicited(solicits: &mut HashMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
+    let Op::DataOut(d) = &bhs.op else { return false };
+    if d.ttt.is_reserved() {
+        return false;
+    }
+    let Some(s) = solicits.get_mut(&d.itt) else { return false };
+    let len = data.len() as u32;
+    let Some(r) = s.r2ts.iter().find(|r| r.ttt == d.ttt) else { return false };
+    if d.data_sn != r.next_data_sn || d.buffer_offset != r.offset + r.received || r.received + len > r.len {
+        return false;
+    }
+    let off = d.buffer_offset as usize;
+    match s.buf.as_mut_slice().get_mut(off..off + data.len()) {
+        Some(dst) => {
+            dst.copy_from_slice(data);
+            true
+        }
+        None => false,
     }
 }
 
@@ -730,8 +765,8 @@ mod tests {
         let Some(DmEvent::DataReady { itt, buf }) = std::mem::take(&mut ev).into_iter().find(|e| matches!(e, DmEvent::DataReady { .. })) else { panic!("no DataReady") };
         assert_eq!(itt, Itt(9));
         assert!(buf.as_slice()[..4096].iter().all(|&b| b == 1) && buf.as_slice()[4096..].iter().all(|&b| b == 2));
-        // Two copies in the framer, one into the buffer.
-        assert_eq!(dm.copies(), CopyStats { solicited_bytes: 3 * 8192, ..Default::default() });
+        // One copy: from the framer's buffer (where the socket's bytes land) into the task's.
+        assert_eq!(dm.copies(), CopyStats { solicited_bytes: 8192, ..Default::default() });
 
         // A Data-Out with the wrong DataSN fails the task, not the connection.
         dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });

@@ -133,9 +133,13 @@ impl FrameError {
 /// The byte-stream PDU reader.
 #[derive(Debug, Default)]
 pub struct Framer {
+    /// Received bytes live in `buf[start..end]`; `buf` past `end` is room for more (its
+    /// length is only ever grown, so reads land in it without zeroing it again).
     buf: Vec<u8>,
     /// Start of unconsumed bytes in `buf`.
     start: usize,
+    /// End of received bytes in `buf`.
+    end: usize,
     limits: FramerLimits,
     digests: Digests,
     failed: bool,
@@ -186,7 +190,30 @@ impl Framer {
             return;
         }
         self.compact();
-        self.buf.extend_from_slice(bytes);
+        self.reserve(bytes.len());
+        self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
+    }
+
+    /// Reads from `r` straight into the framer's buffer (one `read`, at least `chunk` bytes
+    /// of room, more when the PDU being assembled needs it): no intermediate copy.
+    pub fn read_from(&mut self, r: &mut impl std::io::Read, chunk: usize) -> std::io::Result<usize> {
+        if self.failed {
+            return Ok(0);
+        }
+        self.compact();
+        let room = chunk.max(self.bytes_needed().min(self.limits.max_recv_data_segment_length + 2 * BHS_LEN + 1024));
+        self.reserve(room);
+        let n = r.read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Room for `n` more bytes after `end`.
+    fn reserve(&mut self, n: usize) {
+        if self.buf.len() < self.end + n {
+            self.buf.resize(self.end + n, 0);
+        }
     }
 
     /// Takes back a data segment of a PDU this framer returned, once its bytes are used, so
@@ -200,7 +227,7 @@ impl Framer {
 
     /// Bytes held and not yet returned as PDUs.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 
     /// How many more bytes would complete the next PDU, as far as is known now (at least 1
@@ -219,12 +246,13 @@ impl Framer {
     }
 
     fn pending(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
+        self.buf.get(self.start..self.end).unwrap_or_default()
     }
 
     fn compact(&mut self) {
-        if self.start > 0 && (self.start == self.buf.len() || self.start >= 64 * 1024) {
-            self.buf.drain(..self.start);
+        if self.start > 0 && (self.start == self.end || self.start >= 64 * 1024) {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
     }
@@ -248,22 +276,31 @@ impl Framer {
         self.header_len(raw) + self.data_len(raw)
     }
 
-    fn fail(&mut self, e: FrameError) -> Result<Option<Pdu>, FrameError> {
+    fn fail<T>(&mut self, e: FrameError) -> Result<T, FrameError> {
         if !e.connection_can_continue() {
             self.failed = true;
             self.buf = Vec::new();
             self.start = 0;
+            self.end = 0;
         }
         Err(e)
     }
 
     /// The next complete PDU, `Ok(None)` if more bytes are needed.
     pub fn next_pdu(&mut self) -> Result<Option<Pdu>, FrameError> {
+        Ok(self.next_pdu_routed(|_, _| false)?.map(|(p, _)| p))
+    }
+
+    /// Like [`next_pdu`](Self::next_pdu), but `place` sees each data segment (once its
+    /// digest, if any, is checked) with the parsed header and may copy it where it belongs
+    /// (a task's buffer) and return true: the PDU then comes back with an empty `data` and
+    /// `true`, and the segment is never copied into a vector.
+    pub fn next_pdu_routed(&mut self, mut place: impl FnMut(&Bhs, &[u8]) -> bool) -> Result<Option<(Pdu, bool)>, FrameError> {
         if self.failed {
             return Err(FrameError::Failed);
         }
         // The fields, not `self.pending()`: the spare segments are taken while this is held.
-        let pending = self.buf.get(self.start..).unwrap_or_default();
+        let pending = self.buf.get(self.start..self.end).unwrap_or_default();
         let Some(raw) = pending
             .get(..BHS_LEN)
             .and_then(|s| <[u8; BHS_LEN]>::try_from(s).ok())
@@ -320,7 +357,20 @@ impl Framer {
             .to_vec();
         let data_area = frame.get(header_len..).unwrap_or_default();
         let segment = data_area.get(..dsl).unwrap_or_default();
-        let data = if segment.is_empty() {
+        let digest_check = if dsl > 0 && self.digests.data {
+            let padded = padded_len(dsl);
+            let computed = digest::crc32c(data_area.get(..padded).unwrap_or_default());
+            let received = wire_digest(data_area.get(padded..));
+            (computed != received).then_some((computed, received))
+        } else {
+            None
+        };
+        let parsed = Bhs::parse(&raw);
+        let mut placed = false;
+        let data = if segment.is_empty() || digest_check.is_some() {
+            Vec::new()
+        } else if parsed.as_ref().is_ok_and(|bhs| place(bhs, segment)) {
+            placed = true;
             Vec::new()
         } else {
             // A spare big enough, or a new vector (which comes back here when used).
@@ -330,14 +380,6 @@ impl Framer {
             };
             v.extend_from_slice(segment);
             v
-        };
-        let digest_check = if dsl > 0 && self.digests.data {
-            let padded = padded_len(dsl);
-            let computed = digest::crc32c(data_area.get(..padded).unwrap_or_default());
-            let received = wire_digest(data_area.get(padded..));
-            (computed != received).then_some((computed, received))
-        } else {
-            None
         };
         // The PDU is consumed whatever follows: the framing is intact.
         self.start += total;
@@ -349,8 +391,8 @@ impl Framer {
                 header: Box::new(raw),
             });
         }
-        match Bhs::parse(&raw) {
-            Ok(bhs) => Ok(Some(Pdu { bhs, ahs, data })),
+        match parsed {
+            Ok(bhs) => Ok(Some((Pdu { bhs, ahs, data }, placed))),
             Err(error) => Err(FrameError::Malformed {
                 error,
                 header: Box::new(raw),
