@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # iSER under pressure before login, inside the VM: scripts/rxe-vm.sh run scripts/vm/iser-limits.sh
 #
-#   1. riser without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 2 MiB: the login buffer registers,
-#      the connection's pools do not; an iSER login (libiscsi) is answered Target Error / Out
+#   1. riser without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 1 MiB: the login buffer registers,
+#      the connection's pools (about 1.4 MiB at queue depth 128) do not; an iSER login (libiscsi) is answered Target Error / Out
 #      of Resources (0x0302), riser logs why and counts it, and keeps serving TCP.
 #   2. riser as usual while 200 rping clients connect to its iSER portal (they speak no iSER:
 #      each connection ends at its first message): a healthy iSER login and 4 MiB verified
@@ -17,9 +17,9 @@ iqn=iqn.2016-06.io.riser:lim
 cat >/tmp/riser.json <<JSON
 {"subsystems":[{"subsystem":"bdev","config":[
 {"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":16384,"block_size":512}}]},
-{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$RXE_IP","port":"3260","iser":true},{"host":"$RXE_IP","port":"3260"}]}},
+{"subsystem":"iscsi","config":[{"method":"iscsi_set_options","params":{"max_queue_depth":128}},{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$RXE_IP","port":"3260","iser":true},{"host":"$RXE_IP","port":"3260"}]}},
 {"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
-{"method":"iscsi_create_target_node","params":{"name":"lim","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":32}}]}]}
+{"method":"iscsi_create_target_node","params":{"name":"lim","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":128}}]}]}
 JSON
 wait_iser_listener() {
   local _
@@ -27,11 +27,11 @@ wait_iser_listener() {
   fail "no iSER listener"
 }
 
-step "riser without CAP_IPC_LOCK, RLIMIT_MEMLOCK 2 MiB"
+step "riser without CAP_IPC_LOCK, RLIMIT_MEMLOCK 1 MiB"
 # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it from the bounding set, so the
 # exec'd riser has it nowhere.
 RISER_LOG=debug setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock \
-  prlimit --memlock=2097152:2097152 "$bin/riser" -r "$sock" --json /tmp/riser.json --poll-mode adaptive \
+  prlimit --memlock=1048576:1048576 "$bin/riser" -r "$sock" --json /tmp/riser.json --poll-mode adaptive \
   >>"$logs/riser.log" 2>&1 &
 riser_pid=$!
 for _ in $(seq 150); do rpc spdk_get_version >/dev/null 2>&1 && break; kill -0 "$riser_pid" 2>/dev/null || fail "riser exited at start"; sleep 0.2; done
