@@ -20,6 +20,21 @@ fn drain(f: &mut Ffp) -> Vec<Action> {
     std::iter::from_fn(|| f.poll_action()).collect()
 }
 
+/// An immediate ABORT TASK (tag `itt`) of task `referenced`.
+fn abort_task(itt: u32, referenced: u32, cmd_sn: u32, ref_cmd_sn: u32) -> Pdu {
+    Pdu::new(Op::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function: tmf::ABORT_TASK | 0x80,
+        lun: Lun(0),
+        itt: Itt(itt),
+        referenced_task_tag: Itt(referenced),
+        cmd_sn: Sn(cmd_sn),
+        exp_stat_sn: Sn(0),
+        ref_cmd_sn: Sn(ref_cmd_sn),
+        exp_data_sn: Sn(0),
+    }))
+}
+
 fn sent(a: &Action) -> &Pdu {
     match a {
         Action::Send(p) => p,
@@ -145,18 +160,7 @@ fn logout_closes_and_tmf_aborts() {
     let (mut f, now) = ffp(FfpConfig::default());
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
     drain(&mut f);
-    let t = TaskMgmtRequest {
-        immediate: true,
-        function: tmf::ABORT_TASK | 0x80,
-        lun: Lun(0),
-        itt: Itt(2),
-        referenced_task_tag: Itt(1),
-        cmd_sn: Sn(11),
-        exp_stat_sn: Sn(0),
-        ref_cmd_sn: Sn(10),
-        exp_data_sn: Sn(0),
-    };
-    f.on_pdu(Pdu::new(Op::TaskMgmtRequest(t)), now);
+    f.on_pdu(abort_task(2, 1, 11, 10), now);
     let a = drain(&mut f);
     assert!(matches!(a[0], Action::Abort { itt: Itt(1), .. }));
     let Op::TaskMgmtResponse(r) = &sent(&a[1]).bhs.op else { panic!() };
@@ -454,18 +458,7 @@ fn an_aborted_waiting_write_leaves_the_queue() {
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 10, false, true, 4096))), now);
     drain(&mut f);
     assert_eq!((f.waiting_for_buffers(), pool.stats().waiting), (1, 1));
-    let t = TaskMgmtRequest {
-        immediate: true,
-        function: tmf::ABORT_TASK | 0x80,
-        lun: Lun(0),
-        itt: Itt(9),
-        referenced_task_tag: Itt(2),
-        cmd_sn: Sn(12),
-        exp_stat_sn: Sn(0),
-        ref_cmd_sn: Sn(11),
-        exp_data_sn: Sn(0),
-    };
-    f.on_pdu(Pdu::new(Op::TaskMgmtRequest(t)), now);
+    f.on_pdu(abort_task(9, 2, 12, 11), now);
     let a = drain(&mut f);
     assert!(matches!(a[0], Action::Abort { itt: Itt(2), .. }));
     assert_eq!(pool.stats().waiting, 0, "the aborted write gave its place up");
