@@ -249,7 +249,7 @@ impl Pool {
     pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
         if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
             if let Some(map) = self.take(len, true) {
-                return Some(IoBuf { map, len, pool: self });
+                return Some(IoBuf { map, heap: None, len, pool: self });
             }
         }
         let mut q = self.queue();
@@ -275,13 +275,13 @@ impl Pool {
         if let Some(w) = waiter.take() {
             std::mem::forget(w);
         }
-        Some(IoBuf { map, len, pool: self })
+        Some(IoBuf { map, heap: None, len, pool: self })
     }
 
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
         match self.take(len, false) {
-            Some(map) => IoBuf { map, len, pool: self },
+            Some(map) => IoBuf { map, heap: None, len, pool: self },
             // Out of address space or memory: what a failed heap allocation does too.
             None => panic!("cannot map an I/O buffer of {len} bytes"),
         }
@@ -372,8 +372,44 @@ impl Pool {
 /// buffer holds old data): whoever fills it fills all of it, or uses [`IoBuf::zeroed`].
 pub struct IoBuf {
     map: Option<Mapping>,
+    /// A vector adopted without copying ([`IoBuf::from_vec`]) instead of a mapping.
+    heap: Option<Vec<u8>>,
     len: usize,
     pool: &'static Pool,
+}
+
+/// Most vectors a thread keeps for [`take_vec`].
+const MAX_SPARE_VECS: usize = 64;
+
+thread_local! {
+    /// Vectors of dropped [`IoBuf::from_vec`] buffers, for this thread's next segments.
+    static SPARE_VECS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty vector with room for `cap` bytes: one this thread's dropped
+/// [`IoBuf::from_vec`] buffers left behind if one is big enough, else a new one. With
+/// [`IoBuf::from_vec`] it lets a data segment become an I/O buffer and come back as the next
+/// segment without allocating or copying.
+pub fn take_vec(cap: usize) -> Vec<u8> {
+    let reused = SPARE_VECS
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            let i = s.iter().rposition(|v| v.capacity() >= cap)?;
+            Some(s.swap_remove(i))
+        })
+        .ok()
+        .flatten();
+    reused.unwrap_or_else(|| Vec::with_capacity(cap))
+}
+
+fn keep_vec(mut v: Vec<u8>) {
+    v.clear();
+    let _ = SPARE_VECS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < MAX_SPARE_VECS {
+            s.push(v);
+        }
+    });
 }
 
 impl IoBuf {
@@ -398,7 +434,15 @@ impl IoBuf {
 
     /// An empty buffer (maps nothing).
     pub fn empty() -> IoBuf {
-        IoBuf { map: None, len: 0, pool: Pool::global() }
+        IoBuf { map: None, heap: None, len: 0, pool: Pool::global() }
+    }
+
+    /// Adopts `v` as an I/O buffer without copying it (a received data segment that is the
+    /// whole of a write). Such a buffer is not page-aligned and cannot be registered
+    /// ([`mapping_ptr`](Self::mapping_ptr) is null); when dropped, its vector goes to this
+    /// thread's spares ([`take_vec`]).
+    pub fn from_vec(v: Vec<u8>) -> IoBuf {
+        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global() }
     }
 
     pub fn len(&self) -> usize {
@@ -411,7 +455,11 @@ impl IoBuf {
 
     /// The bytes mapped for this buffer (its size class).
     pub fn capacity(&self) -> usize {
-        self.map.as_ref().map_or(0, |m| m.len())
+        match (&self.map, &self.heap) {
+            (Some(m), _) => m.len(),
+            (None, Some(v)) => v.len(),
+            (None, None) => 0,
+        }
     }
 
     /// The start of the whole mapping ([`capacity`](Self::capacity) bytes), for registering
@@ -452,16 +500,18 @@ impl IoBuf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        match &self.map {
-            Some(m) => &m.map[..self.len],
-            None => &[],
+        match (&self.map, &self.heap) {
+            (Some(m), _) => &m.map[..self.len],
+            (None, Some(v)) => &v[..self.len],
+            (None, None) => &[],
         }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        match &mut self.map {
-            Some(m) => &mut m.map[..self.len],
-            None => &mut [],
+        match (&mut self.map, &mut self.heap) {
+            (Some(m), _) => &mut m.map[..self.len],
+            (None, Some(v)) => &mut v[..self.len],
+            (None, None) => &mut [],
         }
     }
 
@@ -479,6 +529,9 @@ impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some(map) = self.map.take() {
             self.pool.give_back(map);
+        }
+        if let Some(v) = self.heap.take() {
+            keep_vec(v);
         }
     }
 }
@@ -536,7 +589,11 @@ impl PartialEq for IoBuf {
 
 impl fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IoBuf").field("len", &self.len).field("capacity", &self.capacity()).finish()
+        f.debug_struct("IoBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .field("heap", &self.heap.is_some())
+            .finish()
     }
 }
 
@@ -710,6 +767,23 @@ mod tests {
         let mut e = p.alloc(0);
         e.add_registration(1, 5, Box::new(()));
         assert_eq!(e.reg_key(1), None);
+    }
+
+    #[test]
+    fn adopted_vectors_are_not_copied_and_come_back_as_spares() {
+        let v = vec![7u8; 5000];
+        let addr = v.as_ptr();
+        let mut b = IoBuf::from_vec(v);
+        assert_eq!((b.len(), b.capacity()), (5000, 5000));
+        assert_eq!(b.as_ptr(), addr, "no copy");
+        assert!(b.mapping_ptr().is_null(), "not registrable");
+        b.add_registration(1, 9, Box::new(()));
+        assert_eq!(b.reg_key(1), None);
+        drop(b);
+        let again = take_vec(4096);
+        assert_eq!(again.as_ptr(), addr, "the vector is this thread's next one");
+        assert!(again.is_empty() && again.capacity() >= 5000);
+        assert!(take_vec(4096).capacity() >= 4096);
     }
 
     #[test]

@@ -373,10 +373,11 @@ impl Framer {
             placed = true;
             Vec::new()
         } else {
-            // A spare big enough, or a new vector (which comes back here when used).
+            // A spare big enough (handed back), or one an I/O buffer left behind on this
+            // thread (riser_buf::take_vec), or a new vector.
             let mut v = match self.spare.iter().rposition(|v| v.capacity() >= segment.len()) {
                 Some(i) => self.spare.swap_remove(i),
-                None => Vec::with_capacity(segment.len()),
+                None => riser_buf::take_vec(segment.len()),
             };
             v.extend_from_slice(segment);
             v

@@ -605,7 +605,11 @@ impl Ffp {
                 let first_burst = self.cfg.first_burst_length.min(edtl);
                 task.unsolicited_expected = first_burst.saturating_sub(imm);
             }
-            if imm + task.unsolicited_expected == edtl {
+            if imm == edtl {
+                // All of it came as immediate data: the segment itself becomes the write
+                // buffer, no copy (at most FirstBurstLength per command, within the window).
+                task.buf = Some(IoBuf::from_vec(data));
+            } else if imm + task.unsolicited_expected == edtl {
                 // All of it comes unsolicited (at most FirstBurstLength per command, within
                 // the command window): the buffer is taken now, outside the budget, and the
                 // immediate data copied in once.
