@@ -8,7 +8,7 @@
 
 pub mod portal;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
 use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
-use riser_iscsi::serial::{Itt, Sn, Ttt};
+use riser_iscsi::serial::{Itt, Sn, TagMap, Ttt};
 
 /// Most bytes read from the socket in one poll, so one busy connection cannot starve the
 /// others on its reactor.
@@ -171,7 +171,7 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     held: Held,
     /// Bytes of the front chunk already written.
     tx_pos: usize,
-    solicits: HashMap<Itt, Solicit>,
+    solicits: TagMap<Itt, Solicit>,
     next_ttt: u32,
     terminating: bool,
     dead: bool,
@@ -194,7 +194,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             tx: VecDeque::new(),
             held: Held::default(),
             tx_pos: 0,
-            solicits: HashMap::new(),
+            solicits: TagMap::default(),
             next_ttt: 0x100,
             terminating: false,
             dead: false,
@@ -511,7 +511,7 @@ impl<S: ByteStream> TcpDatamover<S> {
 /// Copies a solicited Data-Out's segment into its task's buffer if it is exactly the next
 /// piece of one of the task's outstanding R2Ts (the checks [`TcpDatamover::on_solicited_data`]
 /// makes, so anything it would refuse stays out of the buffer); true if it did.
-fn place_solicited(solicits: &mut HashMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
+fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
     let Op::DataOut(d) = &bhs.op else { return false };
     if d.ttt.is_reserved() {
         return false;

@@ -35,12 +35,12 @@
 //!   (aborted, and maybe its ITT reused since, as Linux and libiscsi do) only frees what the
 //!   work request held.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData};
 use riser_iscsi::pdu::{Op, Pdu, RejectReason, Stage, BHS_LEN};
-use riser_iscsi::serial::Itt;
+use riser_iscsi::serial::{Itt, TagMap};
 
 use super::error::IserError;
 use super::header::{IserHeader, Stag, TaggedBuffer, ISER_HDR_LEN, ISER_VERSION};
@@ -396,7 +396,7 @@ pub struct IserDatamover<Q: IserQp> {
     send: Pool,
     send_large: Pool,
     /// The tasks whose SCSI Command arrived, by ITT.
-    tasks: HashMap<Itt, Task>,
+    tasks: TagMap<Itt, Task>,
     next_gen: u32,
     /// Send-queue work requests staged so far; the sequence number of the last one.
     sq_posted: u64,
@@ -409,13 +409,13 @@ pub struct IserDatamover<Q: IserQp> {
     /// retired the sequence number they are paired with.
     held: Vec<(u64, IoBuf)>,
     pending: VecDeque<Pending>,
-    fetches: HashMap<Itt, Fetch>,
+    fetches: TagMap<Itt, Fetch>,
     /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
     /// (None) or failed (the reason).
     settled: VecDeque<(Itt, IoBuf, Option<&'static str>)>,
     read_queue: VecDeque<ReadJob>,
     /// In-flight reads by their index in the work request id.
-    reads: HashMap<u32, ReadJob>,
+    reads: TagMap<u32, ReadJob>,
     next_read: u32,
     /// Payload bytes copied by the CPU (immediate data and unsolicited Data-Out only).
     copies: CopyStats,
@@ -447,17 +447,17 @@ impl<Q: IserQp> IserDatamover<Q> {
             recv,
             send,
             send_large,
-            tasks: HashMap::new(),
+            tasks: TagMap::default(),
             next_gen: 0,
             sq_posted: 0,
             sq_retired: 0,
             signaled: VecDeque::new(),
             held: Vec::new(),
             pending: VecDeque::new(),
-            fetches: HashMap::new(),
+            fetches: TagMap::default(),
             settled: VecDeque::new(),
             read_queue: VecDeque::new(),
-            reads: HashMap::new(),
+            reads: TagMap::default(),
             next_read: 0,
             copies: CopyStats::default(),
             wcs: Vec::with_capacity(32),

@@ -7,7 +7,7 @@
 //! task management. Error recovery level 0: a protocol error ends the connection.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ use crate::pdu::{
     logout, response, tmf, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason,
     ScsiCommand, ScsiResponse, TaskMgmtResponse, TextResponse, BHS_LEN,
 };
-use crate::serial::{Itt, Sn, Ttt};
+use crate::serial::{Itt, Sn, TagMap, Ttt};
 use crate::text::{encode_pairs, Pairs, TextAssembler};
 
 /// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
@@ -148,7 +148,7 @@ pub struct Ffp {
     /// The session's CmdSN window, shared by all its connections (on one reactor).
     window: SharedWindow,
     stat_sn: Sn,
-    tasks: HashMap<Itt, Task>,
+    tasks: TagMap<Itt, Task>,
     /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN.
     held: BTreeMap<u32, Pdu>,
     text: TextAssembler,
@@ -188,7 +188,7 @@ impl Ffp {
             window,
             stat_sn,
             cfg,
-            tasks: HashMap::new(),
+            tasks: TagMap::default(),
             held: BTreeMap::new(),
             text: TextAssembler::default(),
             text_out: None,
