@@ -12,7 +12,10 @@
 # the overlay; writes vanish with the VM); /tmp and /run are fresh and empty; $RISER_VM_OUT is
 # a directory shared read-write with the host at the same path, for results; RISER_* variables
 # of the caller are exported. `. scripts/vm/rxe-up.sh` creates rxe0 on 192.0.2.1. The guest
-# has no network card at all.
+# has no network card at all. A SCRIPT with the line `# rxe-vm: needs siw` gets soft-iWARP:
+# Debian's kernel has no siw module, so scripts/vm/build-siw.sh builds it on the host first
+# (once per kernel version, into the cache and /lib/modules/VER/updates; `modprobe siw` in
+# the guest).
 #
 # Environment:
 #   RISER_VM_CACHE    kernel and initramfs cache (default /var/cache/riser-vm)
@@ -198,7 +201,13 @@ ensure_initrd() {
   say "initramfs $initrd: ${list[*]}"
 }
 
-# Everything a run needs, under a lock so parallel runs do not build the cache twice.
+# Whether a guest script asks for soft-iWARP (`# rxe-vm: needs siw`).
+needs_siw() {
+  [ -f "$1" ] && grep -q '^# rxe-vm: needs siw$' "$1"
+}
+
+# Everything a run needs, under a lock so parallel runs do not build the cache twice. $1: the
+# guest script, if any.
 prepare() {
   install_packages
   if [ ! -d "$cache" ]; then
@@ -212,6 +221,9 @@ prepare() {
   fi
   ensure_kernel
   ensure_initrd
+  if [ -n "${1:-}" ] && needs_siw "$1"; then
+    "$here/vm/build-siw.sh" "$kernel_ver" "$cache" || die "soft-iWARP (siw) for $kernel_ver is not available; $1 needs it"
+  fi
   if [ -w "$cache" ]; then
     flock -u 9
     exec 9>&-
@@ -307,7 +319,7 @@ boot() {
 cmd=$1; shift
 case "$cmd" in
   setup) [ $# -eq 0 ] || usage; prepare; say "ready: kernel $kernel_ver, $initrd" ;;
-  run)   [ $# -ge 1 ] || usage; prepare; boot run "$@" ;;
+  run)   [ $# -ge 1 ] || usage; prepare "$1"; boot run "$@" ;;
   shell) [ $# -eq 0 ] || usage; prepare; boot shell ;;
   *) usage ;;
 esac

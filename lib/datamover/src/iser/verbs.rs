@@ -36,11 +36,23 @@ impl RegisteredMemory for MemoryRegion {
     }
 }
 
+/// The vendor id soft-iWARP (siw) reports: "bmt" in ASCII (its author's initials).
+pub const SIW_VENDOR_ID: u32 = 0x62_6d_74;
+
 /// Whether the device can post Send with Invalidate (IBV_WR_SEND_WITH_INV): it needs the
 /// memory management extensions (IBV_DEVICE_MEM_MGT_EXTENSIONS in `device_cap_flags`), which
 /// Linux isert checks too before offering it.
+///
+/// Not on soft-iWARP (siw), although it sets the flag: its user-space provider (rdma-core's
+/// libsiw, `push_send_wqe`) copies `wr.rdma.rkey` into the work request's STag for every
+/// opcode and never reads `invalidate_rkey`, so the STag to invalidate goes out as 0; the
+/// initiator's siw cannot invalidate it and ends the connection with a TERMINATE (Linux
+/// ib_iser: "task_rsp failure: remote invalid request error"; dmesg "got TERMINATE. layer 0,
+/// type 2, code 9", RDMAP Cannot Invalidate). Declining it (private data 0x40) has the
+/// initiator invalidate its own keys instead.
 pub fn supports_send_with_invalidate(attr: &DeviceAttr) -> bool {
     attr.device_cap_flags & sys::ibv_device_cap_flags::IBV_DEVICE_MEM_MGT_EXTENSIONS.0 != 0
+        && attr.vendor_id != SIW_VENDOR_ID
 }
 
 /// A pool over freshly registered memory: `count` slots of `slot` bytes, local write and
@@ -226,6 +238,19 @@ mod tests {
             phys_port_cnt: 1,
             device_cap_flags,
         }
+    }
+
+    /// siw advertises the memory management extensions, but its user-space provider posts
+    /// Send with Invalidate with a zero STag (see [`supports_send_with_invalidate`]).
+    #[test]
+    fn no_send_with_invalidate_on_soft_iwarp() {
+        let mut a = attr(1 << 21);
+        a.vendor_id = SIW_VENDOR_ID;
+        assert!(!supports_send_with_invalidate(&a));
+        assert_eq!(SIW_VENDOR_ID.to_be_bytes()[1..], *b"bmt");
+        // soft-RoCE (rxe) reports 0XFFFFFF and keeps it.
+        a.vendor_id = 0xff_ffff;
+        assert!(supports_send_with_invalidate(&a));
     }
 
     #[test]

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# rxe-vm: needs siw
+# riser's iSER over soft-iWARP (siw) instead of soft-RoCE, inside the VM:
+#   scripts/rxe-vm.sh run scripts/vm/iser-siw.sh
+# (the line above has rxe-vm.sh build Debian's missing siw module on the host first:
+# scripts/vm/build-siw.sh).
+#
+# siw0 on a dummy interface d1 with 198.51.100.1/24 (ibv_devinfo must say iWARP); riser with
+# an 8 MiB malloc LUN on an iSER portal there; riser-perf --verify over iser:// with 4 KiB,
+# 256 KiB and 1 MiB I/Os: every block checked, none mismatched, the session RDMAExtensions=Yes;
+# then iscsi_get_stats: no read or solicited write byte copied by riser's CPU (RDMA Write
+# from and RDMA Read into riser's I/O buffers, zero copy, on iWARP too); riser-perf logs out
+# and riser frees the connection. Then the Linux initiator (ib_iser) over the same portal:
+# login, 4 MiB of random data written and read back identical, logout, no connection left.
+#
+# On iWARP the iSER portal must not share its address and port with a TCP portal: iWARP's
+# connection manager listens on the kernel's TCP port itself (siw: a kernel socket), so the
+# node record of the Linux initiator is made by hand, without discovery.
+#
+# Needs the host-built riser, riser-rpc and riser-perf in $RISER_BIN_DIR. Prints "ISER SIW OK"
+# last on success, "ISER SIW FAILED: why" otherwise.
+set -euo pipefail
+name=iser-siw
+. scripts/vm/lib.sh
+
+SIW_IP=198.51.100.1
+SIW_DEV=siw0
+SIW_NETDEV=d1
+# lib.sh's login() talks to $RXE_IP.
+RXE_IP=$SIW_IP
+port=3260
+iqn=iqn.2016-06.io.riser:siw
+lun_mib=8
+
+[ -x "$bin/riser-perf" ] || fail "$bin/riser-perf missing: cargo build -p riser-perf on the host"
+
+# ---- siw0 ------------------------------------------------------------------------------------
+step "siw: $SIW_DEV on $SIW_NETDEV ($SIW_IP)"
+# Network interfaces only inside the VM (guest-run.sh marks it), never on a host.
+grep -q 'riser\.run=' /proc/cmdline && [ "${RISER_VM:-}" = 1 ] || fail "run inside the test VM only: scripts/rxe-vm.sh run $0"
+# siw.ko comes from scripts/vm/build-siw.sh (/lib/modules/VER/updates); it needs ib_core
+# (rdma_ucm pulls it in) and libcrc32c; its CRC32C comes through the crypto API.
+modprobe -a dummy rdma_ucm ib_uverbs libcrc32c crc32c_generic ib_iser sd_mod \
+  || fail "modprobe of the RDMA modules failed"
+modprobe siw || fail "modprobe siw failed: is /lib/modules/$(uname -r)/updates/siw.ko on the host (scripts/vm/build-siw.sh)?"
+ip link add "$SIW_NETDEV" type dummy && ip addr add "$SIW_IP/24" dev "$SIW_NETDEV" && ip link set "$SIW_NETDEV" up \
+  || fail "cannot set up $SIW_NETDEV with $SIW_IP"
+rdma link add "$SIW_DEV" type siw netdev "$SIW_NETDEV" || fail "rdma link add $SIW_DEV type siw netdev $SIW_NETDEV failed"
+info=''
+for _ in $(seq 50); do
+  info=$(ibv_devinfo -d "$SIW_DEV" 2>&1 || true)
+  grep -q 'state:.*PORT_ACTIVE' <<<"$info" && break
+  sleep 0.1
+done
+echo "$info" >"$logs/ibv_devinfo.log"
+grep -q 'state:.*PORT_ACTIVE' <<<"$info" || fail "$SIW_DEV port is not ACTIVE: $info"
+grep -q 'transport:.*iWARP' <<<"$info" || fail "$SIW_DEV is not an iWARP device: $(grep transport: <<<"$info")"
+echo "iser-siw: $SIW_DEV on $SIW_NETDEV ($SIW_IP) is ACTIVE, $(grep -o 'transport:.*' <<<"$info" | tr -s '\t ' ' ')"
+
+# ---- riser, riser-perf -------------------------------------------------------------------------
+# siw pins registered memory against RLIMIT_MEMLOCK even for root (siw_umem_get checks the
+# limit without looking at CAP_IPC_LOCK, unlike ib_umem_get for rxe and hardware): with the
+# default 8 MiB, riser's pooled, registered I/O buffers (up to its 48 MiB budget) hit
+# ENOMEM in ibv_reg_mr at the first 1 MiB I/Os. riser and riser-perf inherit this.
+ulimit -l unlimited || fail "cannot lift RLIMIT_MEMLOCK (siw counts every registration against it)"
+ncpu=$(nproc)
+core=$((ncpu - 1))
+step "riser: malloc LUN ${lun_mib} MiB, iSER portal $SIW_IP:$port, reactor on vCPU $core"
+cat >/tmp/riser.json <<JSON
+{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":$((lun_mib * 2048)),"block_size":512}}]},
+{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$SIW_IP","port":"$port","iser":true}]}},
+{"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
+{"method":"iscsi_create_target_node","params":{"name":"siw","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":64}}]}]}
+JSON
+RISER_LOG=${RISER_LOG:-info} riser_start /tmp/riser.json --poll-mode adaptive -m "[$core]"
+url="iser://$SIW_IP:$port/$iqn/0"
+
+# LABEL BS [FLAGS...]: riser-perf --verify, PASSED, blocks checked, none mismatched, over iSER,
+# logged out without a complaint.
+verify_ok() {
+  local label=$1 bs=$2 out rc=0 t0=$SECONDS; shift 2
+  out=$("$bin/riser-perf" --login-timeout 30 --verify --qd "${VERIFY_QD:-16}" --bs "$bs" "$@" "$url" 2>&1) || rc=$?
+  echo "$out" >"$logs/verify-$label.log"
+  [ $rc = 0 ] || fail "$label: riser-perf --verify --bs $bs exited with $rc: $(tail -n 5 <<<"$out")"
+  grep -q '^verify: PASSED$' <<<"$out" || fail "$label: no 'verify: PASSED': $(tail -n 5 <<<"$out")"
+  local line checked mism
+  line=$(grep '^verify: [0-9]* blocks checked' <<<"$out") || fail "$label: no verify summary line"
+  checked=$(awk '{print $2}' <<<"$line")
+  mism=$(sed -n 's/.*, \([0-9]*\) mismatched.*/\1/p' <<<"$line")
+  [ "$checked" -gt 0 ] || fail "$label: no block checked"
+  [ "$mism" = 0 ] || fail "$label: $mism mismatched blocks"
+  grep -q 'RDMAExtensions Yes' <<<"$out" || fail "$label: the session is not over iSER: $(head -n 2 <<<"$out")"
+  # A clean logout on riser's side: it took the Logout Request, answered it and said so.
+  local logged_out
+  logged_out=$(grep -c '): logged out$' "$logs/riser.log" || true)
+  [ "$logged_out" -gt "$riser_logouts" ] || fail "$label: riser logged no logout of riser-perf's session"
+  riser_logouts=$logged_out
+  # On iWARP the target's close after the Logout Response (a TCP FIN) moves the initiator's QP
+  # to error at once, flushing its spare receives; riser-perf 0.1 stops at the first flushed
+  # completion even when the Logout Response came before it in the same CQ poll, and warns
+  # (its run still succeeds). Only that warning is let through, counted; any other fails.
+  local lo
+  lo=$(grep -i 'logout' <<<"$out" || true)
+  if [ -n "$lo" ]; then
+    grep -q 'the connection is closed (work requests flushed) while waiting for the Logout Response$' <<<"$lo" && [ "$(wc -l <<<"$lo")" = 1 ] \
+      || fail "$label: riser-perf complained about the logout: $lo"
+    perf_logout_flushes=$((perf_logout_flushes + 1))
+  fi
+  echo "iser-siw: riser-perf verify $label: PASSED, $checked blocks checked, 0 mismatched ($((SECONDS - t0)) s)"
+}
+
+riser_logouts=0 perf_logout_flushes=0
+step "riser-perf --verify over iSER on siw"
+verify_ok 4k 4096 --lba-range 0:4096
+verify_ok 256k 262144
+VERIFY_QD=4 verify_ok 1m 1048576
+
+# Zero copy on iWARP too: read data goes out by RDMA Write from riser's I/O buffer, solicited
+# write data comes in by RDMA Read into it; the CPU copies neither (immediate data may be).
+rpc iscsi_get_stats >"$logs/riser-stats.json"
+copies=$(python3 - "$logs/riser-stats.json" <<'PY'
+import json, sys
+def find(o):
+    if isinstance(o, dict):
+        if "payload_copies" in o:
+            return o["payload_copies"]
+        o = list(o.values())
+    if isinstance(o, list):
+        for v in o:
+            r = find(v)
+            if r is not None:
+                return r
+    return None
+c = find(json.load(open(sys.argv[1])))
+print("absent" if c is None else "%d %d %d" % (c["read_bytes"], c["solicited_bytes"], c.get("unsolicited_bytes", 0)))
+PY
+) || fail "cannot read iscsi_get_stats: $(head -c 300 "$logs/riser-stats.json")"
+[ "$copies" != absent ] || fail "iscsi_get_stats has no payload_copies: $(head -c 300 "$logs/riser-stats.json")"
+read -r copied_read copied_solicited copied_unsolicited <<<"$copies"
+[ "$copied_read" = 0 ] || fail "riser copied $copied_read bytes of read data over iSER/siw (payload_copies.read_bytes)"
+[ "$copied_solicited" = 0 ] || fail "riser copied $copied_solicited bytes of solicited write data over iSER/siw (payload_copies.solicited_bytes)"
+[ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
+echo "iser-siw: payload copies after iSER traffic on siw: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
+wait_no_connections 30
+echo "iser-siw: riser logged out riser-perf's $riser_logouts sessions; riser-perf saw its receives flushed by the close right after the Logout Response in $perf_logout_flushes of them"
+
+# ---- the Linux initiator (ib_iser) -------------------------------------------------------------
+step "Linux ib_iser over siw"
+iscsid_start
+iface_iser
+iscsiadm -m node -o new -T "$iqn" -p "$SIW_IP:$port" -I iser0 >>"$logs/iscsiadm.log" 2>&1 \
+  || fail "cannot add the node record $iqn $SIW_IP:$port through iser0"
+sid=$(login "$iqn" iser0)
+[ "$(transport_of "$sid")" = iser ] || fail "session $sid runs over $(transport_of "$sid"), not iser"
+disk=$(disk_of "$sid" 0)
+raw_verify "$disk" 4 linux-iser
+logout_sid "$sid"
+wait_no_connections 30
+
+riser_stop
+echo "ISER SIW OK"
