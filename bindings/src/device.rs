@@ -185,6 +185,14 @@ impl Context {
         &self.name
     }
 
+    /// Whether the device is iWARP (siw, hardware iWARP) rather than InfiniBand or RoCE. On
+    /// iWARP the memory an RDMA Read lands in must allow remote write.
+    pub fn is_iwarp(&self) -> bool {
+        // SAFETY: `self.raw` is a live context; its device pointer is valid for its life.
+        let t = unsafe { (*(*self.raw.as_ptr()).device).transport_type };
+        t == sys::ibv_transport_type::IBV_TRANSPORT_IWARP
+    }
+
     /// The raw context, for calls this crate does not wrap. Using it is `unsafe`; it stays
     /// valid while `self` lives.
     pub fn as_raw(&self) -> *mut sys::ibv_context {

@@ -95,21 +95,16 @@ verify_ok() {
   logged_out=$(grep -c '): logged out$' "$logs/riser.log" || true)
   [ "$logged_out" -gt "$riser_logouts" ] || fail "$label: riser logged no logout of riser-perf's session"
   riser_logouts=$logged_out
-  # On iWARP the target's close after the Logout Response (a TCP FIN) moves the initiator's QP
-  # to error at once, flushing its spare receives; riser-perf 0.1 stops at the first flushed
-  # completion even when the Logout Response came before it in the same CQ poll, and warns
-  # (its run still succeeds). Only that warning is let through, counted; any other fails.
-  local lo
-  lo=$(grep -i 'logout' <<<"$out" || true)
-  if [ -n "$lo" ]; then
-    grep -q 'the connection is closed (work requests flushed) while waiting for the Logout Response$' <<<"$lo" && [ "$(wc -l <<<"$lo")" = 1 ] \
-      || fail "$label: riser-perf complained about the logout: $lo"
-    perf_logout_flushes=$((perf_logout_flushes + 1))
+  # On iWARP the target's close after the Logout Response flushes the initiator's spare
+  # receives, maybe in the same CQ poll as that response: riser-perf ignores those flushes
+  # once the response is in, so any complaint about the logout is a failure.
+  if grep -qi 'logout' <<<"$out"; then
+    fail "$label: riser-perf complained about the logout: $(grep -i 'logout' <<<"$out")"
   fi
   echo "iser-siw: riser-perf verify $label: PASSED, $checked blocks checked, 0 mismatched ($((SECONDS - t0)) s)"
 }
 
-riser_logouts=0 perf_logout_flushes=0
+riser_logouts=0
 step "riser-perf --verify over iSER on siw"
 verify_ok 4k 4096 --lba-range 0:4096
 verify_ok 256k 262144
@@ -142,7 +137,7 @@ read -r copied_read copied_solicited copied_unsolicited <<<"$copies"
 [ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
 echo "iser-siw: payload copies after iSER traffic on siw: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
 wait_no_connections 30
-echo "iser-siw: riser logged out riser-perf's $riser_logouts sessions; riser-perf saw its receives flushed by the close right after the Logout Response in $perf_logout_flushes of them"
+echo "iser-siw: riser logged out riser-perf's $riser_logouts sessions"
 
 # ---- the Linux initiator (ib_iser) -------------------------------------------------------------
 step "Linux ib_iser over siw"

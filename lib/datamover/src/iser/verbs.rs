@@ -191,9 +191,12 @@ impl IserQp for VerbsQp {
 
     fn register(&mut self, buf: &mut IoBuf) -> Result<u32, IserError> {
         let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
-        // Local access only: the initiator never sees these keys (RDMA Read lands here,
-        // RDMA Write is sourced here).
-        riser_rdma::register_iobuf(qp.pd(), buf, Access::LOCAL_WRITE)
+        // The initiator never sees these keys (RDMA Read lands here, RDMA Write is sourced
+        // here): local write, and on iWARP remote write too, which an RDMA Read sink needs
+        // there (InfiniBand and RoCE do not; the buffer stays closed to remote access).
+        let iwarp = self.id.context().ok().flatten().is_some_and(|c| c.is_iwarp());
+        let access = if iwarp { Access::LOCAL_WRITE | Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
+        riser_rdma::register_iobuf(qp.pd(), buf, access)
             .map_err(|source| IserError::Registration { bytes: buf.capacity(), source })
     }
 
