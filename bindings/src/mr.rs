@@ -310,6 +310,10 @@ pub fn register_iobuf(pd: &Arc<ProtectionDomain>, buf: &mut riser_buf::IoBuf, ac
         return Err(RdmaError::invalid("ibv_reg_mr", "cannot register an empty buffer"));
     }
     let ptr = buf.mapping_ptr();
+    if ptr.is_null() {
+        // A vector adopted without copying (IoBuf::from_vec) has no mapping to register.
+        return Err(RdmaError::invalid("ibv_reg_mr", "the buffer is not a pooled mapping"));
+    }
     // SAFETY: `ptr` and `len` are the buffer's whole mapping (riser-buf's contract for
     // mapping_ptr/capacity), which stays mapped until the guard recorded below is dropped:
     // riser-buf drops a mapping's registrations before unmapping it and never while a buffer

@@ -154,6 +154,22 @@ pub struct Stats {
     pub unmaps: u64,
 }
 
+/// The budgeted bytes one owner (a connection) holds across the buffers it took with
+/// [`Pool::try_alloc_for`]; each buffer gives its share back when dropped. Cloning shares it.
+#[derive(Clone, Default, Debug)]
+pub struct Account(std::sync::Arc<AtomicUsize>);
+
+impl Account {
+    pub fn new() -> Account {
+        Account::default()
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// A place in the queue for budgeted memory ([`Pool::try_alloc`]). Dropping it gives the
 /// place up (the task was aborted, the connection closed).
 pub struct Waiter {
@@ -249,7 +265,7 @@ impl Pool {
     pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
         if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
             if let Some(map) = self.take(len, true) {
-                return Some(IoBuf { map, heap: None, len, pool: self });
+                return Some(IoBuf { map, heap: None, len, pool: self, account: None });
             }
         }
         let mut q = self.queue();
@@ -275,13 +291,31 @@ impl Pool {
         if let Some(w) = waiter.take() {
             std::mem::forget(w);
         }
-        Some(IoBuf { map, heap: None, len, pool: self })
+        Some(IoBuf { map, heap: None, len, pool: self, account: None })
+    }
+
+    /// Like [`try_alloc`](Self::try_alloc), charging the buffer to `account` until it is
+    /// dropped; and fair: an account that already holds budgeted memory takes no more than a
+    /// quarter of the budget (it waits, outside the queue, until its own buffers come back),
+    /// so one slow initiator cannot hold all of it. A request larger than that goes when its
+    /// account holds nothing.
+    pub fn try_alloc_for(&'static self, len: usize, waiter: &mut Option<Waiter>, account: &Account) -> Option<IoBuf> {
+        let held = account.held();
+        if held > 0 && held + mapped_size(len) > self.max_bytes() / 4 {
+            *waiter = None;
+            return None;
+        }
+        let mut b = self.try_alloc(len, waiter)?;
+        let charge = b.capacity();
+        account.0.fetch_add(charge, Ordering::Relaxed);
+        b.account = Some((account.clone(), charge));
+        Some(b)
     }
 
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
         match self.take(len, false) {
-            Some(map) => IoBuf { map, heap: None, len, pool: self },
+            Some(map) => IoBuf { map, heap: None, len, pool: self, account: None },
             // Out of address space or memory: what a failed heap allocation does too.
             None => panic!("cannot map an I/O buffer of {len} bytes"),
         }
@@ -352,13 +386,17 @@ impl Pool {
         self.in_use.fetch_sub(size, Ordering::Relaxed);
         let keep = class_of(size).filter(|&c| class_size(c) == size && self.mapped.load(Ordering::Relaxed) <= self.max_bytes());
         let map = match keep {
-            Some(c) => match self.free[c].push(map) {
-                Ok(()) => {
-                    self.cached.fetch_add(size, Ordering::Relaxed);
-                    return;
+            Some(c) => {
+                // Counted before it can be taken again, so the figures never wrap.
+                self.cached.fetch_add(size, Ordering::Relaxed);
+                match self.free[c].push(map) {
+                    Ok(()) => return,
+                    Err(map) => {
+                        self.cached.fetch_sub(size, Ordering::Relaxed);
+                        map
+                    }
                 }
-                Err(map) => map,
-            },
+            }
             None => map,
         };
         self.mapped.fetch_sub(size, Ordering::Relaxed);
@@ -376,6 +414,8 @@ pub struct IoBuf {
     heap: Option<Vec<u8>>,
     len: usize,
     pool: &'static Pool,
+    /// The account this buffer is charged to, and how much ([`Pool::try_alloc_for`]).
+    account: Option<(Account, usize)>,
 }
 
 /// Most vectors a thread keeps for [`take_vec`].
@@ -402,7 +442,13 @@ pub fn take_vec(cap: usize) -> Vec<u8> {
     reused.unwrap_or_else(|| Vec::with_capacity(cap))
 }
 
+/// Largest vector kept as a spare: bigger ones are freed (spares stay small).
+pub const MAX_SPARE_VEC: usize = 256 * 1024;
+
 fn keep_vec(mut v: Vec<u8>) {
+    if v.capacity() > MAX_SPARE_VEC {
+        return;
+    }
     v.clear();
     let _ = SPARE_VECS.try_with(|s| {
         let mut s = s.borrow_mut();
@@ -434,7 +480,7 @@ impl IoBuf {
 
     /// An empty buffer (maps nothing).
     pub fn empty() -> IoBuf {
-        IoBuf { map: None, heap: None, len: 0, pool: Pool::global() }
+        IoBuf { map: None, heap: None, len: 0, pool: Pool::global(), account: None }
     }
 
     /// Adopts `v` as an I/O buffer without copying it (a received data segment that is the
@@ -442,7 +488,7 @@ impl IoBuf {
     /// ([`mapping_ptr`](Self::mapping_ptr) is null); when dropped, its vector goes to this
     /// thread's spares ([`take_vec`]).
     pub fn from_vec(v: Vec<u8>) -> IoBuf {
-        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global() }
+        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global(), account: None }
     }
 
     pub fn len(&self) -> usize {
@@ -527,6 +573,9 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
+        if let Some((a, charge)) = self.account.take() {
+            a.0.fetch_sub(charge, Ordering::Relaxed);
+        }
         if let Some(map) = self.map.take() {
             self.pool.give_back(map);
         }
@@ -784,6 +833,24 @@ mod tests {
         assert_eq!(again.as_ptr(), addr, "the vector is this thread's next one");
         assert!(again.is_empty() && again.capacity() >= 5000);
         assert!(take_vec(4096).capacity() >= 4096);
+    }
+
+    #[test]
+    fn an_account_holding_memory_takes_at_most_a_quarter() {
+        let p = pool(64 * MIB); // a quarter: 16 MiB
+        let (a, b) = (Account::new(), Account::new());
+        let mut w = None;
+        let x = p.try_alloc_for(8 * MIB, &mut w, &a).expect("holds nothing yet");
+        assert_eq!(a.held(), 8 * MIB);
+        let y = p.try_alloc_for(8 * MIB, &mut w, &a).expect("16 MiB: a quarter");
+        assert!(p.try_alloc_for(4096, &mut w, &a).is_none(), "beyond its quarter");
+        assert!(w.is_none() && p.stats().waiting == 0, "waits outside the queue");
+        let big = p.try_alloc_for(32 * MIB, &mut w, &b).expect("another account holding nothing");
+        drop(x);
+        assert_eq!(a.held(), 8 * MIB);
+        assert!(p.try_alloc_for(4096, &mut w, &a).is_some());
+        drop((y, big));
+        assert_eq!((a.held(), b.held()), (0, 0));
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl Framer {
     /// Takes back a data segment of a PDU this framer returned, once its bytes are used, so
     /// the next segment reuses its memory.
     pub fn recycle(&mut self, mut v: Vec<u8>) {
-        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
+        if self.spare.len() < MAX_SPARE && v.capacity() > 0 && v.capacity() <= riser_buf::MAX_SPARE_VEC {
             v.clear();
             self.spare.push(v);
         }

@@ -310,6 +310,8 @@ pub struct DeviceChannel {
     /// Results answered at target level, for the next poll.
     done: Vec<ScsiResult>,
     alloc: Option<BufAllocFactory>,
+    /// What the connection holds of the buffer budget; every LUN channel charges its reads.
+    account: riser_buf::Account,
 }
 
 impl DeviceChannel {
@@ -320,7 +322,17 @@ impl DeviceChannel {
             retired: Vec::new(),
             done: Vec::new(),
             alloc: None,
+            account: riser_buf::Account::new(),
         }
+    }
+
+    /// Charges the reads of every LUN channel to `account` (the connection's, shared with
+    /// its write buffers: see `riser_buf::Pool::try_alloc_for`).
+    pub fn set_account(&mut self, account: riser_buf::Account) {
+        for ch in self.channels.values_mut() {
+            ch.set_account(account.clone());
+        }
+        self.account = account;
     }
 
     /// Like [`new`](Self::new), with each LUN channel's buffers coming from an allocator
@@ -357,10 +369,11 @@ impl DeviceChannel {
     pub fn channel(&mut self, id: LunId) -> Option<&mut LunChannel> {
         if !self.channels.contains_key(&id.0) {
             let lun = self.dev.lun(id)?.clone();
-            let ch = match self.alloc.as_mut() {
+            let mut ch = match self.alloc.as_mut() {
                 Some(make) => LunChannel::with_allocator(lun, make()),
                 None => LunChannel::new(lun),
             };
+            ch.set_account(self.account.clone());
             self.channels.insert(id.0, ch);
         }
         self.channels.get_mut(&id.0)

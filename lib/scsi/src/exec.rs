@@ -16,7 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use riser_bdev::{BdevError, BdevIo, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
-use riser_buf::{Pool, Waiter};
+use riser_buf::{Account, Pool, Waiter};
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, Cdb};
 use crate::inquiry::{
@@ -236,6 +236,8 @@ pub struct LunChannel {
     active: usize,
     /// Where read buffers come from, under the budget (the global pool; tests give their own).
     pool: &'static Pool,
+    /// What the connection holds of the budget, reads and writes.
+    account: Account,
 }
 
 impl Drop for LunChannel {
@@ -303,6 +305,12 @@ impl LunChannel {
         self.pool = pool;
     }
 
+    /// Charges read buffers to `account` (the connection's): a connection that holds
+    /// budgeted memory takes at most a quarter of the budget.
+    pub fn set_account(&mut self, account: Account) {
+        self.account = account;
+    }
+
     pub fn with_allocator(lun: Arc<Lun>, alloc: BufAlloc) -> LunChannel {
         let io = lun.bdev().clone().open_channel();
         let counter = lun.ranges.register_counter();
@@ -319,6 +327,7 @@ impl LunChannel {
             alloc,
             active: 0,
             pool: Pool::global(),
+            account: Account::new(),
         }
     }
 

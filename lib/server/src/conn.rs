@@ -56,6 +56,9 @@ impl<D: Datamover> Connection<D> {
             Some(n) => n.luns(),
             None => (0, Arc::from(Vec::new())),
         };
+        // Reads and writes of this connection share its fair share of the budget.
+        let mut scsi = DeviceChannel::new(scsi_device(&luns));
+        scsi.set_account(ffp.account().clone());
         Connection {
             info,
             registry,
@@ -63,7 +66,7 @@ impl<D: Datamover> Connection<D> {
             ffp,
             node,
             lun_gen,
-            scsi: DeviceChannel::new(scsi_device(&luns)),
+            scsi,
             nexus,
             events: Vec::with_capacity(64),
             results: Vec::with_capacity(64),

@@ -122,9 +122,15 @@ impl ConnRegistry {
     }
 
     pub fn remove(&self, id: u64) {
-        let gone = self.lock().remove(&id);
+        let gone = {
+            let mut conns = self.lock();
+            // Counted as ended before it leaves the list, so no stats call misses it.
+            if let Some(c) = conns.get(&id) {
+                self.ended_copies.add(c.copies.get());
+            }
+            conns.remove(&id)
+        };
         if let Some(c) = gone {
-            self.ended_copies.add(c.copies.get());
             if let Some(r) = &self.reactors {
                 r.add_load(c.reactor, -1);
             }

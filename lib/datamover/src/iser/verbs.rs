@@ -196,7 +196,15 @@ impl IserQp for VerbsQp {
         // there (InfiniBand and RoCE do not; the buffer stays closed to remote access).
         let iwarp = self.id.context().ok().flatten().is_some_and(|c| c.is_iwarp());
         let access = if iwarp { Access::LOCAL_WRITE | Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
+        // Registrations stay with pooled mappings, so locked memory grows with the pool; when
+        // the device (or RLIMIT_MEMLOCK) refuses one, the idle mappings and their
+        // registrations are let go and it is tried once more.
         riser_rdma::register_iobuf(qp.pd(), buf, access)
+            .or_else(|e| {
+                log::warn!("iSER: registering a {} byte I/O buffer failed ({e}); releasing idle registered buffers and retrying", buf.capacity());
+                riser_rdma::release_idle_iobuf_registrations();
+                riser_rdma::register_iobuf(qp.pd(), buf, access)
+            })
             .map_err(|source| IserError::Registration { bytes: buf.capacity(), source })
     }
 

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use riser_bdev::IoBuf;
-use riser_buf::{Pool, Waiter};
+use riser_buf::{Account, Pool, Waiter};
 pub use riser_scsi::Residual;
 use riser_scsi::{Asc, Sense, SenseKey, Status};
 
@@ -133,8 +133,6 @@ struct Task {
     staged: Vec<Vec<u8>>,
     /// The task's place in the queue for budgeted memory (dropped with the task).
     waiter: Option<Waiter>,
-    /// Budgeted bytes its buffer holds (0 if none).
-    budgeted: u32,
     /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
     received: u32,
     /// Unsolicited bytes the initiator may still send.
@@ -161,6 +159,8 @@ pub struct Ffp {
     responder: Option<Box<dyn TextResponder>>,
     /// Where write buffers come from (the global pool; tests give their own).
     pool: &'static Pool,
+    /// What this connection holds of the budget (shared with its SCSI reads).
+    account: Account,
     /// Writes waiting for buffer memory, oldest first.
     waiting_buf: VecDeque<Itt>,
     /// Payload bytes this layer copied (unsolicited data into write buffers).
@@ -199,6 +199,7 @@ impl Ffp {
             closing: false,
             responder: None,
             pool: Pool::global(),
+            account: Account::new(),
             waiting_buf: VecDeque::new(),
             copied_bytes: 0,
             spare: Vec::new(),
@@ -211,15 +212,15 @@ impl Ffp {
         self.spare.pop()
     }
 
-    fn keep_spare(&mut self, v: Vec<u8>) {
-        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
-            self.spare.push(v);
-        }
-    }
-
     /// Takes write buffers from `pool` instead of the global one (tests).
     pub fn set_pool(&mut self, pool: &'static Pool) {
         self.pool = pool;
+    }
+
+    /// The account this connection's write buffers are charged to; give the same one to its
+    /// SCSI channel, so reads and writes share the connection's fair share.
+    pub fn account(&self) -> &Account {
+        &self.account
     }
 
     /// Payload bytes the iSCSI layer copied so far: unsolicited write data (immediate data,
@@ -237,9 +238,9 @@ impl Ffp {
     /// each one then asks the datamover for its solicited data. The driver calls it every
     /// poll; cheap when none waits. Returns how many were served.
     ///
-    /// Fairness: a connection that already holds budgeted memory takes no more than a
-    /// quarter of the budget, so that one slow writer cannot hold all of it while others
-    /// wait; a write larger than that still goes when the connection holds nothing.
+    /// Fairness: the buffers are charged to the connection's [`Account`] (its reads' too),
+    /// and a connection that already holds budgeted memory takes no more than a quarter of
+    /// the budget ([`Pool::try_alloc_for`]), so one slow initiator cannot hold all of it.
     pub fn grant_buffers(&mut self) -> usize {
         let mut served = 0;
         while let Some(&itt) = self.waiting_buf.front() {
@@ -254,21 +255,16 @@ impl Ffp {
                 self.waiting_buf.pop_front();
                 continue;
             };
-            let held: u64 = self.tasks.values().map(|t| t.budgeted as u64).sum();
-            if held > 0 && held + edtl as u64 > pool.max_bytes() as u64 / 4 {
-                break;
-            }
             let Some(t) = self.tasks.get_mut(&itt) else { break };
-            let Some(mut buf) = pool.try_alloc(edtl as usize, &mut t.waiter) else {
+            let Some(mut buf) = pool.try_alloc_for(edtl as usize, &mut t.waiter, &self.account) else {
                 break;
             };
-            t.budgeted = edtl;
             self.waiting_buf.pop_front();
             let mut off = 0;
             for seg in t.staged.drain(..) {
                 buf[off..off + seg.len()].copy_from_slice(&seg);
                 off += seg.len();
-                if self.spare.len() < MAX_SPARE {
+                if self.spare.len() < MAX_SPARE && seg.capacity() <= riser_buf::MAX_SPARE_VEC {
                     self.spare.push(seg);
                 }
             }
@@ -592,7 +588,6 @@ impl Ffp {
             buf: None,
             staged: Vec::new(),
             waiter: None,
-            budgeted: 0,
             received: imm,
             unsolicited_expected: 0,
             next_data_sn: Sn(0),
@@ -609,18 +604,9 @@ impl Ffp {
                 // All of it came as immediate data: the segment itself becomes the write
                 // buffer, no copy (at most FirstBurstLength per command, within the window).
                 task.buf = Some(IoBuf::from_vec(data));
-            } else if imm + task.unsolicited_expected == edtl {
-                // All of it comes unsolicited (at most FirstBurstLength per command, within
-                // the command window): the buffer is taken now, outside the budget, and the
-                // immediate data copied in once.
-                let mut buf = IoBuf::alloc(edtl as usize);
-                buf[..data.len()].copy_from_slice(&data);
-                self.copied_bytes += data.len() as u64;
-                task.buf = Some(buf);
-                self.keep_spare(data);
             } else if imm > 0 {
-                // Part of it is solicited: the buffer waits for that; the immediate data
-                // stays in its PDU segment until then.
+                // More follows (unsolicited Data-Out, or solicited): no buffer yet, nothing
+                // taken before the data is there; the immediate data stays in its segment.
                 task.staged.push(data);
             }
             task.state = TaskState::Unsolicited;
@@ -641,7 +627,12 @@ impl Ffp {
         if t.unsolicited_expected > 0 {
             return;
         }
-        if t.received < t.cmd.expected_data_transfer_length {
+        let edtl = t.cmd.expected_data_transfer_length;
+        if t.received < edtl && t.buf.is_some() {
+            // (Not reached: a buffer exists early only when all the data came immediate.)
+            return self.fetch(itt);
+        }
+        if t.received < edtl {
             // Solicited data follows: first the memory for it, in turn with every other
             // write of every connection (grant_buffers), then Get_Data.
             t.state = TaskState::WaitingBuffer;
@@ -650,6 +641,25 @@ impl Ffp {
                 self.grant_buffers();
             }
             return;
+        }
+        if t.buf.is_none() {
+            // All of it came unsolicited, in segments: one segment is the buffer as it is;
+            // several are copied into one (the memory they hold is freed as it is used).
+            t.buf = Some(if t.staged.len() == 1 && t.staged[0].len() == edtl as usize {
+                IoBuf::from_vec(t.staged.remove(0))
+            } else {
+                let mut buf = IoBuf::alloc(edtl as usize);
+                let mut off = 0;
+                for seg in t.staged.drain(..) {
+                    buf[off..off + seg.len()].copy_from_slice(&seg);
+                    off += seg.len();
+                    if self.spare.len() < MAX_SPARE && seg.capacity() <= riser_buf::MAX_SPARE_VEC {
+                        self.spare.push(seg);
+                    }
+                }
+                self.copied_bytes += off as u64;
+                buf
+            });
         }
         self.execute(itt);
     }
@@ -724,7 +734,7 @@ impl Ffp {
                     dst.copy_from_slice(&pdu.data);
                     self.copied_bytes += len as u64;
                 }
-                if self.spare.len() < MAX_SPARE {
+                if self.spare.len() < MAX_SPARE && pdu.data.capacity() <= riser_buf::MAX_SPARE_VEC {
                     self.spare.push(pdu.data);
                 }
             }

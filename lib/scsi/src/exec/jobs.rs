@@ -10,6 +10,7 @@ impl LunChannel {
     pub(super) fn try_start(&mut self, slot: usize) -> bool {
         let lun = self.lun.clone();
         let pool = self.pool;
+        let account = &self.account;
         let Some(o) = self.ops[slot].as_mut() else {
             return true;
         };
@@ -20,7 +21,7 @@ impl LunChannel {
         // (before taking the range lock, so a waiting read holds up no write).
         if let Job::Read { blocks, buf: buf @ None, waiter, .. } = &mut o.job {
             let len = *blocks as usize * lun.block_size() as usize;
-            match pool.try_alloc(len, waiter) {
+            match pool.try_alloc_for(len, waiter, account) {
                 Some(b) => *buf = Some(b),
                 None => return false,
             }

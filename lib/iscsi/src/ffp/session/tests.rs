@@ -494,3 +494,31 @@ fn immediate_data_waits_in_its_segment_then_is_copied_once() {
     let a = drain(&mut f);
     assert!(matches!(&a[..], [Action::Execute(r)] if r.data_out.as_ref().map(|b| b.len()) == Some(1024)));
 }
+
+#[test]
+fn an_unsolicited_burst_ended_early_keeps_its_data() {
+    // InitialR2T=No: 512 bytes immediate, an unsolicited Data-Out of 512 with F=1 (the burst
+    // ends early), the rest solicited: the first 1024 bytes must reach the buffer Get_Data
+    // fills, and nothing is taken before the data is there.
+    let (mut f, now) = ffp(FfpConfig { initial_r2t: false, ..Default::default() });
+    let pool = small_pool();
+    f.set_pool(pool);
+    let mut c = cmd(1, 10, false, true, 4096);
+    c.final_bit = false;
+    f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![0x11; 512]), now);
+    assert!(drain(&mut f).is_empty());
+    assert_eq!(pool.stats().in_use_bytes, 0, "no buffer before the data");
+    f.on_pdu(Pdu::with_data(Op::DataOut(data_out(Itt(1), Ttt::RESERVED, Sn(0), 512)), vec![0x22; 512]), now);
+    let Some(Action::GetData(g)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
+    assert_eq!((g.offset, g.len), (1024, 3072));
+    assert!(g.buf[..512].iter().all(|&b| b == 0x11) && g.buf[512..1024].iter().all(|&b| b == 0x22));
+    // All unsolicited, in two segments: one buffer, nothing budgeted.
+    let mut c = cmd(2, 11, false, true, 1024);
+    c.final_bit = false;
+    f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![0x33; 512]), now);
+    f.on_pdu(Pdu::with_data(Op::DataOut(data_out(Itt(2), Ttt::RESERVED, Sn(0), 512)), vec![0x44; 512]), now);
+    let a = drain(&mut f);
+    let [Action::Execute(r)] = &a[..] else { panic!("expected Execute") };
+    let b = r.data_out.as_ref().expect("the write buffer");
+    assert!(b[..512].iter().all(|&x| x == 0x33) && b[512..].iter().all(|&x| x == 0x44));
+}
