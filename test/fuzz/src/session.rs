@@ -102,7 +102,7 @@ impl Conn {
                 Action::GetData(g) => self.dm.get_data(g),
                 Action::Execute(req) => {
                     let lun = LunId::from_field(req.lun.0.to_be_bytes());
-                    let mut task = ScsiTask::new(u64::from(req.itt.0), lun.get(), &req.cdb, req.edtl, self.nexus.clone());
+                    let mut task = ScsiTask::new(u64::from(req.itt.0), lun.get(), req.cdb(), req.edtl, self.nexus.clone());
                     task.read = req.read;
                     task.write = req.write;
                     task.data_out = req.data_out;
