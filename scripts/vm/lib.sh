@@ -269,3 +269,24 @@ lio_iser_target() {
   done
   echo 1 >"$tpg/enable"
 }
+
+# Zero copy over iSER (iscsi_get_stats "payload_copies"): LABEL. Read data goes out by RDMA
+# Write from riser's I/O buffers and solicited write data comes in by RDMA Read into them, so
+# riser's CPU copies neither; immediate data (copied out of the receive buffers) must have
+# been counted, which shows the counters are wired.
+assert_zero_copy() {
+  local label=$1 copies copied_read copied_solicited copied_unsolicited
+  rpc iscsi_get_stats >"$logs/riser-stats.json"
+  copies=$(python3 - "$logs/riser-stats.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])).get("payload_copies")
+print("absent" if c is None else "%d %d %d" % (c["read_bytes"], c["solicited_bytes"], c.get("unsolicited_bytes", 0)))
+PY
+) || fail "cannot read iscsi_get_stats: $(head -c 300 "$logs/riser-stats.json")"
+  [ "$copies" != absent ] || fail "iscsi_get_stats has no payload_copies: $(head -c 300 "$logs/riser-stats.json")"
+  read -r copied_read copied_solicited copied_unsolicited <<<"$copies"
+  [ "$copied_read" = 0 ] || fail "riser copied $copied_read bytes of read data over $label (payload_copies.read_bytes)"
+  [ "$copied_solicited" = 0 ] || fail "riser copied $copied_solicited bytes of solicited write data over $label (payload_copies.solicited_bytes)"
+  [ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
+  echo "$name: payload copies after $label traffic: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
+}

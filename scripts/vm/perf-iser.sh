@@ -86,31 +86,7 @@ VERIFY_QD=2 verify_ok riser "$riser_url" 16777216
 VERIFY_QD=2 verify_ok riser "$riser_url" 33554432
 # Payload bytes copied by riser's CPU (iscsi_get_stats "payload_copies"): none for read data
 # (Put_Data) nor solicited write data (Get_Data) over iSER; immediate data may be copied.
-rpc iscsi_get_stats >"$logs/riser-stats.json"
-copies=$(python3 - "$logs/riser-stats.json" <<'PY'
-import json, sys
-def find(o):
-    if isinstance(o, dict):
-        if "payload_copies" in o:
-            return o["payload_copies"]
-        o = list(o.values())
-    if isinstance(o, list):
-        for v in o:
-            r = find(v)
-            if r is not None:
-                return r
-    return None
-c = find(json.load(open(sys.argv[1])))
-print("absent" if c is None else "%d %d %d" % (c["read_bytes"], c["solicited_bytes"], c.get("unsolicited_bytes", 0)))
-PY
-) || fail "cannot read iscsi_get_stats: $(head -c 300 "$logs/riser-stats.json")"
-[ "$copies" != absent ] || fail "iscsi_get_stats has no payload_copies: $(head -c 300 "$logs/riser-stats.json")"
-read -r copied_read copied_solicited copied_unsolicited <<<"$copies"
-[ "$copied_read" = 0 ] || fail "riser copied $copied_read bytes of read data over iSER (payload_copies.read_bytes)"
-[ "$copied_solicited" = 0 ] || fail "riser copied $copied_solicited bytes of solicited write data over iSER (payload_copies.solicited_bytes)"
-# riser-perf sends immediate data (copied out of the receive buffers): the counters are live.
-[ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
-echo "perf-iser: payload copies after iSER traffic: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
+assert_zero_copy "iSER"
 rpc iscsi_get_connections >"$logs/riser-conns.json"
 wait_no_connections 30
 step "riser-perf randread 4 KiB QD 32 against riser"

@@ -260,15 +260,7 @@ impl Ffp {
                 break;
             };
             self.waiting_buf.pop_front();
-            let mut off = 0;
-            for seg in t.staged.drain(..) {
-                buf[off..off + seg.len()].copy_from_slice(&seg);
-                off += seg.len();
-                if self.spare.len() < MAX_SPARE && seg.capacity() <= riser_buf::MAX_SPARE_VEC {
-                    self.spare.push(seg);
-                }
-            }
-            self.copied_bytes += off as u64;
+            self.copied_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
             t.buf = Some(buf);
             served += 1;
             self.fetch(itt);
@@ -649,15 +641,7 @@ impl Ffp {
                 IoBuf::from_vec(t.staged.remove(0))
             } else {
                 let mut buf = IoBuf::alloc(edtl as usize);
-                let mut off = 0;
-                for seg in t.staged.drain(..) {
-                    buf[off..off + seg.len()].copy_from_slice(&seg);
-                    off += seg.len();
-                    if self.spare.len() < MAX_SPARE && seg.capacity() <= riser_buf::MAX_SPARE_VEC {
-                        self.spare.push(seg);
-                    }
-                }
-                self.copied_bytes += off as u64;
+                self.copied_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
                 buf
             });
         }
@@ -1010,6 +994,22 @@ impl Ffp {
             }))));
         }
     }
+}
+
+/// Copies the staged unsolicited segments, in order from offset 0, into `buf`; the emptied
+/// segments go to `spare` (up to its limit); returns the bytes copied.
+fn gather(staged: &mut Vec<Vec<u8>>, buf: &mut IoBuf, spare: &mut Vec<Vec<u8>>) -> u64 {
+    let mut off = 0;
+    for seg in staged.drain(..) {
+        if let Some(dst) = buf.get_mut(off..off + seg.len()) {
+            dst.copy_from_slice(&seg);
+        }
+        off += seg.len();
+        if spare.len() < MAX_SPARE && seg.capacity() <= riser_buf::MAX_SPARE_VEC {
+            spare.push(seg);
+        }
+    }
+    off as u64
 }
 
 /// A SCSI Response PDU (RFC 7143 §11.4); sense data travels with a 2-byte length
