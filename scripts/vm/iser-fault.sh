@@ -159,6 +159,12 @@ else
     # iscsid finds session $sid failed and logs it in again by itself: a new iSER connection
     # and login to riser. (Logging it out instead hangs iscsiadm for minutes while iscsid is
     # busy reconnecting it.)
+    # The writer must not write again once the session is back: each of its passes starts
+    # over at LBA 0, where the check below writes, and a session that recovers within
+    # replacement_timeout resumes the writes that were queued. Stop the loop and its dd now
+    # (a dd blocked in I/O dies once that I/O ends), and wait for it below before checking.
+    kill -9 "$dd_pid" 2>/dev/null || true
+    pkill -9 -f "of=/dev/$disk" 2>/dev/null || true
     relogin_mark=$(log_mark)
     iscsid_start
     state=
@@ -171,11 +177,13 @@ else
     if [ "$state" = LOGGED_IN ] && [ "$(transport_of "$sid")" = iser ] \
         && tail -n +"$((relogin_mark + 1))" "$logs/riser.log" | grep -q 'logged in'; then
       disk2=$(disk_of "$sid" 0)
-      if (raw_verify "$disk2" 4 relogin); then
+      for _ in $(seq 60); do pgrep -f "of=/dev/$disk" >/dev/null || break; sleep 0.5; done
+      pgrep -f "of=/dev/$disk" >/dev/null && why="the killed writer's dd is still there 30 s after the new login"
+      if [ -z "$why" ] && (raw_verify "$disk2" 4 relogin); then
         logout_sid "$sid"
         took=$(conns_gone_within 30) || why="connections left after the last logout: $(conn_summary)"
       else
-        why="the 4 MiB check after the new login failed"
+        why=${why:-the 4 MiB check after the new login failed}
       fi
     else
       why="no new iSER login after the link came back (session $sid: ${state:-gone}): $(tail -n 3 "$logs/iscsid.log")"

@@ -140,6 +140,6 @@ fn rxe_vm_iser_soft_iwarp() {
     for kib in ["4k", "256k", "1m"] {
         assert!(out.contains(&format!("iser-siw: riser-perf verify {kib}: PASSED, ")), "{kib}:\n{out}");
     }
-    assert!(out.contains("iser-siw: payload copies after iSER traffic on siw: read 0, solicited 0, "), "{out}");
+    assert!(out.contains("iser-siw: payload copies after iSER on siw traffic: read 0, solicited 0, "), "{out}");
     assert!(out.contains("linux-iser: 4 MiB verified on /dev/"), "{out}");
 }
