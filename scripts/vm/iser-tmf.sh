@@ -70,7 +70,10 @@ discover iser0
 sid=$(login "$iqn" iser0)
 disk=$(disk_of "$sid" 0)
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=16 status=none
-dd if=/tmp/pattern of="/dev/$disk" bs=64k oflag=direct status=none 2>"$logs/dd.log" &
+# The writer rewrites the same 16 MiB in passes until told to stop, so the resets always
+# meet writes in flight however fast the target is, and the data to compare stays the same.
+rm -f /tmp/stop-writer
+( while [ ! -e /tmp/stop-writer ]; do dd if=/tmp/pattern of="/dev/$disk" bs=64k oflag=direct status=none || exit 1; done ) 2>"$logs/dd.log" &
 writer=$!
 resets=0
 for _ in 1 2 3; do
@@ -78,6 +81,7 @@ for _ in 1 2 3; do
   kill -0 "$writer" 2>/dev/null || break
   sg_reset --device "/dev/$disk" >>"$logs/sg_reset.log" 2>&1 && resets=$((resets + 1))
 done
+touch /tmp/stop-writer
 rc=0; wait "$writer" || rc=$?
 [ $rc = 0 ] || fail "the writes under LUN reset failed: $(cat "$logs/dd.log")"
 dmesg | grep -ciE 'reset|abort' >/dev/null || true
