@@ -919,9 +919,15 @@ impl Ffp {
                         self.actions.push_back(Action::Abort { itt, lun: task.lun });
                         tmf::response::FUNCTION_COMPLETE
                     }
-                    // RFC 7143 §11.5.1: a task already completed (RefCmdSN before
-                    // ExpCmdSN) counts as done.
-                    None if t.ref_cmd_sn.lt(self.exp()) => tmf::response::FUNCTION_COMPLETE,
+                    // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the
+                    // window and before the TMF's own CmdSN) is considered received, and
+                    // aborted: Function complete. c): otherwise, a task riser does not have
+                    // (one that already completed: its CmdSN is below ExpCmdSN, outside the
+                    // window) does not exist. libiscsi's iSCSITMF.AbortTaskSimpleAsync expects
+                    // exactly that when the WRITE it aborts has already been answered GOOD.
+                    None if t.ref_cmd_sn.in_window(self.exp(), self.max()) && t.ref_cmd_sn.lt(t.cmd_sn) => {
+                        tmf::response::FUNCTION_COMPLETE
+                    }
                     None => tmf::response::TASK_DOES_NOT_EXIST,
                 }
             }

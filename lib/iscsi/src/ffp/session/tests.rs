@@ -522,3 +522,24 @@ fn an_unsolicited_burst_ended_early_keeps_its_data() {
     let b = r.data_out.as_ref().expect("the write buffer");
     assert!(b[..512].iter().all(|&x| x == 0x33) && b[512..].iter().all(|&x| x == 0x44));
 }
+
+#[test]
+fn abort_of_a_task_already_answered_does_not_exist() {
+    // RFC 7143 §11.5.1 c): the WRITE was answered before the ABORT TASK came (its CmdSN is
+    // below ExpCmdSN): Task does not exist, as libiscsi's AbortTaskSimpleAsync expects.
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    drain(&mut f);
+    done(&mut f, 1);
+    drain(&mut f);
+    f.on_pdu(abort_task(2, 1, 11, 10), now);
+    let a = drain(&mut f);
+    let Op::TaskMgmtResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected a TMF response") };
+    assert_eq!(r.response, tmf::response::TASK_DOES_NOT_EXIST);
+    // b): a command not received yet (RefCmdSN in the window, before the TMF's CmdSN) is
+    // considered received and aborted: Function complete.
+    f.on_pdu(abort_task(3, 7, 12, 11), now);
+    let a = drain(&mut f);
+    let Op::TaskMgmtResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected a TMF response") };
+    assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
+}
