@@ -125,7 +125,22 @@ impl<D: Datamover> Connection<D> {
         });
     }
 
-    fn run_actions(&mut self) -> usize {
+    /// SCSI results into the FFP; returns how many.
+    fn collect_scsi(&mut self) -> usize {
+        self.scsi.poll(&mut self.results);
+        let mut results = std::mem::take(&mut self.results);
+        let n = results.len();
+        for r in results.drain(..) {
+            self.complete(r);
+        }
+        self.results = results;
+        n
+    }
+
+    /// Carries out the FFP's actions; returns how many, and whether a command went to the
+    /// SCSI layer.
+    fn run_actions(&mut self) -> (usize, bool) {
+        let mut executed = false;
         let mut n = 0;
         while let Some(a) = self.ffp.poll_action() {
             n += 1;
@@ -133,7 +148,10 @@ impl<D: Datamover> Connection<D> {
                 Action::Send(p) => self.dm.send_control(p),
                 Action::PutData(p) => self.dm.put_data(p),
                 Action::GetData(g) => self.dm.get_data(g),
-                Action::Execute(req) => self.execute(req),
+                Action::Execute(req) => {
+                    executed = true;
+                    self.execute(req)
+                }
                 Action::Abort { itt, lun } => {
                     self.scsi.abort_task(&self.nexus, lun_id(lun), itt.0 as u64);
                     let _ = self.dm.deallocate_task_resources(itt);
@@ -155,7 +173,7 @@ impl<D: Datamover> Connection<D> {
                 }
             }
         }
-        n
+        (n, executed)
     }
 
     /// One pass; `Done` once the connection is gone and everything is freed.
@@ -185,19 +203,12 @@ impl<D: Datamover> Connection<D> {
         self.ffp.release_held();
         // Writes waiting for buffer memory that others have given back meanwhile.
         work += self.ffp.grant_buffers();
-        self.scsi.poll(&mut self.results);
+        work += self.collect_scsi();
         // Work in progress inside the SCSI layer (a background SANITIZE, I/O in flight)
         // keeps the reactor from backing off to sleep.
         if self.scsi.busy() {
             work += 1;
         }
-        let results = std::mem::take(&mut self.results);
-        work += results.len();
-        let mut results = results;
-        for r in results.drain(..) {
-            self.complete(r);
-        }
-        self.results = results;
         if now.duration_since(self.last_timer) >= TIMER_EVERY {
             self.last_timer = now;
             self.ffp.on_timer(now);
@@ -209,7 +220,15 @@ impl<D: Datamover> Connection<D> {
             }
             self.refresh_luns();
         }
-        work += self.run_actions();
+        let (n, executed) = self.run_actions();
+        work += n;
+        if executed {
+            // Devices that finish I/O inside submit (malloc, null) or fast: their completions
+            // and the responses go out in this same pass, not the next.
+            if self.collect_scsi() > 0 {
+                work += self.run_actions().0;
+            }
+        }
         // Push out what the actions queued in this same pass.
         if work > 0 {
             // Events this produces (newly received PDUs) wait in `events` for the next pass.
