@@ -445,16 +445,23 @@ fn one_connection_takes_a_quarter_of_the_budget_while_holding_some() {
     assert_eq!(f.grant_buffers(), 1);
 }
 
-#[test]
-fn an_aborted_waiting_write_leaves_the_queue() {
-    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
+/// A connection on a pool of its own whose whole budget another connection holds: the
+/// connection, the pool, the other's Get_Data (drop it to give the budget back), the time.
+fn budget_held_elsewhere() -> (Ffp, &'static Pool, GetData, Instant) {
+    let cfg = FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() };
+    let (mut f, now) = ffp(cfg.clone());
+    let (mut h, _) = ffp(cfg);
     let pool = small_pool();
     f.set_pool(pool);
-    // Another connection holds the whole budget.
-    let (mut h, _) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
     h.set_pool(pool);
     h.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
-    let _held = drain(&mut h);
+    let Some(Action::GetData(g)) = drain(&mut h).into_iter().next() else { panic!("expected GetData") };
+    (f, pool, g, now)
+}
+
+#[test]
+fn an_aborted_waiting_write_leaves_the_queue() {
+    let (mut f, pool, _held, now) = budget_held_elsewhere();
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 10, false, true, 4096))), now);
     drain(&mut f);
     assert_eq!((f.waiting_for_buffers(), pool.stats().waiting), (1, 1));
@@ -468,14 +475,7 @@ fn an_aborted_waiting_write_leaves_the_queue() {
 
 #[test]
 fn immediate_data_waits_in_its_segment_then_is_copied_once() {
-    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
-    let pool = small_pool();
-    f.set_pool(pool);
-    // Another connection holds the whole budget.
-    let (mut h, _) = ffp(FfpConfig { queue_depth: 8, largest_write: 32 << 20, ..Default::default() });
-    h.set_pool(pool);
-    h.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 32 << 20))), now);
-    let Some(Action::GetData(g1)) = drain(&mut h).into_iter().next() else { panic!("expected GetData") };
+    let (mut f, _pool, g1, now) = budget_held_elsewhere();
     // 512 bytes of immediate data, the rest solicited: waits with its data.
     let mut c = cmd(2, 10, false, true, 4096);
     c.final_bit = true;
