@@ -16,7 +16,7 @@ use std::time::Duration;
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
-use riser_iscsi::pdu::{Bhs, DataIn, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
+use riser_iscsi::pdu::{Bhs, DataIn, DataOut, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
 use riser_iscsi::serial::{Itt, Sn, TagMap, Ttt};
 
 /// Most bytes read from the socket in one poll, so one busy connection cannot starve the
@@ -159,6 +159,14 @@ struct Solicit {
     r2t_sn: Sn,
     r2ts: Vec<R2tState>,
     sn: SnState,
+}
+
+impl R2tState {
+    /// Whether a Data-Out of `len` bytes is the next piece of this R2T's sequence (DataSN
+    /// and offset in order, within the length asked for).
+    fn continues(&self, d: &DataOut, len: u32) -> bool {
+        d.data_sn == self.next_data_sn && d.buffer_offset == self.offset + self.received && self.received + len <= self.len
+    }
 }
 
 /// The datamover of one connection over a byte stream (a TCP socket by default).
@@ -323,9 +331,8 @@ impl<S: ByteStream> TcpDatamover<S> {
             return;
         };
         let r = &mut s.r2ts[ri];
-        let expected_offset = r.offset + r.received;
         // DataPDUInOrder=Yes (riser's answer): each PDU continues where the last ended.
-        if d.data_sn != r.next_data_sn || d.buffer_offset != expected_offset || r.received + len > r.len {
+        if !r.continues(&d, len) {
             let reason = if d.data_sn != r.next_data_sn { "DataSN out of order" } else { "bad buffer offset" };
             if let Some(s) = self.solicits.remove(&itt) {
                 events.push(DmEvent::DataFailed { itt, buf: s.buf, reason });
@@ -519,7 +526,7 @@ fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) 
     let Some(s) = solicits.get_mut(&d.itt) else { return false };
     let len = data.len() as u32;
     let Some(r) = s.r2ts.iter().find(|r| r.ttt == d.ttt) else { return false };
-    if d.data_sn != r.next_data_sn || d.buffer_offset != r.offset + r.received || r.received + len > r.len {
+    if !r.continues(d, len) {
         return false;
     }
     let off = d.buffer_offset as usize;
