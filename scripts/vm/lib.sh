@@ -290,3 +290,18 @@ PY
   [ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
   echo "$name: payload copies after $label traffic: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
 }
+
+# LABEL OUTPUT: the summary of a riser-perf --verify run over iSER (OUTPUT, its stdout and
+# stderr): fails unless blocks were checked, none mismatched and the session ran over iSER;
+# sets verified_blocks to how many blocks were checked (no subshell, so a failure ends the
+# script with its reason).
+verify_checked() {
+  local label=$1 out=$2 line checked mism
+  line=$(grep '^verify: [0-9]* blocks checked' <<<"$out") || fail "$label: no verify summary line"
+  checked=$(awk '{print $2}' <<<"$line")
+  mism=$(sed -n 's/.*, \([0-9]*\) mismatched.*/\1/p' <<<"$line")
+  [ "$checked" -gt 0 ] || fail "$label: no block checked"
+  [ "$mism" = 0 ] || fail "$label: $mism mismatched blocks"
+  grep -q 'RDMAExtensions Yes' <<<"$out" || fail "$label: the session is not over iSER: $(head -n 2 <<<"$out")"
+  verified_blocks=$checked
+}
