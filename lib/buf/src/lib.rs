@@ -132,9 +132,55 @@ pub struct Pool {
     unmaps: AtomicU64,
     reuses: AtomicU64,
     waits: AtomicU64,
+    /// Whether threads keep a few small buffers of this pool for themselves ([`LocalCache`]):
+    /// the global pool does, so that a reactor's 4 KiB I/O takes and gives back its buffer
+    /// without touching shared counters or queues.
+    thread_cache: bool,
+    /// Bumped by [`trim`](Self::trim): threads drop what their caches hold when they see it.
+    trim_gen: AtomicU64,
 }
 
-static GLOBAL: LazyLock<Pool> = LazyLock::new(|| Pool::new(DEFAULT_MAX_BYTES));
+static GLOBAL: LazyLock<Pool> = LazyLock::new(|| Pool { thread_cache: true, ..Pool::new(DEFAULT_MAX_BYTES) });
+
+/// Size classes a thread keeps buffers of (4 KiB to 128 KiB) and the bytes it keeps per class.
+const LOCAL_CLASSES: usize = 6;
+const LOCAL_BYTES_PER_CLASS: usize = 256 * 1024;
+
+/// A thread's own free buffers of the global pool's small classes. They stay counted as in
+/// use (and mapped, so under the budget): taking and giving back one touches nothing shared.
+/// Bounded (1.5 MiB a thread); emptied when the pool is trimmed, and at thread exit.
+#[derive(Default)]
+struct LocalCache {
+    trim_gen: u64,
+    free: [Vec<Mapping>; LOCAL_CLASSES],
+}
+
+impl LocalCache {
+    /// Empties the cache if the pool was trimmed since it last looked.
+    fn check_trim(&mut self, pool: &Pool) {
+        let g = pool.trim_gen.load(Ordering::Relaxed);
+        if g != self.trim_gen {
+            self.trim_gen = g;
+            for m in self.free.iter_mut().flat_map(|f| f.drain(..)) {
+                pool.unmap_in_use(m);
+            }
+        }
+    }
+}
+
+impl Drop for LocalCache {
+    fn drop(&mut self) {
+        let pool = Pool::global();
+        for m in self.free.iter_mut().flat_map(|f| f.drain(..)) {
+            pool.in_use.fetch_sub(m.len(), Ordering::Relaxed);
+            pool.give_back_shared(m);
+        }
+    }
+}
+
+thread_local! {
+    static LOCAL: std::cell::RefCell<LocalCache> = std::cell::RefCell::new(LocalCache::default());
+}
 
 /// Figures for `iobuf_get_stats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -142,7 +188,10 @@ pub struct Stats {
     pub max_bytes: usize,
     /// Bytes mapped now: in use plus kept for reuse.
     pub mapped_bytes: usize,
+    /// Bytes in buffers in use, or kept by a reactor thread for its next small I/O (at most
+    /// 1.5 MiB a thread).
     pub in_use_bytes: usize,
+    /// Bytes kept for reuse by any thread.
     pub cached_bytes: usize,
     /// Requests waiting for budget now.
     pub waiting: usize,
@@ -209,6 +258,8 @@ impl Pool {
             unmaps: AtomicU64::new(0),
             reuses: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            thread_cache: false,
+            trim_gen: AtomicU64::new(0),
         }
     }
 
@@ -249,8 +300,10 @@ impl Pool {
         }
     }
 
-    /// Unmaps every buffer kept for reuse.
+    /// Unmaps every buffer kept for reuse (threads' own small caches when each next uses
+    /// the pool).
     pub fn trim(&self) {
+        self.trim_gen.fetch_add(1, Ordering::Relaxed);
         while self.trim_one() {}
     }
 
@@ -329,6 +382,17 @@ impl Pool {
         }
         let size = mapped_size(len);
         if let Some(c) = class_of(len) {
+            if self.thread_cache && c < LOCAL_CLASSES {
+                let local = LOCAL.try_with(|l| {
+                    let mut l = l.borrow_mut();
+                    l.check_trim(self);
+                    l.free[c].pop()
+                });
+                if let Ok(Some(m)) = local {
+                    self.reuses.fetch_add(1, Ordering::Relaxed);
+                    return Some(Some(m));
+                }
+            }
             if let Some(m) = self.free[c].pop() {
                 self.cached.fetch_sub(size, Ordering::Relaxed);
                 self.in_use.fetch_add(size, Ordering::Relaxed);
@@ -380,10 +444,48 @@ impl Pool {
         false
     }
 
-    /// A buffer came back: keep it for reuse if its class has room and the budget allows.
+    /// A buffer came back: keep it for reuse if its class has room and the budget allows
+    /// (first in this thread's own cache).
     fn give_back(&self, map: Mapping) {
         let size = map.len();
+        let map = match class_of(size) {
+            Some(c) if self.thread_cache && c < LOCAL_CLASSES && class_size(c) == size => {
+                let within = self.mapped.load(Ordering::Relaxed) <= self.max_bytes();
+                let mut slot = Some(map);
+                let _ = LOCAL.try_with(|l| {
+                    let mut l = l.borrow_mut();
+                    l.check_trim(self);
+                    let f = &mut l.free[c];
+                    if within && (f.len() + 1) * size <= LOCAL_BYTES_PER_CLASS {
+                        if let Some(m) = slot.take() {
+                            f.push(m);
+                        }
+                    }
+                });
+                match slot {
+                    None => return,
+                    Some(m) => m,
+                }
+            }
+            _ => map,
+        };
         self.in_use.fetch_sub(size, Ordering::Relaxed);
+        self.give_back_shared(map);
+    }
+
+    /// A buffer in use is unmapped (a thread's cache emptied after a trim).
+    fn unmap_in_use(&self, map: Mapping) {
+        let size = map.len();
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+        self.mapped.fetch_sub(size, Ordering::Relaxed);
+        self.unmaps.fetch_add(1, Ordering::Relaxed);
+        drop(map);
+    }
+
+    /// A buffer no longer counted in use: into the shared free queue of its class, or
+    /// unmapped.
+    fn give_back_shared(&self, map: Mapping) {
+        let size = map.len();
         let keep = class_of(size).filter(|&c| class_size(c) == size && self.mapped.load(Ordering::Relaxed) <= self.max_bytes());
         let map = match keep {
             Some(c) => {
@@ -867,5 +969,34 @@ mod tests {
         c.set_len(5);
         assert_eq!(c.len(), 5);
         assert_eq!(IoBuf::from(vec![1u8, 2, 3]).as_slice(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_thread_reuses_its_own_small_buffers_and_drops_them_after_a_trim() {
+        // Its own thread: the cache is per thread, and no other test's buffers land in it.
+        std::thread::spawn(|| {
+            let mut a = IoBuf::alloc(4096);
+            let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            struct Guard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for Guard {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            a.add_registration(7, 42, Box::new(Guard(gone.clone())));
+            let p = a.as_ptr();
+            drop(a);
+            let b = IoBuf::alloc(4000);
+            assert_eq!((b.as_ptr(), b.reg_key(7)), (p, Some(42)), "the same mapping, still registered");
+            drop(b);
+            // A trim (a device went away) reaches the thread's cache when it next uses the pool.
+            Pool::global().trim();
+            assert!(!gone.load(Ordering::SeqCst));
+            let c = IoBuf::alloc(4096);
+            assert!(gone.load(Ordering::SeqCst), "the cached mapping was unmapped, its registration dropped");
+            assert_eq!(c.reg_key(7), None);
+        })
+        .join()
+        .expect("thread");
     }
 }

@@ -634,7 +634,12 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             work += self.read_socket(events);
             work += self.deliver(events);
         }
-        if !self.tx.is_empty() && !(self.dead && self.tx.is_empty()) {
+        work + self.flush(events)
+    }
+
+    fn flush(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        let mut work = 0;
+        if !self.tx.is_empty() {
             work += self.write_socket(events);
         }
         if self.terminating && self.tx.is_empty() && !self.dead {

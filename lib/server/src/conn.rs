@@ -229,10 +229,10 @@ impl<D: Datamover> Connection<D> {
                 work += self.run_actions().0;
             }
         }
-        // Push out what the actions queued in this same pass.
+        // Push out what the actions queued in this same pass (events this produces wait in
+        // `events` for the next pass).
         if work > 0 {
-            // Events this produces (newly received PDUs) wait in `events` for the next pass.
-            work += self.dm.poll(&mut self.events);
+            work += self.dm.flush(&mut self.events);
         }
         let expired = self.closing_since.map_or(false, |t| now.duration_since(t) > CLOSE_GRACE);
         if let Some(why) = terminated.or_else(|| expired.then(|| "close timed out".to_string())) {

@@ -141,6 +141,13 @@ pub trait Datamover {
     fn connection_terminate(&mut self);
     /// Makes progress (receive, send, complete); appends events; returns work done.
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize;
+    /// Pushes out what was queued since the last poll, at the end of a reactor pass; a
+    /// datamover may leave receiving for the next [`poll`](Self::poll) (TCP does: one receive
+    /// per connection and pass is enough, a second one mostly finds nothing). Appends events;
+    /// returns work done.
+    fn flush(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        self.poll(events)
+    }
     /// Whether everything queued has been handed to the transport.
     fn idle(&self) -> bool;
     /// Payload bytes copied so far (see [`CopyStats`]).
@@ -176,6 +183,9 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
         (**self).poll(events)
+    }
+    fn flush(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        (**self).flush(events)
     }
     fn idle(&self) -> bool {
         (**self).idle()
