@@ -369,11 +369,22 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
     }
 
-    fn read_socket(&mut self, events: &mut Vec<DmEvent>) -> usize {
+    /// Reads what the socket has, up to `budget` bytes; returns the bytes read and whether
+    /// it stopped early because a segment received in place is complete (the caller
+    /// delivers, then reads on).
+    fn read_socket(&mut self, events: &mut Vec<DmEvent>, budget: &mut usize) -> (usize, bool) {
         let mut total = 0;
-        while total < MAX_READ_PER_POLL {
-            // Straight into the framer's buffer.
-            match self.framer.read_from(&mut self.sock, READ_CHUNK) {
+        while total < *budget {
+            // A solicited Data-Out segment still to come goes straight into its task's
+            // buffer; everything else into the framer's buffer.
+            let read = match self.framer.segment_ahead() {
+                Some((bhs, dsl)) => {
+                    let dst = solicited_slice(&mut self.solicits, &bhs, dsl);
+                    self.framer.read_routed(&mut self.sock, READ_CHUNK, dst)
+                }
+                None => self.framer.read_from(&mut self.sock, READ_CHUNK),
+            };
+            match read {
                 Ok(0) => {
                     self.dead = true;
                     events.push(DmEvent::Terminated("connection closed by the initiator".into()));
@@ -381,6 +392,10 @@ impl<S: ByteStream> TcpDatamover<S> {
                 }
                 Ok(n) => {
                     total += n;
+                    if self.framer.segment_done() {
+                        *budget -= total.min(*budget);
+                        return (total, true);
+                    }
                     if n < READ_CHUNK {
                         break;
                     }
@@ -394,7 +409,8 @@ impl<S: ByteStream> TcpDatamover<S> {
                 }
             }
         }
-        total
+        *budget -= total.min(*budget);
+        (total, false)
     }
 
     fn deliver(&mut self, events: &mut Vec<DmEvent>) -> usize {
@@ -408,12 +424,12 @@ impl<S: ByteStream> TcpDatamover<S> {
             match next {
                 Ok(Some((pdu, placed))) => {
                     n += 1;
-                    // One copy out of the framer's buffer (into a task's buffer or a segment).
+                    // One copy out of the framer's buffer (into a segment, or into a task's
+                    // buffer: counted by the framer, less what went there from the socket).
                     let framed = pdu.data.len() as u64;
+                    self.copies.solicited_bytes += self.framer.take_copied();
                     match pdu.op() {
-                        Op::DataOut(d) if !d.ttt.is_reserved() && placed => {
-                            self.copies.solicited_bytes += pdu.bhs.data_segment_length as u64
-                        }
+                        Op::DataOut(d) if !d.ttt.is_reserved() && placed => {}
                         Op::DataOut(d) if !d.ttt.is_reserved() => self.copies.solicited_bytes += framed,
                         Op::DataOut(_) | Op::ScsiCommand(_) => self.copies.unsolicited_bytes += framed,
                         _ => {}
@@ -515,22 +531,28 @@ impl<S: ByteStream> TcpDatamover<S> {
     }
 }
 
-/// Copies a solicited Data-Out's segment into its task's buffer if it is exactly the next
-/// piece of one of the task's outstanding R2Ts (the checks [`TcpDatamover::on_solicited_data`]
-/// makes, so anything it would refuse stays out of the buffer); true if it did.
-fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
-    let Op::DataOut(d) = &bhs.op else { return false };
+/// Where a solicited Data-Out's segment of `len` bytes belongs in its task's buffer, if it
+/// is exactly the next piece of one of the task's outstanding R2Ts (the checks
+/// [`TcpDatamover::on_solicited_data`] makes, so anything it would refuse stays out of the
+/// buffer).
+fn solicited_slice<'a>(solicits: &'a mut TagMap<Itt, Solicit>, bhs: &Bhs, len: usize) -> Option<&'a mut [u8]> {
+    let Op::DataOut(d) = &bhs.op else { return None };
     if d.ttt.is_reserved() {
-        return false;
+        return None;
     }
-    let Some(s) = solicits.get_mut(&d.itt) else { return false };
-    let len = data.len() as u32;
-    let Some(r) = s.r2ts.iter().find(|r| r.ttt == d.ttt) else { return false };
-    if !r.continues(d, len) {
-        return false;
+    let s = solicits.get_mut(&d.itt)?;
+    let r = s.r2ts.iter().find(|r| r.ttt == d.ttt)?;
+    if !r.continues(d, u32::try_from(len).ok()?) {
+        return None;
     }
     let off = d.buffer_offset as usize;
-    match s.buf.as_mut_slice().get_mut(off..off + data.len()) {
+    s.buf.as_mut_slice().get_mut(off..off.checked_add(len)?)
+}
+
+/// Copies a solicited Data-Out's segment into its task's buffer if it belongs there
+/// ([`solicited_slice`]); true if it did.
+fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
+    match solicited_slice(solicits, bhs, data.len()) {
         Some(dst) => {
             dst.copy_from_slice(data);
             true
@@ -631,8 +653,14 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut work = 0;
         if !self.dead && !self.terminating {
-            work += self.read_socket(events);
-            work += self.deliver(events);
+            let mut budget = MAX_READ_PER_POLL;
+            loop {
+                let (n, more) = self.read_socket(events, &mut budget);
+                work += n + self.deliver(events);
+                if !more || self.dead {
+                    break;
+                }
+            }
         }
         work + self.flush(events)
     }

@@ -146,6 +146,26 @@ pub struct Framer {
     /// Emptied data-segment vectors handed back ([`recycle`](Self::recycle)), reused for
     /// the next PDUs' segments so a steady stream of PDUs allocates nothing.
     spare: Vec<Vec<u8>>,
+    /// The data segment being received straight into its destination, if one is.
+    direct: Option<Direct>,
+    /// Segment bytes the framer copied out of its buffer into a destination (routed or
+    /// direct), since [`take_copied`](Self::take_copied) was last called.
+    copied: u64,
+}
+
+/// A PDU whose header is consumed and whose data segment goes straight from the socket to
+/// the destination its reader chose ([`Framer::read_routed`]).
+#[derive(Debug)]
+struct Direct {
+    raw: [u8; BHS_LEN],
+    bhs: Bhs,
+    dsl: usize,
+    /// Segment bytes in the destination so far.
+    got: usize,
+    /// CRC32C of those bytes (with data digests).
+    crc: u32,
+    /// The destination went away (its task was aborted): the rest is read and dropped.
+    discard: bool,
 }
 
 /// Most spare segment vectors a framer keeps.
@@ -204,7 +224,9 @@ impl Framer {
         self.compact();
         let room = chunk.max(self.bytes_needed().min(self.limits.max_recv_data_segment_length + 2 * BHS_LEN + 1024));
         self.reserve(room);
-        let n = r.read(&mut self.buf[self.end..])?;
+        // No more than that (the buffer may be larger): a solicited segment whose header
+        // this read brings is left in the socket for `read_routed` to receive in place.
+        let n = r.read(&mut self.buf[self.end..self.end + room])?;
         self.end += n;
         Ok(n)
     }
@@ -234,6 +256,10 @@ impl Framer {
     /// unless a PDU is ready). Lets a caller read exactly what is needed.
     pub fn bytes_needed(&self) -> usize {
         let have = self.buffered();
+        if let Some(d) = &self.direct {
+            let rest = if d.discard { d.dsl - d.got } else { 0 };
+            return (rest + self.segment_tail(d.dsl)).saturating_sub(have).max(1);
+        }
         let Some(raw) = self
             .pending()
             .get(..BHS_LEN)
@@ -255,6 +281,146 @@ impl Framer {
             self.end -= self.start;
             self.start = 0;
         }
+    }
+
+    /// What follows a data segment of `dsl` bytes on the wire: padding, data digest.
+    fn segment_tail(&self, dsl: usize) -> usize {
+        padded_len(dsl) - dsl + if self.digests.data { DIGEST_LEN } else { 0 }
+    }
+
+    /// Segment bytes copied out of the framer's buffer since the last call.
+    pub fn take_copied(&mut self) -> u64 {
+        std::mem::take(&mut self.copied)
+    }
+
+    /// The header and segment length of the PDU whose data segment
+    /// [`read_routed`](Self::read_routed) could receive straight into a destination: the
+    /// segment being received so, or else the next PDU's if its header has fully arrived
+    /// (header digest and limits checked, no AHS) and its segment mostly has not.
+    pub fn segment_ahead(&self) -> Option<(Bhs, usize)> {
+        if let Some(d) = &self.direct {
+            return (!d.discard && d.got < d.dsl).then(|| (d.bhs.clone(), d.dsl));
+        }
+        self.next_header_for_direct().map(|(_, bhs, dsl)| (bhs, dsl))
+    }
+
+    /// Whether a segment received directly is complete and its PDU should be taken out
+    /// ([`next_pdu_routed`](Self::next_pdu_routed)) before reading on, so that the next
+    /// PDU's segment can go straight to its destination too.
+    pub fn segment_done(&self) -> bool {
+        self.direct.as_ref().is_some_and(|d| !d.discard && d.got == d.dsl)
+    }
+
+    fn next_header_for_direct(&self) -> Option<([u8; BHS_LEN], Bhs, usize)> {
+        if self.failed {
+            return None;
+        }
+        let pending = self.pending();
+        let raw: [u8; BHS_LEN] = pending.get(..BHS_LEN)?.try_into().ok()?;
+        let dsl = raw_data_segment_len(&raw);
+        if dsl == 0 || raw_total_ahs_len(&raw) != 0 || dsl > self.limits.max_recv_data_segment_length {
+            return None;
+        }
+        let header_len = self.header_len(&raw);
+        let have = pending.len().checked_sub(header_len)?;
+        // The whole segment is here: nothing left to receive directly.
+        if have >= dsl {
+            return None;
+        }
+        if self.digests.header && digest::crc32c(&raw) != wire_digest(pending.get(BHS_LEN..header_len)) {
+            return None;
+        }
+        Some((raw, Bhs::parse(&raw).ok()?, dsl))
+    }
+
+    /// Reads from `r` for the segment [`segment_ahead`](Self::segment_ahead) named: into
+    /// `dst` (the whole segment's destination, `dsl` bytes; the bytes already received are
+    /// copied there first), then what follows into the framer's buffer, with one vectored
+    /// read; the PDU then comes from [`next_pdu_routed`](Self::next_pdu_routed) as placed,
+    /// once its digest is checked. `None` for a segment already begun: its destination is
+    /// gone (the task was aborted), the rest is read into the framer and dropped, and the
+    /// PDU comes without data, not placed. With no segment ahead, this is
+    /// [`read_from`](Self::read_from).
+    pub fn read_routed(&mut self, r: &mut impl std::io::Read, chunk: usize, dst: Option<&mut [u8]>) -> std::io::Result<usize> {
+        let data_digest = self.digests.data;
+        if self.direct.is_none() {
+            match (&dst, self.next_header_for_direct()) {
+                (Some(_), Some((raw, bhs, dsl))) => {
+                    self.direct = Some(Direct { raw, bhs, dsl, got: 0, crc: 0, discard: false })
+                }
+                _ => return self.read_from(r, chunk),
+            }
+        }
+        let Some(d) = self.direct.as_mut().filter(|d| !d.discard && d.got < d.dsl) else {
+            return self.read_from(r, chunk);
+        };
+        let Some(dst) = dst.filter(|b| b.len() == d.dsl) else {
+            d.discard = true;
+            return self.read_from(r, chunk);
+        };
+        if d.got == 0 {
+            // The header still sits in the buffer, and the segment's first bytes after it.
+            let header_len = BHS_LEN + if self.digests.header { DIGEST_LEN } else { 0 };
+            let from = self.start + header_len;
+            let have = (self.end - from).min(d.dsl);
+            let part = &self.buf[from..from + have];
+            dst[..have].copy_from_slice(part);
+            if data_digest {
+                d.crc = digest::crc32c(part);
+            }
+            d.got = have;
+            self.copied += have as u64;
+            self.start = from + have;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.buf.len() < self.end + chunk {
+            self.buf.resize(self.end + chunk, 0);
+        }
+        // After the segment: its padding and digest and the next PDU's header, no more, so
+        // that a next solicited segment comes in place whole too.
+        let after = (padded_len(d.dsl) - d.dsl + if data_digest { DIGEST_LEN } else { 0 } + BHS_LEN + DIGEST_LEN).min(chunk);
+        let seg = &mut dst[d.got..];
+        let want = seg.len();
+        let mut iov = [std::io::IoSliceMut::new(seg), std::io::IoSliceMut::new(&mut self.buf[self.end..self.end + after])];
+        let n = r.read_vectored(&mut iov)?;
+        let into_seg = n.min(want);
+        if data_digest {
+            d.crc = digest::crc32c_append(d.crc, &dst[d.got..d.got + into_seg]);
+        }
+        d.got += into_seg;
+        self.end += n - into_seg;
+        Ok(n)
+    }
+
+    /// The PDU of a segment received directly, once its padding and digest are in.
+    fn finish_direct(&mut self) -> Result<Option<(Pdu, bool)>, FrameError> {
+        let Some(d) = &self.direct else { return Ok(None) };
+        let rest = if d.discard { d.dsl - d.got } else { 0 };
+        if !d.discard && d.got < d.dsl {
+            return Ok(None);
+        }
+        let tail = self.segment_tail(d.dsl);
+        let pending = self.buf.get(self.start..self.end).unwrap_or_default();
+        let Some(after) = pending.get(rest..rest + tail) else { return Ok(None) };
+        let digest_check = if self.digests.data && !d.discard {
+            let pad = tail - DIGEST_LEN;
+            let computed = digest::crc32c_append(d.crc, after.get(..pad).unwrap_or_default());
+            let received = wire_digest(after.get(pad..));
+            (computed != received).then_some((computed, received))
+        } else {
+            None
+        };
+        self.start += rest + tail;
+        self.compact();
+        let Some(d) = self.direct.take() else { return Ok(None) };
+        if let Some((computed, received)) = digest_check {
+            return Err(FrameError::DataDigest { computed, received, header: Box::new(d.raw) });
+        }
+        // Dropped: the PDU comes without its data, not placed (its task is gone).
+        Ok(Some((Pdu { bhs: d.bhs, ahs: Vec::new(), data: Vec::new() }, !d.discard)))
     }
 
     /// Header part on the wire: BHS, AHS, header digest.
@@ -279,6 +445,7 @@ impl Framer {
     fn fail<T>(&mut self, e: FrameError) -> Result<T, FrameError> {
         if !e.connection_can_continue() {
             self.failed = true;
+            self.direct = None;
             self.buf = Vec::new();
             self.start = 0;
             self.end = 0;
@@ -298,6 +465,9 @@ impl Framer {
     pub fn next_pdu_routed(&mut self, mut place: impl FnMut(&Bhs, &[u8]) -> bool) -> Result<Option<(Pdu, bool)>, FrameError> {
         if self.failed {
             return Err(FrameError::Failed);
+        }
+        if self.direct.is_some() {
+            return self.finish_direct();
         }
         // The fields, not `self.pending()`: the spare segments are taken while this is held.
         let pending = self.buf.get(self.start..self.end).unwrap_or_default();
@@ -371,6 +541,7 @@ impl Framer {
             Vec::new()
         } else if parsed.as_ref().is_ok_and(|bhs| place(bhs, segment)) {
             placed = true;
+            self.copied += segment.len() as u64;
             Vec::new()
         } else {
             // A spare big enough (handed back), or one an I/O buffer left behind on this
@@ -698,5 +869,112 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A reader that hands out its bytes in pieces of the given sizes, then WouldBlock.
+    struct Pieces {
+        bytes: Vec<u8>,
+        pos: usize,
+        sizes: Vec<usize>,
+    }
+
+    impl std::io::Read for Pieces {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            let Some(&n) = self.sizes.first().filter(|_| self.pos < self.bytes.len()) else {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            };
+            let n = n.min(b.len()).min(self.bytes.len() - self.pos);
+            b[..n].copy_from_slice(&self.bytes[self.pos..self.pos + n]);
+            self.pos += n;
+            self.sizes[0] -= n;
+            if self.sizes[0] == 0 {
+                self.sizes.remove(0);
+            }
+            Ok(n)
+        }
+    }
+
+    /// Reads everything as the TCP datamover does: a segment ahead goes to `dst` (if `give`).
+    fn read_all(f: &mut Framer, r: &mut Pieces, dst: &mut [u8], give: bool) -> Vec<(Pdu, bool)> {
+        let mut out = Vec::new();
+        loop {
+            let n = match f.segment_ahead() {
+                Some((_, dsl)) => f.read_routed(r, 4096, if give { dst.get_mut(..dsl) } else { None }),
+                None => f.read_from(r, 4096),
+            };
+            match n {
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            while let Some(p) = f.next_pdu_routed(|_, _| false).unwrap() {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_segment_still_to_come_is_received_straight_into_its_destination() {
+        for d in [Digests::default(), Digests { header: true, data: true }] {
+            let mut seg = data_out(3001);
+            seg.data.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+            let pdus = vec![nop(1, b"ping"), seg.clone(), nop(2, b"pong")];
+            let bytes = stream(&pdus, d);
+            let hl = BHS_LEN + if d.header { 4 } else { 0 };
+            // The NOP, the Data-Out's header and 100 bytes of its segment; then the rest.
+            let first = stream(&pdus[..1], d).len() + hl + 100;
+            let mut r = Pieces { sizes: vec![first, 1000, bytes.len()], bytes, pos: 0 };
+            let mut f = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 0 });
+            f.set_digests(d);
+            let mut dst = vec![0u8; 3001];
+            let got = read_all(&mut f, &mut r, &mut dst, true);
+            assert_eq!(got.len(), 3);
+            assert_eq!(got[0], (norm(pdus[0].clone()), false));
+            assert!(got[1].1, "placed");
+            assert_eq!((got[1].0.bhs.data_segment_length, got[1].0.data.len()), (3001, 0));
+            assert_eq!(dst, seg.data);
+            assert_eq!(got[2], (norm(pdus[2].clone()), false));
+            assert_eq!(f.take_copied(), 100, "only the bytes read with the header were copied");
+            assert_eq!(f.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn a_segment_received_directly_has_its_digest_checked() {
+        let d = Digests { header: true, data: true };
+        let pdus = vec![data_out(2000), nop(2, b"after")];
+        let mut bytes = stream(&pdus, d);
+        bytes[BHS_LEN + 4 + 1500] ^= 1;
+        let mut r = Pieces { sizes: vec![BHS_LEN + 4 + 10, bytes.len()], bytes, pos: 0 };
+        let mut f = Framer::new();
+        f.set_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 0 });
+        f.set_digests(d);
+        let mut dst = vec![0u8; 2000];
+        // Header and 10 bytes; then the rest straight into dst.
+        assert!(f.read_from(&mut r, 64).is_ok());
+        assert!(f.segment_ahead().is_some());
+        while f.read_routed(&mut r, 64, Some(&mut dst)).is_ok() {}
+        let e = f.next_pdu_routed(|_, _| false).unwrap_err();
+        assert!(matches!(e, FrameError::DataDigest { .. }), "{e:?}");
+        assert!(e.connection_can_continue());
+        assert_eq!(f.next_pdu().unwrap(), Some(norm(pdus[1].clone())), "the stream goes on");
+    }
+
+    #[test]
+    fn a_segment_whose_destination_went_away_is_dropped() {
+        let d = Digests::default();
+        let pdus = vec![data_out(2000), nop(2, b"after")];
+        let bytes = stream(&pdus, d);
+        let mut r = Pieces { sizes: vec![BHS_LEN + 10, 500, bytes.len()], bytes, pos: 0 };
+        let mut f = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 0 });
+        let mut dst = vec![0u8; 2000];
+        assert!(f.read_from(&mut r, 64).is_ok());
+        assert!(f.read_routed(&mut r, 64, Some(&mut dst)).is_ok());
+        assert_eq!(f.next_pdu().unwrap(), None, "1490 bytes still to come");
+        // The task was aborted: no destination any more.
+        while f.read_routed(&mut r, 64, None).is_ok() {}
+        let (p, placed) = f.next_pdu_routed(|_, _| false).unwrap().unwrap();
+        assert!(!placed && p.data.is_empty() && p.bhs.data_segment_length == 2000);
+        assert_eq!(f.next_pdu().unwrap(), Some(norm(pdus[1].clone())));
     }
 }
