@@ -384,6 +384,7 @@ impl Job {
             num_blocks: self.io_blocks,
             buf,
             tag: slot as u64,
+            fua: false,
         });
     }
 
@@ -894,14 +895,13 @@ mod tests {
         ])
         .plan()
         .unwrap();
-        let bdev = Arc::new(FailingBdev(riser_bdev::BdevInfo {
-            name: "Fail0".into(),
-            product_name: "test",
-            block_size: plan.block_size,
-            physical_block_size: plan.block_size,
-            num_blocks: plan.num_blocks,
-            uuid: Default::default(),
-        }));
+        let bdev = Arc::new(FailingBdev(riser_bdev::BdevInfo::new(
+            "Fail0",
+            "test",
+            plan.block_size,
+            plan.num_blocks,
+            Default::default(),
+        )));
         let t = Instant::now();
         let e = run_on(&plan, bdev).expect_err("every I/O fails");
         assert!(
