@@ -152,8 +152,11 @@ fn probe(file: &File, path: &Path, block_device: bool, readonly: bool) -> Result
     }
     let sx = rustix::fs::statx(file, "", rustix::fs::AtFlags::EMPTY_PATH, rustix::fs::StatxFlags::DIOALIGN).ok();
     let logical = sx.map(|s| s.stx_dio_offset_align).filter(|&a| a > 0).unwrap_or(512);
-    // The file system's block: what it allocates, punches and rewrites as one.
-    let physical = sx.map(|s| s.stx_blksize).filter(|b| b.is_power_of_two() && *b >= logical).unwrap_or(logical);
+    // The file system's block (what it allocates and punches as one) is not claimed as the
+    // physical block: initiators then unmap whole file system blocks only, but libiscsi's
+    // GetLBAStatus.UnmapSingle mixes up LBAs when a physical block holds several (it asks
+    // at i + 1 and expects i + LBPPB). A LUN that wants both says block_size 4096.
+    let physical = logical;
     // A hole punched past the end of the file (KEEP_SIZE) changes nothing, and tells
     // whether the file system can punch holes at all.
     let past_end = size.div_ceil(65536) * 65536 + 65536;

@@ -65,7 +65,7 @@ pub struct LunConfig {
     /// Physical block size in bytes, reported as LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT
     /// in READ CAPACITY(16) (SBC-3 5.16.2) and as the OPTIMAL TRANSFER LENGTH GRANULARITY.
     /// `None` (the default): the device's (a RAM device's is its logical block size: it does
-    /// no read-modify-write below any size; a file's is its file system's block size). Set it to describe a backing
+    /// no read-modify-write below any size; a block device's is what BLKPBSZGET says). Set it to describe a backing
     /// store with larger physical blocks (e.g. 4096 under 512-byte logical blocks); a value
     /// that is not a power-of-two multiple of the logical block size is ignored.
     pub physical_block_size: Option<u32>,

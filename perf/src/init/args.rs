@@ -128,6 +128,13 @@ pub struct InitArgs {
     #[arg(long, value_name = "N")]
     pub generation: Option<u64>,
 
+    /// --verify: every MS milliseconds of the write pass, let the writes in flight complete,
+    /// send SYNCHRONIZE CACHE and, once it is GOOD, print `sync: LABEL LBA A..B durable`
+    /// (every block of the range was acknowledged before the sync); once more at the end of
+    /// the pass. For crash tests: those blocks must read back after a target restart.
+    #[arg(long = "sync-every", value_name = "MS", requires = "verify")]
+    pub sync_every: Option<u64>,
+
     /// Seconds to wait between the write and the read pass of --verify.
     #[arg(long = "verify-pause", value_name = "SECONDS", default_value_t = 0)]
     pub verify_pause: u64,
@@ -205,6 +212,8 @@ pub struct Plan {
     pub timeout: Duration,
     pub json: bool,
     pub plot: Option<std::path::PathBuf>,
+    /// --sync-every: SYNCHRONIZE CACHE this often during the verify write pass.
+    pub sync_every: Option<Duration>,
 }
 
 /// `START:COUNT`, decimal or 0x hex, COUNT > 0.
@@ -342,7 +351,11 @@ impl InitArgs {
             DigestArg::Data => (false, true),
             DigestArg::Both => (true, true),
         };
+        if self.sync_every == Some(0) {
+            return Err("--sync-every 0: give a period in milliseconds (at least 1)".into());
+        }
         Ok(Plan {
+            sync_every: self.sync_every.map(Duration::from_millis),
             chap: self.chap_config()?,
             targets,
             workload: self.rw,

@@ -181,15 +181,16 @@ fn a_file_lun_reports_holes_and_a_grown_capacity() {
     let mut e = env_on(reg.get("F").unwrap());
     let (a, b) = (e.a.clone(), e.b.clone());
     assert!(e.lun.thin_provisioned(), "ext4 punches holes: thin");
-    // Physical blocks are the file system's (4 KiB): 8 logical blocks each.
+    // One logical block per physical block (see FileBdev: the file system's block is not
+    // claimed as the physical one).
     let cap = e.ok(&a, &rw16(op::SERVICE_ACTION_IN16, 0, 32, op::SAI_READ_CAPACITY16), 32, None);
-    assert_eq!(cap[13] & 0x0F, 3, "LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT");
+    assert_eq!(cap[13] & 0x0F, 0, "LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT");
     assert_eq!(cap[14] & 0xC0, 0xC0, "LBPME, LBPRZ");
     // Written blocks are mapped, the rest of the sparse file deallocated.
     e.write16(&a, 0, pattern(64 * BS, 5));
     let d = e.ok(&a, &get_lba_status(0, 256), 256, None);
     assert_eq!(lba_status_descs(&d), vec![(0, 64, 0), (64, (BLOCKS - 64) as u32, 1)]);
-    // UNMAP 16 blocks (two physical blocks) in the middle: a hole.
+    // UNMAP 16 blocks (two 4 KiB file system blocks) in the middle: a hole.
     let mut unmap = vec![0u8; 24];
     unmap[1] = 22;
     unmap[3] = 16;
@@ -227,3 +228,4 @@ fn a_read_only_device_is_write_protected() {
     assert!(!e.lun.thin_provisioned());
     e.read16(&a, 0, 8);
 }
+
