@@ -25,6 +25,13 @@
 //!    connection joining one (its CQ's reactor still routes its completions, into an inbox
 //!    the connection reads from its session's reactor: inboxes are lock-free queues).
 //!
+//! Discovery sessions are accepted on an iSER portal (tested: open-iscsi's discovery through
+//! an iser iface, scripts/vm/iser-fault.sh). RFC 7145 has discovery run over the normal iSCSI
+//! transport and makes RDMAExtensions irrelevant to a discovery session (§6.3), but forbids
+//! none on an iSER-capable connection, and on InfiniBand / RoCE the portal has no streaming
+//! mode to fall back to: refusing would leave an initiator that discovers through its iSER
+//! iface with nothing. Its Login and Text PDUs go in RC SENDs behind the iSER header.
+//!
 //! DISCONNECTED and other CM events mark the connection's CM state closed: a login ends, a
 //! connection in full-feature phase terminates (its datamover sees the mark).
 //! DEVICE_REMOVAL (the RDMA device went away, e.g. `rdma link delete`): the kernel cannot
