@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use riser_bdev::{Bdev, BdevIo, BdevRegistry, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
+use riser_bdev::{Bdev, BdevIo, BdevRegistry, FileKind, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
 use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, ReactorSet};
 
 use crate::report::{Recorder, Report, Window, WorkerResult};
@@ -36,6 +36,8 @@ pub enum DevKind {
     Null,
     /// RAM-backed: data is really copied.
     Malloc,
+    /// A file or block device through io_uring, O_DIRECT (--filename), as `bdev_uring_create`.
+    Uring,
 }
 
 impl DevKind {
@@ -43,6 +45,7 @@ impl DevKind {
         match self {
             DevKind::Null => "null",
             DevKind::Malloc => "malloc",
+            DevKind::Uring => "uring",
         }
     }
 
@@ -51,6 +54,7 @@ impl DevKind {
         match self {
             DevKind::Null => "Null0",
             DevKind::Malloc => "Malloc0",
+            DevKind::Uring => "Uring0",
         }
     }
 }
@@ -116,6 +120,11 @@ pub struct BdevArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// --bdev uring: the file or block device (its first --size-mib MiB are used, at most
+    /// its size; its block size is --block-size).
+    #[arg(long, value_name = "PATH")]
+    pub filename: Option<std::path::PathBuf>,
 }
 
 /// A validated run description: every field is in range and consistent.
@@ -135,6 +144,8 @@ pub struct Plan {
     pub cores: Vec<usize>,
     pub mode: PollMode,
     pub pin: bool,
+    /// --bdev uring's file or device.
+    pub filename: Option<std::path::PathBuf>,
 }
 
 impl BdevArgs {
@@ -186,7 +197,15 @@ impl BdevArgs {
         }
         let cores =
             parse_core_mask(&self.cpumask).map_err(|e| format!("-m {}: {e}", self.cpumask))?;
+        match (self.bdev, &self.filename) {
+            (DevKind::Uring, None) => return Err("--bdev uring needs --filename PATH".into()),
+            (DevKind::Null | DevKind::Malloc, Some(_)) => {
+                return Err("--filename only applies to --bdev uring".into())
+            }
+            _ => {}
+        }
         Ok(Plan {
+            filename: self.filename.clone(),
             kind: self.bdev,
             block_size: self.block_size,
             num_blocks: size / bsz,
@@ -384,6 +403,7 @@ impl Job {
             num_blocks: self.io_blocks,
             buf,
             tag: slot as u64,
+            fua: false,
         });
     }
 
@@ -509,12 +529,22 @@ pub fn run(plan: &Plan) -> Result<Report, String> {
             plan.block_size,
             None,
         ),
+        DevKind::Uring => {
+            let f = plan.filename.as_ref().and_then(|p| p.to_str()).ok_or("--filename is not a UTF-8 path")?;
+            reg.create_file(FileKind::Uring, plan.kind.bdev_name(), f, Some(plan.block_size), false, None)
+        }
     }
     .map_err(|e| format!("cannot create the {} device: {e}", plan.kind.name()))?;
     let bdev = reg
         .get(&name)
         .ok_or_else(|| format!("bdev {name} vanished after creation"))?;
-    run_on(plan, bdev)
+    // A file may be smaller than --size-mib: use what it has.
+    let mut plan = plan.clone();
+    plan.num_blocks = plan.num_blocks.min(bdev.info().num_blocks());
+    if plan.num_blocks < plan.io_blocks {
+        return Err(format!("the device has {} blocks, fewer than one I/O", plan.num_blocks));
+    }
+    run_on(&plan, bdev)
 }
 
 /// Runs the benchmark of `plan` against an existing device (its geometry must match the
@@ -702,6 +732,7 @@ mod tests {
             cores: vec![0],
             mode: PollMode::Busy,
             pin: false,
+            filename: None,
         }
     }
 
@@ -894,14 +925,13 @@ mod tests {
         ])
         .plan()
         .unwrap();
-        let bdev = Arc::new(FailingBdev(riser_bdev::BdevInfo {
-            name: "Fail0".into(),
-            product_name: "test",
-            block_size: plan.block_size,
-            physical_block_size: plan.block_size,
-            num_blocks: plan.num_blocks,
-            uuid: Default::default(),
-        }));
+        let bdev = Arc::new(FailingBdev(riser_bdev::BdevInfo::new(
+            "Fail0",
+            "test",
+            plan.block_size,
+            plan.num_blocks,
+            Default::default(),
+        )));
         let t = Instant::now();
         let e = run_on(&plan, bdev).expect_err("every I/O fails");
         assert!(

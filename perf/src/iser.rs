@@ -121,6 +121,40 @@ pub struct IserConn {
     timeout: Duration,
     in_login: bool,
     login_rx: VecDeque<(Bhs, Vec<u8>)>,
+    /// The target's HelloReply, once it came (iWARP, [`IserOptions::hello`]).
+    hello_reply: Option<IserHeader>,
+    /// The IRD we announced (responder resources in the CM request; the Hello's iSER-IRD).
+    ird: u16,
+    /// The data of the Text Response that came ([`IserOptions::text_sendtargets`]).
+    text_rx: Option<Vec<u8>>,
+}
+
+/// Options of the iSER transport beside the login options, set once by riser-perf's flags
+/// ([`set_options`]) before any session starts.
+#[derive(Clone, Debug, Default)]
+pub struct IserOptions {
+    /// `--iser-hello`: offer iSERHelloRequired=Yes and, once logged in, send the iSER Hello
+    /// (RFC 7145 §5.1.4, §9.3: iWARP) with these versions (max, min) before anything else;
+    /// the HelloReply must accept it, else the session fails with the target's answer.
+    pub hello: Option<(u8, u8)>,
+    /// Hidden (tests): after login, send a Text Request SendTargets=All in the normal session
+    /// (full-feature phase) and print the answer's keys, one `text: KEY=VALUE` line each.
+    pub text_sendtargets: bool,
+    /// Hidden (tests): log in as a new connection (CID 1) of the existing session with this
+    /// TSIH and ISID instead of a new session (multiple connections per session).
+    pub join: Option<(u16, [u8; 6])>,
+}
+
+static OPTIONS: std::sync::OnceLock<IserOptions> = std::sync::OnceLock::new();
+
+/// Sets the [`IserOptions`] of every iSER session of this process (once; later calls are
+/// ignored).
+pub fn set_options(o: IserOptions) {
+    let _ = OPTIONS.set(o);
+}
+
+fn options() -> IserOptions {
+    OPTIONS.get().cloned().unwrap_or_default()
 }
 
 /// Waits on the CM channel for `want`; any failure event is an error that says what failed.
@@ -296,6 +330,9 @@ impl IserConn {
             timeout: opts.timeout,
             in_login: true,
             login_rx: VecDeque::new(),
+            hello_reply: None,
+            ird: attr.max_qp_rd_atom.clamp(1, 255) as u16,
+            text_rx: None,
         };
         // The whole ring before connecting: the target may send as soon as it accepts.
         c.reposts.extend(0..nrecv);
@@ -309,7 +346,7 @@ impl IserConn {
         c.id.connect(&ConnParam {
             private_data: &private,
             // Our IRD: the target's RDMA Reads of write data in flight at once.
-            responder_resources: attr.max_qp_rd_atom.clamp(1, 255) as u8,
+            responder_resources: c.ird as u8,
             // We issue no RDMA Reads (Linux ib_iser says 1 too).
             initiator_depth: 1,
             flow_control: 1,
@@ -425,8 +462,19 @@ impl IserConn {
 
     fn do_login(&mut self, url: &TargetUrl, opts: &LoginOptions) -> Result<(), String> {
         let deadline = self.deadline();
-        let params = LoginParams::for_url(url, opts);
-        let neg = session::login(self, &params, KeyNegotiation::new_iser(), deadline)?;
+        let o = options();
+        let mut params = LoginParams::for_url(url, opts);
+        if let Some((tsih, isid)) = o.join {
+            params.tsih = tsih;
+            params.isid = isid;
+            params.cid = 1;
+        }
+        let neg = if o.hello.is_some() {
+            KeyNegotiation::new_iser_with(vec![("iSERHelloRequired".into(), "Yes".into())])
+        } else {
+            KeyNegotiation::new_iser()
+        };
+        let neg = session::login(self, &params, neg, deadline)?;
         if !neg.iser_result.rdma_extensions {
             return Err(format!(
                 "{}: the target did not accept RDMAExtensions=Yes (not an iSER portal?)",
@@ -442,6 +490,111 @@ impl IserConn {
         self.neg = neg.result;
         self.iser = neg.iser_result;
         self.in_login = false;
+        if let Some((max_ver, min_ver)) = o.hello {
+            self.hello(max_ver, min_ver)?;
+        }
+        if o.text_sendtargets {
+            self.text_sendtargets()?;
+        }
+        Ok(())
+    }
+
+    /// The iSER Hello exchange (RFC 7145 §5.1.4, §9.3), the first message of full-feature
+    /// phase when iSERHelloRequired=Yes was negotiated: our versions and IRD out, the
+    /// target's HelloReply (its version and ORD, or a reject) back.
+    fn hello(&mut self, max_ver: u8, min_ver: u8) -> Result<(), String> {
+        if !self.iser.hello_required {
+            return Err(format!(
+                "{}: the target answered iSERHelloRequired=No to our Yes",
+                self.label
+            ));
+        }
+        let ird = self.ird;
+        let h = IserHeader::Hello { max_ver, min_ver, ird };
+        let mut b = [0u8; riser_datamover::iser::ISER_HDR_LEN];
+        h.write(&mut b);
+        self.send_raw(&b[..h.wire_len()])?;
+        self.flush()?;
+        let deadline = self.deadline();
+        while self.hello_reply.is_none() {
+            self.wait_progress(deadline, "the iSER HelloReply")?;
+        }
+        match self.hello_reply {
+            Some(IserHeader::HelloReply { reject: false, max_ver: t_max, cur_ver, ord }) => {
+                if !(min_ver..=max_ver).contains(&cur_ver) {
+                    return Err(format!(
+                        "{}: the HelloReply chose iSER version {cur_ver}, outside our {min_ver}..={max_ver}",
+                        self.label
+                    ));
+                }
+                if ord > ird {
+                    return Err(format!(
+                        "{}: the HelloReply's ORD {ord} exceeds our IRD {ird}",
+                        self.label
+                    ));
+                }
+                eprintln!(
+                    "{}: iSER Hello: versions {min_ver}..={max_ver}, IRD {ird}; HelloReply: version {cur_ver} (target's highest {t_max}), ORD {ord}",
+                    self.label
+                );
+                Ok(())
+            }
+            Some(IserHeader::HelloReply { max_ver: t_max, cur_ver, .. }) => Err(format!(
+                "{}: the target rejected our iSER Hello (versions {min_ver}..={max_ver}): HelloReply with the reject bit, its versions {cur_ver}..={t_max}",
+                self.label
+            )),
+            _ => Err(format!("{}: internal: no HelloReply", self.label)),
+        }
+    }
+
+    /// A Text Request SendTargets=All in full-feature phase (immediate, F=1), and its answer
+    /// printed as `text: KEY=VALUE` lines on stderr.
+    fn text_sendtargets(&mut self) -> Result<(), String> {
+        use riser_iscsi::pdu::TextRequest;
+        use riser_iscsi::serial::Ttt;
+        let req = TextRequest {
+            immediate: true,
+            final_bit: true,
+            continue_bit: false,
+            lun: Lun(0),
+            itt: Itt(session::MGMT_ITT | 0x7e47),
+            ttt: Ttt::RESERVED,
+            cmd_sn: self.s.cmd_sn,
+            exp_stat_sn: self.s.exp_stat_sn,
+        };
+        let plain = IserHeader::Control { write: None, read: None };
+        self.send_ctrl(plain, Op::TextRequest(req), b"SendTargets=All\0")?;
+        self.flush()?;
+        let deadline = self.deadline();
+        while self.text_rx.is_none() {
+            self.wait_progress(deadline, "the Text Response")?;
+        }
+        let data = self.text_rx.take().unwrap_or_default();
+        let n = data.split(|&b| b == 0).filter(|kv| !kv.is_empty()).count();
+        for kv in data.split(|&b| b == 0).filter(|kv| !kv.is_empty()) {
+            eprintln!("text: {}", String::from_utf8_lossy(kv));
+        }
+        eprintln!("{}: Text Response in full-feature phase: {n} key(s)", self.label);
+        Ok(())
+    }
+
+    /// Queues a SEND of `msg` as it is (an iSER Hello) from a control slot.
+    fn send_raw(&mut self, msg: &[u8]) -> Result<(), String> {
+        let i = self
+            .ctrl_busy
+            .iter()
+            .position(|b| !b)
+            .ok_or_else(|| format!("{}: every control send buffer is busy", self.label))?;
+        let off = self.ctrl_off(i);
+        let err = |e: riser_rdma::RdmaError| format!("{}: {e}", self.label);
+        self.ctrl.write_at(off, msg).map_err(err)?;
+        let sge = self.ctrl.sge(off, msg.len()).map_err(err)?;
+        self.ctrl_busy[i] = true;
+        self.pending.push(PendingSend {
+            wr_id: WR_CTRL | i as u64,
+            sges: [sge, sge],
+            n: 1,
+        });
         Ok(())
     }
 
@@ -697,6 +850,11 @@ impl IserConn {
             }
         }
         if !wc.is_success() {
+            if wc.is_flush() && matches!(self.hello_reply, Some(IserHeader::HelloReply { reject: true, .. })) {
+                // The target closes after rejecting our Hello (RFC 7145 §9.3): the reject
+                // is the answer, reported by hello().
+                return Ok(());
+            }
             if wc.is_flush() && self.s.mgmt.logout.is_some() {
                 // The target closes after its Logout Response; on iWARP the close flushes
                 // the receives still posted, maybe in the same batch as that response.
@@ -726,10 +884,17 @@ impl IserConn {
         let off = idx * RECV_SLOT;
         let len = (wc.byte_len as usize).min(RECV_SLOT);
         let mut head = [0u8; HDRS];
-        if len >= HDRS {
-            self.ctrl
-                .read_at(off, &mut head)
-                .map_err(|e| format!("{}: {e}", self.label))?;
+        self.ctrl
+            .read_at(off, &mut head[..len.min(HDRS)])
+            .map_err(|e| format!("{}: {e}", self.label))?;
+        if let Ok(reply @ IserHeader::HelloReply { .. }) = IserHeader::parse(&head[..len.min(HDRS)]) {
+            // The answer to our Hello (iWARP): the whole message.
+            self.reposts.push(idx);
+            if self.in_login || self.hello_reply.is_some() {
+                return Err(format!("{}: an unexpected iSER HelloReply", self.label));
+            }
+            self.hello_reply = Some(reply);
+            return Ok(());
         }
         let (bhs, ds, dl) =
             parse_message(&head, len).map_err(|e| format!("{}: {e}", self.label))?;
@@ -759,6 +924,9 @@ impl IserConn {
                 self.label,
                 h.op.opcode()
             ));
+        }
+        if let Op::TextResponse(_) = h.op {
+            self.text_rx = Some(data.to_vec());
         }
         let (tasks, label) = (&self.t, self.label.as_str());
         match self

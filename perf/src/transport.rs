@@ -102,6 +102,12 @@ impl Session {
         both!(self, c => c.poll(out))
     }
 
+    /// Runs one SCSI command without data out (none of the session's I/O in flight) and
+    /// waits for its status.
+    pub fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<crate::scsi::CmdResult, String> {
+        both!(self, c => c.exec(cdb, read_len))
+    }
+
     pub fn inflight(&self) -> usize {
         both!(self, c => c.inflight())
     }

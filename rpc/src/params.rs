@@ -38,7 +38,8 @@ fn not_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Opti
 #[serde(deny_unknown_fields)]
 pub struct NoParams {}
 
-/// `{name}`: `iscsi_delete_target_node`, `bdev_malloc_delete`, `bdev_null_delete`.
+/// `{name}`: `iscsi_delete_target_node`, `bdev_malloc_delete`, `bdev_null_delete`,
+/// `bdev_uring_delete`, `bdev_uring_rescan`, `bdev_aio_delete`, `bdev_aio_rescan`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ByName {
@@ -423,6 +424,39 @@ pub struct BdevNullCreate {
     /// Separate metadata per block: only 0 is supported.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub md_size: u32,
+}
+
+/// `bdev_uring_create`: a file or block device through io_uring.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevUringCreate {
+    pub name: String,
+    pub filename: String,
+    /// Detected when absent (or 0): the device's logical block size, 512 for a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    /// Random when absent (SPDK v24.05's field; riser's save_config keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+}
+
+/// `bdev_aio_create`: the same engine as `bdev_uring_create`, SPDK's AIO parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevAioCreate {
+    pub name: String,
+    pub filename: String,
+    /// Detected when absent (or 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub readonly: bool,
+    /// SPDK's: write zeroes by fallocate. riser probes the file system for it instead.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fallocate: bool,
+    /// Random when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
 }
 
 /// `bdev_get_bdevs`: all bdevs, or the one of that name or UUID.

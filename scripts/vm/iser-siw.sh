@@ -110,6 +110,31 @@ VERIFY_QD=4 verify_ok 1m 1048576
 assert_zero_copy "iSER on siw"
 wait_no_connections 30
 echo "iser-siw: riser logged out riser-perf's $riser_logouts sessions"
+# ---- the iSER Hello (RFC 7145 §5.1.4, §9.3) --------------------------------------------------
+# No initiator here sends iSERHelloRequired=Yes but riser-perf --iser-hello: it offers the key
+# (OR: riser answers Yes), sends the Hello (versions 10..10, its IRD) as the first message of
+# full-feature phase, checks the HelloReply (version 10, ORD <= IRD), then runs I/O.
+step "riser-perf --iser-hello --verify over siw: Hello / HelloReply, then I/O"
+verify_ok hello 65536 --lba-range 0:8192 --iser-hello
+grep -q 'iSER Hello: versions 10\.\.=10, IRD [0-9]*; HelloReply: version 10 (target.s highest 10), ORD [0-9]*' "$logs/verify-hello.log" \
+  || fail "hello: riser-perf printed no accepted HelloReply: $(grep -i hello "$logs/verify-hello.log" | head -n 3)"
+grep -o 'iSER Hello: versions .*' "$logs/verify-hello.log" | sed 's/^/iser-siw: riser-perf: /'
+wait_no_connections 30
+# A Hello without riser's version: riser answers a HelloReply with the reject bit and closes
+# the connection; riser-perf reports the rejection and fails (exit status not 0).
+step "riser-perf --iser-hello with versions 1..1: riser rejects the Hello"
+mark=$(wc -l <"$logs/riser.log")
+rc=0
+out=$("$bin/riser-perf" --login-timeout 30 --iser-hello --iser-hello-versions 1:1 --time 1 --ramp 0 --qd 1 "$url" 2>&1) || rc=$?
+echo "$out" >"$logs/hello-bad.log"
+[ "$rc" != 0 ] || fail "bad hello: riser-perf exited 0 after a Hello with versions 1..1"
+grep -q 'the target rejected our iSER Hello (versions 1..=1): HelloReply with the reject bit' <<<"$out" \
+  || fail "bad hello: riser-perf did not report a rejected Hello: $(tail -n 3 <<<"$out")"
+for _ in $(seq 20); do tail -n +"$((mark + 1))" "$logs/riser.log" | grep -q 'ended: iSER Hello for versions 1..=1, not 10: rejected' && break; sleep 0.5; done
+tail -n +"$((mark + 1))" "$logs/riser.log" | grep -q 'iSER Hello for versions 1..=1, not 10: rejected' \
+  || fail "bad hello: riser logged no rejected Hello: $(tail -n +"$((mark + 1))" "$logs/riser.log" | grep -i 'hello\|ended' | head -n 5)"
+echo "iser-siw: a Hello with versions 1..1 was rejected (HelloReply reject bit) and the connection closed: $(grep -o 'rejected our iSER Hello.*' <<<"$out" | head -n 1)"
+wait_no_connections 30
 
 # ---- the Linux initiator (ib_iser) -------------------------------------------------------------
 step "Linux ib_iser over siw"

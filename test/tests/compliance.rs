@@ -7,11 +7,13 @@
 //! rather than skip: on it fewer than 20 tests skip. LUN 1 is a malloc LUN with the defaults,
 //! the way most people export one: zero failures there too, with one URL and with two. The
 //! number of skips of each run is capped at what it is today, so a test that starts skipping
-//! is noticed.
+//! is noticed. Then, on the same riser, the suite on a file LUN (`bdev_uring_create` on a
+//! sparse file): O_DIRECT I/O, holes punched by UNMAP and reported by GET LBA STATUS.
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
+use riser_tests::files::DiskDir;
 use riser_tests::{free_port, json, Riser};
 
 /// The suite's own verdict plus the tests that printed a skip.
@@ -122,6 +124,17 @@ fn libiscsi_compliance_suite_passes() {
     let ro = format!("iscsi://127.0.0.1:{port}/{ro_iqn}/0");
     let read_only = run_tests("ALL.ReadOnly", &[&ro]);
     check("ReadOnly on a read_only LUN", &read_only, &riser, 0);
+    // A file LUN (bdev_uring_create, 512-byte blocks, defaults) on the same riser: zero
+    // failures, no more skips than the malloc LUN with the defaults.
+    let disk = DiskDir::new("compliance");
+    let file = disk.sparse_file("lun.img", 64 << 20);
+    let filename = file.to_str().expect("a UTF-8 path");
+    riser
+        .call("bdev_uring_create", Some(json!({"name": "CompFile0", "filename": filename})))
+        .unwrap_or_else(|e| panic!("bdev_uring_create: {e}\n{}", riser.log()));
+    let file_iqn = riser.add_iscsi_target_on("compliance-file", port, vec![json!({"bdev_name": "CompFile0", "lun_id": 0})]);
+    let on_file = run_suite(&[&format!("iscsi://127.0.0.1:{port}/{file_iqn}/0")]);
+    check("file LUN (bdev_uring)", &on_file, &riser, 23);
     let conns = riser.call("iscsi_get_connections", None).unwrap();
     assert!(conns.as_array().map_or(false, |a| a.is_empty()), "connections left after the suite: {conns}");
 }

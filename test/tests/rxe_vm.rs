@@ -74,7 +74,7 @@ fn rxe_vm_iser_and_tcp_at_once() {
 /// own verdict line, and the first to ask runs the VM for all of them.
 fn fault_run() -> &'static VmRun {
     static RUN: OnceLock<VmRun> = OnceLock::new();
-    RUN.get_or_init(|| vm_run("scripts/vm/iser-fault.sh", ISER_SMP, BINS))
+    RUN.get_or_init(|| vm_run("scripts/vm/iser-fault.sh", ISER_SMP, &["riser", "riser-rpc", "riser-perf"]))
 }
 
 /// libiscsi over iSER: `iscsi-inq iser://192.0.2.1/IQN/0` prints Vendor:RISER.
@@ -100,6 +100,47 @@ fn rxe_vm_iser_fault_initiator_killed() {
 #[test]
 fn rxe_vm_iser_fault_device_removed() {
     fault_run().expect_line("FAULT LINKDEL OK");
+}
+
+/// Discovery on an iSER portal: open-iscsi discovers through its iser iface; riser accepts the
+/// discovery session over iSER (RFC 7145 has discovery use the normal transport but forbids
+/// none on an iSER connection; IB/RoCE has no streaming mode to fall back to) and answers
+/// SendTargets.
+#[test]
+fn rxe_vm_iser_discovery_session() {
+    let run = fault_run();
+    run.expect_line("DISCOVERY ISER OK");
+}
+
+/// A Text Request (SendTargets=All) in full-feature phase of a normal iSER session.
+#[test]
+fn rxe_vm_iser_text_in_full_feature_phase() {
+    let run = fault_run();
+    run.expect_line("TEXT FFP ISER OK");
+    assert!(run.text.contains("text: TargetName=iqn.2016-06.io.riser:iser"), "{}", run.text);
+}
+
+/// NOP-In keepalive over iSER: answered by an idle ib_iser session, which stays; a stopped
+/// initiator (SIGSTOP) does not answer, and riser closes its connection after the timeout.
+#[test]
+fn rxe_vm_iser_nop_in_and_timeout() {
+    fault_run().expect_line("NOP ISER OK");
+}
+
+/// No session mixes TCP and iSER connections (RDMAExtensions is LeadingOnly): a TCP connection
+/// joining an iSER session and an iSER connection joining a TCP session get Can't include in
+/// session (0x0208); TCP joining TCP is accepted.
+#[test]
+fn rxe_vm_iser_mcs_mixing_refused() {
+    let run = fault_run();
+    run.expect_line("MCS MIX OK");
+    assert!(run.text.contains("TCP connection joining the iSER session: login status 0x0208"), "{}", run.text);
+}
+
+/// libiscsi's compliance tests that its iSER transport can run, over iser://.
+#[test]
+fn rxe_vm_libiscsi_iser_compliance_subset() {
+    fault_run().expect_line("LIBISCSI CU ISER OK");
 }
 
 /// CHAP with the Linux initiator over TCP and iSER: discovery authentication (refused without
@@ -136,6 +177,9 @@ fn rxe_vm_iser_limits_before_login() {
 #[test]
 fn rxe_vm_iser_soft_iwarp() {
     let out = vm_run("scripts/vm/iser-siw.sh", ISER_SMP, &["riser", "riser-rpc", "riser-perf"]).expect_ok("ISER SIW OK");
+    // The iSER Hello over the wire (riser-perf --iser-hello), and a bad one rejected.
+    assert!(out.contains("iser-siw: riser-perf: iSER Hello: versions 10..=10"), "{out}");
+    assert!(out.contains("iser-siw: a Hello with versions 1..1 was rejected"), "{out}");
     assert!(out.contains("transport: iWARP"), "{out}");
     for kib in ["4k", "256k", "1m"] {
         assert!(out.contains(&format!("iser-siw: riser-perf verify {kib}: PASSED, ")), "{kib}:\n{out}");

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 use uuid::Uuid;
@@ -36,6 +37,9 @@ pub struct BdevIo {
     /// Read: filled by the device. Write: read by the device. Others: none.
     pub buf: Option<IoBuf>,
     pub tag: u64,
+    /// Force unit access: a Write (Unmap, WriteZeroes) completes only once it is durable
+    /// (SBC-3 FUA; also every write while the LUN's write cache is off). Ignored by reads.
+    pub fua: bool,
 }
 
 impl fmt::Debug for BdevIo {
@@ -46,6 +50,7 @@ impl fmt::Debug for BdevIo {
             .field("num_blocks", &self.num_blocks)
             .field("buf_len", &self.buf.as_ref().map(|b| b.len()))
             .field("tag", &self.tag)
+            .field("fua", &self.fua)
             .finish()
     }
 }
@@ -82,8 +87,9 @@ pub enum BdevError {
     Io(String),
 }
 
-/// What a device is. Fixed at creation.
-#[derive(Clone, Debug)]
+/// What a device is. Fixed at creation, except its size: a file or block device that grew
+/// is rescanned (`bdev_*_rescan`), and `num_blocks` is read atomically by every reactor.
+#[derive(Debug)]
 pub struct BdevInfo {
     pub name: String,
     pub product_name: &'static str,
@@ -91,13 +97,56 @@ pub struct BdevInfo {
     /// The unit the medium writes atomically (READ CAPACITY(16)'s LOGICAL BLOCKS PER
     /// PHYSICAL BLOCK); equal to `block_size` unless configured.
     pub physical_block_size: u32,
-    pub num_blocks: u64,
+    num_blocks: AtomicU64,
     pub uuid: Uuid,
+    /// Whether a write may complete before it is durable (a volatile write cache: the
+    /// page cache and a disk's cache for a file, a drive's cache, RAM): the caching mode
+    /// page's WCE, and what Flush and FUA are for.
+    pub volatile_write_cache: bool,
+}
+
+impl Clone for BdevInfo {
+    /// A copy with the size as it is now.
+    fn clone(&self) -> Self {
+        BdevInfo {
+            name: self.name.clone(),
+            product_name: self.product_name,
+            block_size: self.block_size,
+            physical_block_size: self.physical_block_size,
+            num_blocks: AtomicU64::new(self.num_blocks()),
+            uuid: self.uuid,
+            volatile_write_cache: self.volatile_write_cache,
+        }
+    }
 }
 
 impl BdevInfo {
+    /// A device of `num_blocks` blocks of `block_size` bytes (physically too), with a
+    /// volatile write cache.
+    pub fn new(name: &str, product_name: &'static str, block_size: u32, num_blocks: u64, uuid: Uuid) -> BdevInfo {
+        BdevInfo {
+            name: name.to_string(),
+            product_name,
+            block_size,
+            physical_block_size: block_size,
+            num_blocks: AtomicU64::new(num_blocks),
+            uuid,
+            volatile_write_cache: true,
+        }
+    }
+
+    /// The size in blocks now (it only grows while the device is claimed).
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks.load(Ordering::Acquire)
+    }
+
+    /// A rescan found a new size.
+    pub(crate) fn set_num_blocks(&self, n: u64) {
+        self.num_blocks.store(n, Ordering::Release);
+    }
+
     pub fn size_bytes(&self) -> u64 {
-        self.num_blocks * self.block_size as u64
+        self.num_blocks() * self.block_size as u64
     }
 }
 
@@ -109,13 +158,10 @@ pub fn validate(info: &BdevInfo, supported: bool, io: &BdevIo) -> Result<(), Bde
     if io.kind == IoKind::Flush && io.num_blocks == 0 && io.offset_blocks == Lba::ZERO {
         return Ok(()); // flush of the whole device
     }
+    let capacity = info.num_blocks();
     let end = io.offset_blocks.checked_add(io.num_blocks);
-    if end.map_or(true, |e| e.get() > info.num_blocks) {
-        return Err(BdevError::OutOfRange {
-            offset: io.offset_blocks,
-            num: io.num_blocks,
-            capacity: info.num_blocks,
-        });
+    if end.map_or(true, |e| e.get() > capacity) {
+        return Err(BdevError::OutOfRange { offset: io.offset_blocks, num: io.num_blocks, capacity });
     }
     if io.kind.needs_buffer() {
         let Some(buf) = io.buf.as_ref() else {
@@ -162,6 +208,35 @@ impl DoneQueue {
 
     pub(crate) fn len(&self) -> usize {
         self.q.len()
+    }
+}
+
+/// The channel of a device that cannot do I/O on this thread: every I/O fails with the
+/// reason, through `poll` like any other completion.
+pub(crate) struct FailedChannel {
+    why: String,
+    done: DoneQueue,
+}
+
+impl FailedChannel {
+    pub(crate) fn new(why: String) -> FailedChannel {
+        log::error!("{why}");
+        FailedChannel { why, done: DoneQueue::default() }
+    }
+}
+
+impl IoChannel for FailedChannel {
+    fn submit(&mut self, io: BdevIo) {
+        let e = Err(BdevError::Io(self.why.clone()));
+        self.done.push(io, e);
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        self.done.drain_into(out)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.done.len()
     }
 }
 

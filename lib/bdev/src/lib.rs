@@ -5,16 +5,21 @@
 //! never fails synchronously: every I/O, valid or not, comes back exactly once from
 //! [`IoChannel::poll`] on the reactor that submitted it.
 //!
-//! Two devices now: [`NullBdev`] (reads return zeros, writes are discarded) and
-//! [`MallocBdev`] (RAM). [`BdevRegistry`] holds them by unique name, with claims.
+//! Devices: [`NullBdev`] (reads return zeros, writes are discarded), [`MallocBdev`] (RAM)
+//! and [`FileBdev`] (a file or block device through io_uring, O_DIRECT: SPDK's
+//! `bdev_uring_*` and `bdev_aio_*`). [`BdevRegistry`] holds them by unique name, with
+//! claims.
 
+mod file;
 mod io;
 mod lba;
 mod malloc;
 mod null;
 mod registry;
 pub mod rpc;
+mod uring;
 
+pub use file::{FileBdev, FileError, FileKind};
 pub use io::{
     run_sync, validate, BdevError, BdevInfo, BdevIo, IoBuf, IoChannel, IoCompletion,
     IoKind,
@@ -23,6 +28,10 @@ pub use lba::Lba;
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use registry::{BdevRegistry, RegistryError};
+pub use uring::{thread_ring_stats, RingStats};
+
+#[cfg(test)]
+mod file_tests;
 
 use std::sync::Arc;
 
@@ -38,6 +47,37 @@ pub trait Bdev: Send + Sync {
 
     /// The RPC call (method, params) that would recreate this device (`save_config`).
     fn config_json(&self) -> (&'static str, serde_json::Value);
+
+    /// `bdev_get_bdevs`' `driver_specific` object.
+    fn driver_specific(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+
+    /// Provisioning status of the blocks from `lba` (at most `max_blocks` of them) from the
+    /// device's own allocation map, as runs of same-state blocks in order, stopping once
+    /// there are more than `max_runs`; `None` when the device keeps no map (the caller
+    /// reads the blocks: zeros count as deallocated).
+    fn provisioning(&self, _lba: Lba, _max_blocks: u64, _max_runs: usize) -> Option<Result<Vec<LbaRun>, BdevError>> {
+        None
+    }
+
+    /// The size in blocks the backing store has now (`bdev_*_rescan`); `None` for a
+    /// device whose size cannot change.
+    fn rescan_blocks(&self) -> Option<Result<u64, BdevError>> {
+        None
+    }
+
+    /// Takes the size a rescan found (the registry checks it first).
+    fn set_num_blocks(&self, _num_blocks: u64) {}
+}
+
+/// A run of blocks in one provisioning state (GET LBA STATUS, SBC-3 5.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LbaRun {
+    pub start: Lba,
+    pub blocks: u64,
+    /// Deallocated (a hole; reads as zeros) rather than mapped.
+    pub deallocated: bool,
 }
 
 /// Block sizes the devices accept.
@@ -52,8 +92,9 @@ pub fn info_json(bdev: &dyn Bdev, claimed: bool) -> serde_json::Value {
         "aliases": [],
         "product_name": i.product_name,
         "block_size": i.block_size,
-        "num_blocks": i.num_blocks,
+        "num_blocks": i.num_blocks(),
         "uuid": i.uuid.to_string(),
+        "write_cache": i.volatile_write_cache,
         "assigned_rate_limits": {
             "rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0,
             "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0
@@ -73,6 +114,6 @@ pub fn info_json(bdev: &dyn Bdev, claimed: bool) -> serde_json::Value {
             "nvme_admin": false,
             "nvme_io": false
         },
-        "driver_specific": {}
+        "driver_specific": bdev.driver_specific()
     })
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::io::{validate, BdevError, BdevInfo, BdevIo, DoneQueue, IoChannel, IoCompletion, IoKind};
-use crate::{Bdev, Lba};
+use crate::{Bdev, Lba, LbaRun};
 
 pub struct MallocBdev {
     info: BdevInfo,
@@ -35,14 +35,7 @@ impl MallocBdev {
             .map_err(|_| BdevError::Io(format!("cannot allocate {bytes} bytes of memory")))?;
         v.resize_with(n, || AtomicU64::new(0));
         Ok(MallocBdev {
-            info: BdevInfo {
-                name: name.to_string(),
-                product_name: "Malloc disk",
-                block_size,
-                physical_block_size: block_size,
-                num_blocks,
-                uuid: uuid.unwrap_or_else(Uuid::new_v4),
-            },
+            info: BdevInfo::new(name, "Malloc disk", block_size, num_blocks, uuid.unwrap_or_else(Uuid::new_v4)),
             words: v.into_boxed_slice(),
         })
     }
@@ -65,7 +58,7 @@ impl MallocBdev {
         range.and_then(|r| self.words.get(r)).ok_or(BdevError::OutOfRange {
             offset: lba,
             num: num_blocks,
-            capacity: self.info.num_blocks,
+            capacity: self.info.num_blocks(),
         })
     }
 
@@ -104,6 +97,33 @@ impl Bdev for MallocBdev {
         true
     }
 
+    /// A block of zeros is reported deallocated (it reads as an unmapped block would, and
+    /// UNMAP zeroes): a scan of the RAM itself, so a run is one descriptor however long
+    /// (libiscsi's Sanitize.BlockErase reads the whole LUN's state in 256 bytes).
+    fn provisioning(&self, lba: Lba, max_blocks: u64, max_runs: usize) -> Option<Result<Vec<LbaRun>, BdevError>> {
+        let cap = self.info.num_blocks();
+        let n = max_blocks.min(cap.saturating_sub(lba.get()));
+        let words = match self.words(lba, n) {
+            Ok(w) => w,
+            Err(e) => return Some(Err(e)),
+        };
+        let per_block = (self.info.block_size / 8) as usize;
+        let mut runs: Vec<LbaRun> = Vec::new();
+        for (i, blk) in words.chunks(per_block).enumerate() {
+            let deallocated = blk.iter().all(|w| w.load(Ordering::Relaxed) == 0);
+            match runs.last_mut() {
+                Some(r) if r.deallocated == deallocated => r.blocks += 1,
+                _ => {
+                    if runs.len() > max_runs {
+                        break;
+                    }
+                    runs.push(LbaRun { start: lba + i as u64, blocks: 1, deallocated });
+                }
+            }
+        }
+        Some(Ok(runs))
+    }
+
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
         Box::new(MallocChannel { bdev: self, done: DoneQueue::default() })
     }
@@ -111,7 +131,7 @@ impl Bdev for MallocBdev {
     fn config_json(&self) -> (&'static str, serde_json::Value) {
         let mut p = serde_json::json!({
             "name": self.info.name,
-            "num_blocks": self.info.num_blocks,
+            "num_blocks": self.info.num_blocks(),
             "block_size": self.info.block_size,
             "uuid": self.info.uuid.to_string(),
         });

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::io::{validate, BdevInfo, BdevIo, DoneQueue, IoChannel, IoCompletion, IoKind};
-use crate::Bdev;
+use crate::{Bdev, BdevError, Lba, LbaRun};
 
 pub struct NullBdev {
     info: BdevInfo,
@@ -15,14 +15,7 @@ pub struct NullBdev {
 impl NullBdev {
     pub fn new(name: &str, num_blocks: u64, block_size: u32, uuid: Option<Uuid>) -> NullBdev {
         NullBdev {
-            info: BdevInfo {
-                name: name.to_string(),
-                product_name: "Null disk",
-                block_size,
-                physical_block_size: block_size,
-                num_blocks,
-                uuid: uuid.unwrap_or_else(Uuid::new_v4),
-            },
+            info: BdevInfo::new(name, "Null disk", block_size, num_blocks, uuid.unwrap_or_else(Uuid::new_v4)),
         }
     }
 }
@@ -40,12 +33,18 @@ impl Bdev for NullBdev {
         Box::new(NullChannel { bdev: self, done: DoneQueue::default() })
     }
 
+    /// Nothing is stored: every block is deallocated (and reads as zeros).
+    fn provisioning(&self, lba: Lba, max_blocks: u64, _max_runs: usize) -> Option<Result<Vec<LbaRun>, BdevError>> {
+        let blocks = max_blocks.min(self.info.num_blocks().saturating_sub(lba.get()));
+        Some(Ok(vec![LbaRun { start: lba, blocks, deallocated: true }]))
+    }
+
     fn config_json(&self) -> (&'static str, serde_json::Value) {
         (
             "bdev_null_create",
             serde_json::json!({
                 "name": self.info.name,
-                "num_blocks": self.info.num_blocks,
+                "num_blocks": self.info.num_blocks(),
                 "block_size": self.info.block_size,
                 "uuid": self.info.uuid.to_string(),
             }),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use uuid::Uuid;
 
-use crate::{Bdev, BdevError, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
+use crate::{Bdev, BdevError, FileBdev, FileError, FileKind, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RegistryError {
@@ -25,6 +25,23 @@ pub enum RegistryError {
     BadPhysicalBlockSize { pbs: u32, bs: u32 },
     #[error("{0}")]
     Device(#[from] BdevError),
+    /// A file or block device could not be opened or used: SPDK's code (a negative errno)
+    /// and the cause.
+    #[error("{message}")]
+    File { errno: i32, message: String },
+    #[error("bdev {0} has a fixed size: there is nothing to rescan")]
+    NotResizable(String),
+    #[error("bdev {name} would shrink from {old} to {new} blocks while {owner} uses it")]
+    ShrinkClaimed { name: String, owner: String, old: u64, new: u64 },
+}
+
+impl From<FileError> for RegistryError {
+    fn from(e: FileError) -> Self {
+        match e {
+            FileError::BadBlockSize(bs) => RegistryError::BadBlockSize(bs),
+            e => RegistryError::File { errno: e.errno(), message: e.to_string() },
+        }
+    }
 }
 
 struct Entry {
@@ -75,7 +92,7 @@ impl BdevRegistry {
         if self.contains(name) {
             return Err(RegistryError::Exists(name.clone()));
         }
-        log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks, bdev.info().block_size, bdev.info().product_name);
+        log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks(), bdev.info().block_size, bdev.info().product_name);
         self.entries.push(Entry { bdev, claimed_by: None });
         Ok(())
     }
@@ -130,6 +147,51 @@ impl BdevRegistry {
         check_geometry(num_blocks, block_size)?;
         self.register(Arc::new(NullBdev::new(name, num_blocks, block_size, uuid)))?;
         Ok(name.to_string())
+    }
+
+    /// A file or block device on io_uring (`bdev_uring_create`, `bdev_aio_create`).
+    pub fn create_file(
+        &mut self,
+        kind: FileKind,
+        name: &str,
+        filename: &str,
+        block_size: Option<u32>,
+        readonly: bool,
+        uuid: Option<Uuid>,
+    ) -> Result<String, RegistryError> {
+        check_name(name)?;
+        if self.contains(name) {
+            return Err(RegistryError::Exists(name.to_string()));
+        }
+        let b = FileBdev::open(kind, name, filename, block_size.filter(|&b| b != 0), readonly, uuid)?;
+        self.register(Arc::new(b))?;
+        Ok(name.to_string())
+    }
+
+    /// Reads the size of a device's backing store again (`bdev_*_rescan`) and takes it:
+    /// growing is always allowed, shrinking only while no one claims the device (blocks in
+    /// use must not vanish). Returns the size in blocks.
+    pub fn rescan(&mut self, name: &str, product: Option<&str>) -> Result<u64, RegistryError> {
+        let i = self.pos(name).ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let e = &self.entries[i];
+        if product.is_some_and(|p| e.bdev.info().product_name != p) {
+            return Err(RegistryError::NotFound(name.to_string()));
+        }
+        let new = e.bdev.rescan_blocks().ok_or_else(|| RegistryError::NotResizable(name.to_string()))??;
+        let old = e.bdev.info().num_blocks();
+        if new < old {
+            if let Some(owner) = &e.claimed_by {
+                return Err(RegistryError::ShrinkClaimed { name: name.to_string(), owner: owner.clone(), old, new });
+            }
+        }
+        if new == 0 {
+            return Err(RegistryError::ZeroBlocks);
+        }
+        if new != old {
+            e.bdev.set_num_blocks(new);
+            log::info!("bdev {name} resized from {old} to {new} blocks");
+        }
+        Ok(new)
     }
 
     /// Removes an unclaimed device. Channels already open keep it alive until they close.
@@ -187,7 +249,7 @@ mod tests {
 
     fn io(kind: IoKind, off: u64, n: u64, buf: Option<Vec<u8>>, tag: u64) -> BdevIo {
         let offset_blocks = Lba::new(off);
-        BdevIo { kind, offset_blocks, num_blocks: n, buf: buf.map(IoBuf::from), tag }
+        BdevIo { kind, offset_blocks, num_blocks: n, buf: buf.map(IoBuf::from), tag, fua: false }
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! Block device methods (SPDK names and parameters): create, delete and list null and
-//! malloc bdevs in a [`BdevRegistry`].
+//! Block device methods (SPDK names and parameters): create, delete and list null,
+//! malloc, uring and aio bdevs in a [`BdevRegistry`]; rescan uring and aio bdevs.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use riser_rpc::params::{BdevGetBdevs, BdevMallocCreate, BdevNullCreate, ByName};
+use riser_rpc::params::{BdevAioCreate, BdevGetBdevs, BdevMallocCreate, BdevNullCreate, BdevUringCreate, ByName};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde_json::{json, Value};
 
-use crate::{info_json, BdevRegistry, RegistryError};
+use crate::{info_json, BdevRegistry, FileKind, RegistryError};
 
 /// The registry behind its lock; a poisoned lock (a panicked RPC thread) is still usable data.
 struct Bdevs(Arc<Mutex<BdevRegistry>>);
@@ -30,6 +30,9 @@ fn to_rpc(e: RegistryError) -> RpcError {
             RpcError::invalid_params(e.to_string())
         }
         RegistryError::Device(_) => RpcError::new(-12, e.to_string()),
+        RegistryError::File { errno, .. } => RpcError::new(errno as i64, e.to_string()),
+        RegistryError::NotResizable(_) => RpcError::new(-(libc::EOPNOTSUPP as i64), e.to_string()),
+        RegistryError::ShrinkClaimed { .. } => RpcError::busy(e.to_string()),
     }
 }
 
@@ -67,6 +70,39 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     reg.add("bdev_null_delete", move |p: ByName| {
         a.bdevs().delete(&p.name, Some("Null disk")).map_err(to_rpc)?;
         Ok(Value::Bool(true))
+    });
+    for kind in [FileKind::Uring, FileKind::Aio] {
+        let product = kind.product_name();
+        let (delete, rescan) = match kind {
+            FileKind::Uring => ("bdev_uring_delete", "bdev_uring_rescan"),
+            FileKind::Aio => ("bdev_aio_delete", "bdev_aio_rescan"),
+        };
+        let a = app.clone();
+        reg.add(delete, move |p: ByName| {
+            a.bdevs().delete(&p.name, Some(product)).map_err(to_rpc)?;
+            Ok(Value::Bool(true))
+        });
+        let a = app.clone();
+        reg.add(rescan, move |p: ByName| {
+            a.bdevs().rescan(&p.name, Some(product)).map_err(to_rpc)?;
+            Ok(Value::Bool(true))
+        });
+    }
+    let a = app.clone();
+    reg.add("bdev_uring_create", move |p: BdevUringCreate| {
+        let name = a
+            .bdevs()
+            .create_file(FileKind::Uring, &p.name, &p.filename, p.block_size, false, p.uuid)
+            .map_err(to_rpc)?;
+        Ok(Value::String(name))
+    });
+    let a = app.clone();
+    reg.add("bdev_aio_create", move |p: BdevAioCreate| {
+        let name = a
+            .bdevs()
+            .create_file(FileKind::Aio, &p.name, &p.filename, p.block_size, p.readonly, p.uuid)
+            .map_err(to_rpc)?;
+        Ok(Value::String(name))
     });
     let a = app.clone();
     reg.add("bdev_get_bdevs", move |p: BdevGetBdevs| {

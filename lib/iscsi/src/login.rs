@@ -1023,7 +1023,8 @@ impl Login {
 pub mod transport;
 
 pub use transport::{
-    EnableDatamover, LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+    EnableDatamover, LoginRx, LoginSink, LoginTransport, PollerStatus, PortalSpec, PortalTransport, ReactorPoller,
+    ResourceKeys, TransportError,
 };
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::inquiry::{
     WRITE_SAME_CHUNK_BYTES,
 };
 use crate::lock::{FastCounter, RangeGrant, WriteAdmission};
-use crate::lun::{Lun, ATTN_RESERVED, ATTN_SANITIZE, MODE_DSENSE, MODE_NO_MEDIUM};
+use crate::lun::{Lun, ATTN_RESERVED, ATTN_SANITIZE, MODE_DSENSE, MODE_NO_MEDIUM, MODE_WCE};
 use crate::opcodes::{self, CmdDesc, F_MEDIUM, F_WRITE};
 use crate::pr;
 use crate::rw;
@@ -103,6 +103,8 @@ enum Job {
         lba: Lba,
         blocks: u64,
         buf: Option<IoBuf>,
+        /// The CDB's FUA bit: durable before GOOD.
+        fua: bool,
     },
     /// WRITE AND VERIFY: write, then read back and compare (`check` when BYTCHK=1).
     WriteVerify {
@@ -660,8 +662,14 @@ impl LunChannel {
     // Bdev I/O
 
     fn submit_io(&mut self, slot: usize, kind: IoKind, lba: Lba, blocks: u64, buf: Option<IoBuf>) {
+        // FUA: asked for by the CDB (WRITE with FUA, WRITE AND VERIFY), or every change to
+        // the medium while the write cache is off (MODE SELECT WCE=0).
+        let mut fua = false;
         if let Some(o) = self.ops[slot].as_mut() {
             o.inflight += 1;
+            fua = matches!(kind, IoKind::Write | IoKind::Unmap | IoKind::WriteZeroes)
+                && (self.lun.mode_bits() & MODE_WCE == 0
+                    || matches!(o.job, Job::Write { fua: true, .. } | Job::WriteVerify { .. }));
         }
         self.io.submit(BdevIo {
             kind,
@@ -669,6 +677,7 @@ impl LunChannel {
             num_blocks: blocks,
             buf,
             tag: slot as u64,
+            fua,
         });
     }
 

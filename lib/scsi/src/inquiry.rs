@@ -170,7 +170,7 @@ fn block_limits(lun: &Lun) -> Vec<u8> {
     if lun.thin_provisioned() {
         put_be32(&mut b, 16, MAX_UNMAP_LBA_COUNT as u32);
         put_be32(&mut b, 20, MAX_UNMAP_DESCRIPTORS as u32);
-        put_be32(&mut b, 24, 1); // OPTIMAL UNMAP GRANULARITY
+        put_be32(&mut b, 24, 1 << lun.lbppb_exponent()); // OPTIMAL UNMAP GRANULARITY: a physical block
         put_be32(&mut b, 28, 0x8000_0000); // UGAVALID, alignment 0
     }
     put_be64(&mut b, 32, MAX_WRITE_SAME_BLOCKS); // MAXIMUM WRITE SAME LENGTH

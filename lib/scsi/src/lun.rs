@@ -6,7 +6,7 @@
 //! reservation exists): READ and WRITE never lock in the common case.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, IoKind, Lba};
@@ -64,8 +64,8 @@ pub struct LunConfig {
     pub sanitize_overwrite: bool,
     /// Physical block size in bytes, reported as LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT
     /// in READ CAPACITY(16) (SBC-3 5.16.2) and as the OPTIMAL TRANSFER LENGTH GRANULARITY.
-    /// `None` (the default): the logical block size, which is what riser's devices have (a
-    /// RAM device does no read-modify-write below any size). Set it to describe a backing
+    /// `None` (the default): the device's (a RAM device's is its logical block size: it does
+    /// no read-modify-write below any size; a block device's is what BLKPBSZGET says). Set it to describe a backing
     /// store with larger physical blocks (e.g. 4096 under 512-byte logical blocks); a value
     /// that is not a power-of-two multiple of the logical block size is ignored.
     pub physical_block_size: Option<u32>,
@@ -187,7 +187,11 @@ pub struct Lun {
     cfg: LunConfig,
     bdev: Arc<dyn Bdev>,
     block_size: u32,
-    num_blocks: u64,
+    /// The size the initiators were last told of (READ CAPACITY): a device that grew
+    /// since (a rescan) raises CAPACITY DATA HAS CHANGED on the next command.
+    known_blocks: AtomicU64,
+    /// The mode bits at power on: WCE when the device has a volatile write cache.
+    default_mode: u32,
     thin: bool,
     /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT.
     lbppbe: u8,
@@ -234,7 +238,8 @@ impl Lun {
             .clone()
             .unwrap_or_else(|| info.product_name.to_string());
         let naa = naa6(IEEE_COMPANY_ID, info.uuid.as_bytes());
-        let lbppbe = match cfg.physical_block_size {
+        // The LUN's setting, else what the device says (a file system's block size).
+        let lbppbe = match cfg.physical_block_size.or(Some(info.physical_block_size)) {
             Some(p) if p > info.block_size && p % info.block_size == 0 => {
                 let ratio = p / info.block_size;
                 if ratio.is_power_of_two() && ratio.trailing_zeros() <= 15 {
@@ -254,10 +259,11 @@ impl Lun {
             }
             _ => 0,
         };
-        let mode = MODE_WCE;
+        let mode = if info.volatile_write_cache { MODE_WCE } else { 0 };
         Arc::new(Lun {
             block_size: info.block_size,
-            num_blocks: info.num_blocks,
+            known_blocks: AtomicU64::new(info.num_blocks()),
+            default_mode: mode,
             thin,
             lbppbe,
             serial,
@@ -290,13 +296,41 @@ impl Lun {
         self.block_size
     }
 
+    /// The device's size now (it grows when a rescan finds a larger backing store).
     pub fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.bdev.info().num_blocks()
     }
 
     /// The address just past the last block.
     pub(crate) fn end_lba(&self) -> Lba {
-        Lba::new(self.num_blocks)
+        Lba::new(self.num_blocks())
+    }
+
+    /// Raises CAPACITY DATA HAS CHANGED for every I_T nexus (SBC-3 4.x, SPC-4 5.14) once
+    /// the device's size differs from the one last seen. One atomic load per command.
+    pub(crate) fn check_capacity(&self) {
+        let now = self.bdev.info().num_blocks();
+        let seen = self.known_blocks.load(Ordering::Acquire);
+        if now != seen
+            && self
+                .known_blocks
+                .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            log::info!("LUN {}: capacity changed from {seen} to {now} blocks", self.cfg.id);
+            self.establish_ua_all(Asc::CAPACITY_DATA_HAS_CHANGED);
+        }
+    }
+
+    /// Whether the device has a volatile write cache (the caching mode page's WCE can be
+    /// changed only then; without one every write is durable anyway).
+    pub fn volatile_write_cache(&self) -> bool {
+        self.bdev.info().volatile_write_cache
+    }
+
+    /// Mode bits at power on.
+    pub(crate) fn default_mode_bits(&self) -> u32 {
+        self.default_mode
     }
 
     pub fn thin_provisioned(&self) -> bool {
@@ -358,9 +392,10 @@ impl Lun {
         self.mode_bits() & MODE_DSENSE != 0
     }
 
-    /// Whether writes are refused (hardware or software write protect).
+    /// Whether writes are refused (hardware write protect: the LUN's option or a read-only
+    /// device; or software write protect).
     pub fn write_protected(&self) -> bool {
-        self.cfg.read_only || self.mode_bits() & MODE_SWP != 0
+        self.cfg.read_only || self.mode_bits() & MODE_SWP != 0 || !self.bdev.supports(IoKind::Write)
     }
 
     /// Queues a unit attention for every I_T nexus that has used this LUN, e.g.
@@ -422,7 +457,7 @@ impl Lun {
         };
         if kind == ResetKind::TargetColdReset {
             // Power on: mode parameters back to defaults, medium loaded.
-            self.mode.store(MODE_WCE, Ordering::Release);
+            self.mode.store(self.default_mode, Ordering::Release);
         }
         st.add_ua_all(asc, None);
         self.refresh_attn(&st);

@@ -2,7 +2,8 @@
 //! control (0x0A) and informational exceptions (0x1C) pages (SPC-4 7.5, SBC-3 6.4).
 //!
 //! The current values live in the LUN's mode bits (atomics the data path reads); changeable
-//! fields are WCE, D_SENSE and SWP. Saved parameters are not supported.
+//! fields are WCE (on a device with a volatile write cache: WCE=0 makes every write FUA),
+//! D_SENSE and SWP. Saved parameters are not supported.
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, put_be16, put_be32, put_be64, Cdb};
 use crate::lun::{Lun, MODE_DSENSE, MODE_SWP, MODE_WCE};
@@ -22,13 +23,15 @@ enum Pc {
     Default,
 }
 
-/// One mode page as (current | changeable | default) values of `bits`.
-fn page(code: u8, pc: Pc, bits: u32) -> Vec<u8> {
+/// One mode page as (current | changeable | default) values of `bits` on `lun`.
+fn page(lun: &Lun, code: u8, pc: Pc, bits: u32) -> Vec<u8> {
     let bit = |m: u32| -> bool {
         match pc {
             Pc::Current => bits & m != 0,
-            Pc::Default => MODE_WCE & m != 0,
-            Pc::Changeable => true,
+            Pc::Default => lun.default_mode_bits() & m != 0,
+            // WCE means something only on a device with a volatile write cache (SBC-3
+            // 6.4.5); elsewhere it stays 0.
+            Pc::Changeable => m != MODE_WCE || lun.volatile_write_cache(),
         }
     };
     let fixed = pc != Pc::Changeable;
@@ -95,7 +98,7 @@ pub(crate) fn mode_sense(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
     let bits = lun.mode_bits();
     let mut body = Vec::new();
     for c in pages {
-        body.extend(page(c, pc, bits));
+        body.extend(page(lun, c, pc, bits));
     }
     // Device specific parameter (SBC-3 6.4.1): WP, DPOFUA.
     let dsp = if lun.write_protected() { 0x80 } else { 0 } | 0x10;
@@ -201,7 +204,7 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
             return Err(CmdError::invalid_param(off as u16, None));
         }
         let plen = p[off + 1] as usize + 2;
-        let cur = page(code, Pc::Current, cur_bits);
+        let cur = page(lun, code, Pc::Current, cur_bits);
         if plen != cur.len() {
             return Err(CmdError::invalid_param(off as u16 + 1, None));
         }
@@ -209,7 +212,7 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
             return Err(CmdError::param_list_length());
         }
         let got = &p[off..off + plen];
-        let mask = page(code, Pc::Changeable, cur_bits);
+        let mask = page(lun, code, Pc::Changeable, cur_bits);
         for i in 2..plen {
             if (got[i] ^ cur[i]) & !mask[i] != 0 {
                 // A field that cannot be changed differs from its current value.

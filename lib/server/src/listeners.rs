@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use riser_iscsi::login::{LoginSink, LoginTransport, PortalSpec};
+use riser_iscsi::login::{LoginSink, LoginTransport, PollerStatus, PortalSpec, ReactorPoller};
+use riser_reactor::PollStatus;
 use riser_iscsi::negotiate::Transport;
 
 use crate::IscsiServer;
@@ -25,6 +26,20 @@ impl LoginSink for Sink {
 
     fn place(&self) -> usize {
         self.0.upgrade().map_or(0, |s| s.reactors.least_loaded())
+    }
+
+    fn attach_poller(&self, reactor: usize, mut poller: ReactorPoller) -> bool {
+        let Some(server) = self.0.upgrade() else { return false };
+        server
+            .reactors
+            .send_blocking(reactor, move |ctx| {
+                ctx.add_poller(move |_| match poller() {
+                    PollerStatus::Busy => PollStatus::Busy,
+                    PollerStatus::Idle => PollStatus::Idle,
+                    PollerStatus::Done => PollStatus::Done,
+                });
+            })
+            .is_ok()
     }
 }
 

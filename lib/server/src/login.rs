@@ -68,7 +68,7 @@ impl IscsiServer {
             transport: t.kind(),
             ..Default::default()
         });
-        let mut policy = Policy::new(self, peer.ip(), portal.portal_group_tag as u32, t.reactor_hint());
+        let mut policy = Policy::new(self, peer.ip(), portal.portal_group_tag as u32, t.reactor_hint(), t.kind());
         // The ITT of the last Login Request, for a response the driver itself causes.
         let mut last_itt = Itt(0);
         loop {
@@ -158,6 +158,8 @@ pub(crate) struct Policy<'a> {
     pg_tag: u32,
     /// The reactor a new session goes to; None: the least loaded one.
     reactor: Option<usize>,
+    /// The connection's transport: a connection joins only a session of its own kind.
+    transport: Transport,
     /// The queue depth of the target found (Allocate_Connection_Resources sizes by it).
     queue_depth: u32,
     /// Who is logging in to what, once the first key list told (for log lines).
@@ -166,8 +168,14 @@ pub(crate) struct Policy<'a> {
 }
 
 impl<'a> Policy<'a> {
-    pub(crate) fn new(server: &'a Arc<IscsiServer>, peer: IpAddr, pg_tag: u32, reactor: Option<usize>) -> Self {
-        Policy { server, peer, pg_tag, reactor, queue_depth: DISCOVERY_QUEUE_DEPTH, initiator: None, target: None }
+    pub(crate) fn new(
+        server: &'a Arc<IscsiServer>,
+        peer: IpAddr,
+        pg_tag: u32,
+        reactor: Option<usize>,
+        transport: Transport,
+    ) -> Self {
+        Policy { server, peer, pg_tag, reactor, transport, queue_depth: DISCOVERY_QUEUE_DEPTH, initiator: None, target: None }
     }
 
     fn saw(&mut self, who: &LoginIdentity) {
@@ -240,7 +248,7 @@ impl LoginPolicy for Policy<'_> {
     }
 
     fn session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
-        self.server.decide_session(who, &target.name, self.reactor)
+        self.server.decide_session(who, &target.name, self.reactor, self.transport)
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use riser_iscsi::ffp::CmdWindow;
 use riser_iscsi::login::{LoginIdentity, SessionDecision};
+use riser_iscsi::negotiate::Transport;
 use riser_iscsi::params::{SessionParams, SessionType};
 use riser_iscsi::pdu::LoginStatus;
 
@@ -70,17 +71,19 @@ pub(crate) fn isid_u64(b: &[u8; 6]) -> u64 {
 
 impl IscsiServer {
     /// The session a login creates, reinstates or joins. `reactor`: where a new session goes
-    /// (None: the least loaded reactor).
+    /// (None: the least loaded reactor); `transport`: the connection's.
     pub(crate) fn decide_session(
         &self,
         who: &LoginIdentity,
         target_name: &str,
         reactor: Option<usize>,
+        transport: Transport,
     ) -> Result<SessionDecision, LoginStatus> {
         let isid = isid_u64(&who.isid.0);
         let opts = self.target.options();
         if who.tsih != 0 {
-            return self.add_connection(who, isid, target_name, opts.max_connections_per_session as usize);
+            let iser = transport == Transport::Iser;
+            return self.add_connection(who, isid, target_name, opts.max_connections_per_session as usize, iser);
         }
         let mut sessions = self.sessions.lock();
         let old = sessions
@@ -115,7 +118,24 @@ impl IscsiServer {
 
     /// A connection joins session `tsih` (RFC 7143 §6.3.3), or replaces the connection with
     /// the same CID (connection reinstatement, §6.3.4).
-    fn add_connection(&self, who: &LoginIdentity, isid: u64, target: &str, max: usize) -> Result<SessionDecision, LoginStatus> {
+    ///
+    /// No mixing of transports in a session (MC/S over TCP and iSER): RFC 7145 §6.3 makes
+    /// RDMAExtensions a LeadingOnly key, so the leading connection's value holds for the whole
+    /// session (RFC 7143 §13: an LO key is negotiated on the leading connection only and applies
+    /// to the session): a session that negotiated RDMAExtensions=Yes is iSER-assisted on every
+    /// connection, one that did not (TCP) has no iSER connection. A connection of the other kind
+    /// would run with keys negotiated for the other transport (an iSER connection without
+    /// RDMAExtensions, or TCP with the iSER data segment limits), so it is refused with
+    /// Can't include in session (0x0208, RFC 7143 §11.13.5) before it disturbs the session (no
+    /// reinstatement of a connection with its CID).
+    fn add_connection(
+        &self,
+        who: &LoginIdentity,
+        isid: u64,
+        target: &str,
+        max: usize,
+        iser: bool,
+    ) -> Result<SessionDecision, LoginStatus> {
         let (reactor, params) = {
             let sessions = self.sessions.lock();
             let Some(s) = sessions.iter().find(|s| s.tsih == who.tsih) else {
@@ -128,6 +148,15 @@ impl IscsiServer {
                 // The leading connection has not reached full-feature phase yet.
                 return Err(LoginStatus::SERVICE_UNAVAILABLE);
             };
+            if params.rdma_extensions != iser {
+                let (kind, session) = if iser { ("iSER", "iSCSI/TCP") } else { ("iSCSI/TCP", "iSER") };
+                log::warn!(
+                    "session {:#x} of {}: an {kind} connection cannot join an {session} session (RFC 7145: RDMAExtensions is LeadingOnly); refused with Can't include in session",
+                    who.tsih,
+                    who.initiator_name
+                );
+                return Err(LoginStatus::CANT_INCLUDE_IN_SESSION);
+            }
             (s.reactor, params)
         };
         let conns = self.conns.list();

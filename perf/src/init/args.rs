@@ -128,6 +128,13 @@ pub struct InitArgs {
     #[arg(long, value_name = "N")]
     pub generation: Option<u64>,
 
+    /// --verify: every MS milliseconds of the write pass, let the writes in flight complete,
+    /// send SYNCHRONIZE CACHE and, once it is GOOD, print `sync: LABEL LBA A..B durable`
+    /// (every block of the range was acknowledged before the sync); once more at the end of
+    /// the pass. For crash tests: those blocks must read back after a target restart.
+    #[arg(long = "sync-every", value_name = "MS", requires = "verify")]
+    pub sync_every: Option<u64>,
+
     /// Seconds to wait between the write and the read pass of --verify.
     #[arg(long = "verify-pause", value_name = "SECONDS", default_value_t = 0)]
     pub verify_pause: u64,
@@ -168,6 +175,53 @@ pub struct InitArgs {
     /// (percentile spectrum and histogram).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+
+    /// iser:// only: offer iSERHelloRequired=Yes and, once logged in, do the iSER Hello /
+    /// HelloReply exchange (RFC 7145 §5.1.4, §9.3; what iWARP initiators may require) before
+    /// any I/O.
+    #[arg(long = "iser-hello")]
+    pub iser_hello: bool,
+
+    /// Tests: the iSER versions (MAX:MIN, 0-15) our Hello offers; default 10:10 (RFC 7145's).
+    #[arg(long = "iser-hello-versions", value_name = "MAX:MIN", requires = "iser_hello", hide = true, value_parser = parse_versions)]
+    pub iser_hello_versions: Option<(u8, u8)>,
+
+    /// Tests (iser://): after login, a Text Request SendTargets=All in full-feature phase;
+    /// the answer's keys are printed as `text: KEY=VALUE` lines.
+    #[arg(long = "text-sendtargets", hide = true)]
+    pub text_sendtargets: bool,
+
+    /// Tests (iser://): log in as connection 1 of the existing session TSIH:ISID (ISID as 12
+    /// hex digits) instead of a new session.
+    #[arg(long = "join-session", value_name = "TSIH:ISID", hide = true, value_parser = parse_join)]
+    pub join_session: Option<(u16, [u8; 6])>,
+}
+
+/// `MAX:MIN`, each 0-15.
+fn parse_versions(s: &str) -> Result<(u8, u8), String> {
+    let (a, b) = s.split_once(':').ok_or("expected MAX:MIN")?;
+    let v = |x: &str| x.trim().parse::<u8>().ok().filter(|v| *v < 16).ok_or(format!("{x}: not 0-15"));
+    Ok((v(a)?, v(b)?))
+}
+
+/// `TSIH:ISID`: TSIH decimal or 0x hex, ISID 12 hex digits.
+fn parse_join(s: &str) -> Result<(u16, [u8; 6]), String> {
+    let (t, i) = s.split_once(':').ok_or("expected TSIH:ISID")?;
+    let t = t.trim();
+    let tsih = match t.strip_prefix("0x") {
+        Some(h) => u16::from_str_radix(h, 16),
+        None => t.parse(),
+    }
+    .map_err(|e| format!("TSIH {t}: {e}"))?;
+    let i = i.trim().trim_start_matches("0x");
+    if i.len() != 12 {
+        return Err(format!("ISID {i}: 12 hex digits"));
+    }
+    let mut isid = [0u8; 6];
+    for (k, b) in isid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&i[2 * k..2 * k + 2], 16).map_err(|e| format!("ISID {i}: {e}"))?;
+    }
+    Ok((tsih, isid))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +259,8 @@ pub struct Plan {
     pub timeout: Duration,
     pub json: bool,
     pub plot: Option<std::path::PathBuf>,
+    /// --sync-every: SYNCHRONIZE CACHE this often during the verify write pass.
+    pub sync_every: Option<Duration>,
 }
 
 /// `START:COUNT`, decimal or 0x hex, COUNT > 0.
@@ -235,6 +291,16 @@ impl InitArgs {
     // `u64::is_multiple_of` is newer than the workspace's rust-version (1.75).
     #[allow(unknown_lints, clippy::manual_is_multiple_of)]
     pub fn plan(&self) -> Result<Plan, String> {
+        crate::iser::set_options(crate::iser::IserOptions {
+            hello: self.iser_hello.then(|| {
+                self.iser_hello_versions.unwrap_or((
+                    riser_datamover::iser::header::ISER_VERSION,
+                    riser_datamover::iser::header::ISER_VERSION,
+                ))
+            }),
+            text_sendtargets: self.text_sendtargets,
+            join: self.join_session,
+        });
         if self.urls.is_empty() {
             return Err("no target URL given: riser-perf [flags] iscsi://host[:port]/IQN/LUN ... (or riser-perf bdev ...)".into());
         }
@@ -342,7 +408,11 @@ impl InitArgs {
             DigestArg::Data => (false, true),
             DigestArg::Both => (true, true),
         };
+        if self.sync_every == Some(0) {
+            return Err("--sync-every 0: give a period in milliseconds (at least 1)".into());
+        }
         Ok(Plan {
+            sync_every: self.sync_every.map(Duration::from_millis),
             chap: self.chap_config()?,
             targets,
             workload: self.rw,

@@ -501,6 +501,10 @@ impl Client {
         let now_ns = t0.elapsed().as_nanos() as u64;
         self.load(|j, slot| issue(j, slot, now_ns))?;
         let stop = self.ctl.stop.clone();
+        // --sync-every: writes stop being issued when a sync is due, and resume after it.
+        let sync_every = self.plan.sync_every.filter(|_| dir == Dir::Write);
+        let mut last_sync = Instant::now();
+        let mut pausing = false;
         loop {
             let (inflight, _) = self.pass(t0, 0, &mut done, |tally, j, slot, now, lat| {
                 tally.rec.record(lat, dir == Dir::Read);
@@ -512,10 +516,28 @@ impl Client {
                     tally.mismatches.check(data, bsz(&g), lba, generation);
                     tally.blocks_checked += n as u64;
                 }
-                if !stop.load(Ordering::Relaxed) {
+                if !stop.load(Ordering::Relaxed) && !pausing {
                     issue(j, slot, now);
                 }
             })?;
+            if let Some(every) = sync_every {
+                if !pausing && last_sync.elapsed() >= every {
+                    pausing = true;
+                }
+                if inflight == 0 {
+                    self.sync_all(geoms)?;
+                    last_sync = Instant::now();
+                    pausing = false;
+                    if !stop.load(Ordering::Relaxed) {
+                        let now_ns = t0.elapsed().as_nanos() as u64;
+                        self.load(|j, slot| issue(j, slot, now_ns))?;
+                    }
+                    if self.jobs.iter().all(|j| j.conn.inflight() == 0) {
+                        break;
+                    }
+                    continue;
+                }
+            }
             if inflight == 0 {
                 break;
             }
@@ -523,6 +545,29 @@ impl Client {
         self.done = done;
         if self.ctl.stop.load(Ordering::Relaxed) {
             return Err("interrupted".into());
+        }
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE (10) on every session (no writes in flight), then one line per
+    /// session naming the range written so far, all of it acknowledged before the sync.
+    fn sync_all(&mut self, geoms: &[Geometry]) -> Result<(), String> {
+        let sessions = self.plan.sessions as u64;
+        for j in &mut self.jobs {
+            let r = j.conn.exec(&[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0)?;
+            if r.status != 0 {
+                return Err(format!("{}: SYNCHRONIZE CACHE: {}", j.conn.label(), crate::scsi::status_name(r.status)));
+            }
+            let g = geoms[j.url];
+            let first = g.units(true) * j.index as u64 / sessions;
+            let start = g.unit(first).0;
+            let end = if j.next_unit > first {
+                let (lba, blocks) = g.unit(j.next_unit - 1);
+                lba + blocks as u64
+            } else {
+                start
+            };
+            println!("sync: {} LBA {start}..{end} durable", j.conn.label());
         }
         Ok(())
     }

@@ -141,6 +141,8 @@ pub struct IserKeys {
     pub initiator_recv_dsl: u32,
     /// 0: no limit.
     pub max_outstanding_unexpected_pdus: u32,
+    /// iSERHelloRequired=Yes was the outcome (our Yes answered Yes).
+    pub hello_required: bool,
 }
 
 impl Default for IserKeys {
@@ -150,6 +152,7 @@ impl Default for IserKeys {
             target_recv_dsl: 8192,
             initiator_recv_dsl: 8192,
             max_outstanding_unexpected_pdus: 0,
+            hello_required: false,
         }
     }
 }
@@ -180,6 +183,14 @@ impl KeyNegotiation {
             iser: true,
             ..Self::with_proposal(Proposal::iser())
         }
+    }
+
+    /// [`Self::new_iser`] with further operational keys ([`Proposal::extra`]), such as
+    /// iSERHelloRequired=Yes.
+    pub fn new_iser_with(extra: Vec<(String, String)>) -> Self {
+        let mut n = Self::new_iser();
+        n.proposal.extra = extra;
+        n
     }
 
     /// What is proposed.
@@ -408,6 +419,11 @@ impl KeyNegotiation {
                     }
                 }
                 "iSERHelloRequired" | "TaggedBufferForSolicitedDataOnly" if self.iser => {
+                    if k == "iSERHelloRequired" && answer_to_ours {
+                        // OR (RFC 7145 §6.4): our Yes stands whatever the answer; the target
+                        // says Yes, or something a Hello would confuse.
+                        self.iser_result.hello_required = v == "Yes";
+                    }
                     if !answer_to_ours {
                         answers.push((k.clone(), "No".into()));
                     }
@@ -599,9 +615,16 @@ mod tests {
                 rdma_extensions: true,
                 target_recv_dsl: 4096,
                 initiator_recv_dsl: 8192,
-                max_outstanding_unexpected_pdus: 0
+                max_outstanding_unexpected_pdus: 0,
+                hello_required: false,
             }
         );
+
+        // Our iSERHelloRequired=Yes (--iser-hello), answered Yes: the Hello is due.
+        let mut n = KeyNegotiation::new_iser_with(vec![("iSERHelloRequired".into(), "Yes".into())]);
+        assert!(n.operational_proposal().contains(&("iSERHelloRequired".into(), "Yes".into())));
+        n.take_response(&pairs(&[("RDMAExtensions", "Yes"), ("iSERHelloRequired", "Yes")])).unwrap();
+        assert!(n.iser_result.hello_required);
         assert!(n.result.immediate_data && n.result.initial_r2t);
         assert_eq!(n.result.first_burst, 65536);
 

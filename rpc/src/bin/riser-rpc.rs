@@ -72,6 +72,18 @@ enum Cmd {
     BdevNullCreate(BdevNullCreate),
     /// Delete a null bdev
     BdevNullDelete(BdevName),
+    /// Create a bdev on a file or block device through io_uring (O_DIRECT)
+    BdevUringCreate(BdevUringCreate),
+    /// Delete a uring bdev
+    BdevUringDelete(BdevName),
+    /// Read a uring bdev's file or device size again (after it grew)
+    BdevUringRescan(BdevName),
+    /// Create a bdev on a file or block device (SPDK's AIO parameters; riser's io_uring engine)
+    BdevAioCreate(BdevAioCreate),
+    /// Delete an aio bdev
+    BdevAioDelete(BdevName),
+    /// Read an aio bdev's file or device size again (after it grew)
+    BdevAioRescan(BdevName),
     /// List bdevs (all, or one by name)
     BdevGetBdevs(BdevGetBdevs),
     /// Print the whole running configuration as JSON (input for load_config or riser --json;
@@ -213,6 +225,35 @@ impl BdevNullCreate {
             ..Default::default()
         })
     }
+}
+
+#[derive(Args, Debug)]
+struct BdevUringCreate {
+    /// UUID of the bdev (random when absent)
+    #[arg(short = 'u', long)]
+    uuid: Option<Uuid>,
+    /// Path to the file or block device (e.g. /dev/nvme0n1)
+    filename: String,
+    /// Bdev name
+    name: String,
+    /// Block size in bytes (512 or 4096; detected when absent)
+    block_size: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+struct BdevAioCreate {
+    /// UUID of the bdev (random when absent)
+    #[arg(short = 'u', long)]
+    uuid: Option<Uuid>,
+    /// Open the file or device read-only
+    #[arg(short = 'r', long)]
+    readonly: bool,
+    /// Path to the file or block device
+    filename: String,
+    /// Bdev name
+    name: String,
+    /// Block size in bytes (512 or 4096; detected when absent)
+    block_size: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -879,7 +920,26 @@ impl Cmd {
             Cmd::RpcGetMethods(a) => to_params(&a)?,
             Cmd::FrameworkGetConfig(a) => to_params(&a)?,
             Cmd::BdevMallocCreate(a) => to_params(&a.params()?)?,
-            Cmd::BdevMallocDelete(a) | Cmd::BdevNullDelete(a) => to_params(&ByName { name: a.name })?,
+            Cmd::BdevMallocDelete(a)
+            | Cmd::BdevNullDelete(a)
+            | Cmd::BdevUringDelete(a)
+            | Cmd::BdevUringRescan(a)
+            | Cmd::BdevAioDelete(a)
+            | Cmd::BdevAioRescan(a) => to_params(&ByName { name: a.name })?,
+            Cmd::BdevUringCreate(a) => to_params(&params::BdevUringCreate {
+                name: a.name,
+                filename: a.filename,
+                block_size: a.block_size,
+                uuid: a.uuid,
+            })?,
+            Cmd::BdevAioCreate(a) => to_params(&params::BdevAioCreate {
+                name: a.name,
+                filename: a.filename,
+                block_size: a.block_size,
+                readonly: a.readonly,
+                uuid: a.uuid,
+                ..Default::default()
+            })?,
             Cmd::BdevNullCreate(a) => to_params(&a.params()?)?,
             Cmd::BdevGetBdevs(a) => to_params(&params::BdevGetBdevs { name: a.name, ..Default::default() })?,
             Cmd::IscsiGetOptions
@@ -1267,7 +1327,15 @@ mod tests {
             params(&["bdev_null_create", "-u", &upper, "Null0", "16", "4096"]),
             json!({"name": "Null0", "num_blocks": 4096, "block_size": 4096, "uuid": u})
         );
-        for m in ["bdev_malloc_delete", "bdev_null_delete"] {
+        assert_eq!(
+            params(&["bdev_uring_create", "/tmp/disk.img", "Uring0"]),
+            json!({"name": "Uring0", "filename": "/tmp/disk.img"})
+        );
+        assert_eq!(
+            params(&["bdev_aio_create", "-r", "/dev/sdb", "Aio0", "4096"]),
+            json!({"name": "Aio0", "filename": "/dev/sdb", "block_size": 4096, "readonly": true})
+        );
+        for m in ["bdev_malloc_delete", "bdev_null_delete", "bdev_uring_delete", "bdev_uring_rescan", "bdev_aio_delete", "bdev_aio_rescan"] {
             assert_eq!(params(&[m, "Malloc0"]), json!({"name": "Malloc0"}));
         }
         assert_eq!(params(&["bdev_get_bdevs"]), Value::Null);

@@ -313,8 +313,10 @@ impl Default for IserConfig {
 }
 
 /// Work request ids: the kind in the top byte, a task generation in the next three bytes
-/// (RDMA Reads; zero elsewhere), the slot or read index in the low four. Unsignaled RDMA
-/// Writes have id 0 (they complete only in error).
+/// (RDMA Reads; zero elsewhere), the slot or read index in the next two; the low two bytes
+/// stay zero: the QP puts its route on the shared CQ there
+/// ([`super::shared_cq::ROUTE_BITS`]). Unsignaled RDMA Writes have kind 0 (they complete
+/// only in error).
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
 const KIND_READ: u64 = 3 << 56;
@@ -323,9 +325,13 @@ const KIND_WRITE: u64 = 4 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 const GEN_SHIFT: u32 = 32;
 const GEN_MASK: u32 = 0xff_ffff;
+const IDX_SHIFT: u32 = super::shared_cq::ROUTE_BITS;
+/// Slot and read indexes are 16 bits: pools hold far fewer slots, and fewer than 2^16 RDMA
+/// Reads are ever in flight on one QP (at most its initiator depth, 255).
+const IDX_MASK: u32 = 0xffff;
 
 fn wr_id(kind: u64, gen: u32, idx: u32) -> u64 {
-    kind | (u64::from(gen & GEN_MASK) << GEN_SHIFT) | u64::from(idx)
+    kind | (u64::from(gen & GEN_MASK) << GEN_SHIFT) | (u64::from(idx & IDX_MASK) << IDX_SHIFT)
 }
 
 fn wr_gen(wr_id: u64) -> u32 {
@@ -333,7 +339,7 @@ fn wr_gen(wr_id: u64) -> u32 {
 }
 
 fn wr_idx(wr_id: u64) -> u32 {
-    wr_id as u32
+    (wr_id >> IDX_SHIFT) as u32 & IDX_MASK
 }
 
 /// What the datamover knows of a task, from its SCSI Command until its response goes out
@@ -441,6 +447,7 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// receive ring (RFC 7145: before the final Login Response is sent).
     pub fn new(qp: Q, cfg: IserConfig, pools: (Pool, Pool, Pool)) -> Result<Self, IserError> {
         let (recv, send, send_large) = pools;
+        debug_assert!(recv.count() <= IDX_MASK as usize && send.count().max(send_large.count()) < Self::LARGE_SLOT as usize);
         let mut dm = IserDatamover {
             qp,
             cfg,
@@ -540,7 +547,7 @@ impl<Q: IserQp> IserDatamover<Q> {
 
     /// Builds the SEND of a control PDU into a send slot; None when no slot is free.
     /// The slot ids of large send slots have this bit set.
-    const LARGE_SLOT: u32 = 1 << 31;
+    const LARGE_SLOT: u32 = 1 << 15;
 
     /// Builds the SEND of a control PDU into a send slot (a small one if it fits, else a
     /// large one); None when no slot is free. Returns the slot id and its SGE.
@@ -776,7 +783,7 @@ impl<Q: IserQp> IserDatamover<Q> {
                 // Its task was deallocated (the queue is purged then; this is a safety net).
                 continue;
             };
-            self.next_read = self.next_read.wrapping_add(1);
+            self.next_read = self.next_read.wrapping_add(1) & IDX_MASK;
             let idx = self.next_read;
             let seq = self.push_tx(SendWr {
                 wr_id: wr_id(KIND_READ, job.gen, idx),
@@ -1203,10 +1210,15 @@ mod tests {
 
     impl IserQp for FakeQp {
         fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), IserError> {
+            // The QP's route on the shared CQ goes there: every test checks it stays clear.
+            assert_eq!(wr_id & super::super::shared_cq::ROUTE_MASK, 0, "receive {wr_id:#x} uses the route bits");
             self.recvs.push_back((wr_id, sge));
             Ok(())
         }
         fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), IserError> {
+            for w in wrs {
+                assert_eq!(w.wr_id & super::super::shared_cq::ROUTE_MASK, 0, "{:?} uses the route bits", w.op);
+            }
             self.chains.push(wrs.len());
             self.queued.extend_from_slice(wrs);
             Ok(())

@@ -40,6 +40,9 @@ pub enum IserError {
     /// A QP deeper than a whole CQ of the device.
     #[error("a QP of {depth} work requests does not fit a CQ of {capacity}")]
     QpDeeperThanCq { depth: u32, capacity: u32 },
+    /// The reactor that would own the connection's CQ is stopping.
+    #[error("reactor {0} is stopping")]
+    NoReactor(usize),
     /// A PDU to send could not be encoded.
     #[error("cannot encode {opcode:?}: {source}")]
     Encode { opcode: Option<Opcode>, source: PduError },

@@ -5,11 +5,14 @@
 //! One control-plane thread per portal owns the CM event channel. A connection's life:
 //! 1. CONNECT_REQUEST: a reactor is chosen for the connection (the server's placement: the
 //!    least loaded) and its RC QP created on that reactor's shared CQ for the device (see
-//!    [`super::shared_cq`]: one CQ per reactor and device, polled in batches); ONE login
-//!    receive buffer is posted, then accept (initiator depth = min(the peer's responder
-//!    resources, the device's limit); private data: no zero-based VA, Send with Invalidate
-//!    when the initiator supports it). The connection goes to the server's login driver as an
-//!    [`IserLogin`]; the portal thread keeps only its CM state (established, closed).
+//!    [`super::shared_cq`]: one CQ per reactor and device, owned and polled by that reactor
+//!    alone, which routes each completion to its QP's inbox by the route in its `wr_id`; a
+//!    new CQ's poller is attached to the reactor here). From then on the QP is the reactor's:
+//!    the login thread only reads its inbox. ONE login receive buffer is posted, then accept
+//!    (initiator depth = min(the peer's responder resources, the device's limit); private
+//!    data: no zero-based VA, Send with Invalidate when the initiator supports it). The
+//!    connection goes to the server's login driver as an [`IserLogin`]; the portal thread
+//!    keeps only its CM state (established, closed).
 //! 2. Login PDUs arrive in RC SENDs behind the 28-byte iSER header; the login receive is
 //!    reposted before each non-final response.
 //! 3. Allocate_Connection_Resources (when the login reaches operational negotiation, after any
@@ -18,8 +21,16 @@
 //!    registered with the PD on first use and for the life of its pooled mapping); the whole
 //!    receive ring is posted before the final Login Response goes out through the datamover.
 //! 4. Enable_Datamover: the datamover moves to the session's reactor: the one chosen at
-//!    connect for a new session (so its completions are polled where they arrive), the
-//!    session's own for a connection joining one (its CQ is then polled from both).
+//!    connect for a new session (the reactor that polls its CQ), the session's own for a
+//!    connection joining one (its CQ's reactor still routes its completions, into an inbox
+//!    the connection reads from its session's reactor: inboxes are lock-free queues).
+//!
+//! Discovery sessions are accepted on an iSER portal (tested: open-iscsi's discovery through
+//! an iser iface, scripts/vm/iser-fault.sh). RFC 7145 has discovery run over the normal iSCSI
+//! transport and makes RDMAExtensions irrelevant to a discovery session (§6.3), but forbids
+//! none on an iSER-capable connection, and on InfiniBand / RoCE the portal has no streaming
+//! mode to fall back to: refusing would leave an initiator that discovers through its iSER
+//! iface with nothing. Its Login and Text PDUs go in RC SENDs behind the iSER header.
 //!
 //! DISCONNECTED and other CM events mark the connection's CM state closed: a login ends, a
 //! connection in full-feature phase terminates (its datamover sees the mark).
@@ -40,7 +51,8 @@ use std::time::{Duration, Instant};
 use riser_bdev::IoBuf;
 use riser_iscsi::ffp::{Datamover, DatamoverParams, DmEvent, GetData, PutData};
 use riser_iscsi::login::{
-    EnableDatamover, LoginRx, LoginSink, LoginTransport, PortalSpec, PortalTransport, ResourceKeys, TransportError,
+    EnableDatamover, LoginRx, LoginSink, LoginTransport, PollerStatus, PortalSpec, PortalTransport, ResourceKeys,
+    TransportError,
 };
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{Op, Pdu, Stage, BHS_LEN};
@@ -52,7 +64,7 @@ use riser_rdma::{
 use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
 use super::error::IserError;
 use super::header::{cm, IserHeader, ISER_HDR_LEN};
-use super::shared_cq::CqSet;
+use super::shared_cq::{CqSet, PollerPass};
 use super::verbs::{registered_pool, supports_send_with_invalidate, VerbsCq, VerbsQp};
 
 const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
@@ -71,7 +83,7 @@ const PORTAL_IDLE: Duration = Duration::from_micros(500);
 const FAILED_LINGER: Duration = Duration::from_secs(2);
 
 /// The shared CQs of every iSER portal, by (device, reactor).
-static CQS: std::sync::LazyLock<CqSet<VerbsCq>> = std::sync::LazyLock::new(CqSet::default);
+static CQS: std::sync::LazyLock<CqSet<Arc<CompletionQueue>>> = std::sync::LazyLock::new(CqSet::default);
 
 /// What the portal thread learns of a connection from the CM, for whoever holds the
 /// connection (the login driver, then the connection's reactor).
@@ -177,7 +189,7 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
                                     continue;
                                 }
                                 let key = id.key();
-                                match setup(id, &mut pds, &ev.private_data, ev.responder_resources, ev.initiator_depth, sink.place()) {
+                                match setup(id, &mut pds, &ev.private_data, ev.responder_resources, ev.initiator_depth, &*sink) {
                                     Ok(login) => {
                                         let state = login.cm.clone();
                                         let peer = login.peer;
@@ -242,15 +254,18 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
     log::info!("iSER portal {addr}: stopped");
 }
 
-/// CONNECT_REQUEST: QP on `reactor`'s shared CQ, one login receive, accept.
+/// CONNECT_REQUEST: QP on the shared CQ of the reactor `sink` places it on (the CQ opened
+/// and its poller attached to that reactor if it has none with room), one login receive,
+/// accept.
 fn setup(
     mut id: CmId,
     pds: &mut HashMap<String, Arc<ProtectionDomain>>,
     private_data: &[u8],
     peer_responder_resources: u8,
     peer_initiator_depth: u8,
-    reactor: usize,
+    sink: &dyn LoginSink,
 ) -> Result<IserLogin, IserError> {
+    let reactor = sink.place();
     let ctx: Arc<Context> = id.context()?.ok_or(IserError::NoDevice)?;
     let attr = ctx.query_device()?;
     let pd = match pds.get(ctx.name()).filter(|pd| pd.context().as_raw() == ctx.as_raw()) {
@@ -267,23 +282,37 @@ fn setup(
     let recv_wr = IserConfig::for_queue_depth(MAX_QUEUE_DEPTH, 0).recv_wr().min(max_wr);
     let depth = send_wr + recv_wr;
     let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
-    let shared = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
+    let (shared, poller) = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
         let cq =
             CompletionQueue::new(&ctx, cap, None, 0).map_err(|source| IserError::CreateCq { entries: cap, source })?;
-        Ok((VerbsCq::new(cq), cap))
+        Ok((VerbsCq::new(cq.clone()), cq, cap))
     })?;
+    if let Some(mut poller) = poller {
+        // The reactor owns the new CQ: it alone polls it, from now on.
+        let attached = sink.attach_poller(
+            reactor,
+            Box::new(move || match poller.pass() {
+                PollerPass::Busy => PollerStatus::Busy,
+                PollerPass::Idle => PollerStatus::Idle,
+                PollerPass::Done => PollerStatus::Done,
+            }),
+        );
+        if !attached {
+            return Err(IserError::NoReactor(reactor));
+        }
+    }
     id.create_qp(
         &pd,
         &QpInitAttr {
-            send_cq: shared.source().cq().clone(),
-            recv_cq: shared.source().cq().clone(),
+            send_cq: shared.handle().clone(),
+            recv_cq: shared.handle().clone(),
             srq: None,
             caps: QpCaps { max_send_wr: send_wr, max_recv_wr: recv_wr, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
             sq_sig_all: false,
         },
     )?;
     let qp_num = id.qp().map(|q| q.qp_num()).ok_or(IserError::NoQueuePair)?;
-    let member = shared.join(qp_num, depth)?;
+    let member = shared.join(depth)?;
     let peer = id.peer_addr().ok_or(IserError::NoPeerAddress)?;
     let local = id.local_addr();
     // Our RDMA Reads are bounded by what the peer can answer (its responder resources).

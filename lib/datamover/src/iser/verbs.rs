@@ -12,7 +12,7 @@ use riser_rdma::{
 
 use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
 use super::error::IserError;
-use super::shared_cq::{CqMember, CqSource};
+use super::shared_cq::{CqMember, CqSource, ROUTE_MASK};
 
 impl RegisteredMemory for MemoryRegion {
     fn base(&self) -> u64 {
@@ -71,61 +71,54 @@ fn completion(wc: &WorkCompletion) -> Completion {
     Completion { wr_id: wc.wr_id, error: if wc.is_success() { None } else { Some(wc.is_flush()) }, byte_len: wc.byte_len }
 }
 
-/// A verbs CQ shared by the QPs of one reactor on one device (see [`super::shared_cq`]).
+/// The poll side of a verbs CQ shared by the QPs of one reactor on one device: held by its
+/// [`super::shared_cq::CqPoller`] alone (see [`super::shared_cq`]).
 pub struct VerbsCq {
     cq: Arc<CompletionQueue>,
+    wcs: [WorkCompletion; 32],
 }
 
 impl VerbsCq {
     pub fn new(cq: Arc<CompletionQueue>) -> VerbsCq {
-        VerbsCq { cq }
-    }
-
-    pub fn cq(&self) -> &Arc<CompletionQueue> {
-        &self.cq
+        VerbsCq { cq, wcs: [WorkCompletion::default(); 32] }
     }
 }
 
 impl CqSource for VerbsCq {
-    fn poll_into(&self, out: &mut Vec<(u32, Completion)>, max: usize) -> Result<usize, IserError> {
-        let mut wcs = [WorkCompletion::default(); 64];
-        let max = max.min(wcs.len());
-        let n = self.cq.poll(&mut wcs[..max])?;
-        out.extend(wcs[..n].iter().map(|wc| (wc.qp_num, completion(wc))));
+    fn poll_into(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, IserError> {
+        let max = max.min(self.wcs.len());
+        let n = self.cq.poll(&mut self.wcs[..max])?;
+        out.extend(self.wcs[..n].iter().map(completion));
         Ok(n)
     }
 }
 
-/// Where a QP's completions come from.
-enum QpCq {
-    /// A CQ of its own (polled directly).
-    Own(Arc<CompletionQueue>),
-    /// Its inbox on a shared CQ.
-    Shared(CqMember<VerbsCq>),
-}
+/// A QP's slot on its reactor's shared CQ.
+pub type VerbsCqMember = CqMember<Arc<CompletionQueue>>;
 
-/// An rdma_cm id with its RC queue pair and the CQ both its queues complete on.
+/// An rdma_cm id with its RC queue pair, whose queues complete on a shared CQ that its
+/// reactor polls: every work request carries the QP's route ([`CqMember::route`]) in its
+/// `wr_id`, and the QP takes its completions out of its inbox.
 pub struct VerbsQp {
-    // Dropped in this order: the QP (with the id) before its membership of a shared CQ.
+    // Dropped in this order: the QP (with the id) before its slot on the shared CQ.
     id: CmId,
-    cq: QpCq,
-    wcs: Vec<WorkCompletion>,
+    member: VerbsCqMember,
     disconnected: bool,
 }
 
 impl VerbsQp {
-    /// `id` must already own its QP (created on `cq`).
-    pub fn new(id: CmId, cq: Arc<CompletionQueue>) -> VerbsQp {
-        VerbsQp { id, cq: QpCq::Own(cq), wcs: vec![WorkCompletion::default(); 32], disconnected: false }
-    }
-
-    /// `id` must already own its QP, created on `member`'s shared CQ, which it joined.
-    pub fn shared(id: CmId, member: CqMember<VerbsCq>) -> VerbsQp {
-        VerbsQp { id, cq: QpCq::Shared(member), wcs: Vec::new(), disconnected: false }
+    /// `id` must already own its QP, created on `member`'s shared CQ.
+    pub fn shared(id: CmId, member: VerbsCqMember) -> VerbsQp {
+        VerbsQp { id, member, disconnected: false }
     }
 
     pub fn cm_id(&self) -> &CmId {
         &self.id
+    }
+
+    fn routed(&self, wr_id: u64) -> u64 {
+        debug_assert_eq!(wr_id & ROUTE_MASK, 0, "the low bits of a wr_id are the route");
+        (wr_id & !ROUTE_MASK) | self.member.route()
     }
 }
 
@@ -136,13 +129,13 @@ fn sge(s: Sge) -> riser_rdma::Sge {
 impl IserQp for VerbsQp {
     fn post_recv(&mut self, wr_id: u64, s: Sge) -> Result<(), IserError> {
         let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
-        Ok(qp.post_recv(wr_id, &[sge(s)])?)
+        Ok(qp.post_recv(self.routed(wr_id), &[sge(s)])?)
     }
 
     fn post_recvs(&mut self, wrs: &[(u64, Sge)]) -> Result<(), IserError> {
         let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
         let sges: Vec<[riser_rdma::Sge; 1]> = wrs.iter().map(|&(_, s)| [sge(s)]).collect();
-        let chain: Vec<RecvWr<'_>> = wrs.iter().zip(sges.iter()).map(|(&(wr_id, _), s)| RecvWr { wr_id, sges: s }).collect();
+        let chain: Vec<RecvWr<'_>> = wrs.iter().zip(sges.iter()).map(|(&(wr_id, _), s)| RecvWr { wr_id: self.routed(wr_id), sges: s }).collect();
         Ok(qp.post_recvs(&chain)?)
     }
 
@@ -159,7 +152,7 @@ impl IserQp for VerbsQp {
                     SendOp::RdmaWrite { remote_addr, rkey } => RSendOp::RdmaWrite { remote_addr, rkey: rkey.get() },
                     SendOp::RdmaRead { remote_addr, rkey } => RSendOp::RdmaRead { remote_addr, rkey: rkey.get() },
                 };
-                let wr = RSendWr::new(w.wr_id, op, WrData::Sges(s));
+                let wr = RSendWr::new(self.routed(w.wr_id), op, WrData::Sges(s));
                 if w.signaled {
                     wr.signaled()
                 } else {
@@ -171,22 +164,7 @@ impl IserQp for VerbsQp {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let cq = match &self.cq {
-            QpCq::Shared(m) => return m.poll(out, max),
-            QpCq::Own(cq) => cq,
-        };
-        let max = max.min(self.wcs.len());
-        match cq.poll(&mut self.wcs[..max]) {
-            Ok(n) => {
-                out.extend(self.wcs[..n].iter().map(completion));
-                n
-            }
-            Err(e) => {
-                log::error!("iSER: polling the CQ failed: {e}");
-                out.push(Completion { wr_id: 0, error: Some(false), byte_len: 0 });
-                1
-            }
-        }
+        self.member.poll(out, max)
     }
 
     fn register(&mut self, buf: &mut IoBuf) -> Result<u32, IserError> {

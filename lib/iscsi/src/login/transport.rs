@@ -106,7 +106,23 @@ pub trait LoginSink: Send + Sync {
     fn accept(&self, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool;
     /// The reactor a connection that is about to log in should be prepared for.
     fn place(&self) -> usize;
+    /// Runs `poller` on reactor `reactor`, once per pass, until it says [`PollerStatus::Done`]
+    /// (then drops it there): how a transport's per-reactor object (an iSER completion queue)
+    /// is owned and polled by that reactor alone. False: the reactor is stopping (the poller
+    /// is dropped).
+    fn attach_poller(&self, reactor: usize, poller: ReactorPoller) -> bool;
 }
+
+/// What a poller attached with [`LoginSink::attach_poller`] says after one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollerStatus {
+    Busy,
+    Idle,
+    Done,
+}
+
+/// A transport's poller for a reactor (see [`LoginSink::attach_poller`]).
+pub type ReactorPoller = Box<dyn FnMut() -> PollerStatus + Send>;
 
 /// A transport's listeners: TCP's accept loop, iSER's RDMA CM portal.
 pub trait PortalTransport: Send + Sync {

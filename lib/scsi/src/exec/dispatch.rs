@@ -14,6 +14,7 @@ impl LunChannel {
         data_out: Option<IoBuf>,
     ) -> CmdResult<Action> {
         let lun = ctx.lun;
+        lun.check_capacity();
         let desc = opcodes::lookup(&ctx.cdb);
         let attn = lun.attn.load(std::sync::atomic::Ordering::Acquire);
         if attn != 0 || !self.seen.contains(&ctx.nexus.id) {

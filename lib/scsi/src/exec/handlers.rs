@@ -144,12 +144,15 @@ impl LunChannel {
                 },
             ));
         }
+        // FUA (SBC-3 5.35: byte 1 bit 3; WRITE (6) has none).
+        let fua = b.flags & 0x08 != 0;
         Ok(Action::Job(
             need,
             Job::Write {
                 lba: b.lba,
                 blocks,
                 buf: Some(buf),
+                fua,
             },
         ))
     }
@@ -440,9 +443,11 @@ impl LunChannel {
         ))
     }
 
-    /// GET LBA STATUS (SBC-3 5.5): blocks that read as zeros are reported deallocated
-    /// (LBPRZ: an unmapped block reads as zeros, and a zeroed block is as good as
-    /// unmapped).
+    /// GET LBA STATUS (SBC-3 5.5): from the device's allocation map where it keeps one (a
+    /// file's holes, RAM's zeroed blocks), each run of same-state blocks one descriptor,
+    /// as many as the allocation length holds. Otherwise blocks that read as zeros are
+    /// reported deallocated (LBPRZ: an unmapped block reads as zeros, and a zeroed block is
+    /// as good as unmapped), read one window at a time.
     pub(super) fn get_lba_status(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
@@ -451,12 +456,25 @@ impl LunChannel {
         if lba >= lun.end_lba() {
             return Err(CmdError::lba_out_of_range());
         }
+        ctx.xfer = alloc as u64;
+        // Descriptors that fit in the allocation length (8-byte header, 16 each).
+        let fit = (alloc.saturating_sub(8) / 16).max(1);
+        if let Some(map) = lun.bdev().provisioning(lba, lun.end_lba() - lba, fit) {
+            let runs = map.map_err(|e| bdev_error(IoKind::Read, &e))?;
+            // One more than fits (when the device found it) tells the initiator, through
+            // the PARAMETER DATA LENGTH, that there is more.
+            let runs: LbaRuns = runs
+                .iter()
+                .take(fit + 1)
+                .map(|r| (r.start, r.blocks, r.deallocated as u8))
+                .collect();
+            return Ok(Action::Data(lba_status_data(&runs), alloc));
+        }
         // Read one window at a time from the starting LBA (see LBA_STATUS_MAX_SCAN_BYTES
         // for how far the scan goes).
         let window = (LBA_STATUS_WINDOW_BYTES / lun.block_size() as u64)
             .max(1)
             .min(lun.end_lba() - lba);
-        ctx.xfer = alloc as u64;
         Ok(Action::Job(
             Need::None,
             Job::LbaStatus {

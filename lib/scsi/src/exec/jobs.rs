@@ -65,7 +65,7 @@ impl LunChannel {
                 let b = b.unwrap_or_else(|| self.buf(blocks as usize * bs));
                 self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
             }
-            Job::Write { lba, blocks, buf }
+            Job::Write { lba, blocks, buf, .. }
             | Job::WriteVerify {
                 lba, blocks, buf, ..
             } => {

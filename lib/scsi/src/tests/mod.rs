@@ -12,6 +12,7 @@ mod robustness;
 mod sanitize;
 mod task_mgmt;
 mod unit_attention;
+mod durability;
 mod xcopy;
 
 use std::sync::Arc;
