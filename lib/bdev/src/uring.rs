@@ -465,13 +465,20 @@ impl Inner {
     /// Reaps every CQE and files its completion (or resubmits the op's next step).
     fn reap(&mut self) {
         let mut got = 0;
+        // Up to 64 at a time into an array (nothing allocated per poll), handled once the
+        // completion queue is released.
+        let mut cqes = [(0u64, 0i32); 64];
         loop {
-            let cqes: Vec<(u64, i32)> = self.uring.completion().map(|c| (c.user_data(), c.result())).take(64).collect();
-            if cqes.is_empty() {
+            let mut n = 0;
+            for (slot, c) in cqes.iter_mut().zip(self.uring.completion()) {
+                *slot = (c.user_data(), c.result());
+                n += 1;
+            }
+            if n == 0 {
                 break;
             }
-            got += cqes.len();
-            for (ud, res) in cqes {
+            got += n;
+            for &(ud, res) in &cqes[..n] {
                 self.on_cqe(ud as u32, res);
             }
         }

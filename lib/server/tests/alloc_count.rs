@@ -115,6 +115,24 @@ fn over_tcp_4k_reads_and_writes_allocate_nothing_per_io_on_the_reactor() {
 }
 
 #[test]
+fn over_tcp_on_a_file_lun_4k_reads_and_writes_allocate_nothing_per_io_on_the_reactor() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // On the build's disk, not /tmp (which may be tmpfs: no O_DIRECT).
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("alloc-count-{}.img", std::process::id()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let env = Env::tcp_file(&addr, &path);
+    let (mut c, _) = Client::login_over(TcpWire::connect(addr.parse().expect("address")), 1, keys(true, true, 65536));
+    let (writes, reads) = run(&mut c);
+    println!("TCP, file LUN (io_uring): reactor heap allocations per I/O: 4 KiB write {writes:.3}, 4 KiB read {reads:.3}");
+    c.logout();
+    drop(env);
+    let _ = std::fs::remove_file(&path);
+    assert!(reads < 0.01, "4 KiB reads from a file LUN: {reads:.3} heap allocations per I/O on the reactor");
+    assert!(writes < 0.01, "4 KiB writes to a file LUN: {writes:.3} heap allocations per I/O on the reactor");
+}
+
+#[test]
 fn reads_and_writes_of_4k_allocate_nothing_per_io_on_the_reactor() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let env = Env::new();

@@ -46,7 +46,21 @@ impl Env {
         Env::serving(Some(Arc::new(riser_datamover::TcpPortal)), addr)
     }
 
+    /// Behind the TCP portal on `addr`, its LUN a file (`path`, 1 MiB, created) on riser's
+    /// io_uring engine instead of RAM.
+    pub fn tcp_file(addr: &str, path: &std::path::Path) -> Env {
+        std::fs::File::create(path).and_then(|f| f.set_len((2048 * BLOCK) as u64)).expect("the LUN's file");
+        let bdev = json!({"name": "Malloc0", "filename": path.to_string_lossy(), "block_size": BLOCK});
+        Env::serving_bdev(Some(Arc::new(riser_datamover::TcpPortal)), addr, ("bdev_uring_create", bdev))
+    }
+
     fn serving(transport: Option<Arc<dyn riser_iscsi::login::PortalTransport>>, addr: &str) -> Env {
+        let malloc = json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK});
+        Env::serving_bdev(transport, addr, ("bdev_malloc_create", malloc))
+    }
+
+    /// The target with its one LUN made by `bdev` (an RPC and its params; named Malloc0).
+    fn serving_bdev(transport: Option<Arc<dyn riser_iscsi::login::PortalTransport>>, addr: &str, bdev: (&str, Value)) -> Env {
         let reactors = ReactorSet::start(ReactorConfig { cores: vec![0], mode: PollMode::Adaptive, ring_size: 1024, pin: false })
             .expect("reactors");
         let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
@@ -59,7 +73,7 @@ impl Env {
         riser_config::rpc::register(&mut rpc, target.clone());
         riser_server::rpc::register(&mut rpc, &server);
         let env = Env { reactors: Some(reactors), server, portal, rpc, _target: target };
-        env.call("bdev_malloc_create", json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK}));
+        env.call(bdev.0, bdev.1);
         let (host, port) = addr.rsplit_once(':').expect("HOST:PORT");
         env.call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": host, "port": port}]}));
         env.call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
