@@ -343,13 +343,23 @@ impl Framer {
     /// [`read_from`](Self::read_from).
     pub fn read_routed(&mut self, r: &mut impl std::io::Read, chunk: usize, dst: Option<&mut [u8]>) -> std::io::Result<usize> {
         let data_digest = self.digests.data;
+        let mut dst = dst;
         if self.direct.is_none() {
-            match (&dst, self.next_header_for_direct()) {
-                (Some(_), Some((raw, bhs, dsl))) => {
-                    self.direct = Some(Direct { raw, bhs, dsl, got: 0, crc: 0, discard: false })
-                }
-                _ => return self.read_from(r, chunk),
+            let (Some(to), Some((raw, bhs, dsl))) = (dst.as_deref_mut(), self.next_header_for_direct()) else {
+                return self.read_from(r, chunk);
+            };
+            if to.len() != dsl {
+                return self.read_from(r, chunk);
             }
+            // The header is consumed; the segment's first bytes, read with it, are copied.
+            let from = self.start + self.header_len(&raw);
+            let have = self.end.saturating_sub(from).min(dsl);
+            let part = self.buf.get(from..from + have).unwrap_or_default();
+            to[..part.len()].copy_from_slice(part);
+            let crc = if data_digest { digest::crc32c(part) } else { 0 };
+            self.copied += part.len() as u64;
+            self.direct = Some(Direct { raw, bhs, dsl, got: part.len(), crc, discard: false });
+            self.start = from + part.len();
         }
         let Some(d) = self.direct.as_mut().filter(|d| !d.discard && d.got < d.dsl) else {
             return self.read_from(r, chunk);
@@ -358,20 +368,6 @@ impl Framer {
             d.discard = true;
             return self.read_from(r, chunk);
         };
-        if d.got == 0 {
-            // The header still sits in the buffer, and the segment's first bytes after it.
-            let header_len = BHS_LEN + if self.digests.header { DIGEST_LEN } else { 0 };
-            let from = self.start + header_len;
-            let have = (self.end - from).min(d.dsl);
-            let part = &self.buf[from..from + have];
-            dst[..have].copy_from_slice(part);
-            if data_digest {
-                d.crc = digest::crc32c(part);
-            }
-            d.got = have;
-            self.copied += have as u64;
-            self.start = from + have;
-        }
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -883,6 +879,11 @@ mod tests {
             let Some(&n) = self.sizes.first().filter(|_| self.pos < self.bytes.len()) else {
                 return Err(std::io::ErrorKind::WouldBlock.into());
             };
+            if n == 0 {
+                // A pause: nothing to read this time.
+                self.sizes.remove(0);
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
             let n = n.min(b.len()).min(self.bytes.len() - self.pos);
             b[..n].copy_from_slice(&self.bytes[self.pos..self.pos + n]);
             self.pos += n;
@@ -976,5 +977,35 @@ mod tests {
         let (p, placed) = f.next_pdu_routed(|_, _| false).unwrap().unwrap();
         assert!(!placed && p.data.is_empty() && p.bhs.data_segment_length == 2000);
         assert_eq!(f.next_pdu().unwrap(), Some(norm(pdus[1].clone())));
+    }
+
+    #[test]
+    fn a_header_that_arrives_alone_then_its_segment_in_pieces() {
+        for d in [Digests::default(), Digests { header: true, data: true }] {
+            let mut seg = data_out(5000);
+            seg.data.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 7) as u8);
+            let pdus = vec![seg.clone(), nop(2, b"next")];
+            let bytes = stream(&pdus, d);
+            let hl = BHS_LEN + if d.header { 4 } else { 0 };
+            let mut r = Pieces { sizes: vec![hl, 0, 7, 0, 2000, bytes.len()], bytes, pos: 0 };
+            let mut f = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 0 });
+            f.set_digests(d);
+            let mut dst = vec![0u8; 5000];
+            let mut got = Vec::new();
+            // WouldBlock between the pieces (the zero-length ones): every call starts over.
+            for _ in 0..12 {
+                let _ = match f.segment_ahead() {
+                    Some((_, dsl)) => f.read_routed(&mut r, 4096, dst.get_mut(..dsl)),
+                    None => f.read_from(&mut r, 4096),
+                };
+                while let Some(p) = f.next_pdu_routed(|_, _| false).unwrap() {
+                    got.push(p);
+                }
+            }
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert!(got[0].1 && dst == seg.data);
+            assert_eq!(f.take_copied(), 0, "nothing came with the header: nothing copied");
+            assert_eq!(got[1], (norm(pdus[1].clone()), false));
+        }
     }
 }
