@@ -91,6 +91,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&args.log_level);
+    exit_on_reactor_panic();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -99,6 +100,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A panic on a reactor thread is a bug that leaves that reactor's connections and pollers
+/// dead while the process lives on, so initiators would hang on it: riser says so and exits
+/// (status 70), for its service manager to restart it; initiators log in again.
+fn exit_on_reactor_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        let thread = std::thread::current();
+        if let Some(name) = thread.name().filter(|n| n.starts_with("reactor_")) {
+            log::error!("{name} panicked (a bug in riser: {info}); exiting so that riser is restarted");
+            eprintln!("riser: {name} panicked; exiting");
+            std::process::exit(70);
+        }
+    }));
 }
 
 fn run(args: Args) -> Result<(), String> {
