@@ -575,61 +575,79 @@ struct NvmeChannel {
     chan: u32,
 }
 
-impl NvmeChannel {
-    /// The commands for `io` (validated), or None when there is nothing to do.
-    fn build(&self, op: &mut PtOp, io: &BdevIo) {
-        let d = &self.bdev;
-        let nsid = d.nsid;
-        let bs = d.info.block_size as u64;
-        let lba = io.offset_blocks.get();
-        let n = io.num_blocks;
-        match io.kind {
-            IoKind::Read | IoKind::Write => {
-                let Some(buf) = op.buf.as_mut() else { return };
-                let base = buf.as_mut_slice().as_mut_ptr() as u64;
-                let mut done = 0;
-                while done < n {
-                    let k = (n - done).min(d.props.max_rw_blocks);
-                    op.cmds.push(NvmeCmd::rw(io.kind == IoKind::Write, nsid, lba + done, k, base + done * bs, (k * bs) as u32, io.fua));
-                    done += k;
-                }
-            }
-            IoKind::Flush => op.cmds.push(NvmeCmd::flush(nsid)),
-            IoKind::WriteZeroes => push_write_zeroes(op, nsid, lba, n, d.props.max_wz_blocks, false, io.fua),
-            IoKind::Unmap => match d.unmap {
-                UnmapHow::WriteZeroesDeac => push_write_zeroes(op, nsid, lba, n, d.props.max_wz_blocks, true, io.fua),
-                UnmapHow::Dsm | UnmapHow::None => {
-                    let mut ranges = Vec::new();
-                    let mut done = 0;
-                    while done < n {
-                        let k = (n - done).min(d.props.max_dsm_blocks);
-                        ranges.push(dsm_range(lba + done, k as u32));
-                        done += k;
-                    }
-                    let mut bytes = vec![0u8; ranges.len() * 16];
-                    for (i, r) in ranges.iter().enumerate() {
-                        bytes[i * 16..i * 16 + 16].copy_from_slice(r);
-                    }
-                    let base = bytes.as_ptr() as u64;
-                    for (i, chunk) in ranges.chunks(DSM_MAX_RANGES).enumerate() {
-                        op.cmds.push(NvmeCmd::dsm_deallocate(nsid, base + (i * DSM_MAX_RANGES * 16) as u64, chunk.len()));
-                    }
-                    op.dsm = Some(bytes);
-                    if io.fua && d.props.vwc {
-                        op.flush_after = Some(nsid);
-                    }
-                }
-            },
-        }
-    }
+/// Per-command limits and how UNMAP is done: what turns one I/O into NVMe commands.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    nsid: u32,
+    block_size: u64,
+    max_rw_blocks: u64,
+    max_wz_blocks: u64,
+    max_dsm_blocks: u64,
+    unmap: UnmapHow,
+    vwc: bool,
 }
 
-fn push_write_zeroes(op: &mut PtOp, nsid: u32, lba: u64, n: u64, max: u64, deac: bool, fua: bool) {
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(max);
-        op.cmds.push(NvmeCmd::write_zeroes(nsid, lba + done, k, deac, fua));
-        done += k;
+/// The NVMe commands of one validated I/O of `n` (> 0, or a Flush) blocks at `lba`; `data`:
+/// the address of the I/O's buffer (reads and writes). Returns the commands, the DSM range
+/// descriptors they point into (whose address the commands take from the returned vector's
+/// heap buffer), and whether a Flush must follow.
+fn plan_commands(p: &Plan, kind: IoKind, lba: u64, n: u64, data: u64, fua: bool) -> (Vec<NvmeCmd>, Option<Vec<u8>>, bool) {
+    let mut cmds = Vec::new();
+    let chunks = |max: u64| {
+        let mut v = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(max);
+            v.push((lba + done, k));
+            done += k;
+        }
+        v
+    };
+    match kind {
+        IoKind::Read | IoKind::Write => {
+            for (at, k) in chunks(p.max_rw_blocks) {
+                let off = (at - lba) * p.block_size;
+                cmds.push(NvmeCmd::rw(kind == IoKind::Write, p.nsid, at, k, data + off, (k * p.block_size) as u32, fua));
+            }
+        }
+        IoKind::Flush => cmds.push(NvmeCmd::flush(p.nsid)),
+        IoKind::WriteZeroes => {
+            for (at, k) in chunks(p.max_wz_blocks) {
+                cmds.push(NvmeCmd::write_zeroes(p.nsid, at, k, false, fua));
+            }
+        }
+        IoKind::Unmap if p.unmap == UnmapHow::WriteZeroesDeac => {
+            for (at, k) in chunks(p.max_wz_blocks) {
+                cmds.push(NvmeCmd::write_zeroes(p.nsid, at, k, true, fua));
+            }
+        }
+        IoKind::Unmap => {
+            let ranges = chunks(p.max_dsm_blocks.min(u32::MAX as u64));
+            let mut bytes = vec![0u8; ranges.len() * 16];
+            for (i, (at, k)) in ranges.iter().enumerate() {
+                bytes[i * 16..i * 16 + 16].copy_from_slice(&dsm_range(*at, *k as u32));
+            }
+            let base = bytes.as_ptr() as u64;
+            for (i, chunk) in ranges.chunks(DSM_MAX_RANGES).enumerate() {
+                cmds.push(NvmeCmd::dsm_deallocate(p.nsid, base + (i * DSM_MAX_RANGES * 16) as u64, chunk.len()));
+            }
+            return (cmds, Some(bytes), fua && p.vwc);
+        }
+    }
+    (cmds, None, false)
+}
+
+impl NvmeBdev {
+    fn plan(&self) -> Plan {
+        Plan {
+            nsid: self.nsid,
+            block_size: self.info.block_size as u64,
+            max_rw_blocks: self.props.max_rw_blocks,
+            max_wz_blocks: self.props.max_wz_blocks,
+            max_dsm_blocks: self.props.max_dsm_blocks,
+            unmap: self.unmap,
+            vwc: self.props.vwc,
+        }
     }
 }
 
@@ -645,10 +663,14 @@ impl IoChannel for NvmeChannel {
         let Path_::Passthrough { ng, .. } = &d.path else {
             return self.ring.complete_now(self.chan, IoCompletion { tag: io.tag, kind: io.kind, result: Err(BdevError::Io("not a passthrough namespace".into())), buf: io.buf });
         };
-        let mut op = PtOp::new(self.chan, io.tag, io.kind, ng.clone(), None, d.stats.clone());
         let mut io = io;
-        op.buf = io.buf.take();
-        self.build(&mut op, &io);
+        let mut buf = io.buf.take();
+        let data = buf.as_mut().map_or(0, |b| b.as_mut_slice().as_mut_ptr() as u64);
+        let (cmds, dsm, flush) = plan_commands(&d.plan(), io.kind, io.offset_blocks.get(), io.num_blocks, data, io.fua);
+        let mut op = PtOp::new(self.chan, io.tag, io.kind, ng.clone(), buf, d.stats.clone());
+        op.cmds = cmds;
+        op.dsm = dsm;
+        op.flush_after = flush.then_some(d.nsid);
         self.ring.submit(op);
     }
 
@@ -690,6 +712,58 @@ mod tests {
         assert_eq!(ns_entry("nvme0n1p1"), None);
         assert_eq!(ns_entry("ng0n1"), None);
         assert!(is_ctrl_name("nvme12") && !is_ctrl_name("nvme") && !is_ctrl_name("nvme-subsys0"));
+    }
+
+    fn plan(unmap: UnmapHow) -> Plan {
+        Plan { nsid: 1, block_size: 512, max_rw_blocks: 256, max_wz_blocks: 1000, max_dsm_blocks: 5000, unmap, vwc: true }
+    }
+
+    fn f(c: &NvmeCmd) -> (u8, u64, u32, u64) {
+        (c.opcode, c.cdw10 as u64 | (c.cdw11 as u64) << 32, c.cdw12, c.addr)
+    }
+
+    #[test]
+    fn large_reads_and_writes_split_at_the_transfer_limit() {
+        let (c, dsm, flush) = plan_commands(&plan(UnmapHow::Dsm), IoKind::Write, 1 << 33, 600, 0x10000, true);
+        assert!(dsm.is_none() && !flush);
+        let got: Vec<_> = c.iter().map(f).collect();
+        let fua = 1 << 30;
+        assert_eq!(
+            got,
+            vec![
+                (1, (1 << 33), 255 | fua, 0x10000),
+                (1, (1 << 33) + 256, 255 | fua, 0x10000 + 256 * 512),
+                (1, (1 << 33) + 512, 87 | fua, 0x10000 + 512 * 512)
+            ]
+        );
+        assert_eq!(c.iter().map(|c| c.data_len).sum::<u32>(), 600 * 512);
+        let (r, _, _) = plan_commands(&plan(UnmapHow::Dsm), IoKind::Read, 7, 1, 0x2000, false);
+        assert_eq!(r.iter().map(f).collect::<Vec<_>>(), vec![(2, 7, 0, 0x2000)]);
+    }
+
+    #[test]
+    fn unmap_as_dsm_ranges_or_write_zeroes_with_deac() {
+        // 300 ranges of at most 5000 blocks: two DSM commands (256 + 44 ranges).
+        let n = 5000 * 299 + 1;
+        let (c, dsm, flush) = plan_commands(&plan(UnmapHow::Dsm), IoKind::Unmap, 10, n, 0, true);
+        assert!(flush, "a FUA deallocate is followed by a flush (volatile cache)");
+        let dsm = dsm.unwrap();
+        assert_eq!(dsm.len(), 300 * 16);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].opcode, c[0].cdw10, c[0].cdw11, c[0].data_len), (0x09, 255, 4, 4096));
+        assert_eq!((c[1].cdw10, c[1].data_len), (43, 44 * 16));
+        assert_eq!(c[0].addr, dsm.as_ptr() as u64);
+        assert_eq!(c[1].addr, dsm.as_ptr() as u64 + 4096);
+        let last = &dsm[299 * 16..];
+        assert_eq!(u32::from_le_bytes(last[4..8].try_into().unwrap()), 1);
+        assert_eq!(u64::from_le_bytes(last[8..16].try_into().unwrap()), 10 + 5000 * 299);
+        let (z, dsm, flush) = plan_commands(&plan(UnmapHow::WriteZeroesDeac), IoKind::Unmap, 0, 2500, 0, false);
+        assert!(dsm.is_none() && !flush);
+        assert_eq!(z.iter().map(f).collect::<Vec<_>>(), vec![(8, 0, 999 | 1 << 25, 0), (8, 1000, 999 | 1 << 25, 0), (8, 2000, 499 | 1 << 25, 0)]);
+        let (w, _, _) = plan_commands(&plan(UnmapHow::Dsm), IoKind::WriteZeroes, 0, 1, 0, true);
+        assert_eq!(w.iter().map(f).collect::<Vec<_>>(), vec![(8, 0, 1 << 30, 0)]);
+        let (fl, _, _) = plan_commands(&plan(UnmapHow::Dsm), IoKind::Flush, 0, 0, 0, false);
+        assert_eq!(fl.iter().map(f).collect::<Vec<_>>(), vec![(0, 0, 0, 0)]);
     }
 
     #[test]
