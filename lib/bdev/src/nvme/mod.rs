@@ -19,9 +19,10 @@
 //! block size (the current LBA format), capacity, the volatile write cache (VWC: WCE and
 //! what Flush is for), Dataset Management and Write Zeroes (ONCS), whether deallocated
 //! blocks read as zeros (DLFEAT). When the ioctl is refused, sysfs says most of it.
-//! Mapping: FUA → the FUA bit; SYNCHRONIZE CACHE → Flush; UNMAP → Dataset Management
-//! deallocate when deallocated blocks read as zeros (SCSI's LBPRZ), else Write Zeroes with
-//! DEAC; GET LBA STATUS reads the blocks (NVMe's Get LBA Status is optional and rare: a
+//! Mapping: FUA → the FUA bit; SYNCHRONIZE CACHE → Flush; UNMAP → Write Zeroes with DEAC
+//! (zeros guaranteed, as SCSI's LBPRZ promises; deallocated where the device can), or Dataset
+//! Management deallocate on a device without Write Zeroes whose deallocated blocks read as
+//! zeros (DLFEAT); GET LBA STATUS reads the blocks (NVMe's Get LBA Status is optional and rare: a
 //! zeroed block is reported deallocated, which LBPRZ makes indistinguishable).
 
 pub mod cmd;
@@ -473,8 +474,12 @@ pub fn attach(name: &str, traddr: &str) -> Result<(NvmeCtrlr, Vec<NvmeBdev>), Nv
             Path_::Block(f) => {
                 if f.supports(IoKind::Unmap) { UnmapHow::WriteZeroesDeac } else { UnmapHow::None }
             }
-            Path_::Passthrough { .. } if props.dsm && props.dealloc_zeroes => UnmapHow::Dsm,
+            // SCSI promises LBPRZ: an unmapped block reads as zeros. Write Zeroes with DEAC
+            // guarantees it (and deallocates where the device can); a deallocate by DSM only
+            // where DLFEAT says deallocated blocks read as zeros (a device may also ignore
+            // the parts of a range it cannot deallocate, e.g. qemu's below its alignment).
             Path_::Passthrough { .. } if props.write_zeroes => UnmapHow::WriteZeroesDeac,
+            Path_::Passthrough { .. } if props.dsm && props.dealloc_zeroes => UnmapHow::Dsm,
             Path_::Passthrough { .. } => UnmapHow::None,
         };
         let mut info = BdevInfo::new(&bname, PRODUCT, props.block_size, props.num_blocks, props.uuid.unwrap_or_else(Uuid::new_v4));
