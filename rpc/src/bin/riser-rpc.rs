@@ -1376,6 +1376,13 @@ mod tests {
         }
         assert_eq!(params(&["bdev_get_bdevs"]), Value::Null);
         assert_eq!(params(&["bdev_get_bdevs", "-b", "Null0"]), json!({"name": "Null0"}));
+        assert_eq!(
+            params(&["bdev_nvme_attach_controller", "-b", "Nvme0", "-t", "PCIe", "-a", "0000:00:04.0"]),
+            json!({"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:00:04.0"})
+        );
+        assert_eq!(params(&["bdev_nvme_detach_controller", "Nvme0"]), json!({"name": "Nvme0"}));
+        assert_eq!(params(&["bdev_nvme_get_controllers"]), Value::Null);
+        assert_eq!(params(&["bdev_nvme_get_controllers", "-n", "Nvme0"]), json!({"name": "Nvme0"}));
         refused(&["bdev_malloc_create", "1", "3000"], "not a multiple of the block size");
         refused(&["bdev_malloc_create", "1", "0"], "block size must be greater than 0");
         refused(&["bdev_null_create", "N", "0", "512"], "invalid total size");
