@@ -15,7 +15,12 @@
 # has no network card at all. A SCRIPT with the line `# rxe-vm: needs siw` gets soft-iWARP:
 # Debian's kernel has no siw module, so scripts/vm/build-siw.sh builds it on the host first
 # (once per kernel version, into the cache and /lib/modules/VER/updates; `modprobe siw` in
-# the guest).
+# the guest). A SCRIPT with the line `# rxe-vm: needs nvme` gets an emulated NVMe controller
+# (qemu's `-device nvme`, serial riser-nvme0) backed by a raw file (RISER_VM_NVME_IMG, default
+# $RISER_VM_OUT/nvme.img, created sparse with RISER_VM_NVME_MIB MiB, default 1024, when
+# missing; kept between runs that share it), with cache=none (writethrough where the file's
+# file system has no O_DIRECT) so a flush in the guest reaches the host's disk, and
+# nvme.poll_queues=2 on the kernel command line (the guest loads the nvme module itself).
 #
 # Environment:
 #   RISER_VM_CACHE    kernel and initramfs cache (default /var/cache/riser-vm)
@@ -201,6 +206,11 @@ ensure_initrd() {
   say "initramfs $initrd: ${list[*]}"
 }
 
+# Whether a guest script asks for an NVMe controller (`# rxe-vm: needs nvme`).
+needs_nvme() {
+  [ -f "$1" ] && grep -q '^# rxe-vm: needs nvme$' "$1"
+}
+
 # Whether a guest script asks for soft-iWARP (`# rxe-vm: needs siw`).
 needs_siw() {
   [ -f "$1" ] && grep -q '^# rxe-vm: needs siw$' "$1"
@@ -269,6 +279,10 @@ boot() {
     done
   } >"$out/.job"
 
+  # The driver's poll queues for a script that asks for NVMe (see the header).
+  local nvme_cmdline=
+  if [ "$mode" = run ] && needs_nvme "$script"; then nvme_cmdline=" nvme.poll_queues=2"; fi
+
   local kernel_image="$cache/vmlinuz-$kernel_ver"
   [ -f "$cache/vmlinux-$kernel_ver" ] && kernel_image="$cache/vmlinux-$kernel_ver"
   # shellcheck disable=SC2054 # the commas are qemu's option syntax, not array separators
@@ -280,7 +294,17 @@ boot() {
     -device virtio-9p-pci,fsdev=riserout,mount_tag=riserout
     -fsdev "local,id=riserrepo,path=$repo,security_model=none,readonly=on,multidevs=remap"
     -device virtio-9p-pci,fsdev=riserrepo,mount_tag=riserrepo
-    -append "console=ttyS0 quiet panic=-1 riser.out=$out riser.repo=$repo riser.run=$here/vm/guest-run.sh")
+    -append "console=ttyS0 quiet panic=-1${nvme_cmdline} riser.out=$out riser.repo=$repo riser.run=$here/vm/guest-run.sh")
+
+  if [ -n "$nvme_cmdline" ]; then
+    local img=${RISER_VM_NVME_IMG:-$out/nvme.img} cache_mode=none
+    check_plain_path "NVMe backing file" "$img"
+    [ -f "$img" ] || truncate -s "${RISER_VM_NVME_MIB:-1024}M" "$img" || die "cannot create the NVMe backing file $img"
+    # cache=none opens the file O_DIRECT; a file system without it (tmpfs) gets writethrough.
+    if ! dd if="$img" of=/dev/null bs=4096 count=1 iflag=direct status=none 2>/dev/null; then cache_mode=writethrough; fi
+    qemu+=(-drive "file=$img,if=none,id=nvm0,format=raw,cache=$cache_mode" -device nvme,serial=riser-nvme0,drive=nvm0)
+    say "NVMe: $img (cache=$cache_mode), nvme.poll_queues=2"
+  fi
 
   if [ "$mode" = shell ]; then
     # -nographic: serial console and qemu monitor multiplexed on this terminal.

@@ -37,15 +37,18 @@ static METHODS: OnceLock<Vec<String>> = OnceLock::new();
 /// The config (list of calls) of one subsystem, in an order that replays cleanly.
 pub fn subsystem_config(app: &App, name: &str) -> Option<Vec<Value>> {
     match name {
-        "bdev" => Some(
-            app.bdevs()
-                .iter()
-                .map(|(b, _)| {
-                    let (method, params) = b.config_json();
-                    json!({"method": method, "params": params})
-                })
-                .collect(),
-        ),
+        "bdev" => {
+            // The namespaces of one NVMe controller share one attach call: each call once.
+            let mut calls: Vec<Value> = Vec::new();
+            for (b, _) in app.bdevs().iter() {
+                let (method, params) = b.config_json();
+                let call = json!({"method": method, "params": params});
+                if !calls.contains(&call) {
+                    calls.push(call);
+                }
+            }
+            Some(calls)
+        }
         "iscsi" => Some(app.target.config_json()),
         "iobuf" => Some(crate::iobuf::config_json()),
         _ => None,

@@ -7,7 +7,8 @@
 //!
 //! Devices: [`NullBdev`] (reads return zeros, writes are discarded), [`MallocBdev`] (RAM)
 //! and [`FileBdev`] (a file or block device through io_uring, O_DIRECT: SPDK's
-//! `bdev_uring_*` and `bdev_aio_*`). [`BdevRegistry`] holds them by unique name, with
+//! `bdev_uring_*` and `bdev_aio_*`), [`NvmeBdev`] (an NVMe namespace through the kernel's
+//! driver, io_uring passthrough with polled completions: `bdev_nvme_*`). [`BdevRegistry`] holds them by unique name, with
 //! claims.
 
 mod file;
@@ -15,6 +16,7 @@ mod io;
 mod lba;
 mod malloc;
 mod null;
+pub mod nvme;
 mod registry;
 pub mod rpc;
 mod uring;
@@ -27,6 +29,7 @@ pub use io::{
 pub use lba::Lba;
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
+pub use nvme::{IoPath, NvmeBdev, NvmeCtrlr, NvmeError};
 pub use registry::{BdevRegistry, RegistryError};
 pub use uring::{thread_ring_stats, RingStats};
 

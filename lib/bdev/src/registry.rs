@@ -5,6 +5,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use uuid::Uuid;
 
+use crate::nvme::{NvmeCtrlr, NvmeError};
 use crate::{Bdev, BdevError, FileBdev, FileError, FileKind, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -35,6 +36,12 @@ pub enum RegistryError {
     ShrinkClaimed { name: String, owner: String, old: u64, new: u64 },
 }
 
+impl From<NvmeError> for RegistryError {
+    fn from(e: NvmeError) -> Self {
+        RegistryError::File { errno: e.errno(), message: e.to_string() }
+    }
+}
+
 impl From<FileError> for RegistryError {
     fn from(e: FileError) -> Self {
         match e {
@@ -53,6 +60,8 @@ struct Entry {
 #[derive(Default)]
 pub struct BdevRegistry {
     entries: Vec<Entry>,
+    /// Attached NVMe controllers (`bdev_nvme_attach_controller`), in attach order.
+    nvme: Vec<NvmeCtrlr>,
 }
 
 fn check_name(name: &str) -> Result<(), RegistryError> {
@@ -166,6 +175,61 @@ impl BdevRegistry {
         let b = FileBdev::open(kind, name, filename, block_size.filter(|&b| b != 0), readonly, uuid)?;
         self.register(Arc::new(b))?;
         Ok(name.to_string())
+    }
+
+    /// Attaches the NVMe controller at PCI address `traddr` as `name`
+    /// (`bdev_nvme_attach_controller`): one bdev `<name>n<nsid>` per namespace, all or none.
+    pub fn attach_nvme(&mut self, name: &str, trtype: &str, traddr: &str) -> Result<Vec<String>, RegistryError> {
+        check_name(name)?;
+        if !trtype.eq_ignore_ascii_case("pcie") {
+            return Err(NvmeError::Trtype(trtype.to_string()).into());
+        }
+        if self.nvme.iter().any(|c| c.name == name) {
+            return Err(RegistryError::Exists(format!("NVMe controller {name}")));
+        }
+        let addr = crate::nvme::canonical_traddr(traddr)?;
+        if let Some(c) = self.nvme.iter().find(|c| c.traddr == addr) {
+            return Err(RegistryError::Exists(format!("NVMe controller at {addr} (attached as {})", c.name)));
+        }
+        let (ctrlr, bdevs) = crate::nvme::attach(name, &addr)?;
+        for b in &bdevs {
+            check_name(&b.info().name)?;
+            if self.contains(&b.info().name) {
+                return Err(RegistryError::Exists(b.info().name.clone()));
+            }
+        }
+        let names = ctrlr.bdevs.clone();
+        for b in bdevs {
+            self.register(Arc::new(b))?;
+        }
+        log::info!("NVMe controller {name} ({}) at {addr} attached: {}", ctrlr.kernel_name, names.join(", "));
+        self.nvme.push(ctrlr);
+        Ok(names)
+    }
+
+    /// Detaches an NVMe controller and deletes its bdevs; refused while any is claimed.
+    pub fn detach_nvme(&mut self, name: &str) -> Result<(), RegistryError> {
+        let i = self
+            .nvme
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| RegistryError::NotFound(format!("NVMe controller {name}")))?;
+        for b in &self.nvme[i].bdevs {
+            if let Some(owner) = self.claimed_by(b) {
+                return Err(RegistryError::Claimed { name: b.clone(), owner: owner.to_string() });
+            }
+        }
+        let c = self.nvme.remove(i);
+        for b in &c.bdevs {
+            let _ = self.delete(b, Some(crate::nvme::PRODUCT));
+        }
+        log::info!("NVMe controller {name} at {} detached", c.traddr);
+        Ok(())
+    }
+
+    /// Attached NVMe controllers (all, or the one named).
+    pub fn nvme_controllers(&self) -> impl Iterator<Item = &NvmeCtrlr> {
+        self.nvme.iter()
     }
 
     /// Reads the size of a device's backing store again (`bdev_*_rescan`) and takes it:

@@ -86,6 +86,12 @@ enum Cmd {
     BdevAioRescan(BdevName),
     /// List bdevs (all, or one by name)
     BdevGetBdevs(BdevGetBdevs),
+    /// Attach a local NVMe controller (trtype PCIe, through the kernel's nvme driver): bdevs NAMEn<nsid>
+    BdevNvmeAttachController(BdevNvmeAttachController),
+    /// Detach an NVMe controller and delete its bdevs
+    BdevNvmeDetachController(BdevName),
+    /// List attached NVMe controllers (all, or one by name)
+    BdevNvmeGetControllers(BdevNvmeGetControllers),
     /// Print the whole running configuration as JSON (input for load_config or riser --json;
     /// it holds CHAP secrets: -o writes it to a file only its owner can read)
     SaveConfig(SaveConfig),
@@ -254,6 +260,26 @@ struct BdevAioCreate {
     name: String,
     /// Block size in bytes (512 or 4096; detected when absent)
     block_size: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+struct BdevNvmeAttachController {
+    /// Name of the controller (its bdevs are NAMEn1, NAMEn2, ...)
+    #[arg(short = 'b', long)]
+    name: String,
+    /// Transport type: PCIe
+    #[arg(short = 't', long)]
+    trtype: String,
+    /// PCI address of the controller, e.g. 0000:00:04.0
+    #[arg(short = 'a', long)]
+    traddr: String,
+}
+
+#[derive(Args, Debug)]
+struct BdevNvmeGetControllers {
+    /// Name of one controller
+    #[arg(short = 'n', long)]
+    name: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -942,6 +968,16 @@ impl Cmd {
             })?,
             Cmd::BdevNullCreate(a) => to_params(&a.params()?)?,
             Cmd::BdevGetBdevs(a) => to_params(&params::BdevGetBdevs { name: a.name, ..Default::default() })?,
+            Cmd::BdevNvmeAttachController(a) => to_params(&params::BdevNvmeAttachController {
+                name: a.name,
+                trtype: a.trtype,
+                traddr: a.traddr,
+                ..Default::default()
+            })?,
+            Cmd::BdevNvmeDetachController(a) => {
+                to_params(&params::BdevNvmeDetachController { name: a.name, ..Default::default() })?
+            }
+            Cmd::BdevNvmeGetControllers(a) => to_params(&params::BdevNvmeGetControllers { name: a.name })?,
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
@@ -1340,6 +1376,13 @@ mod tests {
         }
         assert_eq!(params(&["bdev_get_bdevs"]), Value::Null);
         assert_eq!(params(&["bdev_get_bdevs", "-b", "Null0"]), json!({"name": "Null0"}));
+        assert_eq!(
+            params(&["bdev_nvme_attach_controller", "-b", "Nvme0", "-t", "PCIe", "-a", "0000:00:04.0"]),
+            json!({"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:00:04.0"})
+        );
+        assert_eq!(params(&["bdev_nvme_detach_controller", "Nvme0"]), json!({"name": "Nvme0"}));
+        assert_eq!(params(&["bdev_nvme_get_controllers"]), Value::Null);
+        assert_eq!(params(&["bdev_nvme_get_controllers", "-n", "Nvme0"]), json!({"name": "Nvme0"}));
         refused(&["bdev_malloc_create", "1", "3000"], "not a multiple of the block size");
         refused(&["bdev_malloc_create", "1", "0"], "block size must be greater than 0");
         refused(&["bdev_null_create", "N", "0", "512"], "invalid total size");

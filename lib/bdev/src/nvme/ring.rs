@@ -1,0 +1,456 @@
+//! The NVMe passthrough ring: io_uring with 128-byte SQEs and 32-byte CQEs carrying NVMe
+//! commands (`IORING_OP_URING_CMD`, `NVME_URING_CMD_IO`) to a namespace's generic char device
+//! /dev/ngXnY, one ring per thread (a reactor), shared by every NVMe channel opened on it.
+//!
+//! With IOPOLL the ring's commands go to the driver's poll queues (`nvme.poll_queues`) and
+//! complete only when polled: every [`PtRing::poll`] enters the kernel with GETEVENTS, which
+//! polls the NVMe completion queue once without sleeping; the reactor's loop is the poller.
+//! Without IOPOLL the commands go to interrupt-driven queues and completions appear in the CQ
+//! by themselves. An IOPOLL ring cannot carry the file engine's buffered or non-pollable I/O,
+//! so this ring is separate from [`crate::uring`]'s.
+//!
+//! An I/O may need several NVMe commands (transfer size limits, 16-bit block counts,
+//! 256 DSM ranges): they are all submitted at once and the I/O completes when the last one
+//! does, with the first error. A FUA deallocate is followed by a Flush.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use super::cmd::{status_text, NvmeCmd, NVME_URING_CMD_IO};
+use crate::io::{BdevError, IoBuf, IoCompletion, IoKind};
+
+const RING_ENTRIES: u32 = 256;
+
+type Uring = IoUring<squeue::Entry128, cqueue::Entry32>;
+
+/// Counters of one namespace's I/O path, for `bdev_get_bdevs` and tests.
+#[derive(Default, Debug)]
+pub struct PathStats {
+    /// NVMe commands completed through passthrough.
+    pub commands: AtomicU64,
+    /// Of those, the ones reaped by polling an IOPOLL ring (poll queues).
+    pub polled: AtomicU64,
+    /// Commands that failed (device status or errno).
+    pub errors: AtomicU64,
+}
+
+/// One I/O: its buffers, which the kernel may use, stay here until its last CQE.
+pub(crate) struct PtOp {
+    pub chan: u32,
+    pub tag: u64,
+    pub kind: IoKind,
+    pub file: Arc<File>,
+    pub buf: Option<IoBuf>,
+    /// Dataset Management range descriptors the commands point into.
+    pub dsm: Option<Vec<u8>>,
+    /// The commands (their addresses point into `buf` or `dsm`, heap memory that does not
+    /// move with the op).
+    pub cmds: Vec<NvmeCmd>,
+    /// Flush this namespace after the commands (a FUA deallocate).
+    pub flush_after: Option<u32>,
+    pub stats: Arc<PathStats>,
+    pending: usize,
+    err: Option<BdevError>,
+}
+
+impl PtOp {
+    pub fn new(chan: u32, tag: u64, kind: IoKind, file: Arc<File>, buf: Option<IoBuf>, stats: Arc<PathStats>) -> PtOp {
+        PtOp { chan, tag, kind, file, buf, dsm: None, cmds: Vec::new(), flush_after: None, stats, pending: 0, err: None }
+    }
+}
+
+struct Inner {
+    uring: Uring,
+    polled: bool,
+    ops: Vec<Option<PtOp>>,
+    free_ops: Vec<u32>,
+    backlog: VecDeque<squeue::Entry128>,
+    chans: Vec<Chan>,
+    free_chans: Vec<u32>,
+    inflight: usize,
+}
+
+/// A channel's completions not yet returned and its I/Os in flight. A closed channel's slot
+/// is reused only once its last I/O is back, so no completion reaches a newer channel.
+#[derive(Default)]
+struct Chan {
+    done: VecDeque<IoCompletion>,
+    inflight: usize,
+    open: bool,
+}
+
+/// One thread's passthrough ring.
+pub(crate) struct PtRing {
+    inner: RefCell<Inner>,
+}
+
+thread_local! {
+    /// [interrupt-driven, polled]
+    static RINGS: RefCell<[Option<Rc<PtRing>>; 2]> = const { RefCell::new([None, None]) };
+}
+
+fn new_uring(polled: bool, entries: u32) -> io::Result<Uring> {
+    let mut b = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
+    b.setup_cqsize(entries * 2);
+    if polled {
+        b.setup_iopoll();
+    }
+    b.build(entries)
+}
+
+/// The SQE of command `sub` of op `idx`.
+fn sqe(file: &File, cmd: &NvmeCmd, idx: u32, sub: usize) -> squeue::Entry128 {
+    opcode::UringCmd80::new(types::Fd(file.as_raw_fd()), NVME_URING_CMD_IO)
+        .cmd(cmd.to_bytes())
+        .build()
+        .user_data(idx as u64 | ((sub as u64) << 32))
+}
+
+fn result_of(res: i32) -> Result<(), BdevError> {
+    match res {
+        0 => Ok(()),
+        r if r < 0 => Err(BdevError::Io(io::Error::from_raw_os_error(-r).to_string())),
+        s => Err(BdevError::Io(status_text(s))),
+    }
+}
+
+impl PtRing {
+    /// This thread's ring of that kind, created on first use.
+    pub fn current(polled: bool) -> io::Result<Rc<PtRing>> {
+        RINGS.with(|r| {
+            let mut r = r.borrow_mut();
+            let slot = &mut r[polled as usize];
+            if let Some(ring) = slot.as_ref() {
+                return Ok(ring.clone());
+            }
+            let uring = new_uring(polled, RING_ENTRIES)?;
+            let ring = Rc::new(PtRing {
+                inner: RefCell::new(Inner {
+                    uring,
+                    polled,
+                    ops: Vec::new(),
+                    free_ops: Vec::new(),
+                    backlog: VecDeque::new(),
+                    chans: Vec::new(),
+                    free_chans: Vec::new(),
+                    inflight: 0,
+                }),
+            });
+            *slot = Some(ring.clone());
+            Ok(ring)
+        })
+    }
+
+    pub fn open_channel(&self) -> u32 {
+        let mut r = self.inner.borrow_mut();
+        let fresh = Chan { open: true, ..Chan::default() };
+        match r.free_chans.pop() {
+            Some(i) => {
+                r.chans[i as usize] = fresh;
+                i
+            }
+            None => {
+                r.chans.push(fresh);
+                (r.chans.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The channel is gone: its queued completions are dropped, and so are those of its
+    /// I/Os still in flight when they come.
+    pub fn close_channel(&self, chan: u32) {
+        let mut r = self.inner.borrow_mut();
+        let Some(c) = r.chans.get_mut(chan as usize) else { return };
+        if !c.open {
+            return;
+        }
+        c.open = false;
+        c.done.clear();
+        if c.inflight == 0 {
+            r.free_chans.push(chan);
+        }
+    }
+
+    pub fn complete_now(&self, chan: u32, c: IoCompletion) {
+        if let Some(ch) = self.inner.borrow_mut().chans.get_mut(chan as usize).filter(|c| c.open) {
+            ch.done.push_back(c);
+        }
+    }
+
+    pub fn submit(&self, op: PtOp) {
+        self.inner.borrow_mut().start(op);
+    }
+
+    /// Submits what is queued, polls (IOPOLL) or reaps the CQ, returns `chan`'s completions.
+    pub fn poll(&self, chan: u32, out: &mut Vec<IoCompletion>) -> usize {
+        let mut r = self.inner.borrow_mut();
+        r.flush();
+        r.reap();
+        match r.chans.get_mut(chan as usize).filter(|c| c.open) {
+            Some(c) => {
+                let n = c.done.len();
+                out.extend(c.done.drain(..));
+                n
+            }
+            None => 0,
+        }
+    }
+
+    pub fn outstanding(&self, chan: u32) -> usize {
+        match self.inner.borrow().chans.get(chan as usize).filter(|c| c.open) {
+            Some(c) => c.done.len() + c.inflight,
+            None => 0,
+        }
+    }
+}
+
+impl Inner {
+    fn start(&mut self, mut op: PtOp) {
+        if let Some(c) = self.chans.get_mut(op.chan as usize) {
+            c.inflight += 1;
+        }
+        self.inflight += 1;
+        let idx = match self.free_ops.pop() {
+            Some(i) => i,
+            None => {
+                self.ops.push(None);
+                (self.ops.len() - 1) as u32
+            }
+        };
+        if op.cmds.is_empty() {
+            // Nothing for the device (a Flush of a namespace without a cache was turned into
+            // a Flush command by the channel, so this is a zero-length I/O).
+            self.ops[idx as usize] = Some(op);
+            return self.finish(idx);
+        }
+        op.pending = op.cmds.len();
+        let sqes: Vec<squeue::Entry128> = op.cmds.iter().enumerate().map(|(i, c)| sqe(&op.file, c, idx, i)).collect();
+        self.ops[idx as usize] = Some(op);
+        for s in sqes {
+            self.queue(s);
+        }
+    }
+
+    fn queue(&mut self, sqe: squeue::Entry128) {
+        if self.backlog.is_empty() {
+            // SAFETY: the addresses in the command point into the op's buffer or DSM ranges,
+            // which `self.ops` keeps (heap memory, never moved) until the op's last CQE.
+            #[allow(unsafe_code)]
+            let pushed = unsafe { self.uring.submission().push(&sqe) };
+            if pushed.is_ok() {
+                return;
+            }
+            let _ = self.uring.submit();
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            let pushed = unsafe { self.uring.submission().push(&sqe) };
+            if pushed.is_ok() {
+                return;
+            }
+        }
+        self.backlog.push_back(sqe);
+    }
+
+    fn flush(&mut self) {
+        while let Some(sqe) = self.backlog.front() {
+            // SAFETY: as in `queue`.
+            #[allow(unsafe_code)]
+            let pushed = unsafe { self.uring.submission().push(sqe) };
+            if pushed.is_err() {
+                let _ = self.uring.submit();
+                // SAFETY: as in `queue`.
+                #[allow(unsafe_code)]
+                let again = unsafe { self.uring.submission().push(sqe) };
+                if again.is_err() {
+                    break;
+                }
+            }
+            self.backlog.pop_front();
+        }
+        // IOPOLL: an enter with GETEVENTS (the crate adds it for IOPOLL rings) is what polls
+        // the device's completion queue, so enter whenever anything is in flight.
+        if !self.uring.submission().is_empty() || (self.polled && self.inflight > 0) {
+            if let Err(e) = self.uring.submit() {
+                if !matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)) {
+                    log::error!("NVMe passthrough ring: submit failed: {e}");
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut got = 0;
+        loop {
+            let cqes: Vec<(u64, i32)> = self.uring.completion().map(|c| (c.user_data(), c.result())).take(64).collect();
+            if cqes.is_empty() {
+                break;
+            }
+            got += cqes.len();
+            for (ud, res) in cqes {
+                self.on_cqe(ud as u32, (ud >> 32) as usize, res);
+            }
+        }
+        if got > 0 {
+            self.flush();
+        }
+    }
+
+    fn on_cqe(&mut self, idx: u32, sub: usize, res: i32) {
+        let polled = self.polled;
+        let Some(op) = self.ops.get_mut(idx as usize).and_then(Option::as_mut) else {
+            log::error!("NVMe passthrough: completion for unknown op {idx}");
+            return;
+        };
+        if res == -libc::EAGAIN || res == -libc::EINTR {
+            // No request could be allocated (queue full): send it again.
+            if let Some(c) = op.cmds.get(sub).copied() {
+                let s = sqe(&op.file, &c, idx, sub);
+                self.queue(s);
+                return;
+            }
+        }
+        op.stats.commands.fetch_add(1, Ordering::Relaxed);
+        if polled {
+            op.stats.polled.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Err(e) = result_of(res) {
+            op.stats.errors.fetch_add(1, Ordering::Relaxed);
+            log::warn!("NVMe {:?} (tag {}): {e}", op.kind, op.tag);
+            op.err.get_or_insert(e);
+        }
+        op.pending = op.pending.saturating_sub(1);
+        if op.pending > 0 {
+            return;
+        }
+        if op.err.is_none() {
+            if let Some(nsid) = op.flush_after.take() {
+                op.cmds = vec![NvmeCmd::flush(nsid)];
+                op.pending = 1;
+                let s = sqe(&op.file, &op.cmds[0], idx, 0);
+                self.queue(s);
+                return;
+            }
+        }
+        self.finish(idx);
+    }
+
+    fn finish(&mut self, idx: u32) {
+        let Some(mut op) = self.ops.get_mut(idx as usize).and_then(Option::take) else { return };
+        self.free_ops.push(idx);
+        self.inflight -= 1;
+        let Some(c) = self.chans.get_mut(op.chan as usize) else { return };
+        c.inflight = c.inflight.saturating_sub(1);
+        if c.open {
+            let result = match op.err.take() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
+            c.done.push_back(IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
+        } else if c.inflight == 0 {
+            self.free_chans.push(op.chan);
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// The device may still write into buffers of commands in flight: wait for every CQE.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.inflight > 0 {
+            self.flush();
+            let _ = if self.polled { self.uring.submit() } else { self.uring.submit_and_wait(1) };
+            self.reap();
+            if Instant::now() > deadline {
+                log::error!("NVMe passthrough: {} I/Os still in flight at ring teardown; leaking them", self.inflight);
+                std::mem::forget(std::mem::take(&mut self.ops));
+                break;
+            }
+        }
+    }
+}
+
+/// Runs one command through a ring of its own on the calling thread and waits (at most
+/// `timeout`) for its result: 0, a negative errno or a positive NVMe status. For probes at
+/// attach time. The buffer `cmd` points into must be `keep`, which is leaked if the
+/// command does not complete in time (the device may still write into it).
+pub(crate) fn run_one(file: &File, cmd: &NvmeCmd, polled: bool, keep: IoBuf, timeout: Duration) -> io::Result<(i32, IoBuf)> {
+    let mut uring = new_uring(polled, 4)?;
+    let s = sqe(file, cmd, 0, 0);
+    // SAFETY: the command's buffer is `keep`, which lives until the CQE arrives (or is
+    // leaked below when it never does).
+    #[allow(unsafe_code)]
+    let pushed = unsafe { uring.submission().push(&s) };
+    pushed.map_err(|_| io::Error::other("submission queue full"))?;
+    uring.submit()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(c) = uring.completion().next() {
+            return Ok((c.result(), keep));
+        }
+        if Instant::now() > deadline {
+            std::mem::forget(keep);
+            std::mem::forget(uring);
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no completion"));
+        }
+        if polled {
+            let _ = uring.submit(); // polls once
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ring's plumbing on a host without NVMe: a passthrough command to a file that is
+    /// not an NVMe generic device completes with the kernel's refusal, through the channel,
+    /// exactly once, on an interrupt-driven ring and on an IOPOLL ring.
+    #[test]
+    fn a_command_the_file_refuses_completes_with_its_error() {
+        if IoUring::new(2).is_err() {
+            panic!("io_uring is not available here");
+        }
+        for polled in [false, true] {
+            // /dev/zero: no uring_cmd (recent kernels give /dev/null one that succeeds).
+            let f = Arc::new(File::open("/dev/zero").unwrap());
+            let stats = Arc::new(PathStats::default());
+            let ring = PtRing::current(polled).unwrap();
+            let chan = ring.open_channel();
+            let mut buf = IoBuf::alloc(4096);
+            let addr = buf.as_mut_slice().as_mut_ptr() as u64;
+            let mut op = PtOp::new(chan, 42, IoKind::Read, f.clone(), Some(buf), stats.clone());
+            op.cmds = vec![NvmeCmd::rw(false, 1, 0, 8, addr, 4096, false), NvmeCmd::rw(false, 1, 8, 8, addr, 4096, false)];
+            ring.submit(op);
+            assert_eq!(ring.outstanding(chan), 1);
+            let mut out = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while out.is_empty() && Instant::now() < deadline {
+                ring.poll(chan, &mut out);
+            }
+            assert_eq!(out.len(), 1, "polled {polled}");
+            assert_eq!(out[0].tag, 42);
+            assert!(matches!(&out[0].result, Err(BdevError::Io(_))), "{:?}", out[0].result);
+            assert!(out[0].buf.is_some(), "the buffer comes back");
+            assert_eq!(ring.outstanding(chan), 0);
+            assert_eq!(stats.commands.load(Ordering::Relaxed), 2);
+            assert_eq!(stats.errors.load(Ordering::Relaxed), 2);
+            ring.close_channel(chan);
+            // A probe sees the refusal as a negative errno.
+            let mut b = IoBuf::alloc(512);
+            let cmd = NvmeCmd::rw(false, 1, 0, 1, b.as_mut_slice().as_mut_ptr() as u64, 512, false);
+            let (res, _) = run_one(&f, &cmd, polled, b, Duration::from_secs(10)).unwrap();
+            assert!(res < 0, "{res}");
+        }
+    }
+}
