@@ -14,8 +14,8 @@
 #     commands by the driver's transfer limit): zero mismatches. Then the proof the I/O went
 #     by io_uring passthrough on the poll queues: riser's log names the path
 #     "passthrough+iopoll", bdev_get_bdevs' driver_specific says io_path passthrough+iopoll
-#     with polled_commands > 0 and equal to passthrough_commands, and the kernel's blk-mq
-#     debugfs shows requests queued on the namespace's poll hardware queues.
+#     with polled_commands > 0 and equal to passthrough_commands, and the controller's I/O
+#     queue interrupts (/proc/interrupts) barely move meanwhile: poll queues have none.
 # (b) libiscsi's compliance suite (iscsi-test-cu -t ALL, one run, over TCP) on the NVMe LUN:
 #     prints "nvme compliance: ran R, passed P, failed F, skipped S: [names]" (the host test
 #     judges F = 0 and S against the malloc LUN's skips).
@@ -55,15 +55,11 @@ ns=$(cd /sys/block && ls -d nvme0n* | head -n 1)
 echo "controller ${ctrl##*/} at $traddr, namespace $ns ($(blockdev --getsize64 "/dev/$ns") bytes), poll_queues=$(cat /sys/module/nvme/parameters/poll_queues), io_poll=$(cat "/sys/block/$ns/queue/io_poll")"
 [ "$(cat "/sys/block/$ns/queue/io_poll")" = 1 ] || fail "the nvme driver has no poll queues (nvme.poll_queues on the kernel command line?)"
 
-# Requests the blk-mq poll hardware queues of the namespace have queued so far.
-poll_queued() {
-  mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug
-  local h n=0
-  for h in /sys/kernel/debug/block/"$ns"/hctx*; do
-    [ "$(cat "$h/type" 2>/dev/null)" = poll ] || continue
-    n=$((n + $(cat "$h/queued")))
-  done
-  echo "$n"
+# Interrupts of the controller's I/O queues so far (/proc/interrupts, nvme0q1.., every CPU):
+# the poll queues have none, so I/O completed by polling leaves this count alone, while the
+# same I/O on the interrupt-driven queues would raise it by about one per command.
+io_queue_irqs() {
+  awk '$NF ~ /^nvme0q[1-9][0-9]*$/ { for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i } END { print s + 0 }' /proc/interrupts
 }
 
 check_path() {
@@ -95,7 +91,7 @@ print("controllers:", json.dumps(c[0]["ctrlrs"][0].get("cdata")))
 PY
 
   # ---- (a) -----------------------------------------------------------------------------
-  before=$(poll_queued)
+  before=$(io_queue_irqs)
   url="iser://$RXE_IP:3260/$iqn/0"
   for bs in 4096 262144 1048576; do
     step "(a) riser-perf --verify over iSER, $bs-byte I/Os"
@@ -107,7 +103,7 @@ PY
     verify_checked "verify $bs" "$out"
     echo "nvme: verify $bs: PASSED, $verified_blocks blocks checked, 0 mismatched"
   done
-  after=$(poll_queued)
+  after=$(io_queue_irqs)
   rpc bdev_get_bdevs -b Nvme0n1 >"$logs/bdev.json"
   stats=$(python3 - "$logs/bdev.json" <<'PY'
 import json, sys
@@ -121,8 +117,12 @@ print(n["io_path"], n["passthrough_commands"], n["polled_commands"], b["block_si
 PY
 ) || fail "bdev_get_bdevs driver_specific: $(cat "$logs/bdev.json")"
   read -r path cmds polled bsz nblk wc unmap <<<"$stats"
-  [ "$((after - before))" -gt 0 ] || fail "no request on the nvme driver's poll queues (blk-mq debugfs hctx type poll: $before -> $after)"
-  echo "nvme: I/O path $path: $cmds passthrough commands, $polled reaped by polling; kernel poll queues queued $((after - before)) requests; $nblk blocks of $bsz, write cache $wc, unmap $unmap"
+  irqs=$((after - before))
+  # A handful of interrupts is the kernel's own business (none of riser's I/O goes there);
+  # one per command would be thousands.
+  [ "$irqs" -le $((cmds / 100 + 10)) ] || fail "the nvme I/O queues took $irqs interrupts during $cmds passthrough commands: completions were not polled"
+  echo "nvme: I/O path $path: $cmds passthrough commands, $polled reaped by polling; the I/O queues' interrupts grew by $irqs meanwhile; $nblk blocks of $bsz, write cache $wc, unmap $unmap"
+  grep nvme0q /proc/interrupts >"$logs/interrupts.txt" || true
 
   # ---- (b) -----------------------------------------------------------------------------
   step "(b) libiscsi compliance suite (ALL, over TCP) on the NVMe LUN"
