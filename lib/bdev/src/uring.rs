@@ -174,8 +174,15 @@ impl Ring {
     }
 
     /// Whether io_uring works here (a ring can be set up), for a clear error at creation.
+    /// Whether this kernel lets riser set up a ring. Tried on a short-lived thread of its
+    /// own: a ring's teardown may notify the thread that made it, which then sees a
+    /// blocking call with a timeout (the RPC thread's next read) fail with EINTR.
     pub fn probe() -> io::Result<()> {
-        IoUring::new(8).map(drop)
+        std::thread::Builder::new()
+            .name("uring-probe".into())
+            .spawn(|| IoUring::new(8).map(drop))?
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the io_uring probe thread panicked")))
     }
 
     fn new() -> io::Result<Ring> {
