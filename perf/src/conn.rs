@@ -30,8 +30,8 @@ use riser_iscsi::serial::{Itt, Ttt};
 
 use crate::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
 use crate::session::{
-    self, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received, SessionState,
-    TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL,
+    self, AbortStats, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
+    SessionState, TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL,
 };
 use crate::sys::wait_fd;
 use crate::url::TargetUrl;
@@ -351,8 +351,19 @@ impl Conn {
         self.tx_off < self.tx.len()
     }
 
+    /// I/Os in flight (and `--abort-every`'s ABORT TASKs awaiting their response).
     pub fn inflight(&self) -> usize {
-        self.t.inflight
+        self.t.busy()
+    }
+
+    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    pub fn abort_every(&mut self, n: u32) {
+        self.t.abort_every(n);
+    }
+
+    /// `--abort-every`: what the target answered, and the first violation.
+    pub fn abort_stats(&self) -> Option<(AbortStats, Result<(), String>)> {
+        self.t.abort.as_ref().map(|a| (a.stats, a.result()))
     }
 
     /// A slot's buffer: fill it before submitting a write; holds a read's data after it
@@ -398,6 +409,7 @@ impl Conn {
             rw_cdb(t.dir, t.lba, t.blocks),
             unsolicited == immediate,
         );
+        let cmd_sn = cmd.cmd_sn;
         push_pdu(
             &mut self.tx,
             self.digests,
@@ -406,6 +418,9 @@ impl Conn {
         );
         if unsolicited > immediate {
             self.send_data_out(slot, Ttt::RESERVED, immediate, unsolicited - immediate);
+        }
+        if let Some(req) = self.t.abort_after(&mut self.s, slot, cmd_sn, true) {
+            push_pdu(&mut self.tx, self.digests, bhs(Op::TaskMgmtRequest(req)), &[]);
         }
     }
 
@@ -442,7 +457,11 @@ impl Conn {
         } else {
             Ok(())
         };
-        out.push(Completion { slot, result });
+        out.push(Completion {
+            slot,
+            result,
+            aborted: false,
+        });
     }
 
     /// Receives and handles whatever PDUs have arrived; completions are appended to `out`.
@@ -455,6 +474,16 @@ impl Conn {
         }
         while let Some((h, ds, dl)) = self.next_frame()? {
             self.handle(h, ds, dl, out)?;
+        }
+        let ping = self.t.released(&mut self.s, true, |slot| {
+            out.push(Completion {
+                slot,
+                result: Ok(()),
+                aborted: true,
+            })
+        });
+        if let Some(nop) = ping {
+            push_pdu(&mut self.tx, self.digests, bhs(Op::NopOut(nop)), &[]);
         }
         while let Some(slot) = self.t.unblock(self.s.window_open()) {
             self.send_command(slot);
@@ -469,6 +498,14 @@ impl Conn {
         dl: usize,
         out: &mut Vec<Completion>,
     ) -> Result<(), String> {
+        if self.t.stale(&mut self.s, &h.op) {
+            return Ok(());
+        }
+        match &h.op {
+            Op::TaskMgmtResponse(r) => self.t.tmf_response(r),
+            Op::NopIn(n) => self.t.nop_in(n.itt),
+            _ => {}
+        }
         match h.op {
             Op::DataIn(d) => {
                 let data = &self.rx[ds..ds + dl];

@@ -45,9 +45,21 @@ pub struct Observed {
     /// NOP-Outs and task management requests received.
     pub nops: usize,
     pub tmfs: usize,
+    /// Reads aborted (ABORT TASK before their answer; [`FakeOpts::defer_reads`]).
+    pub aborted_reads: usize,
     /// CHAP mode: the user that authenticated, or why CHAP failed.
     pub chap_user: Option<String>,
     pub chap_failure: Option<String>,
+}
+
+/// Behaviours for ABORT TASK tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FakeOpts {
+    /// Answer READs only after the whole batch of PDUs they came in (an ABORT TASK in the
+    /// same batch finds them pending: Function complete, no answer).
+    pub defer_reads: bool,
+    /// A broken target: answer an aborted READ anyway, after the TMF response.
+    pub answer_aborted: bool,
 }
 
 /// CHAP for the fake target: these secrets, mutual CHAP required or not.
@@ -80,6 +92,9 @@ struct Conn {
     next_ttt: u32,
     obs: Arc<Mutex<Observed>>,
     chap: Option<ChapTarget>,
+    opts: FakeOpts,
+    /// READs not answered yet (ITT, CDB).
+    deferred: Vec<(Itt, [u8; 16])>,
 }
 
 fn violation(obs: &Arc<Mutex<Observed>>, what: String) {
@@ -419,6 +434,9 @@ impl Conn {
                     return;
                 }
             }
+            for (itt, cdb) in std::mem::take(&mut self.deferred) {
+                self.read(itt, &cdb);
+            }
         }
     }
 
@@ -507,9 +525,18 @@ impl Conn {
                     if let Ok(mut o) = self.obs.lock() {
                         o.tmfs += 1;
                     }
+                    let mut zombie = None;
                     let response = match t.function {
                         tmf::ABORT_TASK => {
-                            if self.writes.remove(&t.referenced_task_tag.0).is_some() {
+                            let rtt = t.referenced_task_tag;
+                            if let Some(i) = self.deferred.iter().position(|(itt, _)| *itt == rtt) {
+                                let (itt, cdb) = self.deferred.remove(i);
+                                if let Ok(mut o) = self.obs.lock() {
+                                    o.aborted_reads += 1;
+                                }
+                                zombie = self.opts.answer_aborted.then_some((itt, cdb));
+                                tmf::response::FUNCTION_COMPLETE
+                            } else if self.writes.remove(&rtt.0).is_some() {
                                 tmf::response::FUNCTION_COMPLETE
                             } else {
                                 tmf::response::TASK_DOES_NOT_EXIST
@@ -530,6 +557,9 @@ impl Conn {
                         max_cmd_sn: self.max_cmd_sn(),
                     };
                     self.send(Pdu::new(Op::TaskMgmtResponse(r)));
+                    if let Some((itt, cdb)) = zombie {
+                        self.read(itt, &cdb);
+                    }
                 }
                 Op::LogoutRequest(l) => {
                     let s = self.next_stat();
@@ -586,18 +616,8 @@ impl Conn {
                 d.truncate(edtl as usize);
                 self.data_in(itt, &d, true);
             }
-            0x28 => {
-                let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as usize;
-                let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
-                let data = self.disk[lba * BLOCK..(lba + n) * BLOCK].to_vec();
-                self.reads_done += 1;
-                // Phase collapse on every other read; a separate SCSI Response otherwise.
-                let collapse = self.reads_done & 1 == 0;
-                self.data_in(itt, &data, collapse);
-                if !collapse {
-                    self.response(itt, 0, &[]);
-                }
-            }
+            0x28 if self.opts.defer_reads => self.deferred.push((itt, *cdb)),
+            0x28 => self.read(itt, cdb),
             0x2a => {
                 let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as u64;
                 let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
@@ -626,6 +646,21 @@ impl Conn {
     }
 }
 
+impl Conn {
+    fn read(&mut self, itt: Itt, cdb: &[u8; 16]) {
+        let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as usize;
+        let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
+        let data = self.disk[lba * BLOCK..(lba + n) * BLOCK].to_vec();
+        self.reads_done += 1;
+        // Phase collapse on every other read; a separate SCSI Response otherwise.
+        let collapse = self.reads_done & 1 == 0;
+        self.data_in(itt, &data, collapse);
+        if !collapse {
+            self.response(itt, 0, &[]);
+        }
+    }
+}
+
 /// Starts the target on a free port for one connection; returns the port, what it saw
 /// and its thread.
 pub fn start() -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
@@ -634,6 +669,14 @@ pub fn start() -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
 
 /// [`start`], with CHAP required if `chap` says so.
 pub fn start_with(chap: Option<FakeChap>) -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
+    start_opts(chap, FakeOpts::default())
+}
+
+/// [`start_with`], with [`FakeOpts`].
+pub fn start_opts(
+    chap: Option<FakeChap>,
+    opts: FakeOpts,
+) -> (u16, Arc<Mutex<Observed>>, JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
     let obs = Arc::new(Mutex::new(Observed::default()));
@@ -654,6 +697,8 @@ pub fn start_with(chap: Option<FakeChap>) -> (u16, Arc<Mutex<Observed>>, JoinHan
             next_ttt: 0,
             obs: o,
             chap: chap.map(|c| ChapTarget::new(c.secrets, c.mutual)),
+            opts,
+            deferred: Vec::new(),
         };
         if c.login() {
             c.serve();

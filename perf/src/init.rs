@@ -267,6 +267,23 @@ fn control(
                 let window = rs.iter().map(|(_, r)| r.elapsed_ns).max().unwrap_or(0);
                 crate::plot::plot_run(path, plan, &hists, window)?;
             }
+            if plan.abort_every.is_some() {
+                let mut all = crate::session::AbortStats::default();
+                for (_, r) in &rs {
+                    all.add(&r.aborts);
+                }
+                if plan.json {
+                    eprintln!("{}", all.line());
+                } else {
+                    println!("{}", all.line());
+                }
+                if let Some(e) = rs.iter().find_map(|(_, r)| r.abort_error.clone()) {
+                    return Err(format!(
+                        "ABORT TASK: {e} ({} violation(s) in all)",
+                        all.errors
+                    ));
+                }
+            }
             Ok(true)
         }
         Mode::Verify {
@@ -563,6 +580,49 @@ mod tests {
         // TUR twice (unit attention), READ CAPACITY, 63 writes and 63 reads of 16 blocks
         // or less (1000 blocks).
         assert_eq!(o.commands, 3 + 2 * 63);
+    }
+
+    fn abort_run(answer_aborted: bool) -> (Result<bool, String>, crate::fake_target::Observed) {
+        use crate::fake_target::{start_opts, FakeOpts};
+        let opts = FakeOpts {
+            defer_reads: true,
+            answer_aborted,
+        };
+        let (port, obs, h) = start_opts(None, opts);
+        let url = format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0");
+        let a = args(&[
+            "--abort-every", "3", "--qd", "4", "--time", "1", "--ramp", "0", "--no-pin", &url,
+        ])
+        .unwrap();
+        let r = main(&a);
+        h.join().unwrap();
+        let o = std::mem::take(&mut *obs.lock().unwrap());
+        (r, o)
+    }
+
+    /// --abort-every against the fake target (it answers READs after each batch, so an ABORT
+    /// TASK in the same batch aborts its READ): the run succeeds, aborts happened, and the
+    /// aborted slots went on with new READs.
+    #[test]
+    fn abort_every_against_the_fake_target() {
+        let (r, o) = abort_run(false);
+        assert_eq!(r, Ok(true));
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        assert!(o.tmfs > 0 && o.aborted_reads > 0, "{} TMFs, {} reads aborted", o.tmfs, o.aborted_reads);
+        assert!(o.logged_out);
+        // --abort-every is refused with --verify, and 0 is refused.
+        assert!(args(&["--abort-every", "3", "--verify", U]).is_err());
+        assert!(plan(&["--abort-every", "0", U]).unwrap_err().contains("--abort-every 0"));
+    }
+
+    /// A target that answers a READ after saying its ABORT TASK completed: riser-perf fails
+    /// and says so.
+    #[test]
+    fn abort_every_catches_a_response_after_function_complete() {
+        let (r, o) = abort_run(true);
+        assert!(o.aborted_reads > 0);
+        let e = r.unwrap_err();
+        assert!(e.contains("after answering its ABORT TASK with Function complete"), "{e}");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use riser_rdma::{
 
 use crate::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
 use crate::session::{
-    self, IserKeys, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
+    self, AbortStats, IserKeys, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
     SessionState, TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
 };
 use crate::sys::wait_fd;
@@ -698,8 +698,19 @@ impl IserConn {
         Ok(())
     }
 
+    /// I/Os in flight (and `--abort-every`'s ABORT TASKs awaiting their response).
     pub fn inflight(&self) -> usize {
-        self.t.inflight
+        self.t.busy()
+    }
+
+    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    pub fn abort_every(&mut self, n: u32) {
+        self.t.abort_every(n);
+    }
+
+    /// `--abort-every`: what the target answered, and the first violation.
+    pub fn abort_stats(&self) -> Option<(AbortStats, Result<(), String>)> {
+        self.t.abort.as_ref().map(|a| (a.stats, a.result()))
     }
 
     pub fn buf(&self, slot: usize) -> &[u8] {
@@ -756,6 +767,7 @@ impl IserConn {
             rw_cdb(t.dir, t.lba, t.blocks),
             true,
         );
+        let cmd_sn = cmd.cmd_sn;
         let head = encode_headers(hdr, Op::ScsiCommand(cmd), immediate as usize);
         let _ = self.ctrl.write_at(cmd_off, &head);
         let (Ok(s0), Ok(s1)) = (
@@ -769,6 +781,17 @@ impl IserConn {
             sges: [s0, s1],
             n: if immediate > 0 { 2 } else { 1 },
         });
+        // --abort-every: the ABORT TASK goes in the same chain, right after the command (a
+        // control SEND slot is kept free for NOP-Out answers).
+        let room = self.ctrl_busy.iter().filter(|b| !**b).count() > 1;
+        if let Some(req) = self.t.abort_after(&mut self.s, slot, cmd_sn, room) {
+            let plain = IserHeader::Control {
+                write: None,
+                read: None,
+            };
+            // Cannot fail: a control slot is free and the PDU has no data.
+            let _ = self.send_ctrl(plain, Op::TaskMgmtRequest(req), &[]);
+        }
     }
 
     fn complete(&mut self, o: Outcome, out: &mut Vec<Completion>) {
@@ -802,7 +825,11 @@ impl IserConn {
             }
             Ok(())
         };
-        out.push(Completion { slot, result });
+        out.push(Completion {
+            slot,
+            result,
+            aborted: false,
+        });
     }
 
     /// Takes what the CQ has: completions of I/Os are appended to `out`. Returns whether
@@ -832,6 +859,21 @@ impl IserConn {
             }
         }
         self.repost()?;
+        let room = self.ctrl_busy.iter().filter(|b| !**b).count() > 1;
+        let ping = self.t.released(&mut self.s, room, |slot| {
+            out.push(Completion {
+                slot,
+                result: Ok(()),
+                aborted: true,
+            })
+        });
+        if let Some(nop) = ping {
+            let plain = IserHeader::Control {
+                write: None,
+                read: None,
+            };
+            self.send_ctrl(plain, Op::NopOut(nop), &[])?;
+        }
         while let Some(slot) = self.t.unblock(self.s.window_open()) {
             self.send_command(slot);
         }
@@ -918,6 +960,14 @@ impl IserConn {
     }
 
     fn handle(&mut self, h: Bhs, data: &[u8], out: &mut Vec<Completion>) -> Result<(), String> {
+        if self.t.stale(&mut self.s, &h.op) {
+            return Ok(());
+        }
+        match &h.op {
+            Op::TaskMgmtResponse(r) => self.t.tmf_response(r),
+            Op::NopIn(n) => self.t.nop_in(n.itt),
+            _ => {}
+        }
         if let Op::DataIn(_) | Op::R2t(_) = h.op {
             return Err(format!(
                 "{}: the target sent a {:?} PDU on an iSER connection (data moves by RDMA)",

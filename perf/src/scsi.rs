@@ -133,6 +133,8 @@ pub enum Dir {
 pub struct Completion {
     pub slot: usize,
     pub result: Result<(), IoError>,
+    /// `--abort-every`: the slot's task was aborted (no status); the slot is free again.
+    pub aborted: bool,
 }
 
 /// Result of a management SCSI command.

@@ -11,6 +11,7 @@
 //! [`PduSession`], the same initiator over whole [`Pdu`](riser_iscsi::pdu::Pdu)s that the
 //! caller carries, for tests that drive a target without sockets.
 
+mod abort;
 mod login;
 mod negotiate;
 mod pdu;
@@ -20,10 +21,12 @@ use std::ops::Range;
 use std::time::Instant;
 
 use riser_iscsi::pdu::{
-    logout, Bhs, DataIn, DataOut, LogoutRequest, Lun, NopOut, Op, R2t, ScsiCommand, TaskMgmtRequest,
+    logout, Bhs, DataIn, DataOut, LogoutRequest, Lun, NopOut, Op, R2t, ScsiCommand,
+    TaskMgmtRequest,
 };
 use riser_iscsi::serial::{Itt, Sn, Ttt};
 
+pub use abort::{AbortStats, Aborter, MAX_PENDING_ABORTS};
 pub use login::{
     LoginExchange, LoginOptions, LoginParams, LoginStep, SessionType, INITIATOR_NAME,
     LOGIN_MAX_RECV_DSL,
@@ -443,6 +446,8 @@ pub struct Tasks {
     pub slots: Vec<Task>,
     blocked: VecDeque<usize>,
     pub inflight: usize,
+    /// `--abort-every` ([`Self::abort_every`]); a slot's ITT is then its number.
+    pub abort: Option<Box<Aborter>>,
 }
 
 impl Default for Tasks {
@@ -457,6 +462,106 @@ impl Tasks {
             slots: Vec::new(),
             blocked: VecDeque::new(),
             inflight: 0,
+            abort: None,
+        }
+    }
+
+    /// `--abort-every N` (after [`Self::start`]): an ABORT TASK after every Nth command (see
+    /// [`Aborter`]); from now on every command of a slot reuses the slot's ITT.
+    pub fn abort_every(&mut self, n: u32) {
+        self.abort = Some(Box::new(Aborter::new(n, self.slots.len().max(1))));
+    }
+
+    /// Tasks in flight plus ABORT TASKs awaiting their response.
+    pub fn busy(&self) -> usize {
+        self.inflight + self.abort.as_ref().map_or(0, |a| a.pending())
+    }
+
+    /// `--abort-every`: after the command of `slot` (CmdSN `cmd_sn`) went out, the ABORT
+    /// TASK to send right after it, if one is due and `room`.
+    pub fn abort_after(
+        &mut self,
+        s: &mut SessionState,
+        slot: usize,
+        cmd_sn: Sn,
+        room: bool,
+    ) -> Option<TaskMgmtRequest> {
+        let itt = self.slots[slot].itt;
+        self.abort.as_mut()?.on_sent(s, slot, itt, cmd_sn, room)
+    }
+
+    /// `--abort-every`: whether `op` (a SCSI Response, Data-In or R2T) is for an aborted
+    /// task; if so it is counted as a violation and dropped here, its sequence numbers taken.
+    pub fn stale(&mut self, s: &mut SessionState, op: &Op) -> bool {
+        let Some(a) = self.abort.as_mut() else {
+            return false;
+        };
+        let (itt, what) = match op {
+            Op::ScsiResponse(r) => (r.itt, "SCSI Response"),
+            Op::DataIn(d) => (d.itt, "Data-In"),
+            Op::R2t(r) => (r.itt, "R2T"),
+            _ => return false,
+        };
+        if itt.0 & MGMT_ITT != 0 || !a.stale(itt, what) {
+            return false;
+        }
+        match op {
+            Op::ScsiResponse(r) => {
+                s.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                s.saw_stat_sn(r.stat_sn);
+            }
+            Op::DataIn(d) => {
+                s.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+                if d.status_present {
+                    s.saw_stat_sn(d.stat_sn);
+                }
+            }
+            Op::R2t(r) => s.update_window(r.exp_cmd_sn, r.max_cmd_sn),
+            _ => {}
+        }
+        true
+    }
+
+    /// `--abort-every`: takes a Task Management Function Response (its sequence numbers are
+    /// [`SessionState::take`]'s); an aborted task's slot is freed, held back for a while.
+    pub fn tmf_response(&mut self, r: &riser_iscsi::pdu::TaskMgmtResponse) {
+        let Some(a) = self.abort.as_mut() else {
+            return;
+        };
+        if let Some(slot) = a.on_response(r) {
+            let t = &mut self.slots[slot];
+            if t.state == TaskState::InFlight {
+                t.state = TaskState::Idle;
+                self.inflight -= 1;
+            }
+        }
+    }
+
+    /// `--abort-every`: the slots of aborted tasks that go back to the caller now; and, when
+    /// nothing else is in flight and `room`, the NOP-Out ping to send whose NOP-In hands the
+    /// rest back ([`Self::nop_in`]).
+    pub fn released(
+        &mut self,
+        s: &mut SessionState,
+        room: bool,
+        mut each: impl FnMut(usize),
+    ) -> Option<NopOut> {
+        let idle = self.inflight == 0;
+        let a = self.abort.as_mut()?;
+        for slot in a.take_released() {
+            each(slot);
+        }
+        if !idle || !room {
+            return None;
+        }
+        let itt = a.ping_due(s)?;
+        Some(s.nop_out(itt, Ttt::RESERVED, s.lun))
+    }
+
+    /// `--abort-every`: a NOP-In answering `itt`.
+    pub fn nop_in(&mut self, itt: Itt) {
+        if let Some(a) = self.abort.as_mut() {
+            a.on_nop_in(itt);
         }
     }
 
@@ -473,7 +578,11 @@ impl Tasks {
     fn arm(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32, len: u32) -> &mut Task {
         let t = &mut self.slots[slot];
         debug_assert_eq!(t.state, TaskState::Idle);
-        t.seq = (t.seq + 1) & 0x7fff;
+        match self.abort.as_mut() {
+            // --abort-every: the slot's ITT, always (aborted tasks' ITTs get reused).
+            Some(a) => a.on_arm(slot),
+            None => t.seq = (t.seq + 1) & 0x7fff,
+        }
         t.itt = ((t.seq as u32) << 16) | slot as u32;
         t.dir = dir;
         t.lba = lba;
@@ -553,6 +662,9 @@ impl Tasks {
         self.inflight -= 1;
         let t = &mut self.slots[slot];
         t.state = TaskState::Idle;
+        if let Some(a) = self.abort.as_mut() {
+            a.on_answered(t.itt);
+        }
         t
     }
 

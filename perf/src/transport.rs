@@ -4,7 +4,7 @@
 use crate::conn::Conn;
 use crate::iser::IserConn;
 use crate::scsi::{Completion, Dir};
-use crate::session::{IserKeys, LoginOptions, Negotiated};
+use crate::session::{AbortStats, IserKeys, LoginOptions, Negotiated};
 use crate::url::{self, TargetUrl};
 
 /// One session over either transport: what the client threads drive.
@@ -110,6 +110,16 @@ impl Session {
 
     pub fn inflight(&self) -> usize {
         both!(self, c => c.inflight())
+    }
+
+    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    pub fn abort_every(&mut self, n: u32) {
+        both!(self, c => c.abort_every(n))
+    }
+
+    /// `--abort-every`: what the target answered, and the first violation.
+    pub fn abort_stats(&self) -> Option<(AbortStats, Result<(), String>)> {
+        both!(self, c => c.abort_stats())
     }
 
     pub fn lba(&self, slot: usize) -> u64 {

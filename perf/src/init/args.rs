@@ -195,6 +195,12 @@ pub struct InitArgs {
     /// hex digits) instead of a new session.
     #[arg(long = "join-session", value_name = "TSIH:ISID", hide = true, value_parser = parse_join)]
     pub join_session: Option<(u16, [u8; 6])>,
+
+    /// Tests: an ABORT TASK right after every Nth command of the benchmark (not with
+    /// --verify); prints what the target answered (`aborts: ...`) and fails on a protocol
+    /// violation (a response for an aborted task, an unexpected TMF response code).
+    #[arg(long = "abort-every", value_name = "N", hide = true, conflicts_with_all = ["verify", "verify_only"])]
+    pub abort_every: Option<u32>,
 }
 
 /// `MAX:MIN`, each 0-15.
@@ -261,6 +267,8 @@ pub struct Plan {
     pub plot: Option<std::path::PathBuf>,
     /// --sync-every: SYNCHRONIZE CACHE this often during the verify write pass.
     pub sync_every: Option<Duration>,
+    /// --abort-every (hidden): ABORT TASK after every Nth command of the benchmark.
+    pub abort_every: Option<u32>,
 }
 
 /// `START:COUNT`, decimal or 0x hex, COUNT > 0.
@@ -408,10 +416,14 @@ impl InitArgs {
             DigestArg::Data => (false, true),
             DigestArg::Both => (true, true),
         };
+        if self.abort_every == Some(0) {
+            return Err("--abort-every 0: give N, at least 1".into());
+        }
         if self.sync_every == Some(0) {
             return Err("--sync-every 0: give a period in milliseconds (at least 1)".into());
         }
         Ok(Plan {
+            abort_every: self.abort_every,
             sync_every: self.sync_every.map(Duration::from_millis),
             chap: self.chap_config()?,
             targets,

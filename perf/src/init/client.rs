@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::{Geometry, Mode, Plan};
 use crate::report::{Recorder, Window};
 use crate::scsi::{Completion, Dir};
-use crate::session::{LoginOptions, Negotiated};
+use crate::session::{AbortStats, LoginOptions, Negotiated};
 use crate::sys::{self, pin_to, thread_cpu};
 use crate::transport::Session;
 use crate::verify::{self, Mismatches};
@@ -134,6 +134,9 @@ pub(super) struct ThreadResult {
     pub(super) hist: Histogram<u64>,
     pub(super) mismatches: Mismatches,
     pub(super) blocks_checked: u64,
+    /// --abort-every: what the targets answered, and the first violation.
+    pub(super) aborts: AbortStats,
+    pub(super) abort_error: Option<String>,
 }
 
 /// What the completions feed besides the live totals.
@@ -255,6 +258,9 @@ impl Client {
                 let _ = conn.logout();
                 return Err(e);
             }
+            if let Some(n) = plan.abort_every {
+                conn.abort_every(n);
+            }
             infos.push((s.url, session_info(&conn)));
             self.jobs.push(Job {
                 conn,
@@ -287,7 +293,22 @@ impl Client {
                     ));
                 }
                 let (elapsed, cpu) = self.bench(t0, &geoms)?;
-                Ok(self.result(elapsed, cpu))
+                let mut r = self.result(elapsed, cpu);
+                if plan.abort_every.is_some() {
+                    // Log out first: an answer for an aborted task may still come meanwhile,
+                    // and a logout that fails counts here.
+                    for j in &mut self.jobs {
+                        j.conn.logout()?;
+                        if let Some((stats, res)) = j.conn.abort_stats() {
+                            r.aborts.add(&stats);
+                            if let Err(e) = res {
+                                r.abort_error
+                                    .get_or_insert_with(|| format!("{}: {e}", j.conn.label()));
+                            }
+                        }
+                    }
+                }
+                Ok(r)
             }
             Mode::Verify {
                 read_only,
@@ -323,6 +344,8 @@ impl Client {
             hist: self.tally.rec.take_hist(),
             mismatches: std::mem::take(&mut self.tally.mismatches),
             blocks_checked: self.tally.blocks_checked,
+            aborts: AbortStats::default(),
+            abort_error: None,
         })
     }
 
@@ -383,13 +406,14 @@ impl Client {
     /// the live totals, hands each to `on_done` (tally, session, slot, time, latency; it may
     /// submit the slot's next I/O) and sends what was queued; then publishes the live
     /// totals, and idles if nothing came. The I/Os still in flight, and the time of the last
-    /// completions (`now_ns` if none came).
+    /// completions (`now_ns` if none came). An aborted I/O (--abort-every) counts for
+    /// nothing: `on_done` gets no latency for it, only the slot to reuse.
     fn pass(
         &mut self,
         t0: Instant,
         mut now_ns: u64,
         done: &mut Vec<Completion>,
-        mut on_done: impl FnMut(&mut Tally, &mut Job, usize, u64, u64),
+        mut on_done: impl FnMut(&mut Tally, &mut Job, usize, u64, Option<u64>),
     ) -> Result<(usize, u64), String> {
         let mut any = false;
         let mut got = false;
@@ -403,10 +427,14 @@ impl Client {
                     if let Err(e) = c.result {
                         return Err(format!("{}: {e}", j.conn.label()));
                     }
+                    if c.aborted {
+                        on_done(&mut self.tally, j, c.slot, now_ns, None);
+                        continue;
+                    }
                     let lat = now_ns.saturating_sub(j.submit_ns[c.slot]);
                     self.ios_total += 1;
                     self.lat_total += lat;
-                    on_done(&mut self.tally, j, c.slot, now_ns, lat);
+                    on_done(&mut self.tally, j, c.slot, now_ns, Some(lat));
                 }
             }
             j.conn.flush()?;
@@ -444,7 +472,7 @@ impl Client {
             let (measuring, stopping) = (window.measuring(), window.stopping());
             let (inflight, now_ns) =
                 self.pass(t0, now_ns, &mut done, |tally, j, slot, now, lat| {
-                    if measuring {
+                    if let (true, Some(lat)) = (measuring, lat) {
                         tally.rec.record(lat, j.dirs[slot] == Dir::Read);
                     }
                     if !stopping {
@@ -507,7 +535,7 @@ impl Client {
         let mut pausing = false;
         loop {
             let (inflight, _) = self.pass(t0, 0, &mut done, |tally, j, slot, now, lat| {
-                tally.rec.record(lat, dir == Dir::Read);
+                tally.rec.record(lat.unwrap_or(0), dir == Dir::Read);
                 if dir == Dir::Read {
                     let g = geoms[j.url];
                     let lba = j.conn.lba(slot);
