@@ -16,7 +16,8 @@
 #     "passthrough+iopoll", bdev_get_bdevs' driver_specific says io_path passthrough+iopoll
 #     with polled_commands > 0 and equal to passthrough_commands, and the controller's I/O
 #     queue interrupts (/proc/interrupts) barely move meanwhile: poll queues have none.
-# (b) libiscsi's compliance suite (iscsi-test-cu -t ALL, one run, over TCP) on the NVMe LUN:
+# (b) libiscsi's compliance suite (one iscsi-test-cu run over TCP: the suites that reach the
+#     device, see below; RISER_NVME_COMPLIANCE=ALL for all of it) on the NVMe LUN:
 #     prints "nvme compliance: ran R, passed P, failed F, skipped S: [names]" (the host test
 #     judges F = 0 and S against the malloc LUN's skips).
 # (c) crash: Linux ib_iser logs in to the NVMe LUN, mkfs.ext4, a file tree copied, `sync`;
@@ -125,11 +126,24 @@ PY
   grep nvme0q /proc/interrupts >"$logs/interrupts.txt" || true
 
   # ---- (b) -----------------------------------------------------------------------------
-  step "(b) libiscsi compliance suite (ALL, over TCP) on the NVMe LUN"
+  # The suites that exercise the device under the LUN (reads, writes, verify, compare, write
+  # same, unmap, LBA status, sanitize, copy, caching page, capacity): the whole suite (230
+  # tests) under TCG outlasts a make test budget (over 9 minutes for part of it), and the
+  # suites left out test the SCSI/iSCSI layers above the bdev (INQUIRY, reservations,
+  # removable medium, TMF, CmdSN/DataSN, multipath), which the host runs in full on malloc
+  # and file LUNs (test/tests/compliance.rs). RISER_NVME_COMPLIANCE=ALL runs everything.
+  subset=CompareAndWrite,ExtendedCopy,GetLBAStatus,ModeSense6,OrWrite,Prefetch10,Prefetch16,Read6,Read10,Read12,Read16
+  subset+=,ReadCapacity10,ReadCapacity16,ReceiveCopyResults,Sanitize,Unmap,Verify10,Verify12,Verify16,Write10,Write12
+  subset+=,Write16,WriteAtomic16,WriteSame10,WriteSame16,WriteVerify10,WriteVerify12,WriteVerify16
+  suites=${RISER_NVME_COMPLIANCE:-$(sed 's/\([A-Za-z0-9]*\)/ALL.\1.*/g' <<<"$subset")}
+  step "(b) libiscsi compliance suite ($suites, over TCP) on the NVMe LUN"
   t0=$SECONDS
+  # Straight into the results share: its progress can be followed from the host.
+  clog=$RISER_VM_OUT/nvme-compliance.log
   timeout 1500 iscsi-test-cu --dataloss --allow-sanitize -i iqn.2024-01.io.riser.test:init1 -I iqn.2024-01.io.riser.test:init2 \
-    -t ALL "iscsi://$RXE_IP:3260/$iqn/0" >"$logs/compliance.log" 2>&1 || true
-  python3 - "$logs/compliance.log" $((SECONDS - t0)) <<'PY'
+    -t "$suites" "iscsi://$RXE_IP:3260/$iqn/0" >"$clog" 2>&1 || true
+  cp "$clog" "$logs/compliance.log"
+  python3 - "$clog" $((SECONDS - t0)) <<'PY'
 import sys
 suite = test = ""
 skipped, failed = set(), set()
