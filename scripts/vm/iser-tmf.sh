@@ -9,6 +9,10 @@
 #      the tasks a reset ends), and riser-perf writes and verifies LUN 1 at QD 64 meanwhile;
 #      LUN 0 read back identical, LUN 1 verified again, LUN 0 rewritten and verified; no
 #      connection left.
+#   3. ABORT TASK under load: riser-perf randread QD 32 over iser:// with an ABORT TASK right
+#      after every 7th command (--abort-every, riser-perf reusing the aborted tasks' ITTs):
+#      every one answered Function complete or Task does not exist, no response for an
+#      aborted task; then 16 MiB of LUN 0 written and verified with no aborts, read back again.
 # Needs the host-built riser, riser-rpc and riser-perf. Prints "ISER TMF OK" last on success.
 set -euo pipefail
 . scripts/vm/rxe-up.sh
@@ -99,6 +103,17 @@ extra_pids=
 echo "LUN 1 under load meanwhile: $(grep '^verify: [0-9]* blocks checked' "$logs/load.log")"
 verify after-tmf-lun1 "$url1" 32 65536 --verify-only --generation 7
 verify after-tmf-lun0 "$url0" 32 65536 --generation 9
+wait_no_connections 30
+
+step "ABORT TASK under load over iSER: riser-perf randread QD 32, an ABORT TASK after every 7th command"
+rc=0
+out=$(perf --rw randread --qd 32 --bs 4096 --time 4 --ramp 0 --abort-every 7 "$url0" 2>&1) || rc=$?
+echo "$out" >"$logs/abort.log"
+[ $rc = 0 ] || fail "riser-perf --abort-every exited with $rc: $(tail -n 5 <<<"$out")"
+line=$(grep '^aborts: ' <<<"$out") || fail "riser-perf printed no aborts line: $(tail -n 5 <<<"$out")"
+echo "abort-iser: $line"
+verify after-abort-16m "$url0" 32 65536 --lba-range 0:32768 --generation 11
+verify after-abort-readback "$url0" 8 4096 --verify-only --lba-range 0:32768 --generation 11
 wait_no_connections 30
 riser_stop
 echo "ISER TMF OK"

@@ -41,14 +41,58 @@ fn rxe_vm_perf_iser_verify_riser_and_lio() {
 /// immediate data, 4 KiB and 64 KiB verified, without one RNR NAK (the receive ring is sized
 /// from the negotiated queue depth); LOGICAL UNIT RESETs from the Linux initiator with its
 /// writes in flight over iSER (ITTs reused after) while riser-perf loads and verifies LUN 1;
-/// everything read back identical afterwards.
+/// everything read back identical afterwards. Then ABORT TASK under load over iSER:
+/// riser-perf's randread QD 32 with an ABORT TASK right after every 7th command
+/// (`--abort-every`, the aborted tasks' ITTs reused): every one answered, at least one
+/// Function complete, never a response for an aborted task; 16 MiB written and verified after.
 #[test]
 fn rxe_vm_iser_full_depth_and_lun_reset_under_load() {
     let run = vm_run("scripts/vm/iser-tmf.sh", SMP, &["riser", "riser-rpc", "riser-perf"]);
     let out = run.expect_ok("ISER TMF OK");
     assert!(out.contains("RNR NAKs during the QD 256 runs: 0"), "{out}");
     assert!(out.contains("16 MiB written through LUN resets over iSER, read back identical"), "{out}");
-    for label in ["qd256-4k", "qd256-64k", "after-tmf-lun1", "after-tmf-lun0"] {
+    for label in [
+        "qd256-4k",
+        "qd256-64k",
+        "after-tmf-lun1",
+        "after-tmf-lun0",
+        "after-abort-16m",
+        "after-abort-readback",
+    ] {
         assert!(out.contains(&format!("{label}: verify: ")), "no {label} verify line:\n{out}");
     }
+    let c = abort_counts(&out);
+    println!("ABORT TASK over iSER: {c:?}");
+    let n = |name: &str| {
+        c.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no {name:?} in the aborts line:\n{out}"))
+    };
+    assert!(n("sent") > 0, "no ABORT TASK sent:\n{out}");
+    assert_eq!(n("sent"), n("function complete") + n("task does not exist"), "{out}");
+    assert!(n("function complete") >= 1, "no ABORT TASK answered Function complete:\n{out}");
+    assert_eq!(n("responses for aborted tasks"), 0, "{out}");
+    assert_eq!(n("errors"), 0, "{out}");
+}
+
+/// The counts of the script's `abort-iser: aborts: sent N, function complete N (answered
+/// before N, aborted N), ...` line (riser-perf's), by name.
+fn abort_counts(out: &str) -> Vec<(String, u64)> {
+    let line = out
+        .lines()
+        .find_map(|l| l.split_once("abort-iser: aborts: ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no abort-iser line:\n{out}"));
+    let mut v = Vec::new();
+    let mut words: Vec<&str> = Vec::new();
+    for tok in line.split([' ', ',', '(', ')']).filter(|t| !t.is_empty()) {
+        match tok.parse::<u64>() {
+            Ok(n) => {
+                v.push((words.join(" "), n));
+                words.clear();
+            }
+            Err(_) => words.push(tok),
+        }
+    }
+    v
 }
