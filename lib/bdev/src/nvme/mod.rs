@@ -8,7 +8,10 @@
 //! 1. **passthrough, polled**: NVMe Read/Write/Flush/Write Zeroes/Dataset Management
 //!    commands through io_uring (`IORING_OP_URING_CMD`) on the namespace's generic char
 //!    device /dev/ngXnY, on an IOPOLL ring: the driver's poll queues (`nvme.poll_queues=N`),
-//!    completions reaped by the reactor's loop, no interrupt.
+//!    completions reaped by the reactor's loop, no interrupt. Commands without data (Flush,
+//!    Write Zeroes) go through an interrupt-driven ring of the same thread: Linux 6.1's
+//!    driver polls a passthrough command through its bio, so one without data would never
+//!    be polled (it hangs on the poll queue; seen in the VM).
 //! 2. **passthrough**: the same commands on an interrupt-driven ring, when the driver has no
 //!    poll queues (or IOPOLL is refused).
 //! 3. **block device**: O_DIRECT on /dev/nvmeXnY through riser's file engine
@@ -542,7 +545,23 @@ impl Bdev for NvmeBdev {
             Path_::Passthrough { polled, .. } => match PtRing::current(*polled) {
                 Ok(ring) => {
                     let chan = ring.open_channel();
-                    Box::new(NvmeChannel { bdev: self, ring, chan })
+                    // Commands without data (Flush, Write Zeroes) cannot be polled on Linux
+                    // 6.1 (the driver polls a passthrough command through its bio), so on
+                    // the polled path they go through an interrupt-driven ring.
+                    let plain = if *polled {
+                        match PtRing::current(false) {
+                            Ok(r) => {
+                                let c = r.open_channel();
+                                Some((r, c))
+                            }
+                            Err(e) => {
+                                return Box::new(crate::io::FailedChannel::new(format!("NVMe passthrough ring cannot be set up on this thread: {e}")))
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    Box::new(NvmeChannel { bdev: self, ring, chan, plain })
                 }
                 Err(e) => Box::new(crate::io::FailedChannel::new(format!("NVMe passthrough ring cannot be set up on this thread: {e}"))),
             },
@@ -565,6 +584,7 @@ impl Bdev for NvmeBdev {
             "iopoll": self.io_path() == IoPath::PassthroughPolled,
             "passthrough_commands": self.stats.commands.load(Ordering::Relaxed),
             "polled_commands": self.stats.polled.load(Ordering::Relaxed),
+            "interrupt_commands": self.stats.interrupt.load(Ordering::Relaxed),
             "failed_commands": self.stats.errors.load(Ordering::Relaxed),
             "unmap": match self.unmap { UnmapHow::None => "none", UnmapHow::Dsm => "dsm_deallocate", UnmapHow::WriteZeroesDeac => "write_zeroes_deac" },
             "write_zeroes_deallocates": self.props.wz_deallocates,
@@ -578,6 +598,9 @@ struct NvmeChannel {
     bdev: Arc<NvmeBdev>,
     ring: Rc<PtRing>,
     chan: u32,
+    /// On the polled path: the thread's interrupt-driven ring and this channel's place in it,
+    /// for commands that carry no data.
+    plain: Option<(Rc<PtRing>, u32)>,
 }
 
 /// Per-command limits and how UNMAP is done: what turns one I/O into NVMe commands.
@@ -672,25 +695,37 @@ impl IoChannel for NvmeChannel {
         let mut buf = io.buf.take();
         let data = buf.as_mut().map_or(0, |b| b.as_mut_slice().as_mut_ptr() as u64);
         let (cmds, dsm, flush) = plan_commands(&d.plan(), io.kind, io.offset_blocks.get(), io.num_blocks, data, io.fua);
-        let mut op = PtOp::new(self.chan, io.tag, io.kind, ng.clone(), buf, d.stats.clone());
+        let dataless = cmds.iter().all(|c| c.data_len == 0) || flush;
+        let (ring, chan) = match (&self.plain, dataless) {
+            (Some((r, c)), true) => (r, *c),
+            _ => (&self.ring, self.chan),
+        };
+        let mut op = PtOp::new(chan, io.tag, io.kind, ng.clone(), buf, d.stats.clone());
         op.cmds = cmds;
         op.dsm = dsm;
         op.flush_after = flush.then_some(d.nsid);
-        self.ring.submit(op);
+        ring.submit(op);
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.ring.poll(self.chan, out)
+        let n = self.ring.poll(self.chan, out);
+        match &self.plain {
+            Some((r, c)) => n + r.poll(*c, out),
+            None => n,
+        }
     }
 
     fn outstanding(&self) -> usize {
-        self.ring.outstanding(self.chan)
+        self.ring.outstanding(self.chan) + self.plain.as_ref().map_or(0, |(r, c)| r.outstanding(*c))
     }
 }
 
 impl Drop for NvmeChannel {
     fn drop(&mut self) {
         self.ring.close_channel(self.chan);
+        if let Some((r, c)) = &self.plain {
+            r.close_channel(*c);
+        }
     }
 }
 

@@ -37,8 +37,10 @@ type Uring = IoUring<squeue::Entry128, cqueue::Entry32>;
 pub struct PathStats {
     /// NVMe commands completed through passthrough.
     pub commands: AtomicU64,
-    /// Of those, the ones reaped by polling an IOPOLL ring (poll queues).
+    /// Of those, the ones reaped by polling an IOPOLL ring (poll queues)...
     pub polled: AtomicU64,
+    /// ... and the ones completed by interrupt (no poll queues, or a command without data).
+    pub interrupt: AtomicU64,
     /// Commands that failed (device status or errno).
     pub errors: AtomicU64,
 }
@@ -319,7 +321,9 @@ impl Inner {
             }
         }
         op.stats.commands.fetch_add(1, Ordering::Relaxed);
-        if polled {
+        if !polled {
+            op.stats.interrupt.fetch_add(1, Ordering::Relaxed);
+        } else {
             op.stats.polled.fetch_add(1, Ordering::Relaxed);
         }
         if let Err(e) = result_of(res) {
