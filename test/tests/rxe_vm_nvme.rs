@@ -33,7 +33,10 @@ fn rxe_vm_nvme_passthrough_compliance_and_crash() {
     let dir = std::env::temp_dir().join(format!("riser-vm-nvme.{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("results directory");
     std::env::set_var("RISER_VM_OUT", &dir);
-    std::env::set_var("RISER_VM_NVME_MIB", "256");
+    // 128 MiB: riser's GET LBA STATUS on a device without an allocation map (NVMe) reads at
+    // most 128 MiB per command (lib/scsi LBA_STATUS_MAX_SCAN_BYTES), and libiscsi's
+    // Sanitize.BlockErase wants one answer that covers the whole LUN.
+    std::env::set_var("RISER_VM_NVME_MIB", "128");
     // The compliance subset alone takes several minutes under TCG.
     if std::env::var_os("RISER_VM_TIMEOUT").is_none() {
         std::env::set_var("RISER_VM_TIMEOUT", "2400");
