@@ -401,15 +401,24 @@ impl NvmeBdev {
 }
 
 /// Whether passthrough works on `ng` (a one-block read of LBA 0), on a polled ring or not.
+///
+/// The probe's ring lives on a short-lived thread of its own: a ring's teardown notifies
+/// the thread that made it, and the caller (the RPC thread) would see its next timed read
+/// fail with EINTR (see `uring::probe`).
 fn probe_passthrough(ng: &File, nsid: u32, bs: u32, polled: bool) -> Result<(), String> {
-    let mut buf = IoBuf::alloc(bs as usize);
-    let cmd = NvmeCmd::rw(false, nsid, 0, 1, buf.as_mut_slice().as_mut_ptr() as u64, bs, false);
-    match ring::run_one(ng, &cmd, polled, buf, Duration::from_secs(10)) {
-        Ok((0, _)) => Ok(()),
-        Ok((r, _)) if r < 0 => Err(io::Error::from_raw_os_error(-r).to_string()),
-        Ok((s, _)) => Err(cmd::status_text(s)),
-        Err(e) => Err(e.to_string()),
-    }
+    let ng = ng.try_clone().map_err(|e| e.to_string())?;
+    let probe = move || {
+        let mut buf = IoBuf::alloc(bs as usize);
+        let cmd = NvmeCmd::rw(false, nsid, 0, 1, buf.as_mut_slice().as_mut_ptr() as u64, bs, false);
+        match ring::run_one(&ng, &cmd, polled, buf, Duration::from_secs(10)) {
+            Ok((0, _)) => Ok(()),
+            Ok((r, _)) if r < 0 => Err(io::Error::from_raw_os_error(-r).to_string()),
+            Ok((s, _)) => Err(cmd::status_text(s)),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let thread = std::thread::Builder::new().name("nvme-probe".into()).spawn(probe).map_err(|e| e.to_string())?;
+    thread.join().unwrap_or_else(|_| Err("the probe thread panicked".into()))
 }
 
 /// Attaches the controller at `traddr`: its namespaces as bdevs `<name>n<nsid>`.
