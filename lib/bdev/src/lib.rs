@@ -18,6 +18,7 @@ mod malloc;
 mod null;
 pub mod nvme;
 mod registry;
+mod sq;
 pub mod rpc;
 mod uring;
 

@@ -31,6 +31,8 @@ use std::thread::JoinHandle;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use crate::sq::{reap_batch, Backlog, REAP_BATCH};
+
 use crate::io::{BdevError, IoBuf, IoCompletion, IoKind};
 
 /// SQ entries per ring (the CQ is twice that; the kernel keeps overflowing CQEs).
@@ -135,7 +137,7 @@ struct Inner {
     ops: Vec<Option<Op>>,
     free_ops: Vec<u32>,
     /// SQEs that did not fit in the SQ yet.
-    backlog: VecDeque<squeue::Entry>,
+    backlog: Backlog<squeue::Entry>,
     /// Per channel: its completions not yet returned, and ops in flight; `None`: closed.
     chans: Vec<Option<(VecDeque<IoCompletion>, usize)>>,
     free_chans: Vec<u32>,
@@ -215,7 +217,7 @@ impl Ring {
                 uring,
                 ops: Vec::new(),
                 free_ops: Vec::new(),
-                backlog: VecDeque::new(),
+                backlog: Backlog::new(),
                 chans: Vec::new(),
                 free_chans: Vec::new(),
                 fixed,
@@ -359,24 +361,12 @@ impl Inner {
     }
 
     fn queue(&mut self, sqe: squeue::Entry) {
-        if self.backlog.is_empty() {
-            // SAFETY: every pointer in the SQE (buffer, length) belongs to an op stored in
-            // `self.ops` until its CQE is reaped, so it stays valid while the kernel uses it.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(&sqe) };
-            if pushed.is_ok() {
-                return;
-            }
-            // Full: hand the kernel what it has, then try once more.
-            let _ = self.uring.submit();
-            // SAFETY: as above.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(&sqe) };
-            if pushed.is_ok() {
-                return;
-            }
-        }
-        self.backlog.push_back(sqe);
+        // SAFETY: every pointer in the SQE (buffer, length) belongs to an op stored in
+        // `self.ops` until its CQE is reaped, so it stays valid while the kernel uses it.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.backlog.queue(&mut self.uring, sqe)
+        };
     }
 
     /// Makes the op's buffer usable for O_DIRECT (bouncing it if not) and registers it as
@@ -445,21 +435,7 @@ impl Inner {
 
     /// Pushes the backlog into the SQ and enters the kernel if anything is queued.
     fn flush(&mut self) {
-        while let Some(sqe) = self.backlog.front() {
-            // SAFETY: as in `queue`.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(sqe) };
-            if pushed.is_err() {
-                let _ = self.uring.submit();
-                // SAFETY: as in `queue`.
-                #[allow(unsafe_code)]
-                let again = unsafe { self.uring.submission().push(sqe) };
-                if again.is_err() {
-                    break;
-                }
-            }
-            self.backlog.pop_front();
-        }
+        self.backlog.drain(&mut self.uring);
         if !self.uring.submission().is_empty() {
             if let Err(e) = self.uring.submit() {
                 if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EAGAIN) {
@@ -474,13 +450,9 @@ impl Inner {
         let mut got = 0;
         // Up to 64 at a time into an array (nothing allocated per poll), handled once the
         // completion queue is released.
-        let mut cqes = [(0u64, 0i32); 64];
+        let mut cqes = [(0u64, 0i32); REAP_BATCH];
         loop {
-            let mut n = 0;
-            for (slot, c) in cqes.iter_mut().zip(self.uring.completion()) {
-                *slot = (c.user_data(), c.result());
-                n += 1;
-            }
+            let n = reap_batch(&mut self.uring, &mut cqes);
             if n == 0 {
                 break;
             }

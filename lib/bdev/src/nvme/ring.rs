@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use crate::sq::{reap_batch, Backlog, REAP_BATCH};
+
 use super::cmd::{status_text, NvmeCmd, NVME_URING_CMD_IO};
 use crate::io::{BdevError, IoBuf, IoCompletion, IoKind};
 
@@ -75,7 +77,7 @@ struct Inner {
     polled: bool,
     ops: Vec<Option<PtOp>>,
     free_ops: Vec<u32>,
-    backlog: VecDeque<squeue::Entry128>,
+    backlog: Backlog<squeue::Entry128>,
     chans: Vec<Chan>,
     free_chans: Vec<u32>,
     inflight: usize,
@@ -141,7 +143,7 @@ impl PtRing {
                     polled,
                     ops: Vec::new(),
                     free_ops: Vec::new(),
-                    backlog: VecDeque::new(),
+                    backlog: Backlog::new(),
                     chans: Vec::new(),
                     free_chans: Vec::new(),
                     inflight: 0,
@@ -243,41 +245,16 @@ impl Inner {
     }
 
     fn queue(&mut self, sqe: squeue::Entry128) {
-        if self.backlog.is_empty() {
-            // SAFETY: the addresses in the command point into the op's buffer or DSM ranges,
-            // which `self.ops` keeps (heap memory, never moved) until the op's last CQE.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(&sqe) };
-            if pushed.is_ok() {
-                return;
-            }
-            let _ = self.uring.submit();
-            // SAFETY: as above.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(&sqe) };
-            if pushed.is_ok() {
-                return;
-            }
-        }
-        self.backlog.push_back(sqe);
+        // SAFETY: the addresses in the command point into the op's buffer or DSM ranges,
+        // which `self.ops` keeps (heap memory, never moved) until the op's last CQE.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.backlog.queue(&mut self.uring, sqe)
+        };
     }
 
     fn flush(&mut self) {
-        while let Some(sqe) = self.backlog.front() {
-            // SAFETY: as in `queue`.
-            #[allow(unsafe_code)]
-            let pushed = unsafe { self.uring.submission().push(sqe) };
-            if pushed.is_err() {
-                let _ = self.uring.submit();
-                // SAFETY: as in `queue`.
-                #[allow(unsafe_code)]
-                let again = unsafe { self.uring.submission().push(sqe) };
-                if again.is_err() {
-                    break;
-                }
-            }
-            self.backlog.pop_front();
-        }
+        self.backlog.drain(&mut self.uring);
         // IOPOLL: an enter with GETEVENTS (the crate adds it for IOPOLL rings) is what polls
         // the device's completion queue, so enter whenever anything is in flight.
         if !self.uring.submission().is_empty() || (self.polled && self.inflight > 0) {
@@ -291,13 +268,14 @@ impl Inner {
 
     fn reap(&mut self) {
         let mut got = 0;
+        let mut cqes = [(0u64, 0i32); REAP_BATCH];
         loop {
-            let cqes: Vec<(u64, i32)> = self.uring.completion().map(|c| (c.user_data(), c.result())).take(64).collect();
-            if cqes.is_empty() {
+            let n = reap_batch(&mut self.uring, &mut cqes);
+            if n == 0 {
                 break;
             }
-            got += cqes.len();
-            for (ud, res) in cqes {
+            got += n;
+            for &(ud, res) in &cqes[..n] {
                 self.on_cqe(ud as u32, (ud >> 32) as usize, res);
             }
         }
