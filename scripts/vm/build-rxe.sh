@@ -30,6 +30,8 @@ say() { echo "build-rxe: $*" >&2; }
 die() { echo "build-rxe: error: $*" >&2; exit 1; }
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=scripts/vm/kmod-lib.sh
+. "$here/kmod-lib.sh"
 pages=${RXE_PAGES:-4096}
 [[ $pages =~ ^[0-9]+$ ]] && [ "$pages" -ge 512 ] && [ "$pages" -le 65536 ] || die "RXE_PAGES=$pages: 512..65536"
 
@@ -72,30 +74,8 @@ if [ -f "$cached" ] && module_ok "$cached"; then
   exit 0
 fi
 
-headers=linux-headers-$kver source=linux-source-$series
-missing=()
-for p in "$headers" "$source" make gcc binutils xz-utils; do
-  [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq || die "apt-get update failed"
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || die "apt-get install ${missing[*]} failed: rdma_rxe cannot be built for $kver"
-fi
-build=/lib/modules/$kver/build
-[ -f "$build/Makefile" ] || die "$build/Makefile missing after installing $headers"
-tarball=$(ls /usr/src/linux-source-"$series".tar.* 2>/dev/null | head -n1 || true)
-[ -n "$tarball" ] || die "no /usr/src/linux-source-$series.tar.* after installing $source"
-
-tmp=$cache/tmp.rxe
-rm -rf "$tmp"
-mkdir -p "$tmp"
-say "building rdma_rxe with $pages fast-reg pages for $kver from $(basename "$tarball")"
-tar -C "$tmp" -xf "$tarball" --wildcards "linux-source-$series/drivers/infiniband/sw/rxe/*" \
-  || die "cannot extract drivers/infiniband/sw/rxe from $tarball"
-src=$tmp/linux-source-$series/drivers/infiniband/sw/rxe
+say "building rdma_rxe with $pages fast-reg pages for $kver from Debian's linux-source-$series"
+kmod_extract rxe
 param=$src/rxe_param.h
 [ -f "$param" ] || die "$tarball has no drivers/infiniband/sw/rxe/rxe_param.h"
 grep -Eq '^\s*RXE_MAX_FMR_PAGE_LIST_LEN\s*=\s*512,' "$param" \
@@ -106,12 +86,6 @@ grep -Eq "^\s*RXE_MAX_FMR_PAGE_LIST_LEN\s*=\s*$pages," "$param" || die "raising 
 # The page map this relies on: several pages of RXE_BUF_PER_MAP entries per fast-reg MR.
 grep -q 'num_map = (num_buf + RXE_BUF_PER_MAP - 1) / RXE_BUF_PER_MAP;' "$src/rxe_mr.c" \
   || die "rxe_mr.c does not size its page map from the MR's page count: the raised limit is unchecked for this source"
-make -C "$build" M="$src" CONFIG_RDMA_RXE=m modules >"$tmp/build.log" 2>&1 \
-  || { tail -n 30 "$tmp/build.log" >&2; die "building rdma_rxe against $build failed (log above)"; }
-[ -f "$src/rdma_rxe.ko" ] || die "the build left no rdma_rxe.ko"
-module_ok "$src/rdma_rxe.ko" || die "rdma_rxe.ko has vermagic '$(modinfo -F vermagic "$src/rdma_rxe.ko")', not $kver"
-strip --strip-debug -o "$cached.tmp" "$src/rdma_rxe.ko" || cp "$src/rdma_rxe.ko" "$cached.tmp"
-mv "$cached.tmp" "$cached"
-rm -rf "$tmp"
+kmod_build rdma_rxe RDMA_RXE rdma_rxe "$cached" module_ok
 say "rdma_rxe with $pages fast-reg pages for $kver: $cached"
 echo "$cached"

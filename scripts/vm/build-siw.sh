@@ -17,6 +17,8 @@ set -euo pipefail
 
 say() { echo "build-siw: $*" >&2; }
 die() { echo "build-siw: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/vm/kmod-lib.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/kmod-lib.sh"
 
 [ $# -eq 2 ] || die "usage: $0 KERNEL_VERSION CACHE_DIR"
 kver=$1 cache=$2
@@ -40,39 +42,10 @@ fi
 [ -d "/lib/modules/$kver/kernel" ] || die "/lib/modules/$kver is missing: the guest kernel is not set up (scripts/rxe-vm.sh setup)"
 
 if [ ! -f "$cached" ] || ! vermagic_ok "$cached"; then
-  headers=linux-headers-$kver source=linux-source-$series
-  missing=()
-  for p in "$headers" "$source" make gcc binutils xz-utils; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq || die "apt-get update failed"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-      || die "apt-get install ${missing[*]} failed: siw cannot be built for $kver"
-  fi
-  build=/lib/modules/$kver/build
-  [ -f "$build/Makefile" ] || die "$build/Makefile missing after installing $headers"
-  tarball=$(ls /usr/src/linux-source-"$series".tar.* 2>/dev/null | head -n1 || true)
-  [ -n "$tarball" ] || die "no /usr/src/linux-source-$series.tar.* after installing $source"
-
-  tmp=$cache/tmp.siw
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
-  say "building siw for $kver from $(basename "$tarball")"
-  tar -C "$tmp" -xf "$tarball" --wildcards "linux-source-$series/drivers/infiniband/sw/siw/*" \
-    || die "cannot extract drivers/infiniband/sw/siw from $tarball"
-  src=$tmp/linux-source-$series/drivers/infiniband/sw/siw
+  say "building siw for $kver from Debian's linux-source-$series"
+  kmod_extract siw
   [ -f "$src/siw_main.c" ] || die "$tarball has no drivers/infiniband/sw/siw/siw_main.c"
-  make -C "$build" M="$src" CONFIG_RDMA_SIW=m modules >"$tmp/build.log" 2>&1 \
-    || { tail -n 30 "$tmp/build.log" >&2; die "building siw against $build failed (log above)"; }
-  [ -f "$src/siw.ko" ] || die "the build left no siw.ko"
-  vermagic_ok "$src/siw.ko" || die "siw.ko has vermagic '$(modinfo -F vermagic "$src/siw.ko")', not $kver"
-  # Without its debug information: 5 MiB less for the guest to read over 9p.
-  strip --strip-debug -o "$cached.tmp" "$src/siw.ko" || cp "$src/siw.ko" "$cached.tmp"
-  mv "$cached.tmp" "$cached"
-  rm -rf "$tmp"
+  kmod_build siw RDMA_SIW siw "$cached" vermagic_ok
 fi
 
 mkdir -p "/lib/modules/$kver/updates"
