@@ -4,6 +4,7 @@
 mod config;
 mod framework;
 mod iobuf;
+mod logging;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,21 +77,13 @@ impl App {
     }
 }
 
-fn init_logging(level: &str) {
-    env_logger::Builder::new()
-        .parse_filters(level)
-        .parse_env("RISER_LOG")
-        .format_timestamp_millis()
-        .init();
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
         print!("{}", config::DEFAULT_CONFIG);
         return ExitCode::SUCCESS;
     }
-    init_logging(&args.log_level);
+    logging::init_logging(&args.log_level);
     exit_on_reactor_panic();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -135,6 +128,7 @@ fn run(args: Args) -> Result<(), String> {
     let mut registry = RpcRegistry::new();
     framework::register(&mut registry, &app);
     iobuf::register(&mut registry);
+    logging::register(&mut registry);
     riser_bdev::rpc::register(&mut registry, &app.bdevs);
     riser_config::rpc::register(&mut registry, target.clone());
     riser_server::rpc::register(&mut registry, &server);
