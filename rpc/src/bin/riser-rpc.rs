@@ -155,6 +155,14 @@ enum Cmd {
     IobufGetOptions,
     /// Show the I/O buffer pool: mapped, in use, kept, waiting requests, reuse counts
     IobufGetStats,
+    /// Set the log level: ERROR, WARNING (or WARN), NOTICE, INFO or DEBUG
+    LogSetLevel(LogLevel),
+    /// Show the log level
+    LogGetLevel,
+    /// Set the log level (riser has one log sink: the same level as log_set_level)
+    LogSetPrintLevel(LogLevel),
+    /// Show the log level (the same as log_get_level)
+    LogGetPrintLevel,
     /// Call any method with optional JSON params
     Call(Call),
     /// Any other method name: METHOD ['{JSON params}']
@@ -172,6 +180,13 @@ struct RpcGetMethods {
     #[arg(short = 'i', long)]
     #[serde(skip_serializing_if = "is_false")]
     include_aliases: bool,
+}
+
+/// log_set_level / log_set_print_level (riser checks the name).
+#[derive(Args, Serialize, Debug)]
+struct LogLevel {
+    /// ERROR, WARNING (or WARN), NOTICE, INFO or DEBUG (any case)
+    level: String,
 }
 
 #[derive(Args, Serialize, Debug)]
@@ -988,6 +1003,8 @@ impl Cmd {
             | Cmd::IobufGetOptions
             | Cmd::IobufGetStats => None,
             Cmd::IobufSetOptions(a) => to_params(&a)?,
+            Cmd::LogGetLevel | Cmd::LogGetPrintLevel => None,
+            Cmd::LogSetLevel(a) | Cmd::LogSetPrintLevel(a) => to_params(&a)?,
             Cmd::IscsiSetOptions(a) => to_params(&a.params())?,
             Cmd::IscsiCreatePortalGroup(a) => {
                 for p in a.portals.iter().flat_map(|l| &l.0) {
@@ -1601,6 +1618,17 @@ mod tests {
         assert_eq!(params(&["iscsi_target_node_set_auth", "-d", "disk1"]), json!({"name": "disk1", "disable_chap": true}));
         refused(&["iscsi_target_node_set_auth", "disk1", "-d", "-r"], "cannot be used with");
         refused(&["iscsi_target_node_set_auth"], "required");
+    }
+
+    #[test]
+    fn log_level_subcommands() {
+        assert_eq!(params(&["log_set_level", "DEBUG"]), json!({"level": "DEBUG"}));
+        assert_eq!(params(&["log_set_print_level", "warn"]), json!({"level": "warn"}));
+        assert_eq!(params(&["log_get_level"]), Value::Null);
+        assert_eq!(params(&["log_get_print_level"]), Value::Null);
+        refused(&["log_set_level"], "required");
+        refused(&["log_set_level", "INFO", "DEBUG"], "unexpected argument");
+        refused(&["log_get_level", "INFO"], "unexpected argument");
     }
 
     #[test]
