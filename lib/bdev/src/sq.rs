@@ -43,7 +43,7 @@ impl<S: squeue::EntryMarker> Backlog<S> {
 
     /// Moves waiting entries into the submission queue while it has room (entering the
     /// kernel once when it is full).
-    pub(crate) fn drain<C: cqueue::EntryMarker>(&mut self, uring: &mut IoUring<S, C>) {
+    fn drain<C: cqueue::EntryMarker>(&mut self, uring: &mut IoUring<S, C>) {
         while let Some(sqe) = self.0.front() {
             // SAFETY: entries only get here through `queue`, whose caller promised their
             // addresses stay valid until their completions.
@@ -59,6 +59,21 @@ impl<S: squeue::EntryMarker> Backlog<S> {
                 }
             }
             self.0.pop_front();
+        }
+    }
+
+    /// [`Backlog::drain`], then enters the kernel when anything is queued, or always when
+    /// `enter` (an IOPOLL ring polls its device's completions by entering). Busy and
+    /// interrupted enters are retried by the next pass; any other error is logged.
+    pub(crate) fn submit<C: cqueue::EntryMarker>(&mut self, uring: &mut IoUring<S, C>, enter: bool, ring: &str) {
+        self.drain(uring);
+        if uring.submission().is_empty() && !enter {
+            return;
+        }
+        if let Err(e) = uring.submit() {
+            if !matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)) {
+                log::error!("{ring}: submit failed: {e}");
+            }
         }
     }
 }

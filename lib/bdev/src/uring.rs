@@ -435,14 +435,7 @@ impl Inner {
 
     /// Pushes the backlog into the SQ and enters the kernel if anything is queued.
     fn flush(&mut self) {
-        self.backlog.drain(&mut self.uring);
-        if !self.uring.submission().is_empty() {
-            if let Err(e) = self.uring.submit() {
-                if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EAGAIN) {
-                    log::error!("io_uring submit failed: {e}");
-                }
-            }
-        }
+        self.backlog.submit(&mut self.uring, false, "io_uring");
     }
 
     /// Reaps every CQE and files its completion (or resubmits the op's next step).

@@ -254,16 +254,10 @@ impl Inner {
     }
 
     fn flush(&mut self) {
-        self.backlog.drain(&mut self.uring);
         // IOPOLL: an enter with GETEVENTS (the crate adds it for IOPOLL rings) is what polls
         // the device's completion queue, so enter whenever anything is in flight.
-        if !self.uring.submission().is_empty() || (self.polled && self.inflight > 0) {
-            if let Err(e) = self.uring.submit() {
-                if !matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)) {
-                    log::error!("NVMe passthrough ring: submit failed: {e}");
-                }
-            }
-        }
+        let enter = self.polled && self.inflight > 0;
+        self.backlog.submit(&mut self.uring, enter, "NVMe passthrough ring");
     }
 
     fn reap(&mut self) {
