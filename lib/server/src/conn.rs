@@ -40,6 +40,9 @@ pub struct Connection<D: Datamover> {
     done: bool,
     /// Payload copies already published to `info.copies`.
     published: CopyStats,
+    /// SCSI tasks submitted whose result has not come back (every submit yields exactly
+    /// one result, aborted ones too); mirrored into `info.queue_depth`.
+    in_flight: u32,
 }
 
 impl<D: Datamover> Connection<D> {
@@ -74,6 +77,7 @@ impl<D: Datamover> Connection<D> {
             last_timer: now,
             done: false,
             published: CopyStats::default(),
+            in_flight: 0,
         }
     }
 
@@ -107,6 +111,8 @@ impl<D: Datamover> Connection<D> {
             _ => TaskAttr::Aca,
         };
         self.scsi.submit(task);
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
     }
 
     fn complete(&mut self, r: ScsiResult) {
@@ -130,6 +136,10 @@ impl<D: Datamover> Connection<D> {
         self.scsi.poll(&mut self.results);
         let mut results = std::mem::take(&mut self.results);
         let n = results.len();
+        if n > 0 {
+            self.in_flight = self.in_flight.saturating_sub(n as u32);
+            self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
+        }
         for r in results.drain(..) {
             self.complete(r);
         }

@@ -85,6 +85,7 @@ impl IscsiServer {
             kill: AtomicBool::new(false),
             pdus_in: Default::default(),
             tasks_done: Default::default(),
+            queue_depth: Default::default(),
             copies: Default::default(),
         });
         let make_dm = match t.enable_datamover() {

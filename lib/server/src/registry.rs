@@ -3,7 +3,7 @@
 //! target deletion, shutdown).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use riser_iscsi::ffp::CopyStats;
@@ -30,6 +30,9 @@ pub struct ConnInfo {
     pub kill: AtomicBool,
     pub pdus_in: AtomicU64,
     pub tasks_done: AtomicU64,
+    /// SCSI tasks in flight on this connection (submitted, result not yet collected):
+    /// stored by its reactor, the only writer, so a plain relaxed store, no read-modify-write.
+    pub queue_depth: AtomicU32,
     /// Payload bytes copied by the CPU on this connection (published by its reactor).
     pub copies: CopyCounters,
 }
@@ -80,6 +83,7 @@ impl ConnInfo {
             "negotiated": self.params,
             "pdus_in": self.pdus_in.load(Ordering::Relaxed),
             "tasks_done": self.tasks_done.load(Ordering::Relaxed),
+            "queue_depth": self.queue_depth.load(Ordering::Relaxed),
             "payload_copies": copies_json(self.copies.get()),
         })
     }
