@@ -6,6 +6,7 @@ use thiserror::Error;
 use uuid::Uuid;
 
 use crate::nvme::{NvmeCtrlr, NvmeError};
+use crate::stats::{BdevStats, Counted};
 use crate::{Bdev, BdevError, FileBdev, FileError, FileKind, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -52,7 +53,9 @@ impl From<FileError> for RegistryError {
 }
 
 struct Entry {
+    /// The device wrapped in a [`Counted`]: its channels count their I/O into `stats`.
     bdev: Arc<dyn Bdev>,
+    stats: Arc<BdevStats>,
     claimed_by: Option<String>,
 }
 
@@ -102,7 +105,9 @@ impl BdevRegistry {
             return Err(RegistryError::Exists(name.clone()));
         }
         log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks(), bdev.info().block_size, bdev.info().product_name);
-        self.entries.push(Entry { bdev, claimed_by: None });
+        let counted = Counted::new(bdev, crate::stats::counting_on());
+        let stats = counted.stats().clone();
+        self.entries.push(Entry { bdev: Arc::new(counted), stats, claimed_by: None });
         Ok(())
     }
 
@@ -276,6 +281,16 @@ impl BdevRegistry {
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Bdev>> {
         self.pos(name).map(|i| self.entries[i].bdev.clone())
+    }
+
+    /// A device's I/O statistics (`bdev_get_iostat`), by name.
+    pub fn stats(&self, name: &str) -> Option<Arc<BdevStats>> {
+        self.pos(name).map(|i| self.entries[i].stats.clone())
+    }
+
+    /// (device, its statistics) in creation order.
+    pub fn iter_stats(&self) -> impl Iterator<Item = (&Arc<dyn Bdev>, &Arc<BdevStats>)> {
+        self.entries.iter().map(|e| (&e.bdev, &e.stats))
     }
 
     pub fn claimed_by(&self, name: &str) -> Option<&str> {

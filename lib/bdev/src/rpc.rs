@@ -1,6 +1,6 @@
 //! Block device methods (SPDK names and parameters): create, delete and list null,
 //! malloc, uring and aio bdevs in a [`BdevRegistry`]; rescan uring and aio bdevs; attach,
-//! detach and list NVMe controllers.
+//! detach and list NVMe controllers; I/O statistics and latency histograms.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -11,7 +11,133 @@ use riser_rpc::params::{
 use riser_rpc::{RpcError, RpcRegistry};
 use serde_json::{json, Value};
 
-use crate::{info_json, BdevRegistry, FileKind, RegistryError};
+use crate::stats::{now_ticks, ResetMode, TICK_RATE};
+use crate::{info_json, BdevRegistry, BdevStats, FileKind, RegistryError};
+
+/// `bdev_get_iostat`'s params.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetIostat {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    per_channel: bool,
+}
+
+/// `bdev_reset_iostat`'s params.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetIostat {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `bdev_enable_histogram`'s params.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnableHistogram {
+    name: String,
+    enable: bool,
+}
+
+/// One device's `bdev_get_iostat` entry (SPDK's shape, plus the queue depth now).
+fn iostat_json(name: &str, stats: &BdevStats) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("name".into(), json!(name));
+    stats.snapshot().write_json(&mut o);
+    o.insert("queue_depth".into(), json!(stats.queue_depth()));
+    Value::Object(o)
+}
+
+/// `bdev_get_histogram`'s result (riser's shape: percentiles, not SPDK's private encoding).
+fn histogram_json(name: &str, stats: &BdevStats) -> Value {
+    let p = stats.percentiles();
+    json!({
+        "name": name,
+        "enabled": stats.histogram_enabled(),
+        "count": p.count,
+        "latency_us": {
+            "min": p.min, "p50": p.p50, "p90": p.p90, "p99": p.p99,
+            "p99_9": p.p99_9, "p99_99": p.p99_99, "max": p.max
+        }
+    })
+}
+
+fn stats_of(bdevs: &BdevRegistry, name: &str) -> Result<Arc<BdevStats>, RpcError> {
+    bdevs.stats(name).ok_or_else(|| RpcError::not_found(format!("bdev {name} not found")))
+}
+
+/// Registers `bdev_get_iostat`, `bdev_reset_iostat`, `bdev_enable_histogram` and
+/// `bdev_get_histogram`.
+fn register_stats(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
+    let a = app.clone();
+    reg.add("bdev_get_iostat", move |p: GetIostat| {
+        let bdevs = a.bdevs();
+        let head = |o: &mut serde_json::Map<String, Value>| {
+            o.insert("tick_rate".into(), json!(TICK_RATE));
+            o.insert("ticks".into(), json!(now_ticks()));
+        };
+        let mut o = serde_json::Map::new();
+        match (&p.name, p.per_channel) {
+            (None, true) => {
+                return Err(RpcError::invalid_params("per_channel needs a bdev name (name)"));
+            }
+            (Some(n), true) => {
+                let stats = stats_of(&bdevs, n)?;
+                head(&mut o);
+                o.insert("name".into(), json!(n));
+                let channels: Vec<Value> = stats
+                    .per_thread()
+                    .into_iter()
+                    .map(|(thread, s)| {
+                        let mut c = serde_json::Map::new();
+                        c.insert("thread_id".into(), json!(thread));
+                        s.write_json(&mut c);
+                        Value::Object(c)
+                    })
+                    .collect();
+                o.insert("channels".into(), json!(channels));
+            }
+            (Some(n), false) => {
+                let stats = stats_of(&bdevs, n)?;
+                head(&mut o);
+                o.insert("bdevs".into(), json!([iostat_json(n, &stats)]));
+            }
+            (None, false) => {
+                head(&mut o);
+                let list: Vec<Value> = bdevs.iter_stats().map(|(b, s)| iostat_json(&b.info().name, s)).collect();
+                o.insert("bdevs".into(), json!(list));
+            }
+        }
+        Ok(Value::Object(o))
+    });
+    let a = app.clone();
+    reg.add("bdev_reset_iostat", move |p: ResetIostat| {
+        let mode = match p.mode.as_deref() {
+            None | Some("all") => ResetMode::All,
+            Some("maxmin") => ResetMode::MaxMin,
+            Some(m) => return Err(RpcError::invalid_params(format!("mode {m:?}: use \"all\" or \"maxmin\""))),
+        };
+        let bdevs = a.bdevs();
+        match &p.name {
+            Some(n) => stats_of(&bdevs, n)?.reset(mode),
+            None => bdevs.iter_stats().for_each(|(_, s)| s.reset(mode)),
+        }
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_enable_histogram", move |p: EnableHistogram| {
+        stats_of(&a.bdevs(), &p.name)?.enable_histogram(p.enable);
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_get_histogram", move |p: ByName| {
+        let stats = stats_of(&a.bdevs(), &p.name)?;
+        Ok(histogram_json(&p.name, &stats))
+    });
+}
 
 /// The registry behind its lock; a poisoned lock (a panicked RPC thread) is still usable data.
 struct Bdevs(Arc<Mutex<BdevRegistry>>);
@@ -50,6 +176,7 @@ fn no_metadata(md_size: u32) -> Result<(), RpcError> {
 /// Registers the bdev methods on `reg`, acting on `bdevs`.
 pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     let app = Arc::new(Bdevs(bdevs.clone()));
+    register_stats(reg, &app);
     let a = app.clone();
     reg.add("bdev_malloc_create", move |p: BdevMallocCreate| {
         no_metadata(p.md_size)?;
