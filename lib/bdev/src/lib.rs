@@ -20,6 +20,7 @@ pub mod nvme;
 mod registry;
 mod sq;
 pub mod rpc;
+pub mod stats;
 mod uring;
 
 pub use file::{FileBdev, FileError, FileKind};
@@ -32,6 +33,7 @@ pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use nvme::{IoPath, NvmeBdev, NvmeCtrlr, NvmeError};
 pub use registry::{BdevRegistry, RegistryError};
+pub use stats::{BdevStats, IoStat, Percentiles, ResetMode};
 pub use uring::{thread_ring_stats, RingStats};
 
 #[cfg(test)]
