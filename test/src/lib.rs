@@ -310,6 +310,7 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
 
 pub mod files;
 pub mod iscsi;
+pub mod perf_out;
 pub mod slow_writer;
 pub mod vm;
 
@@ -346,21 +347,7 @@ impl Riser {
             }
             luns.push(lun);
         }
-        if self.call("iscsi_get_portal_groups", None).map(|v| v.as_array().map_or(0, |a| a.len())).unwrap_or(0) == 0 {
-            call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": port.to_string()}]}));
-            call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
-        }
-        call(
-            "iscsi_create_target_node",
-            json!({"name": name, "alias_name": name, "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}], "luns": luns, "queue_depth": 64}),
-        );
-        // The listener starts on the RPC thread; wait until it accepts.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "riser did not listen on port {port}:\n{}", self.log());
-            thread::sleep(Duration::from_millis(20));
-        }
-        format!("iqn.2016-06.io.riser:{name}")
+        self.add_iscsi_target_on(name, port, luns)
     }
 
     /// Resident memory of the daemon in KiB (from /proc), for leak checks.

@@ -7,35 +7,8 @@
 
 use std::process::Command;
 
+use riser_tests::perf_out::abort_counts;
 use riser_tests::{bin, free_port, Riser};
-
-/// The counts of riser-perf's `aborts: ...` line, by name.
-fn abort_counts(out: &str) -> Vec<(String, u64)> {
-    let line = out
-        .lines()
-        .find_map(|l| l.strip_prefix("aborts: "))
-        .unwrap_or_else(|| panic!("no aborts line:\n{out}"));
-    // "sent 12, function complete 3 (answered before 0, aborted 3), ..."
-    let mut v = Vec::new();
-    let mut words: Vec<&str> = Vec::new();
-    for tok in line.split([' ', ',', '(', ')']).filter(|t| !t.is_empty()) {
-        match tok.parse::<u64>() {
-            Ok(n) => {
-                v.push((words.join(" "), n));
-                words.clear();
-            }
-            Err(_) => words.push(tok),
-        }
-    }
-    v
-}
-
-fn count(v: &[(String, u64)], name: &str) -> u64 {
-    v.iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, n)| *n)
-        .unwrap_or_else(|| panic!("no {name:?} in {v:?}"))
-}
 
 fn perf(args: &[&str]) -> (bool, String) {
     let out = Command::new(bin("riser-perf"))
@@ -64,18 +37,18 @@ fn abort_task_under_load_over_tcp_then_data_intact() {
         "--abort-every", "7", &url,
     ]);
     assert!(ok, "riser-perf --abort-every failed:\n{out}\n{}", ctx());
-    let c = abort_counts(&out);
+    let c = abort_counts(&out, "aborts: ");
     eprintln!("{c:?}");
-    assert!(count(&c, "sent") > 0, "{out}");
+    assert!(c.get("sent") > 0, "{out}");
     assert_eq!(
-        count(&c, "sent"),
-        count(&c, "function complete") + count(&c, "task does not exist"),
+        c.get("sent"),
+        c.get("function complete") + c.get("task does not exist"),
         "every ABORT TASK answered: {out}"
     );
-    assert_eq!(count(&c, "responses for aborted tasks"), 0, "{out}\n{}", ctx());
-    assert_eq!(count(&c, "errors"), 0, "{out}");
+    assert_eq!(c.get("responses for aborted tasks"), 0, "{out}\n{}", ctx());
+    assert_eq!(c.get("errors"), 0, "{out}");
     // Every aborted task's ITT went back to a later command (or its slot was the last).
-    assert!(count(&c, "ITTs reused") + 32 >= count(&c, "aborted"), "{out}");
+    assert!(c.get("ITTs reused") + 32 >= c.get("aborted"), "{out}");
     // riser still serves, the data is intact: 16 MiB written and read back, no aborts.
     let (ok, out) = perf(&["--verify", "--generation", "31", "--qd", "32", "--bs", "65536", &url]);
     assert!(ok && out.contains("verify: PASSED"), "verify after the aborts:\n{out}\n{}", ctx());

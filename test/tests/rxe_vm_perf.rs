@@ -10,6 +10,7 @@
 //! `cargo test -p riser-tests --test rxe_vm_perf -- --nocapture` (builds nothing: the
 //! host-built riser, riser-rpc and riser-perf must be in target/debug or $RISER_BIN_DIR).
 
+use riser_tests::perf_out::abort_counts;
 use riser_tests::vm::vm_run;
 
 /// Two vCPUs: riser's reactor on one, riser-perf's client thread on the other.
@@ -61,38 +62,12 @@ fn rxe_vm_iser_full_depth_and_lun_reset_under_load() {
     ] {
         assert!(out.contains(&format!("{label}: verify: ")), "no {label} verify line:\n{out}");
     }
-    let c = abort_counts(&out);
+    let c = abort_counts(&out, "abort-iser: aborts: ");
     println!("ABORT TASK over iSER: {c:?}");
-    let n = |name: &str| {
-        c.iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| *v)
-            .unwrap_or_else(|| panic!("no {name:?} in the aborts line:\n{out}"))
-    };
+    let n = |name: &str| c.get(name);
     assert!(n("sent") > 0, "no ABORT TASK sent:\n{out}");
     assert_eq!(n("sent"), n("function complete") + n("task does not exist"), "{out}");
     assert!(n("function complete") >= 1, "no ABORT TASK answered Function complete:\n{out}");
     assert_eq!(n("responses for aborted tasks"), 0, "{out}");
     assert_eq!(n("errors"), 0, "{out}");
-}
-
-/// The counts of the script's `abort-iser: aborts: sent N, function complete N (answered
-/// before N, aborted N), ...` line (riser-perf's), by name.
-fn abort_counts(out: &str) -> Vec<(String, u64)> {
-    let line = out
-        .lines()
-        .find_map(|l| l.split_once("abort-iser: aborts: ").map(|(_, r)| r))
-        .unwrap_or_else(|| panic!("no abort-iser line:\n{out}"));
-    let mut v = Vec::new();
-    let mut words: Vec<&str> = Vec::new();
-    for tok in line.split([' ', ',', '(', ')']).filter(|t| !t.is_empty()) {
-        match tok.parse::<u64>() {
-            Ok(n) => {
-                v.push((words.join(" "), n));
-                words.clear();
-            }
-            Err(_) => words.push(tok),
-        }
-    }
-    v
 }
