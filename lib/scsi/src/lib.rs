@@ -44,6 +44,7 @@ mod lun;
 mod mode;
 mod opcodes;
 mod pr;
+mod pr_store;
 mod rw;
 mod sanitize;
 pub mod sense;

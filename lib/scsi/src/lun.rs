@@ -6,6 +6,7 @@
 //! reservation exists): READ and WRITE never lock in the common case.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,6 +14,7 @@ use riser_bdev::{Bdev, IoKind, Lba};
 
 use crate::lock::RangeLock;
 use crate::pr::PrState;
+use crate::pr_store::PrStore;
 use crate::sanitize::SanitizeState;
 use crate::sense::Asc;
 use crate::task::Nexus;
@@ -69,6 +71,10 @@ pub struct LunConfig {
     /// store with larger physical blocks (e.g. 4096 under 512-byte logical blocks); a value
     /// that is not a power-of-two multiple of the logical block size is ignored.
     pub physical_block_size: Option<u32>,
+    /// Where persistent reservations made with APTPL=1 are kept across restarts (one file
+    /// per device UUID and LUN, see `pr_store`); the LUN loads its file at creation.
+    /// `None`: APTPL is refused (REPORT CAPABILITIES PTPL_C = 0).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for LunConfig {
@@ -85,6 +91,7 @@ impl Default for LunConfig {
             thin_provisioning: None,
             sanitize_overwrite: false,
             physical_block_size: None,
+            state_dir: None,
         }
     }
 }
@@ -202,6 +209,11 @@ pub struct Lun {
     pub(crate) attn: AtomicU32,
     pub(crate) mode: AtomicU32,
     pub(crate) state: Mutex<LunState>,
+    /// The persistent reservation state file (APTPL), when there is a state directory.
+    pr_store: Option<PrStore>,
+    /// Serializes PERSISTENT RESERVE OUT across the state file's write (taken before
+    /// `state`, never while holding it).
+    pr_io: Mutex<()>,
     pub(crate) ranges: RangeLock,
     /// A running sanitize operation lost the executor that drove it (its connection
     /// ended): the next executor to poll takes it over.
@@ -260,7 +272,10 @@ impl Lun {
             _ => 0,
         };
         let mode = if info.volatile_write_cache { MODE_WCE } else { 0 };
-        Arc::new(Lun {
+        // Registrations and the reservation saved with APTPL=1 by an earlier run.
+        let pr_store = cfg.state_dir.as_deref().map(|d| PrStore::new(d, info.uuid, cfg.id));
+        let pr = pr_store.as_ref().and_then(PrStore::load).unwrap_or_default();
+        let lun = Arc::new(Lun {
             block_size: info.block_size,
             known_blocks: AtomicU64::new(info.num_blocks()),
             default_mode: mode,
@@ -273,11 +288,16 @@ impl Lun {
             bdev,
             attn: AtomicU32::new(0),
             mode: AtomicU32::new(mode),
-            state: Mutex::new(LunState::default()),
+            state: Mutex::new(LunState { pr, ..LunState::default() }),
+            pr_store,
+            pr_io: Mutex::new(()),
             ranges: RangeLock::default(),
             sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
-        })
+        });
+        // A restored reservation is checked from the first command on.
+        lun.refresh_attn(&lun.lock());
+        lun
     }
 
     pub fn id(&self) -> u64 {
@@ -352,6 +372,16 @@ impl Lun {
 
     pub(crate) fn naa(&self) -> &[u8; 16] {
         &self.naa
+    }
+
+    /// The APTPL state file, when the LUN has a state directory.
+    pub(crate) fn pr_store(&self) -> Option<&PrStore> {
+        self.pr_store.as_ref()
+    }
+
+    /// Held by PERSISTENT RESERVE OUT around its change and the state file's write.
+    pub(crate) fn pr_io_lock(&self) -> MutexGuard<'_, ()> {
+        self.pr_io.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LunState> {

@@ -28,7 +28,7 @@ fn all_registrants(t: u8) -> bool {
 }
 
 /// One registered I_T nexus.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Registration {
     pub key: u64,
     pub nexus: Arc<str>,
@@ -36,7 +36,7 @@ pub(crate) struct Registration {
     pub rel_target_port: u16,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Reservation {
     pub ty: u8,
     /// The holder for non all-registrants types; for all-registrants types every
@@ -44,11 +44,14 @@ pub(crate) struct Reservation {
     pub holder: Arc<str>,
 }
 
-#[derive(Default, Debug)]
+#[derive(Clone, Default, Debug, PartialEq, Eq)]
 pub(crate) struct PrState {
     pub generation: u32,
     pub regs: Vec<Registration>,
     pub reservation: Option<Reservation>,
+    /// Persist through power loss: the last REGISTER (AND IGNORE EXISTING KEY) had APTPL=1
+    /// (SPC-4 5.12.5); the state is then in the LUN's state file (see [`crate::pr_store`]).
+    pub aptpl: bool,
 }
 
 impl PrState {
@@ -179,8 +182,14 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
             let mut v = vec![0u8; 8];
             put_be16(&mut v, 0, 8);
             v[2] = 0x10; // CRH: RESERVE/RELEASE handled per SPC-4 5.12.3
+            if lun.pr_store().is_some() {
+                v[2] |= 0x01; // PTPL_C: riser has a state directory to persist in
+            }
             v[3] = 0x80 | (0x1 << 4); // TMV, ALLOW COMMANDS = 001b
-                                      // Supported types: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+            if pr.aptpl {
+                v[3] |= 0x01; // PTPL_A
+            }
+            // Supported types: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
             v[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
             v[5] = 0x01;
             Ok(v)
@@ -241,11 +250,18 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
         // ALL_TG_PT is not supported (ATP_C = 0).
         return Err(CmdError::invalid_param(20, Some(2)));
     }
-    if flags & 0x01 != 0 {
-        // APTPL: persist through power loss is not supported (PTPL_C = 0).
+    // APTPL counts only in REGISTER and REGISTER AND IGNORE EXISTING KEY (SPC-4 6.16.4).
+    let register = matches!(sa, 0x00 | 0x06);
+    let aptpl = register && flags & 0x01 != 0;
+    if aptpl && lun.pr_store().is_none() {
+        // No state directory: persist through power loss is not offered (PTPL_C = 0).
         return Err(CmdError::invalid_param(20, Some(0)));
     }
     let me = nexus.key();
+    // One PR OUT at a time per LUN, held across the state file's write: the LUN's lock is
+    // not (the data path takes it while a reservation exists), so readers and writers on
+    // other reactors do not wait for the fsync; only other PR OUTs do.
+    let _persisting = lun.pr_io_lock();
     let mut guard = lun.lock();
     let st = &mut *guard;
     if let Some(h) = &st.spc2_holder {
@@ -253,9 +269,43 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
             return Err(CmdError::reservation_conflict());
         }
     }
+    let before = st.pr.clone();
     let r = pr_out_locked(st, nexus, sa, scope, ty, key, sark);
+    if r.is_ok() && register {
+        st.pr.aptpl = aptpl;
+    }
     lun.refresh_attn(st);
-    r
+    r?;
+    let Some(store) = lun.pr_store() else {
+        return Ok(());
+    };
+    if st.pr == before || !(st.pr.aptpl || before.aptpl) {
+        return Ok(());
+    }
+    // Persist while APTPL is in force; APTPL=0 removes the file (SPC-4 5.12.5). The write
+    // runs on the caller's thread (a reactor): PR OUT is rare, and its status must say
+    // whether the state is on disk.
+    let snapshot = st.pr.aptpl.then(|| st.pr.clone());
+    drop(guard);
+    let written = match &snapshot {
+        Some(s) => store.save(s),
+        None => store.remove(),
+    };
+    if let Err(e) = written {
+        log::error!(
+            "LUN {}: cannot {} persistent reservation state {}: {e}; PERSISTENT RESERVE OUT from {} fails, the reservation state is unchanged",
+            lun.id(),
+            if snapshot.is_some() { "write" } else { "remove" },
+            store.path().display(),
+            nexus.initiator_port()
+        );
+        // Undo the change: initiators must not believe something survives that will not.
+        let mut st = lun.lock();
+        st.pr = before;
+        lun.refresh_attn(&st);
+        return Err(CmdError::illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+    }
+    Ok(())
 }
 
 fn pr_out_locked(

@@ -251,3 +251,202 @@ fn spc2_reserve_release() {
     e.pr_ok(&a, 6, 0, 0, 0x1);
     e.conflict(&a, &r6, 0, None);
 }
+
+// ------------------------------------------------------------------------------------
+// APTPL: persist through power loss (SPC-4 5.12.5), the state file under the state dir
+
+mod aptpl {
+    use std::fs;
+    use std::path::Path;
+
+    use riser_bdev::Bdev;
+
+    use super::*;
+    use crate::pr_store::{file_name, tests::Dir};
+    use crate::pr_type::*;
+
+    /// The env's two nexuses on a new LUN over `bdev` with state directory `dir`, their
+    /// POWER ON unit attentions consumed.
+    fn env_in(dir: &Path, bdev: Arc<dyn Bdev>) -> Env {
+        let lun = Lun::new(
+            LunConfig {
+                target_name: "iqn.2024-01.test:tgt".into(),
+                state_dir: Some(dir.to_path_buf()),
+                ..LunConfig::default()
+            },
+            bdev,
+        );
+        let mut e = env();
+        e.lun = lun.clone();
+        e.dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun])));
+        let (a, b) = (e.a.clone(), e.b.clone());
+        for n in [&a, &b] {
+            e.run(n, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None); // POWER ON
+            e.ok(n, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+        }
+        e
+    }
+
+    fn device() -> Arc<dyn Bdev> {
+        let mut reg = BdevRegistry::new();
+        let name = reg.create_malloc(None, BLOCKS, BS as u32, None).unwrap();
+        reg.get(&name).unwrap()
+    }
+
+    fn state_file(dir: &Path, bdev: &Arc<dyn Bdev>) -> std::path::PathBuf {
+        dir.join(file_name(bdev.info().uuid, 0))
+    }
+
+    impl Env {
+        fn register_aptpl(&mut self, n: &Arc<Nexus>, sa: u8, key: u64, sark: u64, aptpl: bool) -> ScsiResult {
+            let (c, mut p) = prout(sa, 0, key, sark);
+            p[20] = u8::from(aptpl);
+            self.run(n, &c, 24, Some(p))
+        }
+        /// REPORT CAPABILITIES: (PTPL_C, PTPL_A).
+        fn ptpl(&mut self, n: &Arc<Nexus>) -> (bool, bool) {
+            let d = self.ok(n, &prin(2), 4096, None);
+            (d[2] & 1 != 0, d[3] & 1 != 0)
+        }
+        fn full_status(&mut self, n: &Arc<Nexus>) -> Vec<u8> {
+            self.ok(n, &prin(3), 4096, None)
+        }
+    }
+
+    #[test]
+    fn no_state_dir_no_ptpl() {
+        let mut e = env();
+        let a = e.a.clone();
+        assert_eq!(e.ptpl(&a), (false, false));
+        // The APTPL bit of service actions other than REGISTER is ignored (SPC-4 6.16.4).
+        e.pr_ok(&a, 6, 0, 0, 0x11);
+        let (c, mut p) = prout(1, WRITE_EXCLUSIVE, 0x11, 0);
+        p[20] = 1;
+        e.ok(&a, &c, 24, Some(p));
+    }
+
+    #[test]
+    fn registrations_and_reservation_survive_a_new_lun() {
+        let d = Dir::new("restore");
+        let bdev = device();
+        let file = state_file(&d.0, &bdev);
+        let mut e = env_in(&d.0, bdev.clone());
+        let (a, b) = (e.a.clone(), e.b.clone());
+        assert_eq!(e.ptpl(&a), (true, false));
+        assert_eq!(e.register_aptpl(&a, 0, 0, 0xA1, true).status, Status::Good);
+        assert!(file.exists(), "REGISTER with APTPL=1 writes {}", file.display());
+        assert_eq!(e.ptpl(&a), (true, true));
+        assert_eq!(e.register_aptpl(&b, 6, 0, 0xB2, true).status, Status::Good);
+        e.pr_ok(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0);
+        let keys = e.keys(&a);
+        assert_eq!(keys, (2, vec![0xA1, 0xB2]));
+        let full = e.full_status(&a);
+        drop(e);
+
+        // "Power on": a new LUN over the same device and number.
+        let mut e = env_in(&d.0, bdev.clone());
+        assert_eq!(e.keys(&a), keys, "keys and generation restored");
+        assert_eq!(e.reservation(&b), Some((0xA1, WRITE_EXCLUSIVE)));
+        assert_eq!(e.full_status(&b), full, "READ FULL STATUS restored (holder, type, TransportIDs)");
+        assert_eq!(e.ptpl(&a), (true, true));
+        assert!(e.can_read(&b) && !e.can_write(&b), "write exclusive holds for the other nexus");
+        assert!(e.can_write(&a), "the holder writes");
+
+        // Another LUN number of the same device has its own (no) state.
+        let other = Lun::new(
+            LunConfig { id: 1, state_dir: Some(d.0.clone()), ..LunConfig::default() },
+            bdev.clone(),
+        );
+        assert_eq!(other.lock().pr, Default::default());
+
+        // REGISTER with APTPL=0 removes the file; the state itself stays until power off.
+        assert_eq!(e.register_aptpl(&b, 0, 0xB2, 0xB2, false).status, Status::Good);
+        assert!(!file.exists(), "APTPL=0 removes {}", file.display());
+        assert_eq!(e.ptpl(&a), (true, false));
+        assert_eq!(e.keys(&a).1, vec![0xA1, 0xB2]);
+        drop(e);
+        let mut e = env_in(&d.0, bdev);
+        assert_eq!(e.keys(&a), (0, vec![]));
+        assert_eq!(e.reservation(&a), None);
+        assert!(e.can_write(&b));
+    }
+
+    #[test]
+    fn every_change_under_aptpl_is_saved() {
+        let d = Dir::new("changes");
+        let bdev = device();
+        let mut e = env_in(&d.0, bdev.clone());
+        let (a, b) = (e.a.clone(), e.b.clone());
+        let saved = |e: &Env| {
+            let fresh = Lun::new(
+                LunConfig { state_dir: Some(d.0.clone()), ..LunConfig::default() },
+                bdev.clone(),
+            );
+            let on_disk = fresh.lock().pr.clone();
+            assert_eq!(on_disk, e.lun.lock().pr, "the file holds the state in memory");
+            on_disk
+        };
+        assert_eq!(e.register_aptpl(&a, 0, 0, 0xA1, true).status, Status::Good);
+        saved(&e);
+        // A REGISTER without the bit would turn APTPL off: b's carries it too.
+        assert_eq!(e.register_aptpl(&b, 0, 0, 0xB2, true).status, Status::Good);
+        saved(&e);
+        e.pr_ok(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0);
+        assert!(saved(&e).reservation.is_some());
+        // b preempts a: a's registration and reservation go, b holds EXCLUSIVE ACCESS.
+        e.pr_ok(&b, 4, EXCLUSIVE_ACCESS, 0xB2, 0xA1);
+        let s = saved(&e);
+        assert_eq!(s.regs.len(), 1);
+        assert_eq!(s.reservation.as_ref().map(|r| r.ty), Some(EXCLUSIVE_ACCESS));
+        // Key change by REGISTER AND IGNORE EXISTING KEY with APTPL=1.
+        assert_eq!(e.register_aptpl(&b, 6, 0, 0xB3, true).status, Status::Good);
+        assert_eq!(saved(&e).regs[0].key, 0xB3);
+        e.pr_ok(&b, 2, EXCLUSIVE_ACCESS, 0xB3, 0);
+        assert!(saved(&e).reservation.is_none());
+        e.pr_ok(&b, 3, 0, 0xB3, 0);
+        let s = saved(&e);
+        assert!(s.regs.is_empty() && s.aptpl, "CLEAR keeps APTPL: the empty state is saved");
+    }
+
+    #[test]
+    fn an_unwritable_state_dir_fails_the_command_and_changes_nothing() {
+        let d = Dir::new("unwritable");
+        fs::create_dir_all(&d.0).unwrap();
+        let blocker = d.0.join("not-a-dir");
+        fs::write(&blocker, b"x").unwrap();
+        let mut e = env_in(&blocker.join("state"), device());
+        let (a, b) = (e.a.clone(), e.b.clone());
+        let r = e.register_aptpl(&a, 0, 0, 0xA1, true);
+        assert_eq!(r.status, Status::CheckCondition, "{r:?}");
+        assert_eq!(r.sense_triplet(), Some((5, 0x55, 0x04)), "INSUFFICIENT REGISTRATION RESOURCES");
+        assert_eq!(e.keys(&a), (0, vec![]), "the registration was undone");
+        assert_eq!(e.ptpl(&a), (true, false));
+        // Without APTPL nothing is written, so it works.
+        e.pr_ok(&b, 0, 0, 0, 0xB2);
+        e.pr_ok(&b, 1, WRITE_EXCLUSIVE, 0xB2, 0);
+        assert!(!e.can_write(&a));
+    }
+
+    #[test]
+    fn a_torn_state_file_is_ignored() {
+        let d = Dir::new("torn-lun");
+        let bdev = device();
+        let file = state_file(&d.0, &bdev);
+        let mut e = env_in(&d.0, bdev.clone());
+        let (a, b) = (e.a.clone(), e.b.clone());
+        assert_eq!(e.register_aptpl(&a, 0, 0, 0xA1, true).status, Status::Good);
+        e.pr_ok(&a, 1, EXCLUSIVE_ACCESS, 0xA1, 0);
+        drop(e);
+        let bytes = fs::read(&file).unwrap();
+        fs::write(&file, &bytes[..bytes.len() - 20]).unwrap();
+        let mut e = env_in(&d.0, bdev.clone());
+        assert_eq!(e.keys(&a), (0, vec![]));
+        assert_eq!(e.reservation(&b), None);
+        assert!(e.can_write(&b), "no reservation from a torn file");
+        assert!(!file.exists());
+        assert!(d.0.join(format!("{}.corrupt", file_name(bdev.info().uuid, 0))).exists());
+        // And APTPL works again from there.
+        assert_eq!(e.register_aptpl(&a, 0, 0, 0xA2, true).status, Status::Good);
+        assert!(file.exists());
+    }
+}
