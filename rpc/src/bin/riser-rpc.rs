@@ -92,6 +92,14 @@ enum Cmd {
     BdevNvmeDetachController(BdevName),
     /// List attached NVMe controllers (all, or one by name)
     BdevNvmeGetControllers(BdevNvmeGetControllers),
+    /// Show I/O statistics of all bdevs or one (-c: per reactor); latency in ticks of tick_rate
+    BdevGetIostat(BdevGetIostat),
+    /// Reset I/O statistics of all bdevs or one (-m all|maxmin)
+    BdevResetIostat(BdevResetIostat),
+    /// Turn a bdev's latency histogram on (-e, the default) or off (-d)
+    BdevEnableHistogram(BdevEnableHistogram),
+    /// Show latency percentiles (µs) of a bdev's histogram
+    BdevGetHistogram(BdevName),
     /// Print the whole running configuration as JSON (input for load_config or riser --json;
     /// it holds CHAP secrets: -o writes it to a file only its owner can read)
     SaveConfig(SaveConfig),
@@ -308,6 +316,43 @@ struct BdevGetBdevs {
     /// Only this bdev
     #[arg(short = 'b', long)]
     name: Option<String>,
+}
+
+// Statistics: bdev_get_iostat, bdev_reset_iostat, bdev_enable_histogram (rpc.py's flags).
+#[derive(Args, Serialize, Debug)]
+struct BdevGetIostat {
+    /// Only this bdev
+    #[arg(short = 'b', long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    /// Per reactor (needs -b)
+    #[arg(short = 'c', long = "per-channel", requires = "name")]
+    #[serde(skip_serializing_if = "is_false")]
+    per_channel: bool,
+}
+
+#[derive(Args, Serialize, Debug)]
+struct BdevResetIostat {
+    /// Only this bdev
+    #[arg(short = 'b', long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    /// What to reset: all (default) or maxmin (the min/max latencies only)
+    #[arg(short = 'm', long, value_parser = ["all", "maxmin"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct BdevEnableHistogram {
+    /// Turn it on (the default)
+    #[arg(short = 'e', long = "enable", conflicts_with = "disable")]
+    _enable: bool,
+    /// Turn it off
+    #[arg(short = 'd', long)]
+    disable: bool,
+    /// Bdev name
+    name: String,
 }
 
 #[derive(Args, Debug)]
@@ -993,6 +1038,10 @@ impl Cmd {
                 to_params(&params::BdevNvmeDetachController { name: a.name, ..Default::default() })?
             }
             Cmd::BdevNvmeGetControllers(a) => to_params(&params::BdevNvmeGetControllers { name: a.name })?,
+            Cmd::BdevGetIostat(a) => to_params(&a)?,
+            Cmd::BdevResetIostat(a) => to_params(&a)?,
+            Cmd::BdevEnableHistogram(a) => to_params(&serde_json::json!({"name": a.name, "enable": !a.disable}))?,
+            Cmd::BdevGetHistogram(a) => to_params(&ByName { name: a.name })?,
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
@@ -1404,6 +1453,22 @@ mod tests {
         refused(&["bdev_malloc_create", "1", "0"], "block size must be greater than 0");
         refused(&["bdev_null_create", "N", "0", "512"], "invalid total size");
         refused(&["bdev_malloc_create", "-u", "not-a-uuid", "1", "512"], "invalid value");
+    }
+
+    #[test]
+    fn statistics_commands() {
+        assert_eq!(params(&["bdev_get_iostat"]), Value::Null);
+        assert_eq!(params(&["bdev_get_iostat", "-b", "Malloc0", "-c"]), json!({"name": "Malloc0", "per_channel": true}));
+        refused(&["bdev_get_iostat", "-c"], "--name");
+        assert_eq!(params(&["bdev_reset_iostat", "-m", "maxmin"]), json!({"mode": "maxmin"}));
+        assert_eq!(params(&["bdev_reset_iostat", "-b", "N", "-m", "all"]), json!({"name": "N", "mode": "all"}));
+        refused(&["bdev_reset_iostat", "-m", "some"], "invalid value");
+        assert_eq!(params(&["bdev_enable_histogram", "N"]), json!({"name": "N", "enable": true}));
+        assert_eq!(params(&["bdev_enable_histogram", "--enable", "N"]), json!({"name": "N", "enable": true}));
+        assert_eq!(params(&["bdev_enable_histogram", "-d", "N"]), json!({"name": "N", "enable": false}));
+        refused(&["bdev_enable_histogram", "-e", "-d", "N"], "cannot be used with");
+        assert_eq!(params(&["bdev_get_histogram", "N"]), json!({"name": "N"}));
+        refused(&["bdev_get_histogram"], "required");
     }
 
     #[test]
