@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench bench-rxe bench-scale fuzz deps clean
+.PHONY: all build release run test unit integration bench bench-rxe bench-scale fuzz deps clean install uninstall
 
 all: build
 
@@ -58,3 +58,38 @@ fuzz:
 
 clean:
 	$(CARGO) clean
+
+# Installs what `make release` built (it builds nothing: run `make release` first) into
+# $(DESTDIR)$(PREFIX): the binaries riser, riser-rpc, riser-perf, riser-top in $(BINDIR), the
+# systemd unit riser.service in $(UNITDIR), and the sample config as $(SYSCONFDIR)/riser/riser.json
+# when there is none (mode 0600: save_config writes CHAP secrets there), else as
+# riser.json.sample next to the one in place, which is never overwritten. INSTALL_FROM picks
+# another build (target/debug).
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+INSTALL_FROM ?= $(or $(CARGO_TARGET_DIR),target)/release
+INSTALL_BINS := riser riser-rpc riser-perf riser-top
+
+install:
+	@missing=; for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make install: not built in $(INSTALL_FROM):$$missing (run 'make release' first)" >&2; exit 1; fi
+	install -d -m 0755 "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(SYSCONFDIR)/riser"
+	install -m 0755 $(addprefix $(INSTALL_FROM)/,$(INSTALL_BINS)) "$(DESTDIR)$(BINDIR)/"
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' scripts/systemd/riser.service.in > "$(DESTDIR)$(UNITDIR)/.riser.service.tmp"
+	mv -f "$(DESTDIR)$(UNITDIR)/.riser.service.tmp" "$(DESTDIR)$(UNITDIR)/riser.service"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/riser.service"
+	@if [ -e "$(DESTDIR)$(SYSCONFDIR)/riser/riser.json" ]; then \
+	  install -m 0644 scripts/riser.sample.json "$(DESTDIR)$(SYSCONFDIR)/riser/riser.json.sample"; \
+	  echo "make install: kept $(SYSCONFDIR)/riser/riser.json; the sample is $(SYSCONFDIR)/riser/riser.json.sample"; \
+	else \
+	  install -m 0600 scripts/riser.sample.json "$(DESTDIR)$(SYSCONFDIR)/riser/riser.json"; \
+	  echo "make install: sample config installed as $(SYSCONFDIR)/riser/riser.json"; \
+	fi
+	@[ -n "$(DESTDIR)" ] || echo "make install: then 'systemctl daemon-reload && systemctl enable --now riser'"
+
+# Removes the binaries and the unit; $(SYSCONFDIR)/riser (the config) and /var/lib/riser stay.
+uninstall:
+	rm -f $(addprefix "$(DESTDIR)$(BINDIR)/,$(addsuffix ",$(INSTALL_BINS))) "$(DESTDIR)$(UNITDIR)/riser.service"

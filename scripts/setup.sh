@@ -10,7 +10,7 @@ pkgs=()
 for g in "${groups[@]}"; do
   case "$g" in
     build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev) ;;
-    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev python3 libiscsi-bin sg3-utils tgt tmux) ;;
+    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev python3 libiscsi-bin sg3-utils tgt tmux systemd) ;;
     bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs) ;;
