@@ -475,13 +475,7 @@ impl Conn {
         while let Some((h, ds, dl)) = self.next_frame()? {
             self.handle(h, ds, dl, out)?;
         }
-        let ping = self.t.released(&mut self.s, true, |slot| {
-            out.push(Completion {
-                slot,
-                result: Ok(()),
-                aborted: true,
-            })
-        });
+        let ping = self.t.release_aborted(&mut self.s, true, out);
         if let Some(nop) = ping {
             push_pdu(&mut self.tx, self.digests, bhs(Op::NopOut(nop)), &[]);
         }

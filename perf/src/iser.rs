@@ -860,13 +860,7 @@ impl IserConn {
         }
         self.repost()?;
         let room = self.ctrl_busy.iter().filter(|b| !**b).count() > 1;
-        let ping = self.t.released(&mut self.s, room, |slot| {
-            out.push(Completion {
-                slot,
-                result: Ok(()),
-                aborted: true,
-            })
-        });
+        let ping = self.t.release_aborted(&mut self.s, room, out);
         if let Some(nop) = ping {
             let plain = IserHeader::Control {
                 write: None,

@@ -37,7 +37,7 @@ pub use negotiate::{
 };
 pub use pdu::{Completed, Event, LoginProgress, PduSession, Unsolicited};
 
-use crate::scsi::{status, status_name, Dir, IoError, ScsiExec, Sense};
+use crate::scsi::{status, status_name, Completion, Dir, IoError, ScsiExec, Sense};
 
 /// Management tasks (TUR, READ CAPACITY, logout; login; a [`PduSession`]'s NOP-Outs and
 /// task management requests) use ITTs with the top bit set; I/O tasks use
@@ -556,6 +556,12 @@ impl Tasks {
         }
         let itt = a.ping_due(s)?;
         Some(s.nop_out(itt, Ttt::RESERVED, s.lun))
+    }
+
+    /// [`Tasks::released`] for a connection's poll: each released slot becomes an aborted
+    /// completion in `out`.
+    pub fn release_aborted(&mut self, s: &mut SessionState, room: bool, out: &mut Vec<Completion>) -> Option<NopOut> {
+        self.released(s, room, |slot| out.push(Completion { slot, result: Ok(()), aborted: true }))
     }
 
     /// `--abort-every`: a NOP-In answering `itt`.
