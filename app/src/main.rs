@@ -56,6 +56,10 @@ struct Args {
     /// Do not pin reactor threads to their cores.
     #[arg(long)]
     no_pin: bool,
+
+    /// Directory for state that outlives the process: persistent reservations made with APTPL=1 (one file per device UUID and LUN).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/riser")]
+    state_dir: PathBuf,
 }
 
 fn parse_poll_mode(s: &str) -> Result<PollMode, String> {
@@ -123,6 +127,11 @@ fn run(args: Args) -> Result<(), String> {
 
     let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
     let target = Arc::new(IscsiTarget::new(bdevs.clone()));
+    // Before the config loads: its LUNs restore their persistent reservations from here.
+    if let Err(e) = std::fs::create_dir_all(&args.state_dir) {
+        log::warn!("state directory {}: {e}; PERSISTENT RESERVE OUT with APTPL=1 will fail until it can be written", args.state_dir.display());
+    }
+    target.set_state_dir(Some(args.state_dir.clone()));
     let server = IscsiServer::new(target.clone(), reactors.handle(), vec![Arc::new(TcpPortal), Arc::new(IserPortal)]);
     let app = Arc::new(App { bdevs, target: target.clone(), server: server.clone(), reactors: reactors.handle() });
     let mut registry = RpcRegistry::new();

@@ -30,6 +30,7 @@ mod testing;
 pub use target_node as node;
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -151,6 +152,8 @@ pub struct IscsiTarget {
     bdevs: Arc<Mutex<BdevRegistry>>,
     hooks: Mutex<Hooks>,
     portal_generation: AtomicU64,
+    /// Where LUNs keep persistent reservations made with APTPL=1 (`riser --state-dir`).
+    state_dir: Mutex<Option<PathBuf>>,
 }
 
 impl IscsiTarget {
@@ -161,7 +164,20 @@ impl IscsiTarget {
             bdevs,
             hooks: Mutex::new(Hooks::default()),
             portal_generation: AtomicU64::new(0),
+            state_dir: Mutex::new(None),
         }
+    }
+
+    /// The state directory of LUNs created from now on: their persistent reservations with
+    /// APTPL=1 are saved there and restored from there (by device UUID and LUN). `None`
+    /// (the default): APTPL is refused.
+    pub fn set_state_dir(&self, dir: Option<PathBuf>) {
+        *self.state_dir.lock().unwrap_or_else(|p| p.into_inner()) = dir;
+    }
+
+    /// See [`set_state_dir`](Self::set_state_dir).
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        self.state_dir.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, RegistryError};
@@ -80,7 +81,16 @@ pub struct Lun {
 }
 
 impl Lun {
-    pub fn new(id: u16, bdev_name: &str, options: LunOptions, bdev: Arc<dyn Bdev>, target_name: &str) -> Lun {
+    /// `state_dir`: where its persistent reservations (APTPL) live, see
+    /// [`IscsiTarget::set_state_dir`](crate::IscsiTarget::set_state_dir).
+    pub fn new(
+        id: u16,
+        bdev_name: &str,
+        options: LunOptions,
+        bdev: Arc<dyn Bdev>,
+        target_name: &str,
+        state_dir: Option<PathBuf>,
+    ) -> Lun {
         let i = bdev.info();
         let cfg = riser_scsi::LunConfig {
             id: id as u64,
@@ -88,6 +98,7 @@ impl Lun {
             physical_block_size: (i.physical_block_size != i.block_size).then_some(i.physical_block_size),
             removable: options.removable,
             read_only: options.read_only,
+            state_dir,
             ..Default::default()
         };
         let scsi = riser_scsi::Lun::new(cfg, bdev.clone());
@@ -478,13 +489,14 @@ impl IscsiTarget {
         options::check_chap(p.chap.disable_chap, p.chap.require_chap, p.chap.mutual_chap)?;
 
         let mut luns: Vec<Lun> = Vec::new();
+        let state_dir = self.state_dir();
         {
             let mut bdevs = self.lock_bdevs();
             for (i, spec) in p.luns.iter().enumerate() {
                 // Checked above: id < MAX_LUNS fits u16.
                 let id = spec.lun_id as u16;
                 match bdevs.claim(&spec.bdev_name, &lun_owner(&name, id)) {
-                    Ok(bdev) => luns.push(Lun::new(id, &spec.bdev_name, spec.options, bdev, &name)),
+                    Ok(bdev) => luns.push(Lun::new(id, &spec.bdev_name, spec.options, bdev, &name, state_dir.clone())),
                     Err(e) => {
                         for l in &luns {
                             bdevs.release(&l.bdev_name);
@@ -538,9 +550,10 @@ impl IscsiTarget {
                 .lock_bdevs()
                 .claim(bdev_name, &lun_owner(node.name(), id))
                 .map_err(|e| claim_error("bdev_name", e))?;
+            let state_dir = self.state_dir();
             node.change(|st| {
                 let mut v = st.luns.to_vec();
-                v.push(Lun::new(id, bdev_name, options, bdev, node.name()));
+                v.push(Lun::new(id, bdev_name, options, bdev, node.name(), state_dir));
                 v.sort_by_key(|l| l.id);
                 // Every LUN learns the new inventory; those that existed raise REPORTED
                 // LUNS DATA HAS CHANGED for every initiator (SPC-4 §6.33).
