@@ -183,7 +183,7 @@ pub fn init_logging(level: &str) {
     let mut printer = env_logger::Builder::new();
     printer.filter_level(LevelFilter::Trace);
     if stderr_is_journal() {
-        printer.write_style(env_logger::WriteStyle::Never).format(|buf, record| write_journal_line(buf, record));
+        printer.write_style(env_logger::WriteStyle::Never).format(write_journal_line);
     } else {
         printer.format_timestamp_millis();
     }
