@@ -5,6 +5,7 @@ mod config;
 mod framework;
 mod iobuf;
 mod logging;
+mod metrics;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,10 @@ struct Args {
     /// Directory for state that outlives the process: persistent reservations made with APTPL=1 (one file per device UUID and LUN).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/riser")]
     state_dir: PathBuf,
+
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
 }
 
 fn parse_poll_mode(s: &str) -> Result<PollMode, String> {
@@ -154,6 +159,9 @@ fn run(args: Args) -> Result<(), String> {
     }
 
     server.sync_listeners();
+    if let Some(addr) = &args.metrics {
+        metrics::start(addr, app.clone())?;
+    }
 
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     let mut signals = signals.map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -176,6 +176,7 @@ fn no_metadata(md_size: u32) -> Result<(), RpcError> {
 /// Registers the bdev methods on `reg`, acting on `bdevs`.
 pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     let app = Arc::new(Bdevs(bdevs.clone()));
+    now_ticks(); // "ticks" count from here, about when riser started
     register_stats(reg, &app);
     let a = app.clone();
     reg.add("bdev_malloc_create", move |p: BdevMallocCreate| {

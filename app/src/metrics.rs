@@ -1,0 +1,302 @@
+//! `riser --metrics ADDR:PORT`: Prometheus metrics at `/metrics` (OpenMetrics text, the
+//! `prometheus-client` crate). Every scrape reads the same counters the RPCs show, at that
+//! moment: per-device operations, bytes, errors, queue depth and latency histograms; per-reactor
+//! busy and idle time; sessions and connections per target and transport; logins and login
+//! failures by reason; payload copies; the I/O buffer pool. A small HTTP/1.1 server on its
+//! own thread answers one request per connection; anything but `GET /metrics` gets 404, 405
+//! or 400.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use riser_bdev::stats::{kind_name, lat_bucket_le_seconds, KINDS, LAT_BUCKETS};
+use riser_buf::Pool;
+
+use crate::App;
+
+/// The longest request head read (a scrape's is a few hundred bytes).
+const MAX_REQUEST: usize = 8192;
+/// How long a client may take to send its request or read the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds `addr` and serves `/metrics` on a thread of its own.
+pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
+    let listener = TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(RiserCollector { app }));
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(s) => {
+                        if let Err(e) = serve(s, &registry) {
+                            log::debug!("metrics: {e}");
+                        }
+                    }
+                    Err(e) => log::warn!("metrics: accept: {e}"),
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    log::info!("Prometheus metrics on http://{local}/metrics");
+    Ok(local)
+}
+
+/// What a request head asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Request {
+    Metrics,
+    NotFound,
+    BadMethod,
+    Bad,
+}
+
+/// Parses a request head (up to the blank line).
+fn parse_request(head: &[u8]) -> Request {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return Request::Bad;
+    };
+    let Some(line) = text.lines().next() else {
+        return Request::Bad;
+    };
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Request::Bad;
+    };
+    if !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return Request::Bad;
+    }
+    if method != "GET" && method != "HEAD" {
+        return Request::BadMethod;
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    if path == "/metrics" {
+        Request::Metrics
+    } else {
+        Request::NotFound
+    }
+}
+
+fn serve(mut s: TcpStream, registry: &Registry) -> std::io::Result<()> {
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let complete = loop {
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            break true;
+        }
+        if head.len() >= MAX_REQUEST {
+            break false;
+        }
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break false;
+        }
+        head.extend_from_slice(&buf[..n]);
+    };
+    let head_only = head.starts_with(b"HEAD ");
+    let req = if complete { parse_request(&head) } else { Request::Bad };
+    let (status, ctype, body) = match req {
+        Request::Metrics => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", body),
+                Err(_) => ("500 Internal Server Error", "text/plain", "encoding failed\n".into()),
+            }
+        }
+        Request::NotFound => ("404 Not Found", "text/plain", "riser serves /metrics only\n".into()),
+        Request::BadMethod => ("405 Method Not Allowed", "text/plain", "use GET\n".into()),
+        Request::Bad => ("400 Bad Request", "text/plain", "bad request\n".into()),
+    };
+    let mut out = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+    if req == Request::BadMethod {
+        out.push_str("Allow: GET, HEAD\r\n");
+    }
+    out.push_str("\r\n");
+    if !head_only {
+        out.push_str(&body);
+    }
+    s.write_all(out.as_bytes())?;
+    s.flush()
+}
+
+/// Reads everything at scrape time.
+struct RiserCollector {
+    app: Arc<App>,
+}
+
+impl fmt::Debug for RiserCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RiserCollector")
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family: a descriptor and one sample per label set.
+fn counters(e: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<Unit>, samples: &[(Labels, u64)]) -> fmt::Result {
+    let mut d = e.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    for (labels, v) in samples {
+        ConstCounter::new(*v).encode(d.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn counters_f64(e: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<Unit>, samples: &[(Labels, f64)]) -> fmt::Result {
+    let mut d = e.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    for (labels, v) in samples {
+        ConstCounter::new(*v).encode(d.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauges(e: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<Unit>, samples: &[(Labels, i64)]) -> fmt::Result {
+    let mut d = e.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+    for (labels, v) in samples {
+        ConstGauge::new(*v).encode(d.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<Unit>, v: i64) -> fmt::Result {
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?)
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+impl prometheus_client::collector::Collector for RiserCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        self.bdevs(&mut e)?;
+        self.reactors(&mut e)?;
+        self.iscsi(&mut e)?;
+        self.iobuf(&mut e)
+    }
+}
+
+impl RiserCollector {
+    fn bdevs(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let snaps: Vec<(String, riser_bdev::IoStat, u64)> =
+            self.app.bdevs().iter_stats().map(|(b, s)| (b.info().name.clone(), s.snapshot(), s.queue_depth())).collect();
+        let per_kind = |f: &dyn Fn(riser_bdev::stats::KindStat) -> u64| -> Vec<(Labels, u64)> {
+            snaps
+                .iter()
+                .flat_map(|(name, s, _)| KINDS.iter().map(move |k| (vec![("bdev", name.clone()), ("op", kind_name(*k).to_string())], f(s.of(*k)))))
+                .collect()
+        };
+        counters(e, "riser_bdev_ops", "Completed I/Os by device and operation", None, &per_kind(&|k| k.ops))?;
+        counters(e, "riser_bdev", "Bytes read, written, unmapped, zeroed by device", Some(Unit::Bytes), &per_kind(&|k| k.bytes))?;
+        let errors: Vec<(Labels, u64)> = snaps.iter().map(|(n, s, _)| (vec![("bdev", n.clone())], s.errors)).collect();
+        counters(e, "riser_bdev_errors", "I/Os that completed with an error", None, &errors)?;
+        let qd: Vec<(Labels, i64)> = snaps.iter().map(|(n, _, q)| (vec![("bdev", n.clone())], *q as i64)).collect();
+        gauges(e, "riser_bdev_queue_depth", "I/Os submitted to the device and not completed", None, &qd)?;
+        let mut d = e.encode_descriptor(
+            "riser_bdev_latency",
+            "Submit-to-completion latency by device and operation",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for (name, s, _) in &snaps {
+            for k in KINDS {
+                let ks = s.of(k);
+                // Per-bucket counts: the encoder sums them; f64::MAX is its "+Inf".
+                let buckets: Vec<(f64, u64)> = (0..LAT_BUCKETS).map(|i| (lat_bucket_le_seconds(i).min(f64::MAX), ks.buckets[i])).collect();
+                let count = ks.buckets.iter().sum();
+                let labels: Labels = vec![("bdev", name.clone()), ("op", kind_name(k).to_string())];
+                let sum = ks.latency_ticks as f64 / riser_bdev::stats::TICK_RATE as f64;
+                d.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reactors(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let stats = self.app.reactors.stats();
+        let labels = |s: &riser_reactor::ReactorStatsSnapshot| vec![("reactor", s.reactor.to_string()), ("core", s.core.to_string())];
+        let busy: Vec<(Labels, f64)> = stats.iter().map(|s| (labels(s), s.busy_ns as f64 * 1e-9)).collect();
+        let idle: Vec<(Labels, f64)> = stats.iter().map(|s| (labels(s), s.idle_ns as f64 * 1e-9)).collect();
+        let conns: Vec<(Labels, i64)> = stats.iter().map(|s| (labels(s), s.load as i64)).collect();
+        counters_f64(e, "riser_reactor_busy", "Time a reactor spent doing work", Some(Unit::Seconds), &busy)?;
+        counters_f64(e, "riser_reactor_idle", "Time a reactor spent polling with nothing to do or asleep", Some(Unit::Seconds), &idle)?;
+        gauges(e, "riser_reactor_connections", "Connections placed on a reactor", None, &conns)
+    }
+
+    fn iscsi(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let server = &self.app.server;
+        let conns = server.connections().list();
+        // (target, transport) -> connections, and the distinct sessions (initiator, ISID, TSIH).
+        let mut by: BTreeMap<(String, String), (i64, Vec<(String, u64, u16)>)> = BTreeMap::new();
+        for c in &conns {
+            let entry = by.entry((c.target_node_name.clone(), c.transport.to_string())).or_default();
+            entry.0 += 1;
+            let session = (c.initiator_name.clone(), c.isid, c.tsih);
+            if !entry.1.contains(&session) {
+                entry.1.push(session);
+            }
+        }
+        let labels = |t: &str, tr: &str| vec![("target", t.to_string()), ("transport", tr.to_string())];
+        let c: Vec<(Labels, i64)> = by.iter().map(|((t, tr), (n, _))| (labels(t, tr), *n)).collect();
+        let s: Vec<(Labels, i64)> = by.iter().map(|((t, tr), (_, ss))| (labels(t, tr), ss.len() as i64)).collect();
+        gauges(e, "riser_iscsi_connections", "Connections in full-feature phase by target and transport", None, &c)?;
+        gauges(e, "riser_iscsi_sessions", "Sessions by target and transport", None, &s)?;
+        let logins = server.login_stats().to_json();
+        counter(e, "riser_iscsi_logins", "Logins that reached full-feature phase", logins["succeeded"].as_u64().unwrap_or(0))?;
+        let failed: Vec<(Labels, u64)> = logins["failed"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (vec![("reason", k.clone())], v.as_u64().unwrap_or(0))).collect())
+            .unwrap_or_default();
+        counters(e, "riser_iscsi_login_failures", "Logins that failed, by reason", None, &failed)?;
+        let copies = server.connections().copies();
+        let copied: Vec<(Labels, u64)> =
+            [("read", copies.read_bytes), ("solicited", copies.solicited_bytes), ("unsolicited", copies.unsolicited_bytes)]
+                .into_iter()
+                .map(|(k, v)| (vec![("direction", k.to_string())], v))
+                .collect();
+        counters(e, "riser_iscsi_payload_copied", "Payload bytes the CPU copied between I/O buffers and the wire", Some(Unit::Bytes), &copied)
+    }
+
+    fn iobuf(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let s = Pool::global().stats();
+        gauge(e, "riser_iobuf_budget", "The I/O buffer budget", Some(Unit::Bytes), s.max_bytes as i64)?;
+        gauge(e, "riser_iobuf_mapped", "I/O buffer bytes mapped (in use and kept)", Some(Unit::Bytes), s.mapped_bytes as i64)?;
+        gauge(e, "riser_iobuf_in_use", "I/O buffer bytes in use", Some(Unit::Bytes), s.in_use_bytes as i64)?;
+        gauge(e, "riser_iobuf_cached", "I/O buffer bytes kept for reuse", Some(Unit::Bytes), s.cached_bytes as i64)?;
+        gauge(e, "riser_iobuf_waiting", "Requests waiting for buffer budget now", None, s.waiting as i64)?;
+        counter(e, "riser_iobuf_waits", "Requests that had to wait for buffer budget", s.waits)?;
+        counter(e, "riser_iobuf_maps", "Buffers mapped", s.maps)?;
+        counter(e, "riser_iobuf_reuses", "Buffers reused from the pool", s.reuses)?;
+        counter(e, "riser_iobuf_unmaps", "Buffers unmapped", s.unmaps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Request::Metrics);
+        assert_eq!(parse_request(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Request::Metrics);
+        assert_eq!(parse_request(b"HEAD /metrics HTTP/1.1\r\n\r\n"), Request::Metrics);
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\n\r\n"), Request::NotFound);
+        assert_eq!(parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"), Request::BadMethod);
+        assert_eq!(parse_request(b"GET /metrics\r\n\r\n"), Request::Bad);
+        assert_eq!(parse_request(b"GET metrics HTTP/1.1\r\n\r\n"), Request::Bad);
+        assert_eq!(parse_request(b"\xff\xfe\r\n\r\n"), Request::Bad);
+        assert_eq!(parse_request(b""), Request::Bad);
+        assert_eq!(parse_request(b"GET /metrics HTTP/1.1 extra\r\n\r\n"), Request::Bad);
+    }
+}
