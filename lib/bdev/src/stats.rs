@@ -369,8 +369,22 @@ pub struct BdevStats {
 #[derive(Default)]
 struct Inner {
     channels: Vec<Arc<ChannelStats>>,
-    closed: IoStat,
+    /// What closed channels counted, by reactor (`thread_id`).
+    closed: Vec<(u64, IoStat)>,
     closed_hist: Vec<u64>,
+}
+
+impl Inner {
+    fn closed_of(&mut self, thread_id: u64) -> &mut IoStat {
+        let i = match self.closed.iter().position(|(t, _)| *t == thread_id) {
+            Some(i) => i,
+            None => {
+                self.closed.push((thread_id, IoStat::default()));
+                self.closed.len() - 1
+            }
+        };
+        &mut self.closed[i].1
+    }
 }
 
 /// How much of the statistics `bdev_reset_iostat` clears.
@@ -401,17 +415,21 @@ impl BdevStats {
     /// The sum over every channel, open or closed.
     pub fn snapshot(&self) -> IoStat {
         let inner = self.lock();
-        let mut s = inner.closed.clone();
+        let mut s = IoStat::default();
+        for (_, c) in &inner.closed {
+            s.add(c);
+        }
         for ch in &inner.channels {
             s.add_channel(ch, self);
         }
         s
     }
 
-    /// The sums per reactor (`thread_id`), open channels only (SPDK's `per_channel`).
+    /// The sums per reactor (`thread_id`), closed channels included (SPDK's `per_channel`:
+    /// there a channel lives as long as its thread; here one lives as long as its connection).
     pub fn per_thread(&self) -> Vec<(u64, IoStat)> {
         let inner = self.lock();
-        let mut out: Vec<(u64, IoStat)> = Vec::new();
+        let mut out: Vec<(u64, IoStat)> = inner.closed.clone();
         for ch in &inner.channels {
             let i = match out.iter().position(|(t, _)| *t == ch.thread_id) {
                 Some(i) => i,
@@ -435,11 +453,11 @@ impl BdevStats {
         let mut inner = self.lock();
         match mode {
             ResetMode::All => {
-                inner.closed = IoStat::default();
+                inner.closed.clear();
                 self.reset_all.fetch_add(1, Release);
             }
             ResetMode::MaxMin => {
-                inner.closed.clear_maxmin();
+                inner.closed.iter_mut().for_each(|(_, c)| c.clear_maxmin());
                 self.reset_maxmin.fetch_add(1, Release);
             }
         }
@@ -520,7 +538,7 @@ impl BdevStats {
         inner.channels.retain(|c| !Arc::ptr_eq(c, ch));
         let mut one = IoStat::default();
         one.add_channel(ch, self);
-        inner.closed.add(&one);
+        inner.closed_of(ch.thread_id).add(&one);
         if let Some(b) = ch.hist.get() {
             if ch.seen_hist.load(Acquire) == self.reset_hist.load(Acquire) {
                 inner.closed_hist.resize(HIST_LEN, 0);
@@ -764,7 +782,8 @@ mod tests {
         drop(a);
         drop(c);
         assert_eq!(stats.snapshot(), s, "closed channels' counts are kept");
-        assert!(stats.per_thread().is_empty());
+        let t = stats.per_thread();
+        assert_eq!((t.len(), &t[0].1), (1, &s), "and still show per thread");
     }
 
     #[test]
