@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Installs what riser needs to build and test on a Debian machine, as root. Idempotent:
-# runs apt-get only when a package is missing. Usage: scripts/setup.sh [build|test|bench|vm]...
+# runs apt-get only when a package is missing. Usage: scripts/setup.sh [build|test|bench|vm|ceph]...
 set -euo pipefail
 
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=(build)
 
+# The single-node Ceph cluster of the RBD tests (scripts/ceph-test-cluster.sh).
+ceph_pkgs=(ceph-mon ceph-osd ceph-mgr ceph-common)
+
 pkgs=()
 for g in "${groups[@]}"; do
   case "$g" in
-    build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev) ;;
-    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev python3 libiscsi-bin sg3-utils tgt tmux systemd) ;;
+    build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev) ;;
+    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev python3 libiscsi-bin sg3-utils tgt tmux systemd "${ceph_pkgs[@]}") ;;
+    ceph)  pkgs+=("${ceph_pkgs[@]}" librbd-dev) ;;
     bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs) ;;
-    *) echo "setup.sh: unknown group $g (build, test, bench, vm)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown group $g (build, test, bench, vm, ceph)" >&2; exit 2 ;;
   esac
 done
 
