@@ -6,6 +6,7 @@ mod framework;
 mod iobuf;
 mod logging;
 mod metrics;
+mod service;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -168,9 +169,11 @@ fn run(args: Args) -> Result<(), String> {
     let server = RpcServer::start(&args.rpc_socket, registry)
         .map_err(|e| format!("cannot listen on {}: {e}", args.rpc_socket.display()))?;
     log::info!("riser {} ready", env!("CARGO_PKG_VERSION"));
+    service::notify("READY=1");
 
     let sig = signals.forever().next();
     log::info!("signal {}: shutting down", sig.unwrap_or(0));
+    service::notify("STOPPING=1");
     server.shutdown();
     app.server.shutdown();
     reactors.shutdown();

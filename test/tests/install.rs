@@ -60,6 +60,7 @@ fn make_install_puts_the_files_in_place_and_keeps_an_existing_config() {
     let unit_text = fs::read_to_string(&unit).unwrap();
     for line in [
         "ExecStart=/usr/bin/riser --json /etc/riser/riser.json $RISER_ARGS",
+        "Type=notify",
         "KillSignal=SIGTERM",
         "Restart=on-failure",
         "LimitMEMLOCK=infinity",
@@ -157,6 +158,8 @@ struct Installed {
     sock: PathBuf,
     log: PathBuf,
     port: u16,
+    /// Bound where `NOTIFY_SOCKET` points, as systemd's for a `Type=notify` unit.
+    notify: std::os::unix::net::UnixDatagram,
     child: Option<Child>,
 }
 
@@ -178,7 +181,10 @@ impl Installed {
         let meta = fs::metadata(&log).unwrap();
         let mut cmd = Command::new(bin.join("riser"));
         cmd.args(["--poll-mode", "adaptive", "-m", "0x1", "-r"]).arg(&sock).arg("--json").arg(&config);
-        cmd.env_remove("JOURNAL_STREAM").env_remove("RISER_LOG");
+        let notify_path = dest.join("notify");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap_or_else(|e| panic!("cannot bind {}: {e}", notify_path.display()));
+        notify.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        cmd.env_remove("JOURNAL_STREAM").env_remove("RISER_LOG").env("NOTIFY_SOCKET", &notify_path);
         match journal {
             JournalStream::ThisFile => cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino())),
             // Inherited from a service, but stderr is not the journal's stream any more.
@@ -186,9 +192,16 @@ impl Installed {
             JournalStream::Unset => &mut cmd,
         };
         let child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().unwrap_or_else(|e| panic!("cannot start riser: {e}"));
-        let r = Installed { _dest: dest, bin, sock, log, port, child: Some(child) };
+        let r = Installed { _dest: dest, bin, sock, log, port, notify, child: Some(child) };
         r.wait_ready();
         r
+    }
+
+    /// The next sd_notify message riser sent.
+    fn notified(&self) -> String {
+        let mut buf = [0u8; 256];
+        let n = self.notify.recv(&mut buf).unwrap_or_else(|e| panic!("no sd_notify message from riser ({e}); its log:\n{}", self.log()));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
     }
 
     fn log(&self) -> String {
@@ -274,6 +287,8 @@ fn has_timestamp(line: &str) -> bool {
 #[test]
 fn installed_riser_serves_the_sample_logs_for_journald_and_stops_on_sigterm() {
     let mut r = Installed::start(JournalStream::ThisFile);
+    // Type=notify: READY=1 once it serves (wait_ready got an answer: it came before).
+    assert_eq!(r.notified(), "READY=1");
 
     let nodes = r.rpc_ok(&["iscsi_get_target_nodes"]);
     assert_eq!(nodes[0]["name"], "iqn.2016-06.io.riser:disk1", "{nodes}");
@@ -314,6 +329,7 @@ fn installed_riser_serves_the_sample_logs_for_journald_and_stops_on_sigterm() {
 
     let status = r.terminate();
     assert_eq!(status.code(), Some(0), "riser's exit on SIGTERM; its log:\n{}", r.log());
+    assert_eq!(r.notified(), "STOPPING=1");
     let log = r.log();
     let lines: Vec<&str> = log.lines().collect();
     assert!(lines.len() >= 5, "{log}");
