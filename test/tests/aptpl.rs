@@ -227,3 +227,33 @@ fn reservations_with_aptpl_survive_sigterm_and_sigkill_restarts() {
     assert_eq!(write_status(&mut b), GOOD);
     assert!(riser.is_running(), "riser survived the torn file:\n{}", riser.log());
 }
+
+#[test]
+fn an_unwritable_state_dir_is_logged_and_fails_aptpl_only() {
+    let tmp = TempDir::new("aptpl-bad");
+    let blocker = tmp.join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("write a file");
+    // A directory below a regular file can never be created, not even by root.
+    let state = blocker.join("state");
+    let riser = start(&state, None);
+    let log = riser.log();
+    assert!(log.lines().any(|l| l.contains("state directory") && l.contains("a-file/state")), "no warning at start:\n{log}");
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("aptplbad", port, &[16]);
+    let mut a = session(port, &iqn, None);
+    let mut b = session(port, &iqn, None);
+    let r = pr_out(&mut a, REGISTER, 0, 0, 0xA1, true);
+    assert_eq!(r.status, 0x02, "CHECK CONDITION: {r:?}");
+    assert_eq!(r.sense(), Some((0x05, 0x55, 0x04)), "ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES");
+    assert!(
+        riser.log().lines().any(|l| l.contains("cannot write persistent reservation state") && l.contains("a-file/state/pr-")),
+        "no log line names the file:\n{}",
+        riser.log()
+    );
+    assert_eq!(read_keys(&mut a), (0, vec![]), "the failed REGISTER left nothing behind");
+    // Without APTPL reservations work as ever.
+    pr_out_ok(&mut a, REGISTER, 0, 0, 0xA1, false);
+    pr_out_ok(&mut a, RESERVE, WRITE_EXCLUSIVE, 0xA1, 0, false);
+    assert_eq!(write_status(&mut b), RESERVATION_CONFLICT);
+    assert_eq!(ptpl(&mut a), (true, false));
+}
