@@ -39,7 +39,8 @@ pub fn subsystem_config(app: &App, name: &str) -> Option<Vec<Value>> {
     match name {
         "bdev" => {
             // The namespaces of one NVMe controller share one attach call: each call once.
-            let mut calls: Vec<Value> = Vec::new();
+            // Ceph clusters first: the RBD bdevs name them.
+            let mut calls: Vec<Value> = app.bdevs().rbd_cluster_calls();
             for (b, _) in app.bdevs().iter() {
                 let (method, params) = b.config_json();
                 let call = json!({"method": method, "params": params});

@@ -274,6 +274,7 @@ impl Bdev for FileBdev {
             IoKind::Write => !self.readonly,
             IoKind::Unmap => self.punch_hole,
             IoKind::WriteZeroes => self.zero_range,
+            IoKind::CompareAndWrite => false,
         }
     }
 

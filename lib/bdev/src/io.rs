@@ -20,11 +20,14 @@ pub enum IoKind {
     Flush,
     Unmap,
     WriteZeroes,
+    /// Compare the blocks with the first half of the buffer and, when equal, write the second
+    /// half, atomically in the device (SBC-3 COMPARE AND WRITE); a device that supports it.
+    CompareAndWrite,
 }
 
 impl IoKind {
     pub fn needs_buffer(self) -> bool {
-        matches!(self, IoKind::Read | IoKind::Write)
+        matches!(self, IoKind::Read | IoKind::Write | IoKind::CompareAndWrite)
     }
 }
 
@@ -85,6 +88,12 @@ pub enum BdevError {
     Unsupported(IoKind),
     #[error("I/O error: {0}")]
     Io(String),
+    /// The backing store cannot be reached (a cluster that does not answer): a path error.
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    /// CompareAndWrite: the data differ at this byte offset from the I/O's start.
+    #[error("miscompare at byte {offset}")]
+    Miscompare { offset: u64 },
 }
 
 /// What a device is. Fixed at creation, except its size: a file or block device that grew
@@ -167,7 +176,8 @@ pub fn validate(info: &BdevInfo, supported: bool, io: &BdevIo) -> Result<(), Bde
         let Some(buf) = io.buf.as_ref() else {
             return Err(BdevError::MissingBuffer(io.kind));
         };
-        let expected = io.num_blocks.saturating_mul(info.block_size as u64);
+        let halves = if io.kind == IoKind::CompareAndWrite { 2 } else { 1 };
+        let expected = io.num_blocks.saturating_mul(info.block_size as u64).saturating_mul(halves);
         let got = buf.as_slice().len() as u64;
         if got != expected {
             return Err(BdevError::BufferSize { expected, got });

@@ -16,6 +16,7 @@ mod io;
 mod lba;
 mod malloc;
 mod null;
+pub mod rbd;
 pub mod nvme;
 mod registry;
 mod sq;
@@ -115,7 +116,7 @@ pub fn info_json(bdev: &dyn Bdev, claimed: bool) -> serde_json::Value {
             "flush": s(IoKind::Flush),
             "reset": false,
             "compare": false,
-            "compare_and_write": false,
+            "compare_and_write": s(IoKind::CompareAndWrite),
             "abort": false,
             "nvme_admin": false,
             "nvme_io": false

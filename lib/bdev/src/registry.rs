@@ -65,6 +65,8 @@ pub struct BdevRegistry {
     entries: Vec<Entry>,
     /// Attached NVMe controllers (`bdev_nvme_attach_controller`), in attach order.
     nvme: Vec<NvmeCtrlr>,
+    /// Registered Ceph clusters and the RBD bdevs (`bdev_rbd_*`, rbd.rs).
+    pub(crate) rbd: crate::rbd::RbdClusters,
 }
 
 fn check_name(name: &str) -> Result<(), RegistryError> {

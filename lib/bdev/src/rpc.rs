@@ -178,6 +178,7 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     let app = Arc::new(Bdevs(bdevs.clone()));
     now_ticks(); // "ticks" count from here, about when riser started
     register_stats(reg, &app);
+    crate::rbd::register(reg, bdevs, to_rpc);
     let a = app.clone();
     reg.add("bdev_malloc_create", move |p: BdevMallocCreate| {
         no_metadata(p.md_size)?;

@@ -47,7 +47,8 @@ pub const KINDS: [IoKind; 5] = [IoKind::Read, IoKind::Write, IoKind::Unmap, IoKi
 fn kind_index(k: IoKind) -> usize {
     match k {
         IoKind::Read => 0,
-        IoKind::Write => 1,
+        // Counted with the writes (riser's addition; SPDK has no such counter).
+        IoKind::Write | IoKind::CompareAndWrite => 1,
         IoKind::Unmap => 2,
         IoKind::Flush => 3,
         IoKind::WriteZeroes => 4,
@@ -62,6 +63,7 @@ pub fn kind_name(k: IoKind) -> &'static str {
         IoKind::Unmap => "unmap",
         IoKind::Flush => "flush",
         IoKind::WriteZeroes => "write_zeroes",
+        IoKind::CompareAndWrite => "compare_and_write",
     }
 }
 

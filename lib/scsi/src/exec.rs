@@ -141,6 +141,9 @@ enum Job {
     },
     /// COMPARE AND WRITE and ORWRITE: read, combine with the Data-Out buffer, write.
     Rmw(Rmw),
+    /// COMPARE AND WRITE done by a device that compares and writes atomically itself
+    /// (RBD: atomic in the cluster, across gateways): `buf` is the verify then the write instance.
+    DeviceCaw { lba: Lba, blocks: u64, buf: Option<IoBuf> },
     /// GET LBA STATUS: read window after window from the starting LBA and report runs of
     /// zeroed (deallocated) blocks; `lba`/`blocks` is the window being read.
     LbaStatus {
@@ -281,6 +284,9 @@ fn bdev_error(kind: IoKind, e: &BdevError) -> CmdError {
     match e {
         BdevError::OutOfRange { .. } => CmdError::lba_out_of_range(),
         BdevError::Unsupported(_) => CmdError::invalid_opcode(),
+        BdevError::Miscompare { offset } => CmdError::miscompare(*offset),
+        // A backing store that cannot be reached: a path error (SPC LOGICAL UNIT COMMUNICATION FAILURE).
+        BdevError::Unavailable(_) => CmdError::check(SenseKey::HardwareError, Asc::new(0x08, 0x00)),
         BdevError::Io(_) => match kind {
             IoKind::Read => CmdError::check(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR),
             _ => CmdError::check(SenseKey::MediumError, Asc::WRITE_ERROR),

@@ -545,6 +545,7 @@ impl Bdev for NvmeBdev {
                 Path_::Block(f) => f.supports(kind),
                 Path_::Passthrough { .. } => self.props.write_zeroes,
             },
+            IoKind::CompareAndWrite => false,
         }
     }
 
@@ -648,6 +649,8 @@ fn plan_commands(p: &Plan, kind: IoKind, lba: u64, n: u64, data: u64, fua: bool)
             }
         }
         IoKind::Flush => cmds.push(NvmeCmd::flush(p.nsid)),
+        // Not supported (supports() says so): the SCSI layer reads, compares and writes.
+        IoKind::CompareAndWrite => {}
         IoKind::WriteZeroes => {
             for (at, k) in chunks(p.max_wz_blocks) {
                 cmds.push(NvmeCmd::write_zeroes(p.nsid, at, k, false, fua));

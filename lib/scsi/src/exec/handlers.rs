@@ -404,6 +404,10 @@ impl LunChannel {
             return Err(CmdError::invalid_cdb(13, None));
         }
         let data = self.exact(data_out, need_len);
+        if lun.bdev().supports(IoKind::CompareAndWrite) {
+            let job = Job::DeviceCaw { lba: b.lba, blocks: b.blocks, buf: Some(data) };
+            return Ok(Action::Job(Need::Exclusive(b.lba, b.blocks), job));
+        }
         Ok(Action::Job(
             Need::Exclusive(b.lba, b.blocks),
             Job::Rmw(Rmw::new(b.lba, b.blocks, data, rmw::compare_and_write)),

@@ -90,6 +90,10 @@ impl LunChannel {
                 let (lba, blocks) = (*lba, *blocks);
                 self.submit_io(slot, IoKind::WriteZeroes, lba, blocks, None);
             }
+            Job::DeviceCaw { lba, blocks, buf } => {
+                let (lba, blocks, b) = (*lba, *blocks, buf.take());
+                self.submit_io(slot, IoKind::CompareAndWrite, lba, blocks, b);
+            }
             Job::WriteSame { .. } => self.write_same_next(slot),
             Job::Copy(_) => self.copy_next(slot, None),
             Job::Sanitize(_) => self.sanitize_next(slot, None),
@@ -306,7 +310,7 @@ impl LunChannel {
                     None => self.fail(slot, CmdError::internal()),
                 }
             }
-            Job::Write { .. } | Job::Flush { .. } | Job::Unmap { .. } | Job::WriteZeroes { .. } => {
+            Job::Write { .. } | Job::Flush { .. } | Job::Unmap { .. } | Job::WriteZeroes { .. } | Job::DeviceCaw { .. } => {
                 self.finish(slot)
             }
             Job::WriteVerify {

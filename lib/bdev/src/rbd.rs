@@ -1,0 +1,603 @@
+//! Ceph RBD images as bdevs (SPDK's `bdev_rbd_*`): registered cluster connections, one
+//! bdev per image, and the RPCs.
+//!
+//! * Clusters: `bdev_rbd_register_cluster` connects once (librados) and the bdevs that name
+//!   it share that connection; a bdev without `cluster_name` connects on its own from its
+//!   `user_id` and `config` (SPDK's way). Unless configured otherwise riser sets
+//!   `rbd_cache = false` (riser caches no data, so gateways sharing an image stay coherent and
+//!   an acknowledged write is in the cluster) and 30 s operation timeouts (a cluster that
+//!   goes away fails I/O instead of hanging it; librados reconnects by itself when it is back).
+//! * Data path: every I/O channel (one per reactor) opens its own image handle with its own
+//!   eventfd; I/O is submitted with librbd's asynchronous calls straight from/into the
+//!   caller's buffer (`rbd_aio_readv`/`writev`, one segment), and completions are collected in
+//!   the channel's `poll` with `rbd_poll_io_events`: no librbd thread touches reactor state.
+//!   No exclusive lock is taken for plain I/O, so another gateway may open the same image.
+//! * COMPARE AND WRITE is `rbd_aio_compare_and_write`: the compare is atomic in the cluster.
+//! * Errors: a timeout or a lost connection is [`BdevError::Unavailable`] (the SCSI layer
+//!   answers HARDWARE ERROR / LOGICAL UNIT COMMUNICATION FAILURE, a path error to an initiator's
+//!   multipath); other failures are [`BdevError::Io`]; every message names the image and the
+//!   errno.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use riser_rbd::{AioDone, AioOp, Cluster, ClusterConfig, Image, Pool, RbdError};
+use riser_rpc::{RpcError, RpcRegistry};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::io::{validate, DoneQueue, FailedChannel};
+use crate::{Bdev, BdevError, BdevInfo, BdevIo, BdevRegistry, IoChannel, IoCompletion, IoKind, RegistryError, SUPPORTED_BLOCK_SIZES};
+
+pub const PRODUCT: &str = "Ceph Rbd Disk";
+
+/// Options riser sets on every cluster connection unless its configuration names them.
+const DEFAULT_OPTIONS: [(&str, &str); 4] =
+    [("rbd_cache", "false"), ("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30"), ("client_mount_timeout", "30")];
+
+/// A registered cluster (`bdev_rbd_register_cluster`).
+pub(crate) struct RegisteredCluster {
+    name: String,
+    cfg: ClusterConfig,
+    /// `config_param` as given (for `bdev_rbd_get_clusters_info` and save_config).
+    config_param: Option<BTreeMap<String, String>>,
+    cluster: Arc<Cluster>,
+}
+
+/// The registered clusters, kept in the [`BdevRegistry`].
+#[derive(Default)]
+pub(crate) struct RbdClusters {
+    list: Vec<RegisteredCluster>,
+    /// The RBD bdevs by name (the registry holds them wrapped): for `bdev_rbd_resize`.
+    bdevs: Vec<(String, std::sync::Weak<RbdBdev>)>,
+}
+
+fn with_defaults(mut cfg: ClusterConfig) -> ClusterConfig {
+    for (k, v) in DEFAULT_OPTIONS {
+        let norm = |s: &str| s.replace(' ', "_");
+        if !cfg.config_param.iter().any(|(key, _)| norm(key) == k) {
+            // Before the user's options so theirs win; after the file (set in order).
+            cfg.config_param.insert(0, (k.to_string(), v.to_string()));
+        }
+    }
+    cfg
+}
+
+fn rbd_err(e: RbdError) -> RegistryError {
+    RegistryError::File { errno: -e.errno(), message: e.to_string() }
+}
+
+impl BdevRegistry {
+    /// `bdev_rbd_register_cluster`: connects now, so a wrong address or key fails here.
+    pub fn rbd_register_cluster(
+        &mut self,
+        name: &str,
+        user_id: Option<String>,
+        config_param: Option<BTreeMap<String, String>>,
+        config_file: Option<String>,
+        key_file: Option<String>,
+    ) -> Result<String, RegistryError> {
+        if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(RegistryError::BadName(name.to_string()));
+        }
+        if self.rbd.list.iter().any(|c| c.name == name) {
+            return Err(RegistryError::Exists(format!("rbd cluster {name}")));
+        }
+        let cfg = ClusterConfig {
+            user_id,
+            config_file,
+            config_param: config_param.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            key_file,
+        };
+        let cluster = Cluster::connect(&with_defaults(cfg.clone())).map_err(rbd_err)?;
+        log::info!("rbd cluster {name} connected (fsid {})", cluster.fsid().unwrap_or_default());
+        self.rbd.list.push(RegisteredCluster { name: name.to_string(), cfg, config_param, cluster });
+        Ok(name.to_string())
+    }
+
+    /// `bdev_rbd_unregister_cluster`: refused while a bdev uses the connection.
+    pub fn rbd_unregister_cluster(&mut self, name: &str) -> Result<(), RegistryError> {
+        let i = self
+            .rbd
+            .list
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| RegistryError::NotFound(format!("rbd cluster {name}")))?;
+        // Each bdev (and each of its channels) holds the connection through its pool.
+        if Arc::strong_count(&self.rbd.list[i].cluster) > 1 {
+            let users: Vec<String> = self
+                .iter()
+                .filter(|(b, _)| b.info().product_name == PRODUCT && b.config_json().1["cluster_name"] == name)
+                .map(|(b, _)| b.info().name.clone())
+                .collect();
+            return Err(RegistryError::Claimed { name: format!("rbd cluster {name}"), owner: format!("bdevs [{}]", users.join(", ")) });
+        }
+        self.rbd.list.remove(i);
+        log::info!("rbd cluster {name} unregistered");
+        Ok(())
+    }
+
+    /// `bdev_rbd_get_clusters_info`'s entries (all, or the one named).
+    pub fn rbd_clusters_info(&self, name: Option<&str>) -> Result<Vec<Value>, RegistryError> {
+        let list: Vec<Value> = self.rbd.list.iter().filter(|c| name.is_none_or(|n| n == c.name)).map(cluster_json).collect();
+        match name {
+            Some(n) if list.is_empty() => Err(RegistryError::NotFound(format!("rbd cluster {n}"))),
+            _ => Ok(list),
+        }
+    }
+
+    /// The `bdev_rbd_register_cluster` calls that recreate the clusters (save_config puts
+    /// them before the bdevs).
+    pub fn rbd_cluster_calls(&self) -> Vec<Value> {
+        self.rbd.list.iter().map(|c| json!({"method": "bdev_rbd_register_cluster", "params": cluster_params(c)})).collect()
+    }
+
+    /// `bdev_rbd_create`.
+    pub fn create_rbd(&mut self, p: RbdCreate) -> Result<String, RegistryError> {
+        let name = match &p.name {
+            Some(n) => n.clone(),
+            None => self.next_name("Ceph"),
+        };
+        if name.is_empty() || name.len() > 255 || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(RegistryError::BadName(name));
+        }
+        if self.contains(&name) {
+            return Err(RegistryError::Exists(name));
+        }
+        if !SUPPORTED_BLOCK_SIZES.contains(&p.block_size) {
+            return Err(RegistryError::BadBlockSize(p.block_size));
+        }
+        let cluster = match &p.cluster_name {
+            Some(c) => {
+                if p.user_id.is_some() || p.config.is_some() {
+                    return Err(RegistryError::File {
+                        errno: -libc::EINVAL,
+                        message: "cluster_name excludes user_id and config (the cluster has its own)".into(),
+                    });
+                }
+                self.rbd
+                    .list
+                    .iter()
+                    .find(|x| &x.name == c)
+                    .map(|x| x.cluster.clone())
+                    .ok_or_else(|| RegistryError::NotFound(format!("rbd cluster {c} (register it with bdev_rbd_register_cluster)")))?
+            }
+            None => {
+                let cfg = ClusterConfig {
+                    user_id: p.user_id.clone(),
+                    config_file: None,
+                    config_param: p.config.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    key_file: None,
+                };
+                Cluster::connect(&with_defaults(cfg)).map_err(rbd_err)?
+            }
+        };
+        let b = Arc::new(RbdBdev::open(&name, cluster, p)?);
+        self.register(b.clone())?;
+        self.rbd.bdevs.retain(|(n, w)| n != &name && w.strong_count() > 0);
+        self.rbd.bdevs.push((name.clone(), Arc::downgrade(&b)));
+        Ok(name)
+    }
+
+    /// `bdev_rbd_resize`: grows the image to `new_size_mib` MiB and the bdev with it.
+    pub fn rbd_resize(&mut self, name: &str, new_size_mib: u64) -> Result<u64, RegistryError> {
+        let b = self.get(name).filter(|b| b.info().product_name == PRODUCT).ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let bytes = new_size_mib.checked_mul(1 << 20).ok_or(RegistryError::ZeroBlocks)?;
+        let old = b.info().size_bytes();
+        if bytes < old {
+            return Err(RegistryError::File {
+                errno: -libc::EINVAL,
+                message: format!("bdev {name}: new_size {new_size_mib} MiB is smaller than the current {} MiB (RBD bdevs only grow)", old >> 20),
+            });
+        }
+        let rbd = self
+            .rbd
+            .bdevs
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, w)| w.upgrade())
+            .ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        rbd.resize(bytes)?;
+        self.rescan(name, Some(PRODUCT))
+    }
+}
+
+fn cluster_params(c: &RegisteredCluster) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("name".into(), json!(c.name));
+    if let Some(u) = &c.cfg.user_id {
+        o.insert("user_id".into(), json!(u));
+    }
+    if let Some(p) = &c.config_param {
+        o.insert("config_param".into(), json!(p));
+    }
+    if let Some(f) = &c.cfg.config_file {
+        o.insert("config_file".into(), json!(f));
+    }
+    if let Some(k) = &c.cfg.key_file {
+        o.insert("key_file".into(), json!(k));
+    }
+    Value::Object(o)
+}
+
+/// SPDK's `bdev_rbd_get_clusters_info` entry.
+fn cluster_json(c: &RegisteredCluster) -> Value {
+    let mut v = cluster_params(c);
+    if let Value::Object(o) = &mut v {
+        if let Some(n) = o.remove("name") {
+            o.insert("cluster_name".into(), n);
+        }
+        o.insert("fsid".into(), json!(c.cluster.fsid().unwrap_or_default()));
+    }
+    v
+}
+
+/// `bdev_rbd_create`'s params (SPDK's names; `config` is rpc.py's `--config-param`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RbdCreate {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    pub pool_name: String,
+    pub rbd_name: String,
+    pub block_size: u32,
+    #[serde(default, alias = "config_param")]
+    pub config: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub cluster_name: Option<String>,
+    #[serde(default)]
+    pub uuid: Option<Uuid>,
+}
+
+/// An RBD image as a bdev.
+pub struct RbdBdev {
+    info: BdevInfo,
+    pool: Arc<Pool>,
+    /// The control handle: size and resize (I/O goes through each channel's own handle).
+    ctl: Mutex<Image>,
+    params: RbdCreate,
+}
+
+impl RbdBdev {
+    fn open(name: &str, cluster: Arc<Cluster>, mut p: RbdCreate) -> Result<RbdBdev, RegistryError> {
+        let pool = Pool::open(&cluster, &p.pool_name).map_err(|e| match e.errno() {
+            libc::ENOENT => RegistryError::NotFound(format!("rbd pool {}", p.pool_name)),
+            _ => rbd_err(e),
+        })?;
+        let img = Image::open(&pool, &p.rbd_name).map_err(|e| match e.errno() {
+            libc::ENOENT => RegistryError::NotFound(format!("rbd image {}/{}", p.pool_name, p.rbd_name)),
+            _ => rbd_err(e),
+        })?;
+        let size = img.size().map_err(rbd_err)?;
+        let num_blocks = size / p.block_size as u64;
+        if num_blocks == 0 {
+            return Err(RegistryError::ZeroBlocks);
+        }
+        let uuid = *p.uuid.get_or_insert_with(Uuid::new_v4);
+        let mut info = BdevInfo::new(name, PRODUCT, p.block_size, num_blocks, uuid);
+        // Writes are in the cluster when acknowledged (rbd_cache off): no volatile cache.
+        info.volatile_write_cache = false;
+        p.name = Some(name.to_string());
+        Ok(RbdBdev { info, pool, ctl: Mutex::new(img), params: p })
+    }
+
+    /// Grows the image (the registry's rescan then takes the new size).
+    fn resize(&self, bytes: u64) -> Result<(), RegistryError> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner()).resize(bytes).map_err(rbd_err)
+    }
+}
+
+impl Bdev for RbdBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+
+    fn supports(&self, kind: IoKind) -> bool {
+        matches!(kind, IoKind::Read | IoKind::Write | IoKind::Flush | IoKind::Unmap | IoKind::WriteZeroes | IoKind::CompareAndWrite)
+    }
+
+    fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
+        match Image::open(&self.pool, &self.params.rbd_name) {
+            Ok(img) => Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new() }),
+            Err(e) => Box::new(FailedChannel::new(format!("bdev {}: cannot open the image on this reactor: {e}", self.info.name))),
+        }
+    }
+
+    fn config_json(&self) -> (&'static str, Value) {
+        let p = &self.params;
+        let mut o = serde_json::Map::new();
+        o.insert("name".into(), json!(self.info.name));
+        o.insert("pool_name".into(), json!(p.pool_name));
+        o.insert("rbd_name".into(), json!(p.rbd_name));
+        o.insert("block_size".into(), json!(p.block_size));
+        if let Some(u) = &p.user_id {
+            o.insert("user_id".into(), json!(u));
+        }
+        if let Some(c) = &p.config {
+            o.insert("config".into(), json!(c));
+        }
+        if let Some(c) = &p.cluster_name {
+            o.insert("cluster_name".into(), json!(c));
+        }
+        o.insert("uuid".into(), json!(self.info.uuid.to_string()));
+        ("bdev_rbd_create", Value::Object(o))
+    }
+
+    fn driver_specific(&self) -> Value {
+        let p = &self.params;
+        let mut o = serde_json::Map::new();
+        o.insert("pool_name".into(), json!(p.pool_name));
+        o.insert("rbd_name".into(), json!(p.rbd_name));
+        if let Some(c) = &p.cluster_name {
+            o.insert("cluster_name".into(), json!(c));
+        } else {
+            if let Some(u) = &p.user_id {
+                o.insert("user_id".into(), json!(u));
+            }
+            if let Some(c) = &p.config {
+                o.insert("config".into(), json!(c));
+            }
+        }
+        json!({ "rbd": o })
+    }
+
+    fn rescan_blocks(&self) -> Option<Result<u64, BdevError>> {
+        let img = self.ctl.lock().unwrap_or_else(|p| p.into_inner());
+        Some(img.size().map(|s| s / self.info.block_size as u64).map_err(|e| BdevError::Io(format!("bdev {}: {e}", self.info.name))))
+    }
+
+    fn set_num_blocks(&self, num_blocks: u64) {
+        self.info.set_num_blocks(num_blocks);
+    }
+}
+
+/// One reactor's handle on the image.
+struct RbdChannel {
+    bdev: Arc<RbdBdev>,
+    img: Image,
+    /// I/Os that failed before reaching librbd (range, buffer, submission errors).
+    done: DoneQueue,
+    /// (caller's tag, kind) of the I/O in librbd, by the index given to librbd as its tag.
+    kinds: Vec<Option<(u64, IoKind)>>,
+    free: Vec<usize>,
+}
+
+/// The errnos of a cluster that cannot be reached (vs. a failed operation).
+fn unreachable(errno: i32) -> bool {
+    matches!(errno, libc::ETIMEDOUT | libc::ENOTCONN | libc::ESHUTDOWN | libc::ECONNREFUSED | libc::ECONNRESET | libc::EHOSTUNREACH)
+}
+
+/// The bdev error for librbd's failure `errno` of a `kind` I/O.
+pub(crate) fn rbd_io_error(bdev: &str, kind: IoKind, errno: i32) -> BdevError {
+    let what = format!("bdev {bdev}: rbd {kind:?}: {} (errno {errno})", riser_rbd::errno_str(errno));
+    if unreachable(errno) {
+        BdevError::Unavailable(format!("{what}: the Ceph cluster does not answer"))
+    } else {
+        BdevError::Io(what)
+    }
+}
+
+impl IoChannel for RbdChannel {
+    fn submit(&mut self, mut io: BdevIo) {
+        let info = &self.bdev.info;
+        if let Err(e) = validate(info, self.bdev.supports(io.kind), &io) {
+            return self.done.push(io, Err(e));
+        }
+        let bs = info.block_size as u64;
+        let offset = io.offset_blocks.get() * bs;
+        let len = io.num_blocks * bs;
+        let op = match io.kind {
+            IoKind::Read => AioOp::Read,
+            IoKind::Write => AioOp::Write,
+            IoKind::CompareAndWrite => AioOp::CompareAndWrite,
+            IoKind::Flush => AioOp::Flush,
+            IoKind::Unmap => AioOp::Discard { len },
+            IoKind::WriteZeroes => AioOp::WriteZeroes { len },
+        };
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.kinds.push(None);
+                self.kinds.len() - 1
+            }
+        };
+        match self.img.submit(op, offset, io.buf.take(), slot as u64) {
+            Ok(()) => self.kinds[slot] = Some((io.tag, io.kind)),
+            Err((e, buf)) => {
+                self.free.push(slot);
+                io.buf = buf;
+                let err = rbd_io_error(&info.name, io.kind, e.errno());
+                self.done.push(io, Err(err));
+            }
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        let mut n = self.done.drain_into(out);
+        if self.img.in_flight() == 0 {
+            return n;
+        }
+        let mut done: Vec<AioDone> = Vec::new();
+        self.img.poll(&mut done);
+        for d in done {
+            let slot = d.tag as usize;
+            let Some((tag, kind)) = self.kinds.get_mut(slot).and_then(Option::take) else {
+                log::error!("bdev {}: rbd completion for unknown slot {slot}", self.bdev.info.name);
+                continue;
+            };
+            self.free.push(slot);
+            let result = match (d.ret, d.mismatch) {
+                (r, _) if r >= 0 => Ok(()),
+                (_, Some(off)) => Err(BdevError::Miscompare { offset: off }),
+                (r, None) => Err(rbd_io_error(&self.bdev.info.name, kind, (-r) as i32)),
+            };
+            if let Err(e) = &result {
+                if !matches!(e, BdevError::Miscompare { .. }) {
+                    log::warn!("{e}");
+                }
+            }
+            out.push(IoCompletion { tag, kind, result, buf: d.buf });
+            n += 1;
+        }
+        n
+    }
+
+    fn outstanding(&self) -> usize {
+        self.done.len() + self.img.in_flight()
+    }
+}
+
+// ---- RPCs ---------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterCluster {
+    name: String,
+    #[serde(default)]
+    user_id: Option<String>,
+    #[serde(default)]
+    config_param: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    config_file: Option<String>,
+    #[serde(default)]
+    key_file: Option<String>,
+    /// SPDK's librados thread mask: riser leaves librados' threads to the OS.
+    #[serde(default)]
+    #[allow(dead_code)]
+    core_mask: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterName {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClustersInfo {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RbdResize {
+    name: String,
+    /// MiB.
+    new_size: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RbdDelete {
+    name: String,
+}
+
+/// Registers the `bdev_rbd_*` methods.
+pub(crate) fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>, to_rpc: fn(RegistryError) -> RpcError) {
+    let lock = |b: &Arc<Mutex<BdevRegistry>>| -> Arc<Mutex<BdevRegistry>> { b.clone() };
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_register_cluster", move |p: RegisterCluster| {
+        if p.config_file.is_none() && p.config_param.is_none() && p.key_file.is_some() {
+            return Err(RpcError::invalid_params("key_file needs config_file or config_param (where are the monitors?)"));
+        }
+        let mut r = b.lock().unwrap_or_else(|e| e.into_inner());
+        let name = r.rbd_register_cluster(&p.name, p.user_id, p.config_param, p.config_file, p.key_file).map_err(to_rpc)?;
+        Ok(Value::String(name))
+    });
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_unregister_cluster", move |p: ClusterName| {
+        b.lock().unwrap_or_else(|e| e.into_inner()).rbd_unregister_cluster(&p.name).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_get_clusters_info", move |p: ClustersInfo| {
+        let list = b.lock().unwrap_or_else(|e| e.into_inner()).rbd_clusters_info(p.name.as_deref()).map_err(to_rpc)?;
+        Ok(match p.name {
+            // SPDK answers one object for a named cluster.
+            Some(_) => list.into_iter().next().unwrap_or(Value::Null),
+            None => Value::Array(list),
+        })
+    });
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_create", move |p: RbdCreate| {
+        let name = b.lock().unwrap_or_else(|e| e.into_inner()).create_rbd(p).map_err(to_rpc)?;
+        Ok(Value::String(name))
+    });
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_delete", move |p: RbdDelete| {
+        b.lock().unwrap_or_else(|e| e.into_inner()).delete(&p.name, Some(PRODUCT)).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let b = lock(bdevs);
+    reg.add("bdev_rbd_resize", move |p: RbdResize| {
+        b.lock().unwrap_or_else(|e| e.into_inner()).rbd_resize(&p.name, p.new_size).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_do_not_override_the_users_options() {
+        let cfg = ClusterConfig { config_param: vec![("rados osd op timeout".into(), "5".into())], ..Default::default() };
+        let c = with_defaults(cfg);
+        let get = |k: &str| c.config_param.iter().filter(|(key, _)| key.replace(' ', "_") == k).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
+        assert_eq!(get("rados_osd_op_timeout"), ["5"]);
+        assert_eq!(get("rbd_cache"), ["false"]);
+        // The user's options come last, so they win if librados saw both.
+        assert_eq!(c.config_param.last().map(|(k, _)| k.as_str()), Some("rados osd op timeout"));
+    }
+
+    #[test]
+    fn timeouts_are_unavailable_other_errors_are_io() {
+        assert!(matches!(rbd_io_error("R", IoKind::Read, libc::ETIMEDOUT), BdevError::Unavailable(m) if m.contains("does not answer")));
+        assert!(matches!(rbd_io_error("R", IoKind::Write, libc::ESHUTDOWN), BdevError::Unavailable(_)));
+        assert!(matches!(rbd_io_error("R", IoKind::Write, libc::EIO), BdevError::Io(m) if m.contains("bdev R")));
+    }
+
+    #[test]
+    fn create_params_take_spdks_names() {
+        let p: RbdCreate = serde_json::from_value(json!({
+            "pool_name": "rbd", "rbd_name": "img", "block_size": 512, "config": {"mon_host": "127.0.0.1:13300"}
+        }))
+        .unwrap();
+        assert_eq!(p.config.unwrap()["mon_host"], "127.0.0.1:13300");
+        let p: RbdCreate =
+            serde_json::from_value(json!({"pool_name": "rbd", "rbd_name": "img", "block_size": 4096, "config_param": {"a": "b"}})).unwrap();
+        assert_eq!(p.config.unwrap()["a"], "b");
+        assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "block_size": 512})).is_err());
+        assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "rbd_name": "x", "block_size": 512, "bogus": 1})).is_err());
+    }
+
+    #[test]
+    fn registry_errors_without_a_cluster() {
+        let mut r = BdevRegistry::new();
+        let p = |bs, cluster: Option<&str>| RbdCreate {
+            name: Some("Ceph0".into()),
+            user_id: None,
+            pool_name: "rbd".into(),
+            rbd_name: "img".into(),
+            block_size: bs,
+            config: None,
+            cluster_name: cluster.map(str::to_string),
+            uuid: None,
+        };
+        assert_eq!(r.create_rbd(p(1000, Some("c"))), Err(RegistryError::BadBlockSize(1000)));
+        assert!(matches!(r.create_rbd(p(512, Some("nope"))), Err(RegistryError::NotFound(m)) if m.contains("rbd cluster nope")));
+        assert!(matches!(r.rbd_unregister_cluster("nope"), Err(RegistryError::NotFound(_))));
+        assert!(matches!(r.rbd_clusters_info(Some("nope")), Err(RegistryError::NotFound(_))));
+        assert_eq!(r.rbd_clusters_info(None), Ok(vec![]));
+        assert!(r.rbd_cluster_calls().is_empty());
+        assert!(matches!(r.rbd_resize("nope", 1), Err(RegistryError::NotFound(_))));
+        // A cluster that cannot be read fails registration with the cause.
+        let e = r.rbd_register_cluster("c", None, None, Some("/nonexistent/ceph.conf".into()), None).unwrap_err();
+        assert!(e.to_string().contains("rados_conf_read_file"), "{e}");
+    }
+}
