@@ -100,6 +100,18 @@ enum Cmd {
     BdevEnableHistogram(BdevEnableHistogram),
     /// Show latency percentiles (µs) of a bdev's histogram
     BdevGetHistogram(BdevName),
+    /// Connect to a Ceph cluster once, for RBD bdevs to share: NAME [--config-file F] [--config-param k=v]... [--key-file K]
+    BdevRbdRegisterCluster(BdevRbdRegisterCluster),
+    /// Disconnect a registered Ceph cluster (refused while an RBD bdev uses it)
+    BdevRbdUnregisterCluster(BdevName),
+    /// Show the registered Ceph clusters (all, or one with -b)
+    BdevRbdGetClustersInfo(BdevRbdGetClustersInfo),
+    /// Create a bdev on a Ceph RBD image: POOL_NAME RBD_NAME BLOCK_SIZE [-b NAME] [-c CLUSTER | --user-id ID --config k=v...]
+    BdevRbdCreate(BdevRbdCreate),
+    /// Delete an RBD bdev
+    BdevRbdDelete(BdevName),
+    /// Grow an RBD bdev and its image: NAME NEW_SIZE (MiB)
+    BdevRbdResize(BdevRbdResize),
     /// Print the whole running configuration as JSON (input for load_config or riser --json;
     /// it holds CHAP secrets: -o writes it to a file only its owner can read)
     SaveConfig(SaveConfig),
@@ -404,6 +416,169 @@ struct Call {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+// ---- Ceph RBD (rpc.py's bdev_rbd_* arguments) ---------------------------------------------
+
+/// `key=value` list arguments (rpc.py's --config-param / --config), as a JSON object.
+fn key_values(items: &[String], what: &str) -> Result<Option<serde_json::Map<String, Value>>, UsageError> {
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut m = serde_json::Map::new();
+    for kv in items {
+        let Some((k, v)) = kv.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+            return Err(UsageError(format!("{what} {kv:?}: use key=value")));
+        };
+        m.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    Ok(Some(m))
+}
+
+#[derive(Args, Debug)]
+struct BdevRbdRegisterCluster {
+    /// Name of the cluster registration
+    name: String,
+    /// Ceph id (admin, not client.admin)
+    #[arg(long = "user-id")]
+    user_id: Option<String>,
+    /// A Ceph option key=value (repeatable), e.g. mon_host=127.0.0.1:3300 key=...
+    #[arg(long = "config-param")]
+    config_param: Vec<String>,
+    /// Path of a ceph.conf
+    #[arg(long = "config-file")]
+    config_file: Option<String>,
+    /// Path of a keyring
+    #[arg(long = "key-file")]
+    key_file: Option<String>,
+}
+
+impl BdevRbdRegisterCluster {
+    fn params(self) -> Result<Value, UsageError> {
+        let mut o = serde_json::Map::new();
+        o.insert("name".into(), Value::String(self.name));
+        let opt = |o: &mut serde_json::Map<String, Value>, k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                o.insert(k.into(), Value::String(v));
+            }
+        };
+        opt(&mut o, "user_id", self.user_id);
+        if let Some(m) = key_values(&self.config_param, "--config-param")? {
+            o.insert("config_param".into(), Value::Object(m));
+        }
+        opt(&mut o, "config_file", self.config_file);
+        opt(&mut o, "key_file", self.key_file);
+        Ok(Value::Object(o))
+    }
+}
+
+#[derive(Args, Serialize, Debug)]
+struct BdevRbdGetClustersInfo {
+    /// Only this cluster
+    #[arg(short = 'b', long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct BdevRbdCreate {
+    /// Pool of the image
+    pool_name: String,
+    /// Image name
+    rbd_name: String,
+    /// Block size in bytes (512 or 4096)
+    block_size: u32,
+    /// Bdev name (default Ceph<n>)
+    #[arg(short = 'b', long)]
+    name: Option<String>,
+    /// Ceph id, for a connection of the bdev's own (without -c)
+    #[arg(long = "user-id")]
+    user_id: Option<String>,
+    /// A Ceph option key=value (repeatable), for a connection of the bdev's own
+    #[arg(long = "config")]
+    config: Vec<String>,
+    /// A cluster registered with bdev_rbd_register_cluster
+    #[arg(short = 'c', long = "cluster-name")]
+    cluster_name: Option<String>,
+    /// UUID of the bdev
+    #[arg(short = 'u', long)]
+    uuid: Option<Uuid>,
+}
+
+impl BdevRbdCreate {
+    fn params(self) -> Result<Value, UsageError> {
+        let mut o = serde_json::Map::new();
+        let opt = |o: &mut serde_json::Map<String, Value>, k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                o.insert(k.into(), Value::String(v));
+            }
+        };
+        opt(&mut o, "name", self.name);
+        opt(&mut o, "user_id", self.user_id);
+        o.insert("pool_name".into(), Value::String(self.pool_name));
+        o.insert("rbd_name".into(), Value::String(self.rbd_name));
+        o.insert("block_size".into(), Value::from(self.block_size));
+        if let Some(m) = key_values(&self.config, "--config")? {
+            o.insert("config".into(), Value::Object(m));
+        }
+        opt(&mut o, "cluster_name", self.cluster_name);
+        opt(&mut o, "uuid", self.uuid.map(|u| u.to_string()));
+        Ok(Value::Object(o))
+    }
+}
+
+#[derive(Args, Serialize, Debug)]
+struct BdevRbdResize {
+    /// Bdev name
+    name: String,
+    /// New size in MiB (RBD bdevs only grow)
+    new_size: u64,
+}
+
+#[cfg(test)]
+mod rbd_cli_tests {
+    use clap::{CommandFactory, FromArgMatches};
+    use serde_json::json;
+
+    use super::*;
+
+    fn sent(args: &[&str]) -> Result<Option<Value>, String> {
+        let argv = std::iter::once("riser-rpc").chain(args.iter().copied());
+        let m = Cli::command().try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        match cli.cmd.into_action(m.subcommand_name().unwrap_or_default().to_string()) {
+            Ok(Action::Call(_, p)) => Ok(p),
+            Ok(_) => Err("not a call".into()),
+            Err(UsageError(msg)) => Err(msg),
+        }
+    }
+
+    #[test]
+    fn rbd_subcommands_send_spdks_params() {
+        assert_eq!(
+            sent(&["bdev_rbd_register_cluster", "c0", "--config-file", "/x/ceph.conf", "--user-id", "admin"]).unwrap(),
+            Some(json!({"name": "c0", "user_id": "admin", "config_file": "/x/ceph.conf"}))
+        );
+        assert_eq!(
+            sent(&["bdev_rbd_register_cluster", "c1", "--config-param", "mon_host=127.0.0.1:13300", "--config-param", "key=AQ=="]).unwrap(),
+            Some(json!({"name": "c1", "config_param": {"mon_host": "127.0.0.1:13300", "key": "AQ=="}}))
+        );
+        assert!(sent(&["bdev_rbd_register_cluster", "c1", "--config-param", "novalue"]).unwrap_err().contains("key=value"));
+        assert_eq!(
+            sent(&["bdev_rbd_create", "rbd", "img", "4096", "-b", "Ceph0", "-c", "c0"]).unwrap(),
+            Some(json!({"name": "Ceph0", "pool_name": "rbd", "rbd_name": "img", "block_size": 4096, "cluster_name": "c0"}))
+        );
+        assert_eq!(
+            sent(&["bdev_rbd_create", "rbd", "img", "512", "--config", "mon_host=h"]).unwrap(),
+            Some(json!({"pool_name": "rbd", "rbd_name": "img", "block_size": 512, "config": {"mon_host": "h"}}))
+        );
+        assert!(sent(&["bdev_rbd_create", "rbd", "img", "big"]).is_err());
+        assert_eq!(sent(&["bdev_rbd_delete", "Ceph0"]).unwrap(), Some(json!({"name": "Ceph0"})));
+        assert_eq!(sent(&["bdev_rbd_unregister_cluster", "c0"]).unwrap(), Some(json!({"name": "c0"})));
+        assert_eq!(sent(&["bdev_rbd_resize", "Ceph0", "128"]).unwrap(), Some(json!({"name": "Ceph0", "new_size": 128})));
+        assert_eq!(sent(&["bdev_rbd_get_clusters_info"]).unwrap(), None);
+        assert_eq!(sent(&["bdev_rbd_get_clusters_info", "-b", "c0"]).unwrap(), Some(json!({"name": "c0"})));
+    }
 }
 
 // ---- iSCSI ------------------------------------------------------------------------------
@@ -1042,6 +1217,11 @@ impl Cmd {
             Cmd::BdevResetIostat(a) => to_params(&a)?,
             Cmd::BdevEnableHistogram(a) => to_params(&serde_json::json!({"name": a.name, "enable": !a.disable}))?,
             Cmd::BdevGetHistogram(a) => to_params(&ByName { name: a.name })?,
+            Cmd::BdevRbdRegisterCluster(a) => to_params(&a.params()?)?,
+            Cmd::BdevRbdUnregisterCluster(a) | Cmd::BdevRbdDelete(a) => to_params(&ByName { name: a.name })?,
+            Cmd::BdevRbdGetClustersInfo(a) => to_params(&a)?,
+            Cmd::BdevRbdCreate(a) => to_params(&a.params()?)?,
+            Cmd::BdevRbdResize(a) => to_params(&a)?,
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
