@@ -194,6 +194,8 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixListener;
 
+    const HANG_UP: i64 = i64::MIN;
+
     /// A fake riser: answers each request with `answer(method, params)` (a result, or an
     /// error object when it returns Err((code, message))).
     fn fake_riser(tag: &str, answer: impl Fn(&str, &Value) -> Result<Value, (i64, &'static str)> + Send + 'static) -> PathBuf {
@@ -213,6 +215,8 @@ mod tests {
                         let method = req["method"].as_str().unwrap_or("").to_string();
                         let reply = match answer(&method, &req["params"]) {
                             Ok(r) => json!({"jsonrpc": "2.0", "id": req["id"], "result": r}),
+                            // riser stops: the connection closes without a reply.
+                            Err((HANG_UP, _)) => return,
                             Err((code, m)) => {
                                 json!({"jsonrpc": "2.0", "id": req["id"], "error": {"code": code, "message": m}})
                             }
@@ -287,6 +291,42 @@ mod tests {
         assert_eq!(sample.hists["N0"].enabled, Some(true));
         assert_eq!(sample.hists["N0"].p99_us, Some(20.0));
         assert!(*on.lock().unwrap_or_else(|e| e.into_inner()));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn riser_stops_and_comes_back() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let path = fake_riser("restart", move |m, _| match m {
+            "framework_get_reactors" if c.fetch_add(1, Ordering::Relaxed) == 1 => Err((HANG_UP, "")),
+            "framework_get_reactors" => Ok(json!({"reactors": []})),
+            "spdk_get_version" => Ok(json!({"version": "riser v1"})),
+            _ => Err((METHOD_NOT_FOUND, "Method not found")),
+        });
+        let mut f = Fetcher::new(path.clone(), Duration::from_millis(100));
+        assert!(matches!(f.refresh(), Msg::Sample { .. }));
+        match f.refresh() {
+            Msg::Down(why) => assert!(why.contains("closed the connection"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // Gone for good: the socket file is still there, nobody listens.
+        match f.refresh() {
+            Msg::Down(why) => assert!(why.contains("cannot connect"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A new riser on the same socket, serving more methods than the old one.
+        let path2 = fake_riser("restart", |m, _| match m {
+            "spdk_get_version" => Ok(json!({"version": "riser v2"})),
+            "framework_get_reactors" => Ok(json!({"reactors": []})),
+            _ => Err((METHOD_NOT_FOUND, "Method not found")),
+        });
+        assert_eq!(path, path2);
+        let Msg::Sample { sample, .. } = f.refresh() else { panic!("no sample after the restart") };
+        assert_eq!(sample.version.as_deref(), Some("riser v2"));
+        assert!(sample.reactors.is_some());
         let _ = std::fs::remove_file(path);
     }
 

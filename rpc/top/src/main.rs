@@ -13,6 +13,7 @@ mod view;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,9 +125,15 @@ fn run(
     let mut dirty = true;
     let mut last_draw = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        while let Ok(m) = msgs.try_recv() {
-            app.on_msg(m);
-            dirty = true;
+        loop {
+            match msgs.try_recv() {
+                Ok(m) => {
+                    app.on_msg(m);
+                    dirty = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return Err(std::io::Error::other("the fetch thread ended")),
+            }
         }
         // Once a second anyway: the "down for N s" clock moves without samples.
         if dirty || last_draw.elapsed() >= Duration::from_secs(1) {
