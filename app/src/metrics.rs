@@ -3,13 +3,14 @@
 //! moment: per-device operations, bytes, errors, queue depth and latency histograms; per-reactor
 //! busy and idle time; sessions and connections per target and transport; logins and login
 //! failures by reason; payload copies; the I/O buffer pool. A small HTTP/1.1 server on its
-//! own thread answers one request per connection; anything but `GET /metrics` gets 404, 405
+//! own thread answers one request per connection (at most four at once); anything but `GET /metrics` gets 404, 405
 //! or 400.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ use crate::App;
 
 /// The longest request head read (a scrape's is a few hundred bytes).
 const MAX_REQUEST: usize = 8192;
+/// Requests served at once; more connections are closed at once.
+const MAX_ACTIVE: usize = 4;
 /// How long a client may take to send its request or read the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -34,17 +37,36 @@ pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
     let local = listener.local_addr().map_err(|e| format!("--metrics {addr}: {e}"))?;
     let mut registry = Registry::default();
     registry.register_collector(Box::new(RiserCollector { app }));
+    let registry = Arc::new(registry);
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
+            let active = Arc::new(AtomicUsize::new(0));
             for conn in listener.incoming() {
-                match conn {
-                    Ok(s) => {
-                        if let Err(e) = serve(s, &registry) {
-                            log::debug!("metrics: {e}");
-                        }
+                let s = match conn {
+                    Ok(s) => s,
+                    Err(e) => {
+                        log::warn!("metrics: accept: {e}");
+                        continue;
                     }
-                    Err(e) => log::warn!("metrics: accept: {e}"),
+                };
+                // A few requests at a time, each on a thread of its own: a client that
+                // says nothing holds one up to IO_TIMEOUT, not the next scrape.
+                if active.fetch_add(1, Ordering::AcqRel) >= MAX_ACTIVE {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    log::debug!("metrics: {MAX_ACTIVE} requests in progress; closing a new connection");
+                    continue;
+                }
+                let (registry, done) = (registry.clone(), active.clone());
+                let spawned = std::thread::Builder::new().name("metrics-req".into()).spawn(move || {
+                    if let Err(e) = serve(s, &registry) {
+                        log::debug!("metrics: {e}");
+                    }
+                    done.fetch_sub(1, Ordering::AcqRel);
+                });
+                if let Err(e) = spawned {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!("metrics: cannot start a request thread: {e}");
                 }
             }
         })
