@@ -176,7 +176,7 @@ fn no_metadata(md_size: u32) -> Result<(), RpcError> {
 /// Registers the bdev methods on `reg`, acting on `bdevs`.
 pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     let app = Arc::new(Bdevs(bdevs.clone()));
-    now_ticks(); // "ticks" count from here, about when riser started
+    crate::stats::start_clocks(); // "ticks" count from here, about when riser started
     register_stats(reg, &app);
     crate::rbd::register(reg, bdevs, to_rpc);
     let a = app.clone();
