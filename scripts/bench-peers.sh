@@ -17,8 +17,13 @@
 # (runs.tsv) in BENCH_OUT (default target/bench/peers-DATE). A benchmark: figures, no asserts;
 # it exits non-zero when something is missing or a run fails.
 #
+# BENCH_LUN=file serves a file instead (BENCH_FILE, default a 1 GiB file written once under
+# target/bench/, on this machine's disk, not tmpfs): riser's bdev_uring_create, SPDK's
+# bdev_aio_create (both O_DIRECT), tgt's rdwr backing store with bsoflags=direct.
+#
 # Environment: BENCH_TIME (seconds per run, default 5), BENCH_ROUNDS (default 3), BENCH_PEERS
-# (comma-separated, default "spdk,tgt"; riser always runs), BENCH_SEQ_QD, BENCH_OUT,
+# (comma-separated, default "spdk,tgt"; riser always runs), BENCH_SEQ_QD, BENCH_OUT, BENCH_LUN,
+# BENCH_FILE,
 # SPDK_PREFIX, SPDK_PEER_DIR (default ../shared/peers/spdk: build.sh and start.sh).
 # About ROUNDS x (1 + peers) x (6 x (TIME + 2) + 5) seconds: 4 minutes with the defaults.
 set -euo pipefail
@@ -27,6 +32,7 @@ secs=${BENCH_TIME:-5}
 rounds=${BENCH_ROUNDS:-3}
 seq_qd=${BENCH_SEQ_QD:-8}
 peers_csv=${BENCH_PEERS-spdk,tgt}
+lun_kind=${BENCH_LUN:-null}
 out=${BENCH_OUT:-target/bench/peers-$(date +%Y%m%d-%H%M%S)}
 export SPDK_PREFIX=${SPDK_PREFIX:-/opt/spdk-peer/spdk}
 spdk_dir=${SPDK_PEER_DIR:-../shared/peers/spdk}
@@ -49,6 +55,21 @@ for p in "${want[@]}"; do
     *) die "BENCH_PEERS: unknown peer '$p' (spdk, tgt)" ;;
   esac
 done
+case "$lun_kind" in
+  null) ;;
+  file)
+    lun_file=${BENCH_FILE:-target/bench/lun-1g.img}
+    if [ ! -f "$lun_file" ]; then
+      mkdir -p "$(dirname "$lun_file")"
+      echo "bench-peers: writing $lun_file (1 GiB, once)" >&2
+      dd if=/dev/zero of="$lun_file.tmp" bs=1M count=1024 oflag=direct status=none || die "cannot write $lun_file"
+      mv "$lun_file.tmp" "$lun_file"
+    fi
+    lun_file=$(realpath "$lun_file")
+    lun_blocks=$(( $(stat -c %s "$lun_file") / 512 ))
+    ;;
+  *) die "BENCH_LUN: '$lun_kind' (null or file)" ;;
+esac
 for b in "$riser" "$perf"; do [ -x "$b" ] || die "$b not built: make release"; done
 command -v iscsi-perf >/dev/null || die "iscsi-perf missing (Debian libiscsi-bin): scripts/setup.sh bench"
 command -v python3 >/dev/null || die "python3 missing: scripts/setup.sh bench"
@@ -109,8 +130,18 @@ wait_port() { # PORT PID NAME LOG
   die "$3 does not listen on 127.0.0.1:$1 after 30 s; see $4"
 }
 
+# The LUN's device is called Null0 and its target "null" whatever backs it (the URLs stay).
+if [ "$lun_kind" = file ]; then
+  riser_bdev='{"method":"bdev_uring_create","params":{"name":"Null0","filename":"'"$lun_file"'","block_size":512}}'
+  spdk_bdev=(bdev_aio_create "$lun_file" Null0 512)
+  tgt_bs=(--bstype rdwr --bsoflags direct --backing-store "$lun_file")
+else
+  riser_bdev='{"method":"bdev_null_create","params":{"name":"Null0","num_blocks":2097152,"block_size":512}}'
+  spdk_bdev=(bdev_null_create Null0 1024 512)
+  tgt_bs=(--bstype null --backing-store /dev/null)
+fi
 cat > "$work/riser.json" <<JSON
-{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_null_create","params":{"name":"Null0","num_blocks":2097152,"block_size":512}}]},
+{"subsystems":[{"subsystem":"bdev","config":[$riser_bdev]},
 {"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"127.0.0.1","port":"$riser_port"}]}},
 {"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
 {"method":"iscsi_create_target_node","params":{"name":"null","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Null0","lun_id":0}],"queue_depth":64,"disable_chap":true}}]}]}
@@ -123,7 +154,7 @@ declare -A url=(
 )
 sock=$work/target.sock
 
-start_target() { # NAME ROUND: starts it alone on core 0, configured with a null LUN
+start_target() { # NAME ROUND: starts it alone on core 0, configured with the LUN
   case "$1" in
     riser)
       rm -f "$sock"
@@ -139,7 +170,7 @@ start_target() { # NAME ROUND: starts it alone on core 0, configured with a null
       local r=(env PYTHONPATH="$SPDK_PREFIX/python" python3 "$SPDK_PREFIX/scripts/rpc.py" -s "$sock")
       {
         "${r[@]}" -t 60 framework_wait_init &&
-        "${r[@]}" bdev_null_create Null0 1024 512 &&
+        "${r[@]}" "${spdk_bdev[@]}" &&
         "${r[@]}" iscsi_create_portal_group 1 "127.0.0.1:$spdk_port" &&
         "${r[@]}" iscsi_create_initiator_group 1 ANY ANY &&
         "${r[@]}" iscsi_create_target_node null null_alias Null0:0 1:1 64 -d
@@ -234,9 +265,11 @@ for round in $(seq "$rounds"); do
   done
 done
 
-python3 - "$runs" "$out" "$secs" "$rounds" "$seq_qd" <<'PY'
+python3 - "$runs" "$out" "$secs" "$rounds" "$seq_qd" "$lun_kind" <<'PY'
 import csv, json, statistics, sys
 runs, out, secs, rounds, seq_qd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+lun_kind = sys.argv[6]
+lun_text = "null LUNs" if lun_kind == "null" else "a 1 GiB file LUN (riser bdev_uring, SPDK bdev_aio, tgt rdwr, all O_DIRECT)"
 rows = list(csv.DictReader(open(runs), delimiter="\t"))
 targets = [t for t in ("riser", "spdk", "tgt") if any(r["target"] == t for r in rows)]
 wl = {"randread-4k": "4 KiB random read QD 32", "randwrite-4k": "4 KiB random write QD 32",
@@ -280,14 +313,14 @@ for e in cases:
     table.append(row)
 wid = [max(len(str(x)) for x in col) for col in zip(head, *table)]
 line = lambda r: "  ".join(str(x).rjust(w) if i >= 2 else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, wid)))
-text = [f"iSCSI/TCP, null LUNs, each target alone on core 0, clients on core 1; medians of {rounds} round(s) x {secs} s.",
+text = [f"iSCSI/TCP, {lun_text}, each target alone on core 0, clients on core 1; medians of {rounds} round(s) x {secs} s.",
         "us/IO = target busy time per I/O: reactor busy delta of framework_get_reactors (riser, SPDK);",
         "for tgt, tgtd's CPU time (utime+stime), it has no busy counter. iscsi-perf only reads; riser-perf: 2 sessions, QD per session.",
         "Aims: riser >= 1.2x SPDK's IOPS and <= 0.7x SPDK's busy time per I/O (ok / MISS).",
         line(head), line(["-" * w for w in wid])] + [line(r) for r in table]
 print("\n".join(text))
 open(f"{out}/table.txt", "w").write("\n".join(text) + "\n")
-json.dump({"time_s": secs, "rounds": rounds, "aims": {"riser_over_spdk_iops_min": AIM_IOPS, "riser_over_spdk_busy_per_io_max": AIM_BUSY},
+json.dump({"time_s": secs, "rounds": rounds, "lun": lun_kind, "aims": {"riser_over_spdk_iops_min": AIM_IOPS, "riser_over_spdk_busy_per_io_max": AIM_BUSY},
            "busy_units": "microseconds of target busy time per I/O (tgt: process CPU time)",
            "cases": cases, "runs": rows}, open(f"{out}/summary.json", "w"), indent=2)
 print(f"saved: {out}/table.txt, {out}/summary.json, {runs}")

@@ -27,6 +27,10 @@ echo "== iSCSI over TCP: riser vs peers (${peers:-none}), each alone on core 0: 
 BENCH_OUT=${BENCH_OUT:+$BENCH_OUT/peers} scripts/bench-peers.sh
 
 echo
+echo "== iSCSI over TCP on a 1 GiB file LUN: riser (bdev_uring) vs peers (${peers:-none}: SPDK bdev_aio, tgt rdwr), all O_DIRECT, each alone on core 0 (aim: riser >= 1.2x SPDK) =="
+BENCH_LUN=file BENCH_OUT=${BENCH_OUT:+$BENCH_OUT/peers-file} scripts/bench-peers.sh
+
+echo
 if [[ ",${peers// /}," == *",tgt,"* ]]; then
   echo "== iSCSI over TCP: the riser-perf matrix, riser vs tgt (4 KiB random read/write QD 1/32/128, 128 KiB sequential read/write) =="
   BENCH_OUT=${BENCH_OUT:+$BENCH_OUT/matrix} scripts/bench-perf-matrix.sh

@@ -1,7 +1,8 @@
 # tgtd (Debian's user-space iSCSI target) for the benchmarks, sourced by bench-peers.sh and
 # bench-perf-matrix.sh: started on its own management instance (tgtd -C / tgtadm -C, never
 # the default 0, so a tgtd of the machine or of the other script is never touched), pinned
-# to core 0, with one target (tgt_iqn) whose LUN 1 is a null device.
+# to core 0, with one target (tgt_iqn) whose LUN 1 is a null device (or the backing store
+# options in the caller's array tgt_bs).
 #
 # The caller sets tgt_ctl (the management instance) and tgt_port (the iSCSI portal on
 # 127.0.0.1), calls tgt_start LOGFILE, and tgt_stop from its EXIT trap.
@@ -17,7 +18,9 @@ tgt_start() { # LOGFILE
     sleep 0.1
   done
   tadm --lld iscsi --mode target --op new --tid 1 --targetname "$tgt_iqn"
-  tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype null --backing-store /dev/null
+  local bs=("${tgt_bs[@]}")
+  [ ${#bs[@]} -gt 0 ] || bs=(--bstype null --backing-store /dev/null)
+  tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 "${bs[@]}"
   tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
 }
 
