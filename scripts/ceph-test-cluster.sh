@@ -9,7 +9,8 @@
 #
 # DIR defaults to $CEPH_TEST_DIR, else /tmp/riser-ceph; start wipes it first. Environment:
 # CEPH_MON_PORT (v2, default 13300; v1 is CEPH_MON_PORT_V1, default 16789), CEPH_MEMSTORE_BYTES
-# (default 1 GiB), CEPH_START_TIMEOUT (seconds to active+clean, default 120).
+# (default 1 GiB), CEPH_START_TIMEOUT (seconds to active+clean, default 120), CEPH_OWNER_PID (a
+# watchdog stops the cluster once that process is gone: a test killed before its cleanup ran).
 # start prints lines "CEPH_CONF=..." and "CEPH_KEYRING=..." (the client.admin keyring) last.
 set -euo pipefail
 
@@ -135,6 +136,10 @@ EOF
     sleep 1
   done
   echo "ceph-test-cluster: active+clean in $((SECONDS - t0))s after pool creation ($dir)"
+  if [ -n "${CEPH_OWNER_PID:-}" ]; then
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -d "$3" ]; do sleep 2; done; "$2" stop "$3"' \
+      watchdog "$CEPH_OWNER_PID" "$here/ceph-test-cluster.sh" "$dir" </dev/null >/dev/null 2>&1 &
+  fi
   echo "CEPH_CONF=$conf"
   echo "CEPH_KEYRING=$dir/keyring"
 }

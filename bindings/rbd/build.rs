@@ -15,7 +15,7 @@ fn main() {
         .header("wrapper.h")
         .allowlist_function("rados_(create|conf_read_file|conf_set|conf_get|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy)")
         .allowlist_function("rbd_(open|close|get_size|resize|create|remove|set_image_notification|poll_io_events)")
-        .allowlist_function("rbd_aio_(readv|writev|discard|flush|write_zeroes|compare_and_write|create_completion|get_return_value|get_arg|release|wait_for_complete)")
+        .allowlist_function("rbd_aio_(readv|writev|discard|flush|write_zeroes|compare_and_write|create_completion|get_return_value|get_arg|release|wait_for_complete|is_complete)")
         .allowlist_var("EVENT_TYPE_.*")
         .size_t_is_usize(true)
         // bindgen 0.59 writes its layout tests with null-pointer dereferences newer rustc rejects.

@@ -308,6 +308,7 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
     }
 }
 
+pub mod ceph;
 pub mod files;
 pub mod iscsi;
 pub mod perf_out;

@@ -259,6 +259,10 @@ pub struct Image {
     slots: Vec<Option<InFlight>>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Slots of I/O whose completion librbd does not queue for `rbd_poll_io_events`: its C
+    /// `rbd_aio_compare_and_write` passes native_async = false, so the completion is never
+    /// event-notified (seen with librbd 16.2). `poll` asks `rbd_aio_is_complete` for these.
+    unqueued: Vec<usize>,
     name: String,
     _pool: Arc<Pool>,
 }
@@ -282,7 +286,7 @@ impl Image {
         let mut raw: sys::rbd_image_t = std::ptr::null_mut();
         // SAFETY: the ioctx is live (pool holds it); n is NUL-terminated; snap NULL = head.
         check("rbd_open", &format!("{}/{name}", pool.name), unsafe { sys::rbd_open(pool.raw, n.as_ptr(), &mut raw, std::ptr::null()) })?;
-        let img = Image { raw, efd, slots: Vec::new(), free: Vec::new(), in_flight: 0, name: name.to_string(), _pool: pool.clone() };
+        let img = Image { raw, efd, slots: Vec::new(), free: Vec::new(), in_flight: 0, unqueued: Vec::new(), name: name.to_string(), _pool: pool.clone() };
         // SAFETY: raw is open; the eventfd lives as long as the image (closed after rbd_close).
         let r = unsafe { sys::rbd_set_image_notification(img.raw, img.efd.as_raw_fd(), sys::EVENT_TYPE_EVENTFD as i32) };
         check("rbd_set_image_notification", name, r)?;
@@ -374,6 +378,9 @@ impl Image {
         }
         self.slots[slot] = Some(InFlight { comp, tag, buf, iov, mismatch });
         self.in_flight += 1;
+        if op == AioOp::CompareAndWrite {
+            self.unqueued.push(slot);
+        }
         Ok(())
     }
 
@@ -399,6 +406,24 @@ impl Image {
             }
             if (n as usize) < comps.len() {
                 break;
+            }
+        }
+        let mut i = 0;
+        while i < self.unqueued.len() {
+            let slot = self.unqueued[i];
+            let Some(comp) = self.slots.get(slot).and_then(|s| s.as_ref()).map(|f| f.comp) else {
+                self.unqueued.swap_remove(i);
+                continue;
+            };
+            // SAFETY: comp is a started, unreleased completion of this image.
+            if unsafe { sys::rbd_aio_is_complete(comp) } == 1 {
+                self.unqueued.swap_remove(i);
+                if let Some(d) = self.reap(comp) {
+                    out.push(d);
+                    total += 1;
+                }
+            } else {
+                i += 1;
             }
         }
         if total > 0 {

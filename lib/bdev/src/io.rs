@@ -22,6 +22,7 @@ pub enum IoKind {
     WriteZeroes,
     /// Compare the blocks with the first half of the buffer and, when equal, write the second
     /// half, atomically in the device (SBC-3 COMPARE AND WRITE); a device that supports it.
+    /// The SCSI layer sends it for one block only (librbd 16.2's limit: one 512-byte sector).
     CompareAndWrite,
 }
 

@@ -12,7 +12,10 @@
 //!   caller's buffer (`rbd_aio_readv`/`writev`, one segment), and completions are collected in
 //!   the channel's `poll` with `rbd_poll_io_events`: no librbd thread touches reactor state.
 //!   No exclusive lock is taken for plain I/O, so another gateway may open the same image.
-//! * COMPARE AND WRITE is `rbd_aio_compare_and_write`: the compare is atomic in the cluster.
+//! * COMPARE AND WRITE of one 512-byte block is `rbd_aio_compare_and_write`: the compare is
+//!   atomic in the cluster, across gateways. librbd 16.2 does it within one 512-byte sector
+//!   only, so longer ones (and 4096-byte blocks) are read, compared and written by the SCSI
+//!   layer, atomic against this riser's own writes only.
 //! * Errors: a timeout or a lost connection is [`BdevError::Unavailable`] (the SCSI layer
 //!   answers HARDWARE ERROR / LOGICAL UNIT COMMUNICATION FAILURE, a path error to an initiator's
 //!   multipath); other failures are [`BdevError::Io`]; every message names the image and the
@@ -296,7 +299,11 @@ impl Bdev for RbdBdev {
     }
 
     fn supports(&self, kind: IoKind) -> bool {
-        matches!(kind, IoKind::Read | IoKind::Write | IoKind::Flush | IoKind::Unmap | IoKind::WriteZeroes | IoKind::CompareAndWrite)
+        match kind {
+            IoKind::Read | IoKind::Write | IoKind::Flush | IoKind::Unmap | IoKind::WriteZeroes => true,
+            // librbd 16.2 compares and writes within one 512-byte sector only.
+            IoKind::CompareAndWrite => self.info.block_size == 512,
+        }
     }
 
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
@@ -394,7 +401,10 @@ impl IoChannel for RbdChannel {
             IoKind::Write => AioOp::Write,
             IoKind::CompareAndWrite => AioOp::CompareAndWrite,
             IoKind::Flush => AioOp::Flush,
-            IoKind::Unmap => AioOp::Discard { len },
+            // rbd_aio_discard skips what is not aligned to rbd_discard_granularity_bytes (64 KiB,
+            // at least 4 KiB), so unmapped blocks would not all read as zeros (LBPRZ);
+            // write-zeroes deallocates the whole objects and zeroes the edges.
+            IoKind::Unmap => AioOp::WriteZeroes { len },
             IoKind::WriteZeroes => AioOp::WriteZeroes { len },
         };
         let slot = match self.free.pop() {

@@ -404,7 +404,8 @@ impl LunChannel {
             return Err(CmdError::invalid_cdb(13, None));
         }
         let data = self.exact(data_out, need_len);
-        if lun.bdev().supports(IoKind::CompareAndWrite) {
+        // One block (what ATS-style locking sends): librbd compares within one 512-byte sector.
+        if b.blocks == 1 && lun.bdev().supports(IoKind::CompareAndWrite) {
             let job = Job::DeviceCaw { lba: b.lba, blocks: b.blocks, buf: Some(data) };
             return Ok(Action::Job(Need::Exclusive(b.lba, b.blocks), job));
         }
