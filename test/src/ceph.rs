@@ -56,7 +56,13 @@ impl CephCluster {
     /// `rbd ARGS..`, which must succeed; returns its stdout.
     pub fn rbd_ok(&self, args: &[&str]) -> String {
         let o = self.rbd(args);
-        assert!(o.status.success(), "rbd {args:?} failed ({}): {}{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "rbd {args:?} failed ({}): {}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 

@@ -70,7 +70,11 @@ fn compare_and_write(c: &mut Client, lba: u64, verify: &[u8], write: &[u8]) -> (
     c.send(&pdu).expect("send COMPARE AND WRITE");
     let r = c.reply().expect("an answer to COMPARE AND WRITE");
     // Fixed-format sense: INFORMATION in bytes 3..7 when VALID is set.
-    let info = r.sense_segment.get(2..).filter(|s| s.len() >= 7 && s[0] & 0x80 != 0 && s[0] & 0x7f == 0x70).map(|s| u32::from_be_bytes([s[3], s[4], s[5], s[6]]) as u64);
+    let info = r
+        .sense_segment
+        .get(2..)
+        .filter(|s| s.len() >= 7 && s[0] & 0x80 != 0 && s[0] & 0x7f == 0x70)
+        .map(|s| u32::from_be_bytes([s[3], s[4], s[5], s[6]]) as u64);
     (r.status, r.sense(), info)
 }
 
@@ -222,13 +226,30 @@ fn rbd_bdevs_on_a_real_ceph_cluster() {
 
     // ---- libiscsi's compliance suite on an RBD LUN ----
     ceph.rbd_ok(&["create", "--image-feature", "layering", "--size", "32M", "rbd/comp"]);
-    riser.call("bdev_rbd_create", Some(json!({"name": "RbdComp", "pool_name": "rbd", "rbd_name": "comp", "block_size": 512, "cluster_name": "c0"}))).expect("create RbdComp");
+    riser
+        .call("bdev_rbd_create", Some(json!({"name": "RbdComp", "pool_name": "rbd", "rbd_name": "comp", "block_size": 512, "cluster_name": "c0"})))
+        .expect("create RbdComp");
     let comp_iqn = riser.add_iscsi_target_on("rbd-comp", port, vec![json!({"bdev_name": "RbdComp", "lun_id": 0})]);
     let t = Instant::now();
     let suite = run_suite(&format!("iscsi://127.0.0.1:{port}/{comp_iqn}/0"));
-    eprintln!("rbd: compliance suite in {:?}: ran {}, passed {}, failed {}, skipped {} {:?}", t.elapsed(), suite.ran, suite.passed, suite.failed, suite.skipped.len(), suite.skipped);
+    eprintln!(
+        "rbd: compliance suite in {:?}: ran {}, passed {}, failed {}, skipped {} {:?}",
+        t.elapsed(),
+        suite.ran,
+        suite.passed,
+        suite.failed,
+        suite.skipped.len(),
+        suite.skipped
+    );
     assert!(suite.ran >= 200, "the suite did not run:\n{}", suite.output);
-    assert_eq!(suite.failed, 0, "failed {:?}\n{}\n--- riser log (tail) ---\n{}", suite.failed_tests, tail(&suite.output, 150), tail(&riser.log(), 60));
+    assert_eq!(
+        suite.failed,
+        0,
+        "failed {:?}\n{}\n--- riser log (tail) ---\n{}",
+        suite.failed_tests,
+        tail(&suite.output, 150),
+        tail(&riser.log(), 60)
+    );
     // As on a malloc LUN with the defaults (compliance.rs: 23).
     assert!(suite.skipped.len() <= 23, "{} skipped: {:?}", suite.skipped.len(), suite.skipped);
 

@@ -222,9 +222,13 @@ pub enum AioOp {
     /// the offset of the first differing byte.
     CompareAndWrite,
     /// Deallocates `len` bytes at `offset` (reads as zeros after).
-    Discard { len: u64 },
+    Discard {
+        len: u64,
+    },
     /// Writes `len` zero bytes at `offset`.
-    WriteZeroes { len: u64 },
+    WriteZeroes {
+        len: u64,
+    },
     Flush,
 }
 
@@ -286,7 +290,8 @@ impl Image {
         let mut raw: sys::rbd_image_t = std::ptr::null_mut();
         // SAFETY: the ioctx is live (pool holds it); n is NUL-terminated; snap NULL = head.
         check("rbd_open", &format!("{}/{name}", pool.name), unsafe { sys::rbd_open(pool.raw, n.as_ptr(), &mut raw, std::ptr::null()) })?;
-        let img = Image { raw, efd, slots: Vec::new(), free: Vec::new(), in_flight: 0, unqueued: Vec::new(), name: name.to_string(), _pool: pool.clone() };
+        let img =
+            Image { raw, efd, slots: Vec::new(), free: Vec::new(), in_flight: 0, unqueued: Vec::new(), name: name.to_string(), _pool: pool.clone() };
         // SAFETY: raw is open; the eventfd lives as long as the image (closed after rbd_close).
         let r = unsafe { sys::rbd_set_image_notification(img.raw, img.efd.as_raw_fd(), sys::EVENT_TYPE_EVENTFD as i32) };
         check("rbd_set_image_notification", name, r)?;
@@ -319,6 +324,8 @@ impl Image {
 
     /// Starts an asynchronous I/O at byte `offset`. On error nothing was started and the
     /// buffer comes back.
+    // The error hands the caller's buffer back; it is the rare path.
+    #[allow(clippy::result_large_err)]
     pub fn submit(&mut self, op: AioOp, offset: u64, buf: Option<IoBuf>, tag: u64) -> std::result::Result<(), (RbdError, Option<IoBuf>)> {
         let needs_buf = matches!(op, AioOp::Read | AioOp::Write | AioOp::CompareAndWrite);
         let mut buf = buf;

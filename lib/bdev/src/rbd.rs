@@ -101,12 +101,7 @@ impl BdevRegistry {
 
     /// `bdev_rbd_unregister_cluster`: refused while a bdev uses the connection.
     pub fn rbd_unregister_cluster(&mut self, name: &str) -> Result<(), RegistryError> {
-        let i = self
-            .rbd
-            .list
-            .iter()
-            .position(|c| c.name == name)
-            .ok_or_else(|| RegistryError::NotFound(format!("rbd cluster {name}")))?;
+        let i = self.rbd.list.iter().position(|c| c.name == name).ok_or_else(|| RegistryError::NotFound(format!("rbd cluster {name}")))?;
         // Each bdev (and each of its channels) holds the connection through its pool.
         if Arc::strong_count(&self.rbd.list[i].cluster) > 1 {
             let users: Vec<String> = self
@@ -194,13 +189,8 @@ impl BdevRegistry {
                 message: format!("bdev {name}: new_size {new_size_mib} MiB is smaller than the current {} MiB (RBD bdevs only grow)", old >> 20),
             });
         }
-        let rbd = self
-            .rbd
-            .bdevs
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, w)| w.upgrade())
-            .ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let rbd =
+            self.rbd.bdevs.iter().find(|(n, _)| n == name).and_then(|(_, w)| w.upgrade()).ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
         rbd.resize(bytes)?;
         self.rescan(name, Some(PRODUCT))
     }
