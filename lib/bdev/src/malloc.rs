@@ -93,8 +93,9 @@ impl Bdev for MallocBdev {
         &self.info
     }
 
-    fn supports(&self, _kind: IoKind) -> bool {
-        true
+    fn supports(&self, kind: IoKind) -> bool {
+        // COMPARE AND WRITE is read, compared and written by the SCSI layer.
+        kind != IoKind::CompareAndWrite
     }
 
     /// A block of zeros is reported deallocated (it reads as an unmapped block would, and

@@ -25,8 +25,9 @@ impl Bdev for NullBdev {
         &self.info
     }
 
-    fn supports(&self, _kind: IoKind) -> bool {
-        true
+    fn supports(&self, kind: IoKind) -> bool {
+        // COMPARE AND WRITE is read, compared and written by the SCSI layer.
+        kind != IoKind::CompareAndWrite
     }
 
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
