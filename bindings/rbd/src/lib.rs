@@ -302,6 +302,12 @@ impl Image {
         &self.name
     }
 
+    /// A duplicate of the completion eventfd (non-blocking; librbd adds 1 per completion):
+    /// for a thread that waits on it to wake a sleeping reactor.
+    pub fn event_fd(&self) -> std::io::Result<OwnedFd> {
+        self.efd.try_clone()
+    }
+
     /// The size in bytes now.
     pub fn size(&self) -> Result<u64> {
         let mut s: u64 = 0;

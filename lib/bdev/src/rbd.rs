@@ -22,8 +22,11 @@
 //!   errno.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rustix::event::{PollFd, PollFlags};
 use riser_rbd::{AioDone, AioOp, Cluster, ClusterConfig, Image, Pool, RbdError};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::Deserialize;
@@ -298,7 +301,16 @@ impl Bdev for RbdBdev {
 
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
         match Image::open(&self.pool, &self.params.rbd_name) {
-            Ok(img) => Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new() }),
+            Ok(img) => {
+                let waker = match Waker::start(&img) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        log::warn!("bdev {}: no completion wake-ups ({e}); an idle adaptive reactor notices completions when it wakes", self.info.name);
+                        None
+                    }
+                };
+                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), _waker: waker })
+            }
             Err(e) => Box::new(FailedChannel::new(format!("bdev {}: cannot open the image on this reactor: {e}", self.info.name))),
         }
     }
@@ -360,6 +372,52 @@ struct RbdChannel {
     /// (caller's tag, kind) of the I/O in librbd, by the index given to librbd as its tag.
     kinds: Vec<Option<(u64, IoKind)>>,
     free: Vec<usize>,
+    _waker: Option<Waker>,
+}
+
+/// A thread blocked on the image's completion eventfd that unparks the channel's reactor
+/// thread: a reactor in adaptive mode parks when idle, and librbd's completions would wait
+/// for its timeout. It touches nothing of the reactor's but its `Thread` handle.
+struct Waker {
+    efd: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Waker {
+    fn start(img: &Image) -> std::io::Result<Waker> {
+        let efd = Arc::new(img.event_fd()?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let reactor = std::thread::current();
+        let (e, st) = (efd.clone(), stop.clone());
+        let join = std::thread::Builder::new().name(format!("{}-rbd-wake", reactor.name().unwrap_or("bdev"))).spawn(move || {
+            let mut b = [0u8; 8];
+            loop {
+                let mut fds = [PollFd::new(&*e, PollFlags::IN)];
+                match rustix::event::poll(&mut fds, -1) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => break,
+                }
+                if st.load(Ordering::Acquire) {
+                    break;
+                }
+                // Drain the count (non-blocking), then wake the reactor.
+                let _ = rustix::io::read(&*e, &mut b);
+                reactor.unpark();
+            }
+        })?;
+        Ok(Waker { efd, stop, join: Some(join) })
+    }
+}
+
+impl Drop for Waker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = rustix::io::write(&*self.efd, &1u64.to_ne_bytes());
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
 }
 
 /// The errnos of a cluster that cannot be reached (vs. a failed operation).
