@@ -46,6 +46,25 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// SPDK's `scripts/rpc.py` and its python package, unpacked from the tarball in
+/// ../shared/peers/spdk (a failure, not a skip, when it is missing).
+pub fn spdk_rpc_py(dir: &TempDir) -> PathBuf {
+    let tarball = workspace_root().join("../shared/peers/spdk/spdk-v24.01.tar.gz");
+    assert!(tarball.exists(), "{} is missing: SPDK's sources come with ../shared", tarball.display());
+    let out = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(dir.path())
+        .args(["--wildcards", "*/scripts/rpc.py", "*/python/spdk/*"])
+        .output()
+        .unwrap_or_else(|e| panic!("tar: {e}"));
+    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
+    let rpc = dir.join("spdk/scripts/rpc.py");
+    assert!(rpc.exists(), "no scripts/rpc.py in {}", tarball.display());
+    rpc
+}
+
 /// A directory under the system temp dir, removed (with its contents) on drop.
 pub struct TempDir {
     path: PathBuf,

@@ -3,10 +3,9 @@
 //! own `scripts/rpc.py` (from ../shared/peers/spdk) building an auth group and a CHAP target
 //! that libiscsi then logs in to. Secrets never reach riser's log.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use riser_tests::{free_port, workspace_root, Riser, TempDir};
+use riser_tests::{free_port, spdk_rpc_py, Riser, TempDir};
 use serde_json::{json, Value};
 
 /// Runs a libiscsi tool; panics (loudly, no skipping) if it is not installed.
@@ -108,25 +107,6 @@ fn discovery_authentication() {
     // The normal session's own policy is separate: no CHAP on the node.
     let (ok, inq) = tool("iscsi-inq", &[&format!("iscsi://127.0.0.1:{port}/{iqn}/0")]);
     assert!(ok, "{inq}");
-}
-
-/// SPDK's `scripts/rpc.py` and its python package, unpacked from the tarball in
-/// ../shared/peers/spdk (a failure, not a skip, when it is missing).
-fn spdk_rpc_py(dir: &TempDir) -> PathBuf {
-    let tarball = workspace_root().join("../shared/peers/spdk/spdk-v24.01.tar.gz");
-    assert!(tarball.exists(), "{} is missing: SPDK's sources come with ../shared", tarball.display());
-    let out = Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path())
-        .args(["--wildcards", "*/scripts/rpc.py", "*/python/spdk/*"])
-        .output()
-        .unwrap_or_else(|e| panic!("tar: {e}"));
-    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
-    let rpc = dir.join("spdk/scripts/rpc.py");
-    assert!(rpc.exists(), "no scripts/rpc.py in {}", tarball.display());
-    rpc
 }
 
 #[test]

@@ -3,30 +3,10 @@
 //! resets; SPDK's own `scripts/rpc.py` (v24.01, from ../shared/peers/spdk) parses and drives
 //! the four methods; riser-rpc's subcommands; bad input gets SPDK's error codes.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use riser_tests::{bin, free_port, rpc_code, workspace_root, Riser, TempDir};
+use riser_tests::{bin, free_port, rpc_code, spdk_rpc_py, Riser, TempDir};
 use serde_json::{json, Value};
-
-/// SPDK's `scripts/rpc.py` and its python package, unpacked from the tarball in
-/// ../shared/peers/spdk (a failure, not a skip, when it is missing).
-fn spdk_rpc_py(dir: &TempDir) -> PathBuf {
-    let tarball = workspace_root().join("../shared/peers/spdk/spdk-v24.01.tar.gz");
-    assert!(tarball.exists(), "{} is missing: SPDK's sources come with ../shared", tarball.display());
-    let out = Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path())
-        .args(["--wildcards", "*/scripts/rpc.py", "*/python/spdk/*"])
-        .output()
-        .unwrap_or_else(|e| panic!("tar: {e}"));
-    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
-    let rpc = dir.join("spdk/scripts/rpc.py");
-    assert!(rpc.exists(), "no scripts/rpc.py in {}", tarball.display());
-    rpc
-}
 
 /// riser-perf's `--json` report (what follows its progress lines).
 fn perf_json(args: &[&str]) -> Value {
