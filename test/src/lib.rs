@@ -328,6 +328,7 @@ pub fn rpc_message(r: &Result<Value, ClientError>) -> String {
 }
 
 pub mod ceph;
+pub mod compliance;
 pub mod files;
 pub mod iscsi;
 pub mod perf_out;

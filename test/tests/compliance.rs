@@ -10,59 +10,12 @@
 //! is noticed. Then, on the same riser, the suite on a file LUN (`bdev_uring_create` on a
 //! sparse file): O_DIRECT I/O, holes punched by UNMAP and reported by GET LBA STATUS.
 
-use std::collections::BTreeSet;
-use std::process::Command;
-
+use riser_tests::compliance::{run_tests, Outcome};
 use riser_tests::files::DiskDir;
 use riser_tests::{free_port, json, Riser};
 
-/// The suite's own verdict plus the tests that printed a skip.
-struct Outcome {
-    ran: u32,
-    passed: u32,
-    failed: u32,
-    skipped: BTreeSet<String>,
-    failed_tests: BTreeSet<String>,
-    output: String,
-}
-
 fn run_suite(urls: &[&str]) -> Outcome {
     run_tests("ALL", urls)
-}
-
-fn run_tests(pattern: &str, urls: &[&str]) -> Outcome {
-    let out = Command::new("iscsi-test-cu")
-        .args(["--dataloss", "--allow-sanitize", "-i", "iqn.2024-01.io.riser.test:init1", "-I", "iqn.2024-01.io.riser.test:init2", "-t", pattern])
-        .args(urls)
-        .output()
-        .unwrap_or_else(|e| panic!("iscsi-test-cu is not installed ({e}): run `scripts/setup.sh test` (Debian libiscsi-bin)"));
-    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let mut o = Outcome { ran: 0, passed: 0, failed: 0, skipped: BTreeSet::new(), failed_tests: BTreeSet::new(), output };
-    let mut suite = String::new();
-    let mut test = String::new();
-    for line in o.output.lines() {
-        let t = line.trim_start();
-        if let Some(s) = t.strip_prefix("Suite: ") {
-            suite = s.trim().to_string();
-        }
-        if let Some(rest) = t.strip_prefix("Test: ") {
-            test = format!("{suite}.{}", rest.split(" ...").next().unwrap_or(rest).trim());
-        }
-        if line.contains("[SKIPPED]") && !test.is_empty() {
-            o.skipped.insert(test.clone());
-        }
-        if (t.starts_with("FAILED") || line.contains("...FAILED")) && !test.is_empty() {
-            o.failed_tests.insert(test.clone());
-        }
-        // CUnit's summary row: "tests  Total Ran Passed Failed Inactive".
-        let cols: Vec<&str> = t.split_whitespace().collect();
-        if cols.first() == Some(&"tests") && cols.len() >= 5 {
-            o.ran = cols[2].parse().unwrap_or(0);
-            o.passed = cols[3].parse().unwrap_or(0);
-            o.failed = cols[4].parse().unwrap_or(u32::MAX);
-        }
-    }
-    o
 }
 
 fn check(label: &str, o: &Outcome, riser: &Riser, max_skipped: usize) {

@@ -16,11 +16,11 @@
 //!   LOGICAL UNIT COMMUNICATION FAILURE after the configured op timeout while a malloc LUN on
 //!   the same riser keeps serving; continued (SIGCONT), the RBD LUN serves again.
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use riser_tests::ceph::CephCluster;
+use riser_tests::compliance::{run_tests, Outcome};
 use riser_tests::iscsi::Client;
 use riser_tests::{bin, free_port, json, rpc_code, rpc_message, Riser, TempDir, Value};
 
@@ -319,48 +319,9 @@ fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
     c
 }
 
-/// libiscsi's suite, as test/tests/compliance.rs runs it; its summary and the tests that
-/// failed or skipped.
-struct Suite {
-    ran: u32,
-    passed: u32,
-    failed: u32,
-    skipped: BTreeSet<String>,
-    failed_tests: BTreeSet<String>,
-    output: String,
-}
-
-fn run_suite(url: &str) -> Suite {
-    let out = Command::new("iscsi-test-cu")
-        .args(["--dataloss", "--allow-sanitize", "-i", "iqn.2024-01.io.riser.test:init1", "-I", "iqn.2024-01.io.riser.test:init2", "-t", "ALL", url])
-        .output()
-        .unwrap_or_else(|e| panic!("iscsi-test-cu is not installed ({e}): run `scripts/setup.sh test` (Debian libiscsi-bin)"));
-    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let mut s = Suite { ran: 0, passed: 0, failed: 0, skipped: BTreeSet::new(), failed_tests: BTreeSet::new(), output: String::new() };
-    let (mut suite, mut test) = (String::new(), String::new());
-    for line in output.lines() {
-        let t = line.trim_start();
-        if let Some(x) = t.strip_prefix("Suite: ") {
-            suite = x.trim().to_string();
-        }
-        if let Some(rest) = t.strip_prefix("Test: ") {
-            test = format!("{suite}.{}", rest.split(" ...").next().unwrap_or(rest).trim());
-        }
-        if line.contains("[SKIPPED]") && !test.is_empty() {
-            s.skipped.insert(test.clone());
-        }
-        if (t.starts_with("FAILED") || line.contains("...FAILED")) && !test.is_empty() {
-            s.failed_tests.insert(test.clone());
-        }
-        let cols: Vec<&str> = t.split_whitespace().collect();
-        if cols.first() == Some(&"tests") && cols.len() >= 5 {
-            s.ran = cols[2].parse().unwrap_or(0);
-            s.passed = cols[3].parse().unwrap_or(0);
-            s.failed = cols[4].parse().unwrap_or(u32::MAX);
-        }
-    }
-    s.output = output;
-    s
+/// libiscsi's whole suite, as test/tests/compliance.rs runs it.
+fn run_suite(url: &str) -> Outcome {
+    run_tests("ALL", &[url])
 }
 
 fn tail(s: &str, n: usize) -> String {
