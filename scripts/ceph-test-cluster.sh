@@ -81,6 +81,10 @@ osd pool default pg autoscale mode = off
 mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
+# The monitor refuses to start when its file system has 5 % or less free (a big, busy disk
+# can: 13 GiB free of 252 stopped it once); its store here is a few MiB, the OSD is in RAM.
+mon data avail crit = 0
+mon data avail warn = 1
 osd crush chooseleaf type = 0
 ms bind port min = 16800
 ms bind port max = 17300
