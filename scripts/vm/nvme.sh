@@ -134,9 +134,11 @@ PY
   # suites left out test the SCSI/iSCSI layers above the bdev (INQUIRY, reservations,
   # removable medium, TMF, CmdSN/DataSN, multipath), which the host runs in full on malloc
   # and file LUNs (test/tests/compliance.rs). RISER_NVME_COMPLIANCE=ALL runs everything.
-  subset=CompareAndWrite,ExtendedCopy,GetLBAStatus,ModeSense6,OrWrite,Prefetch10,Prefetch16,Read6,Read10,Read12,Read16
-  subset+=,ReadCapacity10,ReadCapacity16,ReceiveCopyResults,Sanitize,Unmap,Verify10,Verify12,Verify16,Write10,Write12
-  subset+=,Write16,WriteAtomic16,WriteSame10,WriteSame16,WriteVerify10,WriteVerify12,WriteVerify16
+  # One CDB size of each command family (10 and 16 bytes for READ and WRITE): the other sizes
+  # reach the device through the same bdev calls, and the host runs them all on malloc and
+  # file LUNs; the full list kept the VM busy 11 minutes of make test.
+  subset=CompareAndWrite,ExtendedCopy,GetLBAStatus,ModeSense6,OrWrite,Prefetch16,Read10,Read16
+  subset+=,ReadCapacity16,Sanitize,Unmap,Verify16,Write10,Write16,WriteSame16,WriteVerify16
   suites=${RISER_NVME_COMPLIANCE:-$(sed 's/\([A-Za-z0-9]*\)/ALL.\1.*/g' <<<"$subset")}
   step "(b) libiscsi compliance suite ($suites, over TCP) on the NVMe LUN"
   t0=$SECONDS

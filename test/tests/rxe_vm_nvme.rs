@@ -7,9 +7,10 @@
 //! the I/O went by io_uring passthrough on the driver's poll queues (riser's log and
 //! bdev_get_bdevs: io_path passthrough+iopoll, every command reaped by polling; the kernel's
 //! I/O queues' interrupts do not move); (b) libiscsi's compliance suite on the NVMe LUN, the
-//! suites that reach the device (28 of 51, 156 of 230 tests: reads, writes, verify, compare,
-//! write same, unmap, LBA status, sanitize, copy; the rest test the layers above the bdev and
-//! run in full on the host, and all of it takes too long under TCG): 0 failed, skips not
+//! suites that reach the device, one CDB size of each family (16 of 51 suites, 93 of 230
+//! tests: reads, writes, verify, compare, write same, unmap, LBA status, sanitize, copy; the
+//! rest test the layers above the bdev or other CDB sizes of the same calls and run in full on
+//! the host, and all of it takes too long under TCG): 0 failed, skips not
 //! above the malloc LUN's (23, test/tests/compliance.rs);
 //! (c) Linux ib_iser, ext4, a file tree, `sync`, save_config, then the VM is cut off with
 //! sysrq b while unsynced writes run. Second boot: riser from the saved config, mount and
@@ -58,7 +59,7 @@ fn rxe_vm_nvme_passthrough_compliance_and_crash() {
         let after = line.split(key).nth(1).unwrap_or_else(|| panic!("no {key} in {line}"));
         after.trim_start().split(|c: char| !c.is_ascii_digit() && c != '-').next().and_then(|s| s.parse().ok()).unwrap_or(-1)
     };
-    assert!(num("ran ") >= 150, "the suite did not run: {line}\n{t}");
+    assert!(num("ran ") >= 90, "the suite did not run: {line}\n{t}");
     assert_eq!(num("failed "), 0, "{line}\n{t}");
     let skipped = num("skipped ");
     assert!((0..=MALLOC_SKIPS as i64).contains(&skipped), "{skipped} skips (the malloc LUN has {MALLOC_SKIPS}): {line}");

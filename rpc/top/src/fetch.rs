@@ -309,7 +309,9 @@ mod tests {
         let mut f = Fetcher::new(path.clone(), Duration::from_millis(100));
         assert!(matches!(f.refresh(), Msg::Sample { .. }));
         match f.refresh() {
-            Msg::Down(why) => assert!(why.contains("closed the connection"), "{why}"),
+            // The fake closes with our request unread: an end of file, or a reset (Unix
+            // sockets report ECONNRESET when unread data is thrown away), by timing.
+            Msg::Down(why) => assert!(why.contains("closed the connection") || why.contains("reset by peer"), "{why}"),
             other => panic!("{other:?}"),
         }
         // Gone for good: the socket file is still there, nobody listens.
