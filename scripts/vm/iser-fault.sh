@@ -353,6 +353,13 @@ step "LIBISCSI CU ISER: iscsi-test-cu over iser://"
 why=
 for t in SCSI.TestUnitReady SCSI.Read10.Simple SCSI.Read16.Simple SCSI.ReadCapacity10; do
   out=$(timeout 120 iscsi-test-cu --dataloss -t "$t" "iser://$RXE_IP/$iqn/0" 2>&1); rc=$?
+  if [ $rc = 134 ] || [ $rc = 139 ]; then
+    # libiscsi's iSER client itself crashed (SIGABRT / SIGSEGV: see above); once, in a clean
+    # run, on SCSI.ReadCapacity10 after riser logged it in and before any command failed.
+    # One more run: a second crash fails the scenario.
+    echo "$t: iscsi-test-cu crashed (exit $rc); once more"
+    out=$(timeout 120 iscsi-test-cu --dataloss -t "$t" "iser://$RXE_IP/$iqn/0" 2>&1); rc=$?
+  fi
   res=$(grep -E '^ +tests' <<<"$out" | tr -s ' ')
   echo "$t: exit $rc,$res"
   [ $rc = 0 ] && grep -qE 'tests [0-9]+ [0-9]+ [0-9]+ 0 ' <<<"$res" || why="${why:+$why; }$t: exit $rc,$res"
