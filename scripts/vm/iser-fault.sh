@@ -357,7 +357,8 @@ for t in SCSI.TestUnitReady SCSI.Read10.Simple SCSI.Read16.Simple SCSI.ReadCapac
     # libiscsi's iSER client itself crashed (SIGABRT / SIGSEGV: see above); once, in a clean
     # run, on SCSI.ReadCapacity10 after riser logged it in and before any command failed.
     # One more run: a second crash fails the scenario.
-    echo "$t: iscsi-test-cu crashed (exit $rc); once more"
+    echo "$t: iscsi-test-cu crashed (exit $rc); its last lines:"; tail -n 5 <<<"$out" | sed 's/^/  | /'
+    echo "$t: once more"
     out=$(timeout 120 iscsi-test-cu --dataloss -t "$t" "iser://$RXE_IP/$iqn/0" 2>&1); rc=$?
   fi
   res=$(grep -E '^ +tests' <<<"$out" | tr -s ' ')
