@@ -128,10 +128,7 @@ fn unmap_punches_holes_and_provisioning_reports_them() {
     assert!(b.supports(IoKind::Unmap), "ext4 punches holes");
     let mut ch = b.clone().open_channel();
     // A new sparse file: all one hole.
-    assert_eq!(
-        b.provisioning(Lba::ZERO, 1024, 16).unwrap().unwrap(),
-        vec![LbaRun { start: Lba::ZERO, blocks: 1024, deallocated: true }]
-    );
+    assert_eq!(b.provisioning(Lba::ZERO, 1024, 16).unwrap().unwrap(), vec![LbaRun { start: Lba::ZERO, blocks: 1024, deallocated: true }]);
     // Fill 1 MiB (blocks 0..256).
     let c = run_sync(&mut *ch, io(IoKind::Write, 0, 256, Some(IoBuf::copy_from(&pattern(1 << 20, 1))), 1));
     assert_eq!(c.result, Ok(()));
@@ -297,4 +294,23 @@ fn a_completion_wakes_a_sleeping_adaptive_reactor() {
     assert!(completed.load(Ordering::Acquire) >= 8, "the writes completed on a sleeping reactor");
     assert!(wakeups.load(Ordering::Acquire) >= 1, "no completion woke the reactor through the eventfd");
     set.shutdown();
+}
+
+#[test]
+fn a_second_bdev_on_the_same_file_is_refused_until_the_first_is_deleted() {
+    let f = TempFile::new("twice", 1 << 20);
+    let mut r = BdevRegistry::new();
+    r.create_file(FileKind::Uring, "F0", f.path(), None, false, None).unwrap();
+    let e = r.create_file(FileKind::Aio, "F1", f.path(), None, false, None).unwrap_err();
+    assert!(matches!(e, RegistryError::File { errno, .. } if errno == -libc::EBUSY), "{e}");
+    assert!(e.to_string().contains("already the backing file of bdev F0"), "{e}");
+    // Another name for the same inode is the same file.
+    let link = PathBuf::from(format!("{}.link", f.path()));
+    std::fs::hard_link(&f.0, &link).unwrap();
+    let e = r.create_file(FileKind::Uring, "F1", link.to_str().unwrap(), None, false, None).unwrap_err();
+    std::fs::remove_file(&link).unwrap();
+    assert!(e.to_string().contains("bdev F0"), "{e}");
+    assert!(r.get("F1").is_none(), "a refused create left a bdev");
+    r.delete("F0", None).unwrap();
+    r.create_file(FileKind::Uring, "F1", f.path(), None, false, None).unwrap();
 }

@@ -1,5 +1,6 @@
 //! The set of devices, by unique name, with claims (a LUN claims its device).
 
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -7,6 +8,7 @@ use uuid::Uuid;
 
 use crate::nvme::{NvmeCtrlr, NvmeError};
 use crate::stats::{BdevStats, Counted};
+
 use crate::{Bdev, BdevError, FileBdev, FileError, FileKind, MallocBdev, NullBdev, SUPPORTED_BLOCK_SIZES};
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -57,6 +59,9 @@ struct Entry {
     bdev: Arc<dyn Bdev>,
     stats: Arc<BdevStats>,
     claimed_by: Option<String>,
+    /// The regular file behind a file bdev (device and inode numbers): two bdevs on one
+    /// file would each think they own its blocks, so a second one is refused.
+    backing_file: Option<(u64, u64)>,
 }
 
 /// Devices in creation order. Lives on the control plane; the data path holds `Arc`s.
@@ -109,7 +114,7 @@ impl BdevRegistry {
         log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks(), bdev.info().block_size, bdev.info().product_name);
         let counted = Counted::new(bdev, crate::stats::counting_on());
         let stats = counted.stats().clone();
-        self.entries.push(Entry { bdev: Arc::new(counted), stats, claimed_by: None });
+        self.entries.push(Entry { bdev: Arc::new(counted), stats, claimed_by: None, backing_file: None });
         Ok(())
     }
 
@@ -118,13 +123,7 @@ impl BdevRegistry {
         (0..).map(|n| format!("{prefix}{n}")).find(|n| !self.contains(n)).unwrap_or_default()
     }
 
-    pub fn create_malloc(
-        &mut self,
-        name: Option<&str>,
-        num_blocks: u64,
-        block_size: u32,
-        uuid: Option<Uuid>,
-    ) -> Result<String, RegistryError> {
+    pub fn create_malloc(&mut self, name: Option<&str>, num_blocks: u64, block_size: u32, uuid: Option<Uuid>) -> Result<String, RegistryError> {
         self.create_malloc_with(name, num_blocks, block_size, None, uuid)
     }
 
@@ -153,13 +152,7 @@ impl BdevRegistry {
         Ok(name)
     }
 
-    pub fn create_null(
-        &mut self,
-        name: &str,
-        num_blocks: u64,
-        block_size: u32,
-        uuid: Option<Uuid>,
-    ) -> Result<String, RegistryError> {
+    pub fn create_null(&mut self, name: &str, num_blocks: u64, block_size: u32, uuid: Option<Uuid>) -> Result<String, RegistryError> {
         check_geometry(num_blocks, block_size)?;
         self.register(Arc::new(NullBdev::new(name, num_blocks, block_size, uuid)))?;
         Ok(name.to_string())
@@ -179,8 +172,20 @@ impl BdevRegistry {
         if self.contains(name) {
             return Err(RegistryError::Exists(name.to_string()));
         }
+        // A block device is opened O_EXCL, which refuses a second opener; a regular file is
+        // compared by device and inode, so another path to it (a link) is refused too.
+        let file_id = std::fs::metadata(filename).ok().filter(|m| m.is_file()).map(|m| (m.dev(), m.ino()));
+        if let Some(other) = file_id.and_then(|id| self.entries.iter().find(|e| e.backing_file == Some(id))) {
+            return Err(RegistryError::File {
+                errno: -libc::EBUSY,
+                message: format!("{filename} is already the backing file of bdev {}", other.bdev.info().name),
+            });
+        }
         let b = FileBdev::open(kind, name, filename, block_size.filter(|&b| b != 0), readonly, uuid)?;
         self.register(Arc::new(b))?;
+        if let Some(e) = self.entries.last_mut() {
+            e.backing_file = file_id;
+        }
         Ok(name.to_string())
     }
 
@@ -216,11 +221,7 @@ impl BdevRegistry {
 
     /// Detaches an NVMe controller and deletes its bdevs; refused while any is claimed.
     pub fn detach_nvme(&mut self, name: &str) -> Result<(), RegistryError> {
-        let i = self
-            .nvme
-            .iter()
-            .position(|c| c.name == name)
-            .ok_or_else(|| RegistryError::NotFound(format!("NVMe controller {name}")))?;
+        let i = self.nvme.iter().position(|c| c.name == name).ok_or_else(|| RegistryError::NotFound(format!("NVMe controller {name}")))?;
         for b in &self.nvme[i].bdevs {
             if let Some(owner) = self.claimed_by(b) {
                 return Err(RegistryError::Claimed { name: b.clone(), owner: owner.to_string() });
@@ -397,23 +398,14 @@ mod tests {
         assert!(matches!(r.create_null("a b", 1, 512, None), Err(RegistryError::BadName(_))));
         r.claim("M", "iqn.x:lun0").unwrap();
         assert!(matches!(r.claim("M", "other"), Err(RegistryError::Claimed { .. })));
-        assert_eq!(
-            r.delete("M", None),
-            Err(RegistryError::Claimed { name: "M".into(), owner: "iqn.x:lun0".into() })
-        );
+        assert_eq!(r.delete("M", None), Err(RegistryError::Claimed { name: "M".into(), owner: "iqn.x:lun0".into() }));
         r.release("M");
         assert_eq!(r.delete("M", Some("Null disk")), Err(RegistryError::NotFound("M".into())));
         assert_eq!(r.delete("M", Some("Malloc disk")), Ok(()));
         assert_eq!(r.delete("M", None), Err(RegistryError::NotFound("M".into())));
-        assert!(matches!(
-            r.create_malloc_with(Some("P"), 16, 512, Some(1000), None),
-            Err(RegistryError::BadPhysicalBlockSize { .. })
-        ));
+        assert!(matches!(r.create_malloc_with(Some("P"), 16, 512, Some(1000), None), Err(RegistryError::BadPhysicalBlockSize { .. })));
         r.create_malloc_with(Some("P"), 16, 512, Some(4096), None).unwrap();
         assert_eq!(r.get("P").unwrap().info().physical_block_size, 4096);
-        assert!(matches!(
-            r.create_malloc(Some("Huge"), u64::MAX / 512, 512, None),
-            Err(RegistryError::Device(_))
-        ));
+        assert!(matches!(r.create_malloc(Some("Huge"), u64::MAX / 512, 512, None), Err(RegistryError::Device(_))));
     }
 }
