@@ -47,6 +47,16 @@ pub struct AuthSecret {
     pub msecret: Option<String>,
 }
 
+/// The secrets do not outlive the group in freed memory: they are overwritten when it drops
+/// (the copies a hash makes of them live on the stack of the exchange, briefly).
+impl Drop for AuthSecret {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.secret.zeroize();
+        self.msecret.zeroize();
+    }
+}
+
 impl std::fmt::Debug for AuthSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("AuthSecret");

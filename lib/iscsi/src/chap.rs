@@ -338,6 +338,15 @@ pub struct ChapSecret {
     pub msecret: Option<String>,
 }
 
+/// Each login clones its group's secrets; the clone is overwritten when the login drops it.
+impl Drop for ChapSecret {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.secret.zeroize();
+        self.msecret.zeroize();
+    }
+}
+
 /// Stands for a secret in `Debug` output.
 struct Redacted;
 

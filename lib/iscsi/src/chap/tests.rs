@@ -440,10 +440,8 @@ fn mutual_rules() {
 #[test]
 fn initiator_refuses_a_wrong_target() {
     // The target knows another mutual secret.
-    let wrong = ChapSecret {
-        msecret: Some("not-the-target-secret".into()),
-        ..secret(true)
-    };
+    let mut wrong = secret(true);
+    wrong.msecret = Some("not-the-target-secret".into());
     let mut t = ChapTarget::with_random(vec![wrong], false, counter(1));
     let mut i = initiator(&ChapAlgorithm::ALL, true);
     let e = exchange(&mut t, &mut i).unwrap_err();
@@ -451,10 +449,8 @@ fn initiator_refuses_a_wrong_target() {
     assert!(!i.is_done());
     assert_eq!(i.verify(&Pairs::new()), Err(ChapError::Failed), "failed for good");
     // Another name.
-    let renamed = ChapSecret {
-        muser: Some("iqn.2016-06.io.riser:impostor".into()),
-        ..secret(true)
-    };
+    let mut renamed = secret(true);
+    renamed.muser = Some("iqn.2016-06.io.riser:impostor".into());
     let mut t = ChapTarget::with_random(vec![renamed], false, counter(1));
     let e = exchange(&mut t, &mut initiator(&ChapAlgorithm::ALL, true)).unwrap_err();
     assert!(e.contains("impostor"), "{e}");
@@ -494,10 +490,8 @@ fn initiator_refuses_a_wrong_target() {
 
 #[test]
 fn same_secret_both_ways_refused() {
-    let same = ChapSecret {
-        msecret: Some(SECRET.into()),
-        ..secret(true)
-    };
+    let mut same = secret(true);
+    same.msecret = Some(SECRET.into());
     let mut t = ChapTarget::with_random(vec![same], false, counter(1));
     let e = exchange(&mut t, &mut initiator(&ChapAlgorithm::ALL, false)).unwrap_err();
     assert!(e.contains("other direction's secret"), "{e}");
