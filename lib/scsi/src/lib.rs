@@ -35,6 +35,7 @@
 //!    connection end → [`DeviceChannel::teardown`]. Each resets the shared LUN state
 //!    ([`Lun::reset`], [`Lun::nexus_lost`]) and aborts this connection's tasks.
 
+pub mod alua;
 pub mod cdb;
 mod device;
 mod exec;
@@ -51,6 +52,7 @@ pub mod sense;
 mod task;
 mod xcopy;
 
+pub use alua::{AccessState, Alua, PortGroup};
 pub use cdb::Cdb;
 pub use device::{BufAllocFactory, DeviceChannel, LunId, ScsiDevice};
 pub use exec::{BufAlloc, LunChannel};

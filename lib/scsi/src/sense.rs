@@ -60,6 +60,12 @@ impl Asc {
     pub const NO_ADDITIONAL_SENSE: Asc = Asc::new(0x00, 0x00);
     pub const LUN_NOT_READY_MANUAL_INTERVENTION: Asc = Asc::new(0x04, 0x03);
     pub const LUN_NOT_READY_SANITIZE_IN_PROGRESS: Asc = Asc::new(0x04, 0x1B);
+    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION (SPC-4 5.15.2.5).
+    pub const LUN_NOT_ACCESSIBLE_TRANSITIONING: Asc = Asc::new(0x04, 0x0A);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE.
+    pub const LUN_NOT_ACCESSIBLE_STANDBY: Asc = Asc::new(0x04, 0x0B);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE.
+    pub const LUN_NOT_ACCESSIBLE_UNAVAILABLE: Asc = Asc::new(0x04, 0x0C);
     pub const WRITE_ERROR: Asc = Asc::new(0x0C, 0x00);
     pub const INVALID_FIELD_IN_INFORMATION_UNIT: Asc = Asc::new(0x0E, 0x03);
     pub const UNRECOVERED_READ_ERROR: Asc = Asc::new(0x11, 0x00);
@@ -103,6 +109,8 @@ impl Asc {
     pub const INSUFFICIENT_RESOURCES: Asc = Asc::new(0x55, 0x03);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: Asc = Asc::new(0x55, 0x04);
     pub const CAPACITY_DATA_HAS_CHANGED: Asc = Asc::new(0x2A, 0x09);
+    /// ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.15.2.6).
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Asc = Asc::new(0x2A, 0x06);
 }
 
 impl fmt::Debug for Asc {

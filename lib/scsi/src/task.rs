@@ -40,6 +40,9 @@ pub struct Nexus {
     pub rel_target_port: u16,
     /// TARGET PORT GROUP reported in VPD page 0x83.
     pub target_port_group: u16,
+    /// The target node's ALUA description (REPORT TARGET PORT GROUPS, access states);
+    /// `None`: one active/optimized group, this nexus's.
+    pub alua: Option<Arc<crate::alua::Alua>>,
     key: Arc<str>,
 }
 
@@ -74,8 +77,15 @@ impl Nexus {
             tpgt,
             rel_target_port,
             target_port_group,
+            alua: None,
             key,
         }
+    }
+
+    /// The same nexus under the target node's ALUA description.
+    pub fn with_alua(mut self, alua: Arc<crate::alua::Alua>) -> Nexus {
+        self.alua = Some(alua);
+        self
     }
 
     /// The identity of the nexus across sessions: initiator port and target port names.

@@ -21,6 +21,11 @@ impl LunChannel {
             self.slow_checks(ctx, &desc, attn)?;
         }
         let desc = desc?;
+        // Asymmetric access state of the port the command came through (SPC-4 5.15.2.4),
+        // after unit attentions so ASYMMETRIC ACCESS STATE CHANGED is seen first.
+        if let Some(alua) = &ctx.nexus.alua {
+            alua.check(ctx.nexus.target_port_group, &ctx.cdb)?;
+        }
         if desc.flags & F_MEDIUM != 0 && lun.mode_bits() & MODE_NO_MEDIUM != 0 {
             return Err(CmdError::check(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT));
         }

@@ -4,7 +4,7 @@
 use riser_bdev::{IoBuf, Lba};
 
 use super::Action;
-use crate::cdb::{op, put_be16, put_be32, put_be64, Cdb};
+use crate::cdb::{op, put_be32, put_be64, Cdb};
 use crate::opcodes::CmdDesc;
 use crate::pr::PrClass;
 use crate::sense::CmdResult;
@@ -94,23 +94,8 @@ pub(super) fn read_defect_data(cdb: &Cdb) -> Action {
     Action::Data(v, alloc)
 }
 
-/// REPORT TARGET PORT GROUPS (SPC-4 6.36): one group, active/optimized, holding the
-/// nexus's target port.
+/// REPORT TARGET PORT GROUPS (SPC-4 6.36): the target node's groups with their states
+/// (see [`crate::alua`]), or the nexus's group alone, active/optimized.
 pub(super) fn report_target_port_groups(nexus: &Nexus, cdb: &Cdb) -> CmdResult<Vec<u8>> {
-    let ext = cdb.u8(1) >> 5 == 0x01;
-    let mut v = vec![0u8; if ext { 8 } else { 4 }];
-    if ext {
-        v[4] = 0x10; // FORMAT TYPE 001b
-    }
-    let mut g = [0u8; 12];
-    g[0] = 0x80; // PREF, asymmetric access state 0: active/optimized
-    g[1] = 0x01; // AO_SUP
-    put_be16(&mut g, 2, nexus.target_port_group);
-    g[7] = 1; // target port count
-
-    put_be16(&mut g, 10, nexus.rel_target_port);
-    v.extend_from_slice(&g);
-    let n = (v.len() - 4) as u32;
-    put_be32(&mut v, 0, n);
-    Ok(v)
+    Ok(crate::alua::report_target_port_groups(nexus, cdb))
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests: CDBs as an initiator sends them, through a [`DeviceChannel`] and the
 //! [`LunChannel`] of the LUN, against a real malloc bdev. Shared fixtures here; the tests, by topic, in the submodules.
 
+mod alua;
 mod inquiry;
 mod medium;
 mod mode;
