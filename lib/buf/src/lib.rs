@@ -366,6 +366,27 @@ impl Pool {
         Some(b)
     }
 
+    /// Like [`try_alloc_for`](Self::try_alloc_for), but now or never: `None`, without
+    /// taking a place in the queue, when others already wait, the budget has no room or the
+    /// account's fair share is spent. For data that has arrived already and can wait
+    /// elsewhere (immediate data: copied straight into its task's buffer when there is room
+    /// for it, else kept in its segment while the task queues with `try_alloc_for`).
+    pub fn try_alloc_now_for(&'static self, len: usize, account: &Account) -> Option<IoBuf> {
+        let held = account.held();
+        if held > 0 && held + mapped_size(len) > self.max_bytes() / 4 {
+            return None;
+        }
+        if self.waiting.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let map = self.take(len, true)?;
+        let mut b = IoBuf { map, heap: None, len, pool: self, account: None };
+        let charge = b.capacity();
+        account.0.fetch_add(charge, Ordering::Relaxed);
+        b.account = Some((account.clone(), charge));
+        Some(b)
+    }
+
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
         match self.take(len, false) {
@@ -957,6 +978,29 @@ mod tests {
         assert!(p.try_alloc_for(4096, &mut w, &a).is_some());
         drop((y, big));
         assert_eq!((a.held(), b.held()), (0, 0));
+    }
+
+    #[test]
+    fn now_or_never_takes_no_place_in_the_queue() {
+        let p = pool(MIN_MAX_BYTES); // a quarter: 8 MiB
+        let (a, b) = (Account::new(), Account::new());
+        let x = p.try_alloc_now_for(16 * MIB, &a).expect("room, nobody waits");
+        assert_eq!(a.held(), 16 * MIB);
+        assert!(p.try_alloc_now_for(4096, &a).is_none(), "beyond its quarter");
+        let y = p.try_alloc_now_for(16 * MIB, &b).expect("another account, room left");
+        assert!(p.try_alloc_now_for(4096, &Account::new()).is_none(), "the budget is spent");
+        assert_eq!((p.stats().waiting, p.stats().waits), (0, 0), "never queued");
+        // Someone queues: a newcomer does not pass them, even when its buffer would fit.
+        let mut w = None;
+        assert!(p.try_alloc_for(16 * MIB, &mut w, &Account::new()).is_none());
+        drop(x);
+        assert!(p.try_alloc_now_for(4096, &Account::new()).is_none(), "one waits before it");
+        let z = p.try_alloc_for(16 * MIB, &mut w, &Account::new()).expect("the waiter is served");
+        let small = p.try_alloc_now_for(4096, &Account::new());
+        assert!(small.is_none(), "the budget is spent again");
+        drop((y, z));
+        assert_eq!(p.try_alloc_now_for(4096, &a).map(|b| b.len()), Some(4096));
+        assert_eq!(a.held(), 0, "the charge went back with the buffer");
     }
 
     #[test]
