@@ -286,7 +286,7 @@ impl IscsiTarget {
         out.extend(inner.portal_groups.iter().map(PortalGroup::config_json));
         out.extend(inner.initiator_groups.iter().map(InitiatorGroup::config_json));
         out.extend(inner.auth_groups.iter().map(AuthGroup::config_json));
-        out.extend(inner.nodes.iter().filter(|n| !n.is_deleted()).map(|n| n.config_json()));
+        out.extend(inner.nodes.iter().filter(|n| !n.is_deleted()).flat_map(|n| n.config_calls()));
         out
     }
 }

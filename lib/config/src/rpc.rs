@@ -116,7 +116,7 @@ mod tests {
             "iscsi_auth_group_add_secret", "iscsi_auth_group_remove_secret",
             "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_add_pg_ig_maps",
             "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
-            "iscsi_get_target_nodes",
+            "iscsi_get_target_nodes", "iscsi_target_node_set_alua", "iscsi_target_node_set_alua_state",
         ];
         assert_eq!(e.reg.methods(), want);
     }

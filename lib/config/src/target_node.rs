@@ -172,6 +172,8 @@ pub struct TargetNode {
     /// Set when deletion starts: the node is no longer found, refuses logins and changes.
     deleted: AtomicBool,
     state: Mutex<NodeState>,
+    /// The ALUA description (`iscsi_target_node_set_alua`), shared with every nexus.
+    pub(crate) alua: Arc<riser_scsi::Alua>,
 }
 
 impl std::fmt::Debug for TargetNode {
@@ -223,7 +225,14 @@ impl TargetNode {
                 maps,
                 chap: init.chap,
             }),
+            alua: riser_scsi::Alua::new(),
         }
+    }
+
+    /// The node's ALUA description (empty until `iscsi_target_node_set_alua`): sessions'
+    /// nexuses hold it (`riser_scsi::Nexus::with_alua`).
+    pub fn alua(&self) -> &Arc<riser_scsi::Alua> {
+        &self.alua
     }
 
     /// The full iSCSI name (TargetName).
@@ -321,13 +330,22 @@ impl TargetNode {
         if let (Some(a), Some(m)) = (&self.alias_name, v.as_object_mut()) {
             m.insert("alias_name".into(), json!(a));
         }
+        drop(st);
+        if let (Some(g), Some(m)) = (self.alua_json(), v.as_object_mut()) {
+            m.insert("alua_groups".into(), g);
+        }
         v
     }
 
     /// The `iscsi_create_target_node` call that recreates this node, LUNs, maps and CHAP policy
     /// included.
     pub fn config_json(&self) -> Value {
-        json!({"method": "iscsi_create_target_node", "params": self.info_json()})
+        let mut params = self.info_json();
+        // The ALUA description has a call of its own (see [`TargetNode::config_calls`]).
+        if let Some(m) = params.as_object_mut() {
+            m.remove("alua_groups");
+        }
+        json!({"method": "iscsi_create_target_node", "params": params})
     }
 }
 
@@ -694,6 +712,7 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     reg.add("iscsi_delete_target_node", move |p: ByName| ok(t.delete_target_node(&p.name)));
     let t = target.clone();
     reg.add("iscsi_get_target_nodes", move |_: NoParams| Ok(t.target_nodes_json()));
+    alua::register(reg, target);
 }
 
 // ---- maps and names -------------------------------------------------------------------------
@@ -765,6 +784,9 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+mod alua;
+pub use alua::{AluaGroupParam, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
 
 #[cfg(test)]
 mod tests;

@@ -95,7 +95,21 @@ impl IscsiServer {
                 return None;
             }
         };
-        let nexus = Arc::new(Nexus::new(&s.initiator_name, isid, &target_name, o.identity.portal_group_tag));
+        let nexus = Nexus::new(&s.initiator_name, isid, &target_name, o.identity.portal_group_tag);
+        // Under the node's ALUA description; its target port is the first one the
+        // description gives the portal group's target port group (by default the tag).
+        let nexus = Arc::new(match &node {
+            Some(n) => {
+                let alua = n.alua().clone();
+                let rel = alua.groups().iter().find(|g| g.id == nexus.target_port_group).map(|g| g.ports()[0]);
+                let mut nexus = nexus.with_alua(alua);
+                if let Some(rel) = rel {
+                    nexus.rel_target_port = rel;
+                }
+                nexus
+            }
+            None => nexus,
+        });
         let responder = SendTargetsResponder {
             target: self.target.clone(),
             initiator_name: s.initiator_name.clone(),
