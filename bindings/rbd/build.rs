@@ -14,7 +14,10 @@ fn main() {
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_function("rados_(create|conf_read_file|conf_set|conf_get|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy)")
-        .allowlist_function("rbd_(open|close|get_size|resize|create|remove|set_image_notification|poll_io_events)")
+        .allowlist_function("rbd_(open|close|get_size|get_id|resize|create|remove|set_image_notification|poll_io_events)")
+        // Shared state next to an image (persistent reservations): object reads, compare-and-swap writes, watch/notify.
+        .allowlist_function("rados_(read|remove|get_last_version|create_write_op|release_write_op|write_op_(assert_version|create|write_full|operate)|watch2|watch_check|unwatch2|watch_flush|notify2|notify_ack|buffer_free)")
+        .allowlist_var("LIBRADOS_CREATE_EXCLUSIVE")
         .allowlist_function("rbd_aio_(readv|writev|discard|flush|write_zeroes|compare_and_write|create_completion|get_return_value|get_arg|release|wait_for_complete|is_complete)")
         .allowlist_var("EVENT_TYPE_.*")
         .size_t_is_usize(true)

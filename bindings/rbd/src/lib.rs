@@ -23,6 +23,8 @@ use std::sync::Arc;
 use riser_buf::IoBuf;
 use thiserror::Error;
 
+pub mod object;
+
 /// The raw bindings (bindgen), for calls this crate does not wrap.
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
 pub mod sys {
@@ -186,6 +188,11 @@ impl Pool {
         &self.name
     }
 
+    /// The cluster this pool is on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self._cluster
+    }
+
     /// Creates an image of `size` bytes (default features, order 22).
     pub fn create_image(&self, name: &str, size: u64) -> Result<()> {
         let n = cstr("rbd_name", name)?;
@@ -276,6 +283,14 @@ pub struct Image {
 unsafe impl Send for Image {}
 
 impl Image {
+    /// The image's id (stable across renames; names its shared objects).
+    pub fn id(&self) -> Result<String> {
+        let mut buf = vec![0u8; 128];
+        // SAFETY: raw is open; buf is writable for its length (an id is a few hex digits).
+        check("rbd_get_id", &self.name, unsafe { sys::rbd_get_id(self.raw, buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(c_buf_string(&buf))
+    }
+
     /// Opens `name` in `pool` (no snapshot) and sets up its completion eventfd.
     pub fn open(pool: &Arc<Pool>, name: &str) -> Result<Image> {
         let n = cstr("rbd_name", name)?;

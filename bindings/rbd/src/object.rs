@@ -1,0 +1,225 @@
+//! Small RADOS objects next to an image, for state every gateway shares (persistent
+//! reservations): whole-object reads with the object's version, whole-object writes that
+//! succeed only if the object is still at the version read (compare-and-swap), and
+//! watch/notify to tell the other gateways that the object changed.
+//!
+//! [`ObjectStore`] uses its own I/O context: `rados_get_last_version` is the version
+//! of the last operation on an ioctx, so reads and writes here are serialized by a mutex
+//! and nothing else uses that ioctx.
+
+use std::ffi::{c_char, c_void, CString};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use crate::{check, cstr, sys, Cluster, Pool, RbdError, Result};
+
+/// The largest object [`ObjectStore::read`] takes (persistent reservation state is a few
+/// KiB: 1 MiB is thousands of registrations).
+pub const MAX_OBJECT: usize = 1 << 20;
+
+/// One pool's objects, through a private ioctx.
+pub struct ObjectStore {
+    pool: Arc<Pool>,
+    cluster: Arc<Cluster>,
+    /// Serializes operation + `rados_get_last_version`.
+    io: Mutex<()>,
+}
+
+/// Why a compare-and-swap write did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasError {
+    /// The object changed (or appeared, or went) since the version given: read it again.
+    Changed,
+    Failed(RbdError),
+}
+
+/// What a watch reports, in the order librados delivered it.
+#[derive(Debug)]
+pub enum WatchEvent {
+    /// A notify: acknowledge it with [`Watch::ack`] once handled (the notifier waits).
+    Notify { notify_id: u64, payload: Vec<u8> },
+    /// The watch broke (errno, positive: ENOTCONN when the cluster lost it): make a new one.
+    Error(i32),
+}
+
+impl ObjectStore {
+    pub fn open(cluster: &Arc<Cluster>, pool: &str) -> Result<ObjectStore> {
+        Ok(ObjectStore { pool: Pool::open(cluster, pool)?, cluster: cluster.clone(), io: Mutex::new(()) })
+    }
+
+    pub fn pool_name(&self) -> &str {
+        self.pool.name()
+    }
+
+    fn last_version(&self) -> u64 {
+        // SAFETY: the ioctx is live (self.pool); the caller holds `io`.
+        unsafe { sys::rados_get_last_version(self.pool.raw) }
+    }
+
+    /// The object's bytes and version; `None` if it does not exist.
+    pub fn read(&self, oid: &str) -> Result<Option<(Vec<u8>, u64)>> {
+        let o = cstr("object", oid)?;
+        let mut buf = vec![0u8; MAX_OBJECT + 1];
+        let _io = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the ioctx is live; o is NUL-terminated; buf is writable for its length.
+        let r = unsafe { sys::rados_read(self.pool.raw, o.as_ptr(), buf.as_mut_ptr().cast::<c_char>(), buf.len(), 0) };
+        if r == -libc::ENOENT {
+            return Ok(None);
+        }
+        let n = check("rados_read", oid, r)? as usize;
+        if n > MAX_OBJECT {
+            return Err(RbdError::InvalidArgument(format!("object {oid} is larger than {MAX_OBJECT} bytes")));
+        }
+        let version = self.last_version();
+        buf.truncate(n);
+        Ok(Some((buf, version)))
+    }
+
+    /// Replaces the object with `data` if it is still at `version` (`None`: if it does not
+    /// exist yet). Returns the new version.
+    pub fn write_if(&self, oid: &str, data: &[u8], version: Option<u64>) -> std::result::Result<u64, CasError> {
+        let o = cstr("object", oid).map_err(CasError::Failed)?;
+        let _io = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: plain constructor; released below on every path.
+        let op = unsafe { sys::rados_create_write_op() };
+        if op.is_null() {
+            return Err(CasError::Failed(RbdError::Call { call: "rados_create_write_op", what: oid.into(), errno: libc::ENOMEM }));
+        }
+        // SAFETY: op is live; data outlives rados_write_op_operate below (the op copies
+        // nothing before it runs, and runs synchronously there).
+        let r = unsafe {
+            match version {
+                Some(v) => sys::rados_write_op_assert_version(op, v),
+                None => sys::rados_write_op_create(op, sys::LIBRADOS_CREATE_EXCLUSIVE as i32, std::ptr::null()),
+            }
+            sys::rados_write_op_write_full(op, data.as_ptr().cast::<c_char>(), data.len());
+            let r = sys::rados_write_op_operate(op, self.pool.raw, o.as_ptr(), std::ptr::null_mut(), 0);
+            sys::rados_release_write_op(op);
+            r
+        };
+        match r {
+            // assert_version: ERANGE (object newer), EOVERFLOW (older); create: EEXIST;
+            // assert on an object that went: ENOENT.
+            _ if r == -libc::ERANGE || r == -libc::EOVERFLOW || r == -libc::EEXIST || r == -libc::ENOENT => Err(CasError::Changed),
+            _ if r < 0 => Err(CasError::Failed(RbdError::Call { call: "rados_write_op_operate", what: oid.into(), errno: -r })),
+            _ => Ok(self.last_version()),
+        }
+    }
+
+    /// Removes the object (tests); a missing one is fine.
+    pub fn remove(&self, oid: &str) -> Result<()> {
+        let o = cstr("object", oid)?;
+        // SAFETY: the ioctx is live; o is NUL-terminated.
+        let r = unsafe { sys::rados_remove(self.pool.raw, o.as_ptr()) };
+        if r == -libc::ENOENT {
+            return Ok(());
+        }
+        check("rados_remove", oid, r).map(|_| ())
+    }
+
+    /// Notifies the object's watchers with `payload` and waits until every one acknowledged
+    /// or `timeout_ms` passed (then ETIMEDOUT: some watcher did not answer).
+    pub fn notify(&self, oid: &str, payload: &[u8], timeout_ms: u64) -> Result<()> {
+        let o = cstr("object", oid)?;
+        let len = i32::try_from(payload.len()).map_err(|_| RbdError::InvalidArgument("notify payload too large".into()))?;
+        let mut reply: *mut c_char = std::ptr::null_mut();
+        let mut reply_len: usize = 0;
+        // SAFETY: the ioctx is live; o is NUL-terminated; payload is readable for len bytes;
+        // reply/reply_len are valid out-pointers.
+        let r =
+            unsafe { sys::rados_notify2(self.pool.raw, o.as_ptr(), payload.as_ptr().cast::<c_char>(), len, timeout_ms, &mut reply, &mut reply_len) };
+        if !reply.is_null() {
+            // SAFETY: librados allocated the reply; freed once, with its own function.
+            unsafe { sys::rados_buffer_free(reply) };
+        }
+        check("rados_notify2", oid, r).map(|_| ())
+    }
+
+    /// Watches `oid` (which must exist): events arrive on the returned receiver, from a
+    /// librados thread, which does nothing else (no riser code runs there).
+    pub fn watch(self: &Arc<Self>, oid: &str) -> Result<(Watch, Receiver<WatchEvent>)> {
+        let o = cstr("object", oid)?;
+        let (tx, rx) = channel();
+        let ctx = Box::into_raw(Box::new(WatchCtx { tx: Mutex::new(tx) }));
+        let mut cookie: u64 = 0;
+        // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
+        // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
+        let r = unsafe { sys::rados_watch2(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), ctx.cast::<c_void>()) };
+        if r < 0 {
+            // SAFETY: the watch was not registered: no callback holds ctx.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(RbdError::Call { call: "rados_watch2", what: oid.into(), errno: -r });
+        }
+        Ok((Watch { store: self.clone(), oid: o, cookie, ctx }, rx))
+    }
+}
+
+struct WatchCtx {
+    tx: Mutex<Sender<WatchEvent>>,
+}
+
+impl WatchCtx {
+    fn send(&self, e: WatchEvent) {
+        // A closed receiver: the watch is going away, nobody wants the event.
+        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(e);
+    }
+}
+
+unsafe extern "C" fn watch_cb(arg: *mut c_void, notify_id: u64, _handle: u64, _notifier: u64, data: *mut c_void, len: usize) {
+    // SAFETY: arg is the WatchCtx given to rados_watch2, alive until after rados_watch_flush.
+    let ctx = unsafe { &*(arg as *const WatchCtx) };
+    let payload = if data.is_null() || len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: librados passes data readable for len bytes for the callback's duration.
+        unsafe { std::slice::from_raw_parts(data as *const u8, len) }.to_vec()
+    };
+    ctx.send(WatchEvent::Notify { notify_id, payload });
+}
+
+unsafe extern "C" fn watch_err_cb(arg: *mut c_void, _cookie: u64, err: i32) {
+    // SAFETY: as in watch_cb.
+    let ctx = unsafe { &*(arg as *const WatchCtx) };
+    ctx.send(WatchEvent::Error(err.abs()));
+}
+
+/// A registered watch; dropping it unwatches and waits for callbacks in flight.
+pub struct Watch {
+    store: Arc<ObjectStore>,
+    oid: CString,
+    cookie: u64,
+    ctx: *mut WatchCtx,
+}
+
+// SAFETY: ctx is only read through a Mutex'd Sender (thread safe); the ioctx calls are thread safe.
+unsafe impl Send for Watch {}
+
+impl Watch {
+    /// Acknowledges a notify (the notifier's `notify` returns once every watcher did).
+    pub fn ack(&self, notify_id: u64) -> Result<()> {
+        // SAFETY: the ioctx is live; oid is NUL-terminated; an empty reply payload.
+        let r = unsafe { sys::rados_notify_ack(self.store.pool.raw, self.oid.as_ptr(), notify_id, self.cookie, std::ptr::null(), 0) };
+        check("rados_notify_ack", &self.oid.to_string_lossy(), r).map(|_| ())
+    }
+
+    /// Milliseconds since the cluster last confirmed the watch, or the error that broke it.
+    pub fn check(&self) -> Result<u64> {
+        // SAFETY: the ioctx is live; cookie is this watch's.
+        let r = unsafe { sys::rados_watch_check(self.store.pool.raw, self.cookie) };
+        check("rados_watch_check", &self.oid.to_string_lossy(), r).map(|ms| ms as u64)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // SAFETY: the ioctx is live; cookie came from rados_watch2. Errors (cluster gone)
+        // leave nothing to undo.
+        unsafe { sys::rados_unwatch2(self.store.pool.raw, self.cookie) };
+        // SAFETY: the cluster handle is live (store holds it); after the flush no callback
+        // of this watch runs any more, so ctx can be freed.
+        unsafe {
+            sys::rados_watch_flush(self.store.cluster.raw);
+            drop(Box::from_raw(self.ctx));
+        }
+    }
+}
