@@ -163,6 +163,10 @@ enum Cmd {
     IscsiTargetNodeSetAuth(IscsiTargetNodeSetAuth),
     /// Delete a target node (its sessions are closed, its bdevs released)
     IscsiDeleteTargetNode(IscsiNodeName),
+    /// Set a target node's ALUA target port groups: NAME 'TPG:STATE[:pref][:PORT,PORT]' ... (none: remove)
+    IscsiTargetNodeSetAlua(IscsiTargetNodeSetAlua),
+    /// Change the ALUA state of one target port group: NAME TPG STATE
+    IscsiTargetNodeSetAluaState(IscsiTargetNodeSetAluaState),
     /// List the target nodes
     IscsiGetTargetNodes,
     /// List the live iSCSI connections
@@ -533,6 +537,100 @@ struct BdevRbdResize {
     name: String,
     /// New size in MiB (RBD bdevs only grow)
     new_size: u64,
+}
+
+// ---- ALUA (riser's extension) ------------------------------------------------------------
+
+/// ALUA states as the RPCs name them.
+const ALUA_STATES: [&str; 5] = ["active_optimized", "active_non_optimized", "standby", "unavailable", "transitioning"];
+
+#[derive(Args, Debug)]
+struct IscsiTargetNodeSetAlua {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    name: String,
+    /// Target port groups, each TPG:STATE[:pref][:PORT,PORT...] (TPG: the portal group tag;
+    /// STATE: active_optimized, active_non_optimized, standby, unavailable, transitioning;
+    /// PORTs: relative target port ids, default the TPG)
+    groups: Vec<String>,
+}
+
+impl IscsiTargetNodeSetAlua {
+    fn params(self) -> Result<Value, UsageError> {
+        let mut groups = Vec::new();
+        for g in &self.groups {
+            let bad = |why: &str| UsageError(format!("group {g:?}: {why} (TPG:STATE[:pref][:PORT,PORT])"));
+            let mut parts = g.split(':');
+            let tpg: u32 = parts.next().unwrap_or_default().parse().map_err(|_| bad("TPG is not a number"))?;
+            let state = parts.next().ok_or_else(|| bad("no STATE"))?;
+            if !ALUA_STATES.contains(&state) {
+                return Err(bad(&format!("unknown STATE (one of {})", ALUA_STATES.join(", "))));
+            }
+            let mut o = serde_json::Map::new();
+            o.insert("tpg_id".into(), tpg.into());
+            o.insert("state".into(), state.into());
+            for part in parts {
+                if part == "pref" {
+                    o.insert("pref".into(), true.into());
+                } else {
+                    let ports: Result<Vec<u32>, _> = part.split(',').map(str::parse::<u32>).collect();
+                    let ports = ports.map_err(|_| bad(&format!("{part:?} is neither pref nor a list of port ids")))?;
+                    o.insert("rel_port_ids".into(), ports.into());
+                }
+            }
+            groups.push(Value::Object(o));
+        }
+        Ok(serde_json::json!({"name": self.name, "groups": groups}))
+    }
+}
+
+#[derive(Args, Serialize, Debug)]
+struct IscsiTargetNodeSetAluaState {
+    /// Target node name
+    name: String,
+    /// Target port group (portal group tag)
+    tpg_id: u32,
+    /// active_optimized, active_non_optimized, standby, unavailable or transitioning
+    state: String,
+}
+
+#[cfg(test)]
+mod alua_cli_tests {
+    use clap::{CommandFactory, FromArgMatches};
+    use serde_json::json;
+
+    use super::*;
+
+    fn sent(args: &[&str]) -> Result<Option<Value>, String> {
+        let argv = std::iter::once("riser-rpc").chain(args.iter().copied());
+        let m = Cli::command().try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        match cli.cmd.into_action(args[0].to_string()) {
+            Ok(Action::Call(_, p)) => Ok(p),
+            Ok(_) => Err("not a call".into()),
+            Err(UsageError(m)) => Err(m),
+        }
+    }
+
+    #[test]
+    fn alua_subcommands() {
+        assert_eq!(
+            sent(&["iscsi_target_node_set_alua", "gw", "1:active_optimized:pref", "2:standby:20,21"]),
+            Ok(Some(json!({"name": "gw", "groups": [
+                {"tpg_id": 1, "state": "active_optimized", "pref": true},
+                {"tpg_id": 2, "state": "standby", "rel_port_ids": [20, 21]}]})))
+        );
+        assert_eq!(sent(&["iscsi_target_node_set_alua", "gw"]), Ok(Some(json!({"name": "gw", "groups": []}))));
+        let e = sent(&["iscsi_target_node_set_alua", "gw", "1:offline"]).expect_err("unknown state");
+        assert!(e.contains("unknown STATE"), "{e}");
+        let e = sent(&["iscsi_target_node_set_alua", "gw", "x:standby"]).expect_err("bad tpg");
+        assert!(e.contains("TPG is not a number"), "{e}");
+        let e = sent(&["iscsi_target_node_set_alua", "gw", "1:standby:p"]).expect_err("bad part");
+        assert!(e.contains("neither pref"), "{e}");
+        assert_eq!(
+            sent(&["iscsi_target_node_set_alua_state", "gw", "2", "standby"]),
+            Ok(Some(json!({"name": "gw", "tpg_id": 2, "state": "standby"})))
+        );
+    }
 }
 
 #[cfg(test)]
@@ -1262,6 +1360,8 @@ impl Cmd {
                 to_params(&params::IscsiNodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
             }
             Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
+            Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
+            Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent, output: a.output }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
@@ -1781,7 +1881,7 @@ mod tests {
     fn every_iscsi_subcommand_has_help() {
         let cmd = Cli::command();
         let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
-        assert_eq!(iscsi.len(), 26);
+        assert_eq!(iscsi.len(), 28);
         for c in iscsi {
             assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
             let e = sent(&[c.get_name(), "--help"]).expect_err("--help");
