@@ -17,6 +17,8 @@ mod lba;
 mod malloc;
 mod null;
 pub mod rbd;
+mod rbd_pr;
+mod shared;
 pub mod nvme;
 mod registry;
 mod sq;
@@ -30,6 +32,7 @@ pub use io::{
     IoKind,
 };
 pub use lba::Lba;
+pub use shared::{OnNotify, SharedError, SharedState, SharedStateHandle};
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use nvme::{IoPath, NvmeBdev, NvmeCtrlr, NvmeError};
@@ -76,6 +79,12 @@ pub trait Bdev: Send + Sync {
 
     /// Takes the size a rescan found (the registry checks it first).
     fn set_num_blocks(&self, _num_blocks: u64) {}
+
+    /// State shared by every gateway exporting this device, named `purpose` (`"pr"`), with
+    /// `on_notify` called when another gateway changes it; `None`: the device is local.
+    fn shared_state(&self, _purpose: &str, _on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
+        None
+    }
 }
 
 /// A run of blocks in one provisioning state (GET LBA STATUS, SBC-3 5.5).

@@ -299,6 +299,12 @@ impl Bdev for RbdBdev {
         }
     }
 
+    /// A RADOS object next to the image, shared by every gateway (see `rbd_pr`).
+    fn shared_state(&self, purpose: &str, on_notify: crate::OnNotify) -> Option<Result<crate::SharedStateHandle, BdevError>> {
+        let id = self.ctl.lock().unwrap_or_else(|p| p.into_inner()).id().map_err(|e| BdevError::Unavailable(e.to_string()));
+        Some(id.and_then(|id| crate::rbd_pr::open(self.pool.cluster(), self.pool.name(), &id, purpose, on_notify)))
+    }
+
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
         match Image::open(&self.pool, &self.params.rbd_name) {
             Ok(img) => {

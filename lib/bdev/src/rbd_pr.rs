@@ -1,0 +1,156 @@
+//! Shared state of an RBD image ([`SharedState`]): the RADOS object `riser_<purpose>.<image
+//! id>` in the image's pool (`riser_pr.<id>` for persistent reservations), replaced whole
+//! by compare-and-swap on the object's version, watched by every gateway that opened it.
+//!
+//! A thread per handle keeps the watch: on a notify it calls the owner's `on_notify`
+//! (which re-reads the object) and only then acknowledges, so a notifier that got every
+//! acknowledgement knows each watching gateway has the new state. When the watch breaks
+//! (the cluster went away: ENOTCONN, or `rados_watch_check` says so) the thread drops it,
+//! makes a new one (every second until the cluster answers) and calls `on_notify` with an
+//! empty payload, so whatever was missed meanwhile is read. The object is created empty
+//! when the handle opens (a watch needs an object); empty reads as "nothing stored".
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use riser_rbd::object::{CasError, ObjectStore, Watch, WatchEvent};
+use riser_rbd::{Cluster, RbdError};
+
+use crate::{BdevError, OnNotify, SharedError, SharedState, SharedStateHandle};
+
+/// How long a notifier waits for the other gateways' acknowledgements.
+pub(crate) const NOTIFY_TIMEOUT_MS: u64 = 5000;
+
+fn unavailable(e: RbdError) -> SharedError {
+    SharedError::Unavailable(e.to_string())
+}
+
+struct Inner {
+    store: Arc<ObjectStore>,
+    oid: String,
+}
+
+impl Inner {
+    /// Creates the object empty if it does not exist (watching needs it).
+    fn ensure(&self) -> Result<(), RbdError> {
+        match self.store.write_if(&self.oid, b"", None) {
+            Ok(_) | Err(CasError::Changed) => Ok(()),
+            Err(CasError::Failed(e)) => Err(e),
+        }
+    }
+}
+
+/// The handle the LUN holds; dropping it stops the watch thread.
+pub(crate) struct RbdShared {
+    inner: Arc<Inner>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Opens (creating it if needed) and watches the shared object `purpose` of image
+/// `image_id` in pool `pool` of `cluster`.
+pub(crate) fn open(cluster: &Arc<Cluster>, pool: &str, image_id: &str, purpose: &str, on_notify: OnNotify) -> Result<SharedStateHandle, BdevError> {
+    let store = ObjectStore::open(cluster, pool).map_err(|e| BdevError::Unavailable(e.to_string()))?;
+    let inner = Arc::new(Inner { store: Arc::new(store), oid: format!("riser_{purpose}.{image_id}") });
+    inner.ensure().map_err(|e| BdevError::Unavailable(e.to_string()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (i, s) = (inner.clone(), stop.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("rbd-watch-{purpose}"))
+        .spawn(move || watch_loop(&i, &s, on_notify))
+        .map_err(|e| BdevError::Io(format!("cannot start the watch thread: {e}")))?;
+    Ok(Arc::new(RbdShared { inner, stop, thread: Some(thread) }))
+}
+
+fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
+    let what = format!("rbd {}/{}", inner.store.pool_name(), inner.oid);
+    let mut watch: Option<(Watch, Receiver<WatchEvent>)> = None;
+    let mut broken_since: Option<Instant> = None;
+    let mut last_check = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let Some((w, rx)) = &watch else {
+            match inner.ensure().and_then(|()| inner.store.watch(&inner.oid)) {
+                Ok(wr) => {
+                    watch = Some(wr);
+                    if let Some(t) = broken_since.take() {
+                        log::info!("{what}: watch re-established after {:.1} s; re-reading the shared state", t.elapsed().as_secs_f64());
+                    }
+                    // Whatever changed while nobody watched.
+                    on_notify(&[]);
+                }
+                Err(e) => {
+                    if broken_since.is_none() {
+                        log::warn!("{what}: cannot watch: {e}; retrying every second");
+                        broken_since = Some(Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            continue;
+        };
+        let mut lost = None;
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(WatchEvent::Notify { notify_id, payload }) => {
+                on_notify(&payload);
+                if let Err(e) = w.ack(notify_id) {
+                    log::warn!("{what}: acknowledging notify {notify_id}: {e}");
+                }
+            }
+            Ok(WatchEvent::Error(errno)) => lost = Some(riser_rbd::errno_str(errno)),
+            Err(RecvTimeoutError::Disconnected) => lost = Some("watch channel closed".into()),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if lost.is_none() && last_check.elapsed() >= Duration::from_secs(2) {
+            last_check = Instant::now();
+            if let Err(e) = w.check() {
+                lost = Some(e.to_string());
+            }
+        }
+        if let Some(why) = lost {
+            log::warn!("{what}: watch lost ({why}); re-watching");
+            broken_since = Some(Instant::now());
+            watch = None;
+        }
+    }
+}
+
+impl SharedState for RbdShared {
+    fn describe(&self) -> String {
+        format!("rbd {}/{}", self.inner.store.pool_name(), self.inner.oid)
+    }
+
+    fn read(&self) -> Result<Option<(Vec<u8>, u64)>, SharedError> {
+        match self.inner.store.read(&self.inner.oid).map_err(unavailable)? {
+            Some((b, v)) if !b.is_empty() => Ok(Some((b, v))),
+            // Empty (as created) or gone: nothing stored; a write must find it as it is.
+            Some((_, v)) => Ok(Some((Vec::new(), v))),
+            None => Ok(None),
+        }
+    }
+
+    fn write(&self, data: &[u8], version: Option<u64>) -> Result<u64, SharedError> {
+        self.inner.store.write_if(&self.inner.oid, data, version).map_err(|e| match e {
+            CasError::Changed => SharedError::Changed,
+            CasError::Failed(e) => unavailable(e),
+        })
+    }
+
+    fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
+        self.inner.store.notify(&self.inner.oid, payload, NOTIFY_TIMEOUT_MS).map_err(unavailable)
+    }
+}
+
+impl Drop for RbdShared {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // The last owner may go away inside on_notify, on the watch thread itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
