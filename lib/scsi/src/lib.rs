@@ -41,6 +41,7 @@ mod device;
 mod exec;
 mod inquiry;
 mod lock;
+mod lu_events;
 mod lun;
 mod mode;
 mod opcodes;

@@ -211,6 +211,8 @@ pub struct Lun {
     pub(crate) state: Mutex<LunState>,
     /// The persistent reservation state file (APTPL), when there is a state directory.
     pr_store: Option<PrStore>,
+    /// Reservations kept with the device, shared by every gateway (see `pr::shared`).
+    pr_shared: std::sync::OnceLock<crate::pr::shared::SharedPr>,
     /// Serializes PERSISTENT RESERVE OUT across the state file's write (taken before
     /// `state`, never while holding it).
     pr_io: Mutex<()>,
@@ -221,6 +223,8 @@ pub struct Lun {
     /// LUN numbers of the target this LUN belongs to, as last told: a change raises
     /// REPORTED LUNS DATA HAS CHANGED.
     target_luns: Mutex<Vec<u64>>,
+    /// Resets to and from the other gateways exporting the device (shared devices only).
+    lu_events: std::sync::OnceLock<crate::lu_events::LuEvents>,
 }
 
 /// Events that reset part of the LUN state (SAM-5 5.12, 6.3).
@@ -290,11 +294,21 @@ impl Lun {
             mode: AtomicU32::new(mode),
             state: Mutex::new(LunState { pr, ..LunState::default() }),
             pr_store,
+            pr_shared: std::sync::OnceLock::new(),
             pr_io: Mutex::new(()),
             ranges: RangeLock::default(),
             sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
+            lu_events: std::sync::OnceLock::new(),
         });
+        if let Some(ev) = crate::lu_events::LuEvents::open(&lun) {
+            let _ = lun.lu_events.set(ev);
+        }
+        if let Some(sh) = crate::pr::shared::SharedPr::open(lun.bdev(), lun.id(), Arc::downgrade(&lun)) {
+            let _ = lun.pr_shared.set(sh);
+            lun.lock().pr = PrState::default();
+            crate::pr::shared::load(&lun);
+        }
         // A restored reservation is checked from the first command on.
         lun.refresh_attn(&lun.lock());
         lun
@@ -376,7 +390,12 @@ impl Lun {
 
     /// The APTPL state file, when the LUN has a state directory.
     pub(crate) fn pr_store(&self) -> Option<&PrStore> {
-        self.pr_store.as_ref()
+        self.pr_store.as_ref().filter(|_| self.pr_shared.get().is_none())
+    }
+
+    /// The device's shared reservation state, when the LUN's reservations live there.
+    pub(crate) fn pr_shared(&self) -> Option<&crate::pr::shared::SharedPr> {
+        self.pr_shared.get()
     }
 
     /// Held by PERSISTENT RESERVE OUT around its change and the state file's write.
@@ -475,6 +494,15 @@ impl Lun {
     /// their defaults on a cold reset, and every nexus gets a reset unit attention
     /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4).
     pub fn reset(&self, kind: ResetKind) {
+        self.reset_local(kind);
+        // The same logical unit behind other gateways (see lu_events).
+        if let Some(ev) = self.lu_events.get() {
+            ev.announce(kind);
+        }
+    }
+
+    /// [`Lun::reset`] on this gateway only (a peer's reset arrives here).
+    pub(crate) fn reset_local(&self, kind: ResetKind) {
         let mut st = self.lock();
         st.spc2_holder = None;
         for n in st.nexuses.values_mut() {

@@ -1,0 +1,150 @@
+//! Resets across gateways: a logical unit exported by several riser processes (an RBD image
+//! behind two gateways, issue 15) is one logical unit, so a LOGICAL UNIT RESET or a target
+//! reset received by one gateway is a reset for the I_T nexuses of the others too (SAM-5
+//! 6.3: every nexus gets the reset unit attention). The device's shared state
+//! ([`riser_bdev::Bdev::shared_state`], purpose `"lu"`) carries it: the gateway that took the
+//! reset notifies, each other gateway applies the shared-state part of the reset
+//! ([`Lun::reset_local`]) before acknowledging. Devices without shared state (local ones)
+//! have none of this.
+//!
+//! The notify blocks on the network, so it runs on a thread of its own; the reactor that
+//! handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
+//! task management response goes out after every gateway queued its unit attention, and a
+//! peer that is gone (its watch not yet expired) costs that much and no more. Tasks the
+//! other gateways are running are not aborted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use riser_bdev::SharedStateHandle;
+
+use crate::lun::{Lun, ResetKind};
+
+/// Longest a reactor waits for the other gateways to acknowledge a reset.
+pub const ANNOUNCE_WAIT: Duration = Duration::from_millis(500);
+
+/// This process's mark on its own notifications (it receives them too).
+fn process_nonce() -> u64 {
+    static NONCE: AtomicU64 = AtomicU64::new(0);
+    let n = NONCE.load(Ordering::Relaxed);
+    if n != 0 {
+        return n;
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let fresh = (t ^ ((std::process::id() as u64) << 32)) | 1;
+    match NONCE.compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => fresh,
+        Err(other) => other,
+    }
+}
+
+fn kind_name(k: ResetKind) -> &'static str {
+    match k {
+        ResetKind::LunReset => "lun",
+        ResetKind::TargetWarmReset => "warm",
+        ResetKind::TargetColdReset => "cold",
+    }
+}
+
+fn kind_of(s: &str) -> Option<ResetKind> {
+    match s {
+        "lun" => Some(ResetKind::LunReset),
+        "warm" => Some(ResetKind::TargetWarmReset),
+        "cold" => Some(ResetKind::TargetColdReset),
+        _ => None,
+    }
+}
+
+/// The notification: `reset <kind> <lun id> <nonce>`.
+fn encode(kind: ResetKind, lun: u64, nonce: u64) -> Vec<u8> {
+    format!("reset {} {lun} {nonce:x}", kind_name(kind)).into_bytes()
+}
+
+/// A peer's reset, or `None` (our own, or not a reset). The object is the device's, so any
+/// reset announced on it concerns this LUN, whatever number the peer exports it under.
+fn decode(payload: &[u8], nonce: u64) -> Option<ResetKind> {
+    let s = std::str::from_utf8(payload).ok()?;
+    let mut w = s.split_ascii_whitespace();
+    if w.next()? != "reset" {
+        return None;
+    }
+    let kind = kind_of(w.next()?)?;
+    let _lun: u64 = w.next()?.parse().ok()?;
+    let from = u64::from_str_radix(w.next()?, 16).ok()?;
+    (from != nonce).then_some(kind)
+}
+
+/// A LUN's link to the other gateways exporting its device.
+pub(crate) struct LuEvents {
+    shared: SharedStateHandle,
+    lun: u64,
+}
+
+impl LuEvents {
+    /// Opens the device's `"lu"` shared state for `lun`; `None` for a local device, or
+    /// (logged) when the store cannot be reached: resets then stay on this gateway.
+    pub(crate) fn open(lun: &Arc<Lun>) -> Option<LuEvents> {
+        let weak: Weak<Lun> = Arc::downgrade(lun);
+        let id = lun.id();
+        let nonce = process_nonce();
+        let on_notify = Box::new(move |p: &[u8]| {
+            if let (Some(kind), Some(l)) = (decode(p, nonce), weak.upgrade()) {
+                log::info!("LUN {id}: {} reset by another gateway", kind_name(kind));
+                l.reset_local(kind);
+            }
+        });
+        match lun.bdev().shared_state("lu", on_notify)? {
+            Ok(shared) => Some(LuEvents { shared, lun: id }),
+            Err(e) => {
+                log::warn!("LUN {id}: resets will not reach other gateways: {e}");
+                None
+            }
+        }
+    }
+
+    /// Tells the other gateways of a reset; waits at most [`ANNOUNCE_WAIT`].
+    pub(crate) fn announce(&self, kind: ResetKind) {
+        let (tx, rx) = mpsc::channel();
+        let shared = self.shared.clone();
+        let payload = encode(kind, self.lun, process_nonce());
+        let lun = self.lun;
+        let spawned = std::thread::Builder::new().name("lu-reset-notify".into()).spawn(move || {
+            let r = shared.notify(&payload);
+            if let Err(e) = &r {
+                log::warn!("LUN {lun}: a gateway did not acknowledge the reset ({}): {e}", shared.describe());
+            }
+            let _ = tx.send(());
+        });
+        match spawned {
+            Ok(_) => {
+                if rx.recv_timeout(ANNOUNCE_WAIT).is_err() {
+                    log::warn!("LUN {lun}: other gateways not told of the reset within {ANNOUNCE_WAIT:?}; not waiting longer");
+                }
+            }
+            Err(e) => log::warn!("LUN {lun}: cannot tell other gateways of the reset: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_name_kind_lun_and_sender() {
+        for k in [ResetKind::LunReset, ResetKind::TargetWarmReset, ResetKind::TargetColdReset] {
+            assert_eq!(decode(&encode(k, 3, 0xabc), 0x123), Some(k));
+            assert_eq!(decode(&encode(k, 3, 0xabc), 0xabc), None, "our own");
+        }
+        assert_eq!(decode(b"", 1), None);
+        assert_eq!(decode(b"reset lun x 1", 2), None);
+        assert_eq!(decode(b"reset off 0 1", 2), None);
+        assert_eq!(decode(b"pr 1 2", 2), None);
+        assert_ne!(process_nonce(), 0);
+        assert_eq!(process_nonce(), process_nonce());
+    }
+}
