@@ -52,9 +52,23 @@ pub struct Observed {
     pub chap_failure: Option<String>,
 }
 
-/// Behaviours for ABORT TASK tests.
-#[derive(Clone, Copy, Debug, Default)]
+/// How a failing target fails ([`FakeOpts::fail_after`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// Closes the connection (a killed target).
+    Close,
+    /// Answers nothing more but keeps the connection open (a hung target).
+    Hang,
+}
+
+/// Behaviours for ABORT TASK and path failover tests.
+#[derive(Clone, Debug, Default)]
 pub struct FakeOpts {
+    /// The disk, shared with other fake targets (several paths to one LUN); its own when None.
+    pub disk: Option<Arc<Mutex<Vec<u8>>>>,
+    /// Fail when the Nth SCSI command arrives (it and later ones stay unanswered; writes
+    /// not answered yet are written or not, like a target that died).
+    pub fail_after: Option<(usize, FailKind)>,
     /// Answer READs only after the whole batch of PDUs they came in (an ABORT TASK in the
     /// same batch finds them pending: Function complete, no answer).
     pub defer_reads: bool,
@@ -86,7 +100,11 @@ struct Conn {
     exp_cmd_sn: Sn,
     advertised: Sn,
     ua_pending: bool,
-    disk: Vec<u8>,
+    disk: Arc<Mutex<Vec<u8>>>,
+    /// SCSI commands received.
+    cmds: usize,
+    /// [`FailKind::Hang`] happened: read and drop everything until the initiator leaves.
+    hung: bool,
     writes: HashMap<u32, Write_>,
     reads_done: u32,
     next_ttt: u32,
@@ -415,7 +433,9 @@ impl Conn {
             return;
         };
         let at = w.lba as usize * BLOCK;
-        self.disk[at..at + w.len].copy_from_slice(&w.data);
+        if let Ok(mut d) = self.disk.lock() {
+            d[at..at + w.len].copy_from_slice(&w.data);
+        }
         self.response(itt, 0, &[]);
     }
 
@@ -431,6 +451,10 @@ impl Conn {
             let advertised = self.advertised;
             for p in batch {
                 if !self.handle(p, advertised) {
+                    if self.hung {
+                        let mut buf = [0u8; 65536];
+                        while matches!(self.sock.read(&mut buf), Ok(n) if n > 0) {}
+                    }
                     return;
                 }
             }
@@ -447,6 +471,18 @@ impl Conn {
                 Op::ScsiCommand(c) => {
                     if let Ok(mut o) = self.obs.lock() {
                         o.commands += 1;
+                    }
+                    self.cmds += 1;
+                    if let Some((n, kind)) = self.opts.fail_after {
+                        if self.cmds >= n {
+                            match kind {
+                                FailKind::Close => {
+                                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                                }
+                                FailKind::Hang => self.hung = true,
+                            }
+                            return false;
+                        }
                     }
                     if c.cmd_sn != self.exp_cmd_sn {
                         violation(
@@ -650,7 +686,10 @@ impl Conn {
     fn read(&mut self, itt: Itt, cdb: &[u8; 16]) {
         let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as usize;
         let n = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
-        let data = self.disk[lba * BLOCK..(lba + n) * BLOCK].to_vec();
+        let data = match self.disk.lock() {
+            Ok(d) => d[lba * BLOCK..(lba + n) * BLOCK].to_vec(),
+            Err(_) => return,
+        };
         self.reads_done += 1;
         // Phase collapse on every other read; a separate SCSI Response otherwise.
         let collapse = self.reads_done & 1 == 0;
@@ -691,7 +730,12 @@ pub fn start_opts(
             exp_cmd_sn: Sn(0),
             advertised: Sn(0),
             ua_pending: true,
-            disk: vec![0u8; BLOCKS as usize * BLOCK],
+            disk: opts
+                .disk
+                .clone()
+                .unwrap_or_else(|| Arc::new(Mutex::new(vec![0u8; BLOCKS as usize * BLOCK]))),
+            cmds: 0,
+            hung: false,
             writes: HashMap::new(),
             reads_done: 0,
             next_ttt: 0,

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 pub use args::{parse_lba_range, DigestArg, Geometry, InitArgs, Mode, Plan};
-pub use client::SessionInfo;
+pub use client::{Failover, SessionInfo};
 use client::{client_thread, Control, Gate, Live, Msg, SessionSpec, ThreadResult};
 use summary::{bench_report, describe, live_line, VerifyOut};
 
@@ -119,7 +119,9 @@ fn control(
     let quiet_live = plan.json;
     // 1. Every thread logs in its sessions.
     let per_thread = (plan.sessions * plan.targets.len()).div_ceil(active.max(1)) as u32;
-    let setup_deadline = Instant::now() + plan.timeout * (3 * per_thread + 2);
+    // Every path of a multipath URL may be tried (and time out) before one logs in.
+    let max_paths = plan.paths.iter().map(Vec::len).max().unwrap_or(1) as u32;
+    let setup_deadline = Instant::now() + plan.timeout * (3 * per_thread * max_paths + 2);
     let mut infos: Vec<Option<SessionInfo>> = vec![None; plan.targets.len()];
     let mut all_infos = Vec::new();
     for _ in 0..active {
@@ -256,11 +258,15 @@ fn control(
                 .enumerate()
                 .filter_map(|(t, r)| r.map(|r| (t, r)))
                 .collect();
-            let (report, cpu) = bench_report(plan, &rs, &geoms, proc0, proc1, &all_infos);
+            let failovers: Vec<Failover> =
+                rs.iter().flat_map(|(_, r)| r.failovers.iter().cloned()).collect();
+            let (report, cpu) =
+                bench_report(plan, &rs, &geoms, proc0, proc1, &all_infos, &failovers);
             if plan.json {
                 println!("{report}");
             } else {
                 print!("{cpu}");
+                print!("{}", failover_lines(plan, &failovers));
             }
             if let Some(path) = &plan.plot {
                 let hists: Vec<&Histogram<u64>> = rs.iter().map(|(_, r)| &r.hist).collect();
@@ -335,6 +341,8 @@ fn control(
             )?;
             let read_s = read_start.elapsed().as_secs_f64();
             let rs: Vec<Box<ThreadResult>> = results.into_iter().flatten().collect();
+            let failovers: Vec<Failover> =
+                rs.iter().flat_map(|r| r.failovers.iter().cloned()).collect();
             let checked: u64 = rs.iter().map(|r| r.blocks_checked).sum();
             let all = Mismatches::merge(rs.into_iter().map(|r| r.mismatches).collect());
             let expected: u64 = geoms.iter().map(|g| g.count).sum();
@@ -348,9 +356,10 @@ fn control(
                 read_s,
             };
             if plan.json {
-                let v = serde_json::json!({ "verify": out, "lun": geoms.as_slice(), "sessions": all_infos });
+                let v = serde_json::json!({ "verify": out, "lun": geoms.as_slice(), "sessions": all_infos, "failovers": failovers });
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
+                print!("{}", failover_lines(plan, &failovers));
                 for m in &out.mismatches {
                     println!("MISMATCH {m}");
                 }
@@ -374,6 +383,27 @@ fn control(
             Ok(all.blocks == 0 && checked == expected)
         }
     }
+}
+
+/// The summary's failover lines: none for a run without several paths; otherwise a count,
+/// the time without a path, and one line per failover.
+fn failover_lines(plan: &Plan, fs: &[Failover]) -> String {
+    if plan.paths.iter().all(|p| p.len() < 2) {
+        return String::new();
+    }
+    let max = fs.iter().map(|f| f.no_path_s).fold(0.0, f64::max);
+    let sum: f64 = fs.iter().map(|f| f.no_path_s).sum();
+    let mut s = format!(
+        "failovers: {} (time without a path: {sum:.2} s in all, {max:.2} s at most)\n",
+        fs.len()
+    );
+    for f in fs {
+        s += &format!(
+            "failover at {:.2} s: {} -> {} ({}): {:.2} s without a path, {} login(s); {} I/Os resubmitted, {} of them writes in doubt until acknowledged on the new path\n",
+            f.at_s, f.from, f.to, f.reason, f.no_path_s, f.attempts, f.resubmitted, f.writes_in_doubt
+        );
+    }
+    s
 }
 
 fn is_done(m: &Msg) -> bool {
@@ -587,6 +617,7 @@ mod tests {
         let opts = FakeOpts {
             defer_reads: true,
             answer_aborted,
+            ..FakeOpts::default()
         };
         let (port, obs, h) = start_opts(None, opts);
         let url = format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0");
@@ -623,6 +654,106 @@ mod tests {
         assert!(o.aborted_reads > 0);
         let e = r.unwrap_err();
         assert!(e.contains("after answering its ABORT TASK with Function complete"), "{e}");
+    }
+
+    /// Two fake targets on one disk (two paths to one LUN); the first fails (`kind`) at its
+    /// `n`th SCSI command. Returns riser-perf's result and what the targets saw together.
+    fn failover_run(
+        kind: crate::fake_target::FailKind,
+        n: usize,
+        second_alive: bool,
+        extra: &[&str],
+    ) -> (Result<bool, String>, crate::fake_target::Observed) {
+        use crate::fake_target::{start_opts, FakeOpts, BLOCK, BLOCKS};
+        let disk = Arc::new(Mutex::new(vec![0u8; BLOCKS as usize * BLOCK]));
+        let a_opts = FakeOpts {
+            disk: Some(disk.clone()),
+            fail_after: Some((n, kind)),
+            ..FakeOpts::default()
+        };
+        let (pa, obs_a, ha) = start_opts(None, a_opts);
+        let (pb, b) = if second_alive {
+            let (pb, obs_b, hb) = start_opts(None, FakeOpts { disk: Some(disk), ..FakeOpts::default() });
+            (pb, Some((obs_b, hb)))
+        } else {
+            // A port nobody listens on: the second path refuses every login.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            (l.local_addr().unwrap().port(), None)
+        };
+        let url = format!(
+            "iscsi://127.0.0.1:{pa}/iqn.2024-01.test:fake/0,iscsi://127.0.0.1:{pb}/iqn.2024-01.test:fake/0"
+        );
+        let mut v = vec!["--verify", "--generation", "9", "--bs", "4096", "--qd", "4", "--no-pin", "--login-timeout", "2"];
+        v.extend_from_slice(extra);
+        v.push(&url);
+        let r = main(&args(&v).unwrap());
+        ha.join().unwrap();
+        let mut o = std::mem::take(&mut *obs_a.lock().unwrap());
+        if let Some((obs_b, hb)) = b {
+            hb.join().unwrap();
+            let ob = std::mem::take(&mut *obs_b.lock().unwrap());
+            o.violations.extend(ob.violations);
+            o.commands += ob.commands;
+            o.logged_out = ob.logged_out;
+        }
+        (r, o)
+    }
+
+    /// A path that closes its connection in the middle of --verify's write pass: riser-perf
+    /// logs in on the second path, resubmits what was not acknowledged, and the read-back
+    /// through the second path passes (both targets share the disk).
+    #[test]
+    fn failover_when_the_path_is_closed() {
+        use crate::fake_target::FailKind;
+        let (r, o) = failover_run(FailKind::Close, 40, true, &[]);
+        assert_eq!(r, Ok(true));
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        assert!(o.logged_out, "the second path's session logged out");
+        // 1000 blocks of 512 B in 4 KiB I/Os: 125 writes and 125 reads, plus setup
+        // (TUR x2 + READ CAPACITY per session); the I/Os A had not answered (at most --qd)
+        // were sent twice.
+        assert!(o.commands > 2 * 3 + 250 && o.commands <= 2 * 3 + 250 + 4, "{}", o.commands);
+    }
+
+    /// A path that stops answering (a hung target, the connection open): after
+    /// --path-timeout riser-perf gives it up and goes on through the second.
+    #[test]
+    fn failover_when_the_path_hangs() {
+        use crate::fake_target::FailKind;
+        let t = Instant::now();
+        let (r, o) = failover_run(FailKind::Hang, 60, true, &["--path-timeout", "1"]);
+        assert_eq!(r, Ok(true));
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        assert!(t.elapsed() >= Duration::from_secs(1), "gave up before --path-timeout");
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+
+    /// No path left: the run fails after --failover-timeout and names the writes in doubt.
+    #[test]
+    fn failover_without_a_path_left_fails_naming_the_writes_in_doubt() {
+        use crate::fake_target::FailKind;
+        let t = Instant::now();
+        let (r, _) = failover_run(FailKind::Close, 40, false, &["--failover-timeout", "1"]);
+        let e = r.unwrap_err();
+        assert!(e.contains("no path logged in within 1 s"), "{e}");
+        assert!(e.contains("writes left in doubt: LBA "), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn multipath_urls() {
+        let a = "iscsi://127.0.0.1:3261/iqn.x:y/0";
+        let b = "iscsi://127.0.0.2:3262/iqn.x:y/0";
+        let p = plan(&[&format!("{a},{b}"), U]).unwrap();
+        assert_eq!(p.targets.len(), 2);
+        assert_eq!(p.paths[0].len(), 2);
+        assert_eq!(p.paths[0][1].to_string(), b);
+        assert_eq!(p.paths[1].len(), 1);
+        assert_eq!((p.path_timeout.as_secs(), p.failover_timeout.as_secs()), (5, 60));
+        assert!(plan(&[&format!("{a},")]).unwrap_err().contains("empty path"));
+        assert!(plan(&[&format!("{a},{a}")]).unwrap_err().contains("given twice"));
+        assert!(plan(&["--path-timeout", "0", a]).unwrap_err().contains("--path-timeout 0"));
+        assert!(plan(&["--failover-timeout", "9999", a]).unwrap_err().contains("--failover-timeout"));
     }
 
     #[test]

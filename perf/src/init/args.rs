@@ -53,9 +53,24 @@ fn parse_chap(s: &str) -> Result<ChapCredentials, String> {
 #[derive(Args, Clone, Debug)]
 pub struct InitArgs {
     /// Targets: iscsi://host[:port]/IQN/LUN (iSCSI over TCP) or iser://host[:port]/IQN/LUN
-    /// (iSER over RDMA: InfiniBand, RoCE); port 3260 by default.
-    #[arg(value_name = "URL")]
+    /// (iSER over RDMA: InfiniBand, RoCE); port 3260 by default. Several paths to ONE logical
+    /// unit (gateways, portals) are given comma-separated in one argument, URL_A,URL_B: the
+    /// first that logs in is used, and when its connection dies (reset, end of file, no
+    /// answer for --path-timeout) riser-perf logs in on the next and resubmits every I/O not
+    /// acknowledged (path failover).
+    #[arg(value_name = "URL[,URL...]")]
     pub urls: Vec<String>,
+
+    /// With several paths (URL_A,URL_B): seconds an I/O may wait with nothing at all received
+    /// on its connection before the path counts as dead (a hung target) and riser-perf fails
+    /// over (1 to 3600).
+    #[arg(long = "path-timeout", value_name = "SECONDS", default_value_t = 5)]
+    pub path_timeout: u64,
+
+    /// With several paths: seconds to keep trying the paths in turn after a path failed,
+    /// before the run fails (1 to 3600).
+    #[arg(long = "failover-timeout", value_name = "SECONDS", default_value_t = 60)]
+    pub failover_timeout: u64,
 
     /// Access pattern. Random offsets are uniform over the LBA range and aligned to --bs;
     /// sequential streams start spread over the range (one per session) and wrap.
@@ -244,7 +259,14 @@ pub enum Mode {
 /// A validated run description (everything that can be checked before connecting).
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The first path of every target (what is printed as the target's URL).
     pub targets: Vec<TargetUrl>,
+    /// Every path of every target, in the order given (`paths[u][0] == targets[u]`).
+    pub paths: Vec<Vec<TargetUrl>>,
+    /// --path-timeout: a multipath session's I/O with nothing received this long fails it.
+    pub path_timeout: Duration,
+    /// --failover-timeout: how long a failover keeps trying the paths.
+    pub failover_timeout: Duration,
     pub workload: Workload,
     pub read_pct: u8,
     pub bs: u64,
@@ -313,17 +335,37 @@ impl InitArgs {
             return Err("no target URL given: riser-perf [flags] iscsi://host[:port]/IQN/LUN ... (or riser-perf bdev ...)".into());
         }
         let mut targets = Vec::new();
-        for u in &self.urls {
-            if u == "bdev" {
+        let mut paths = Vec::new();
+        for arg in &self.urls {
+            if arg == "bdev" {
                 return Err("\"bdev\" after initiator flags: the subcommand comes first, riser-perf bdev [flags]".into());
             }
-            let t = url::parse(u)?;
-            if t.transport == Transport::Iser && self.digest != DigestArg::None {
-                return Err(format!(
-                    "{u}: --digest does not apply to iSER (RDMA has its own integrity checks)"
-                ));
+            let mut these: Vec<TargetUrl> = Vec::new();
+            for u in arg.split(',') {
+                if u.is_empty() {
+                    return Err(format!(
+                        "\"{arg}\": an empty path between commas (several paths to one LUN: URL_A,URL_B)"
+                    ));
+                }
+                let t = url::parse(u)?;
+                if t.transport == Transport::Iser && self.digest != DigestArg::None {
+                    return Err(format!(
+                        "{u}: --digest does not apply to iSER (RDMA has its own integrity checks)"
+                    ));
+                }
+                if these.contains(&t) {
+                    return Err(format!("\"{arg}\": path {t} is given twice"));
+                }
+                these.push(t);
             }
-            targets.push(t);
+            targets.push(these[0].clone());
+            paths.push(these);
+        }
+        for (flag, v) in [
+            ("--path-timeout", self.path_timeout),
+            ("--failover-timeout", self.failover_timeout),
+        ] {
+            crate::in_range(flag, v, 1, 3600, " seconds")?;
         }
         if self.bs == 0 || self.bs % 512 != 0 {
             return Err(format!(
@@ -427,6 +469,9 @@ impl InitArgs {
             sync_every: self.sync_every.map(Duration::from_millis),
             chap: self.chap_config()?,
             targets,
+            paths,
+            path_timeout: Duration::from_secs(self.path_timeout),
+            failover_timeout: Duration::from_secs(self.failover_timeout),
             workload: self.rw,
             read_pct: self.rw.read_pct(self.rwmixread),
             bs: self.bs,

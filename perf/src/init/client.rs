@@ -124,6 +124,28 @@ pub(super) enum Msg {
     Done(usize, Box<ThreadResult>),
 }
 
+/// One path failover of a session (printed in the summary, and in the JSON report).
+#[derive(Clone, Debug, Serialize)]
+pub struct Failover {
+    /// The path that failed and the one the session went on with.
+    pub from: String,
+    pub to: String,
+    /// Why the path was given up.
+    pub reason: String,
+    /// Seconds since the start of the run when the failure was seen.
+    pub at_s: f64,
+    /// Seconds the session had no working path: from the last thing received on the old
+    /// path (or the failure, when I/O was still flowing) until the I/Os went out on the new.
+    pub no_path_s: f64,
+    /// I/Os not acknowledged on the old path, all resubmitted on the new one.
+    pub resubmitted: usize,
+    /// Of those, writes: in doubt (the blocks may hold the old or the new data) until
+    /// acknowledged on the new path.
+    pub writes_in_doubt: usize,
+    /// Logins tried before one succeeded.
+    pub attempts: u32,
+}
+
 pub(super) struct ThreadResult {
     pub(super) core: usize,
     pub(super) ios: u64,
@@ -137,6 +159,8 @@ pub(super) struct ThreadResult {
     /// --abort-every: what the targets answered, and the first violation.
     pub(super) aborts: AbortStats,
     pub(super) abort_error: Option<String>,
+    /// Path failovers of this thread's sessions.
+    pub(super) failovers: Vec<Failover>,
 }
 
 /// What the completions feed besides the live totals.
@@ -154,6 +178,17 @@ struct Job {
     index: usize,
     submit_ns: Vec<u64>,
     dirs: Vec<Dir>,
+    /// Multipath only (several paths to the LUN): the I/O of every slot not acknowledged yet,
+    /// (LBA, blocks), for resubmission on the next path; and the slots whose I/O is a write
+    /// in doubt (resubmitted after a failover, not acknowledged yet).
+    pending: Vec<Option<(u64, u32)>>,
+    doubt: Vec<bool>,
+    /// Which of `plan.paths[url]` the session is logged in through.
+    path: usize,
+    /// Multipath: since when I/Os have been outstanding with nothing received (None while
+    /// the connection makes progress).
+    stall_since: Option<Instant>,
+    login: LoginOptions,
     gen: Option<OpGen>,
     /// Verify: next unit and end unit of this session's share.
     next_unit: u64,
@@ -174,6 +209,7 @@ struct Client {
     ios_total: u64,
     idle_passes: u32,
     pollfds: Vec<libc::pollfd>,
+    failovers: Vec<Failover>,
 }
 
 pub(super) fn client_thread(
@@ -203,6 +239,7 @@ pub(super) fn client_thread(
         ios_total: 0,
         idle_passes: 0,
         pollfds: Vec::new(),
+        failovers: Vec::new(),
     };
     let r = c.run(specs, &tx);
     // Best effort: log out of everything still logged in, also after a failure.
@@ -245,29 +282,48 @@ impl Client {
             if self.ctl.stop.load(Ordering::Relaxed) {
                 return Err("interrupted".into());
             }
-            let t = &plan.targets[s.url];
             let mut o = opts.clone();
             o.isid = s.isid;
-            let mut conn = Session::login(t, &o, plan.qd)?;
-            let copy_reads = plan.mode != Mode::Bench;
-            let setup = conn
-                .wait_ready()
-                .and_then(|_| conn.read_capacity())
-                .and_then(|_| conn.start_io(plan.qd, plan.bs as usize, copy_reads));
-            if let Err(e) = setup {
-                let _ = conn.logout();
-                return Err(e);
+            // The first path that logs in; with one path, its error as it is.
+            let paths = &plan.paths[s.url];
+            let mut errors = Vec::new();
+            let mut found = None;
+            for (p, t) in paths.iter().enumerate() {
+                match open_path(&plan, t, &o) {
+                    Ok(c) => {
+                        found = Some((p, c));
+                        break;
+                    }
+                    Err(e) if paths.len() == 1 => return Err(e),
+                    Err(e) => {
+                        log::warn!("path {t}: {e}");
+                        errors.push(e);
+                    }
+                }
             }
+            let Some((path, mut conn)) = found else {
+                return Err(format!(
+                    "none of the {} paths logged in: {}",
+                    paths.len(),
+                    errors.join("; ")
+                ));
+            };
             if let Some(n) = plan.abort_every {
                 conn.abort_every(n);
             }
             infos.push((s.url, session_info(&conn)));
+            let multipath = paths.len() > 1;
             self.jobs.push(Job {
                 conn,
                 url: s.url,
                 index: s.index,
                 submit_ns: vec![0; plan.qd],
                 dirs: vec![Dir::Read; plan.qd],
+                pending: if multipath { vec![None; plan.qd] } else { Vec::new() },
+                doubt: vec![false; plan.qd],
+                path,
+                stall_since: None,
+                login: o,
                 gen: None,
                 next_unit: 0,
                 end_unit: 0,
@@ -346,6 +402,7 @@ impl Client {
             blocks_checked: self.tally.blocks_checked,
             aborts: AbortStats::default(),
             abort_error: None,
+            failovers: std::mem::take(&mut self.failovers),
         })
     }
 
@@ -418,14 +475,21 @@ impl Client {
         let mut any = false;
         let mut got = false;
         let mut inflight = 0;
+        let plan = &self.plan;
         for j in &mut self.jobs {
-            got |= j.conn.poll(done)?;
+            // Completions that came before a connection error still count: they were
+            // acknowledged.
+            let polled = j.conn.poll(done);
             if !done.is_empty() {
                 any = true;
                 now_ns = t0.elapsed().as_nanos() as u64;
                 for c in done.drain(..) {
                     if let Err(e) = c.result {
                         return Err(format!("{}: {e}", j.conn.label()));
+                    }
+                    if !j.pending.is_empty() {
+                        j.pending[c.slot] = None;
+                        j.doubt[c.slot] = false;
                     }
                     if c.aborted {
                         on_done(&mut self.tally, j, c.slot, now_ns, None);
@@ -437,7 +501,34 @@ impl Client {
                     on_done(&mut self.tally, j, c.slot, now_ns, Some(lat));
                 }
             }
-            j.conn.flush()?;
+            let failed = match polled.and_then(|g| j.conn.flush().map(|_| g)) {
+                Ok(g) => {
+                    got |= g;
+                    if j.pending.is_empty() {
+                        None
+                    } else if g || j.conn.inflight() == 0 {
+                        j.stall_since = None;
+                        None
+                    } else {
+                        // Multipath: nothing received with I/O outstanding.
+                        let since = *j.stall_since.get_or_insert_with(Instant::now);
+                        (since.elapsed() >= plan.path_timeout).then(|| {
+                            format!(
+                                "no answer for {} s with {} I/Os outstanding",
+                                plan.path_timeout.as_secs(),
+                                j.conn.inflight()
+                            )
+                        })
+                    }
+                }
+                Err(e) if j.pending.is_empty() => return Err(e),
+                Err(e) => Some(e),
+            };
+            if let Some(reason) = failed {
+                let f = fail_over(j, plan, &self.ctl.stop, t0, reason)?;
+                self.failovers.push(f);
+                got = true;
+            }
             inflight += j.conn.inflight();
         }
         if any {
@@ -606,6 +697,143 @@ impl Job {
     fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32, now_ns: u64) {
         self.dirs[slot] = dir;
         self.submit_ns[slot] = now_ns;
+        if let Some(p) = self.pending.get_mut(slot) {
+            *p = Some((lba, blocks));
+        }
         self.conn.submit(slot, dir, lba, blocks);
     }
+}
+
+/// Logs in through one path and readies the session for I/O (TEST UNIT READY until ready,
+/// READ CAPACITY, the task slots).
+fn open_path(plan: &Plan, t: &crate::url::TargetUrl, o: &LoginOptions) -> Result<Session, String> {
+    let mut conn = Session::login(t, o, plan.qd)?;
+    let copy_reads = plan.mode != Mode::Bench;
+    let setup = conn
+        .wait_ready()
+        .and_then(|_| conn.read_capacity())
+        .and_then(|_| conn.start_io(plan.qd, plan.bs as usize, copy_reads));
+    if let Err(e) = setup {
+        let _ = conn.logout();
+        return Err(e);
+    }
+    Ok(conn)
+}
+
+/// The session's path failed (`reason`): logs it, logs in through the next path (trying them
+/// all in turn, the failed one last, for up to --failover-timeout), and resubmits there every
+/// I/O the old path did not acknowledge, writes with the data they had. Until the new path
+/// acknowledges them, those writes are in doubt: the old target may or may not have written
+/// them. Err: no path came back in time (the message names the writes left in doubt).
+fn fail_over(
+    j: &mut Job,
+    plan: &Plan,
+    stop: &AtomicBool,
+    t0: Instant,
+    reason: String,
+) -> Result<Failover, String> {
+    let seen = Instant::now();
+    let since = j.stall_since.take().unwrap_or(seen);
+    let paths = &plan.paths[j.url];
+    let from = j.conn.label().to_string();
+    // What the old path never acknowledged: (slot, direction, LBA, blocks, write data).
+    let mut redo = Vec::new();
+    for slot in 0..j.pending.len() {
+        if let Some((lba, blocks)) = j.pending[slot] {
+            let dir = j.dirs[slot];
+            let data = if dir == Dir::Write {
+                let n = (blocks as usize * j.conn.block_size() as usize).min(j.conn.buf(slot).len());
+                j.conn.buf(slot)[..n].to_vec()
+            } else {
+                Vec::new()
+            };
+            redo.push((slot, dir, lba, blocks, data));
+        }
+    }
+    let writes = redo.iter().filter(|r| r.1 == Dir::Write).count();
+    let (bsize, nblocks) = (j.conn.block_size(), j.conn.num_blocks());
+    eprintln!(
+        "riser-perf: path {from} failed: {reason}; {} I/Os not acknowledged ({writes} writes in doubt); failing over",
+        redo.len()
+    );
+    let in_doubt = || {
+        let mut v: Vec<String> = redo
+            .iter()
+            .filter(|r| r.1 == Dir::Write)
+            .map(|r| format!("LBA {}+{}", r.2, r.3))
+            .collect();
+        v.sort();
+        v.join(", ")
+    };
+    let deadline = seen + plan.failover_timeout;
+    let mut attempts = 0u32;
+    let mut k = 1;
+    let mut last_err = String::new();
+    let conn = loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(format!("interrupted during a failover from {from}; writes in doubt: {}", in_doubt()));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{from}: path failed ({reason}) and no path logged in within {} s (last: {last_err}); {writes} writes left in doubt: {}",
+                plan.failover_timeout.as_secs(),
+                in_doubt()
+            ));
+        }
+        let p = (j.path + k) % paths.len();
+        k += 1;
+        if p == j.path {
+            // A whole round failed: a pause before the next.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        attempts += 1;
+        let t = &paths[p];
+        match open_path(plan, t, &j.login) {
+            Ok(c) if c.block_size() != bsize || c.num_blocks() != nblocks => {
+                last_err = format!(
+                    "{t}: a LUN of {} blocks of {} B, not {nblocks} of {bsize} B as through {from}",
+                    c.num_blocks(),
+                    c.block_size()
+                );
+                eprintln!("riser-perf: {last_err}");
+            }
+            Ok(c) => {
+                j.path = p;
+                break c;
+            }
+            Err(e) => {
+                eprintln!("riser-perf: failover: {e}");
+                last_err = e;
+            }
+        }
+    };
+    // The old connection goes (closed on drop).
+    let mut conn = conn;
+    if let Some(n) = plan.abort_every {
+        conn.abort_every(n);
+    }
+    j.conn = conn;
+    for (slot, dir, lba, blocks, data) in &redo {
+        j.conn.buf_mut(*slot)[..data.len()].copy_from_slice(data);
+        j.pending[*slot] = Some((*lba, *blocks));
+        j.doubt[*slot] = *dir == Dir::Write;
+        // The latency of a resubmitted I/O counts from its first submission.
+        j.conn.submit(*slot, *dir, *lba, *blocks);
+    }
+    j.conn.flush()?;
+    let f = Failover {
+        from,
+        to: j.conn.label().to_string(),
+        reason,
+        at_s: seen.duration_since(t0).as_secs_f64(),
+        no_path_s: since.elapsed().as_secs_f64(),
+        resubmitted: redo.len(),
+        writes_in_doubt: writes,
+        attempts,
+    };
+    eprintln!(
+        "riser-perf: failover: {} -> {} after {:.2} s without a path ({attempts} login(s)); {} I/Os resubmitted",
+        f.from, f.to, f.no_path_s, f.resubmitted
+    );
+    Ok(f)
 }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::client::{SessionInfo, ThreadResult};
+use super::client::{Failover, SessionInfo, ThreadResult};
 use super::{Geometry, Mode, Plan};
 use crate::report::{Latency, Report, WorkerResult};
 use crate::workload::PollModeArg;
@@ -120,6 +120,7 @@ pub(super) fn bench_report(
     proc0: (u64, u64),
     proc1: (u64, u64),
     infos: &[SessionInfo],
+    failovers: &[Failover],
 ) -> (String, String) {
     let workers: Vec<WorkerResult> = rs
         .iter()
@@ -140,6 +141,7 @@ pub(super) fn bench_report(
         .collect();
     let config = serde_json::json!({
         "urls": plan.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+        "paths": plan.paths.iter().map(|p| p.iter().map(|t| t.to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "rw": plan.workload,
         "rwmixread": plan.read_pct,
         "bs": plan.bs,
@@ -186,6 +188,12 @@ pub(super) fn bench_report(
             "sessions".into(),
             serde_json::to_value(infos).unwrap_or_default(),
         );
+        if plan.paths.iter().any(|p| p.len() > 1) {
+            o.insert(
+                "failovers".into(),
+                serde_json::to_value(failovers).unwrap_or_default(),
+            );
+        }
     }
     let json = serde_json::to_string_pretty(&v).unwrap_or_default();
 
