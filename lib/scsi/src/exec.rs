@@ -157,6 +157,9 @@ enum Job {
     Copy(CopyJob),
     /// SANITIZE: the whole medium, one chunk at a time.
     Sanitize(SanitizeJob),
+    /// Work running on another thread (PERSISTENT RESERVE OUT against a device's shared
+    /// state): counted as one I/O in flight until `poll` finds its result.
+    Deferred(Arc<crate::pr::shared::Deferred>),
 }
 
 struct SanitizeJob {
@@ -243,6 +246,8 @@ pub struct LunChannel {
     pool: &'static Pool,
     /// What the connection holds of the budget, reads and writes.
     account: Account,
+    /// Slots of [`Job::Deferred`] ops not finished yet.
+    deferred: Vec<usize>,
 }
 
 impl Drop for LunChannel {
@@ -336,6 +341,7 @@ impl LunChannel {
             active: 0,
             pool: Pool::global(),
             account: Account::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -509,6 +515,9 @@ impl LunChannel {
                 self.on_completion(slot, c);
             }
             self.comps = comps;
+            if !self.deferred.is_empty() {
+                self.poll_deferred();
+            }
             let n = self.waiting.len();
             for _ in 0..n {
                 let Some(slot) = self.waiting.pop_front() else {
@@ -651,6 +660,34 @@ impl LunChannel {
 
     fn finish(&mut self, slot: usize) {
         self.complete(slot, None);
+    }
+
+    /// Finishes the [`Job::Deferred`] ops whose work is done.
+    fn poll_deferred(&mut self) {
+        let mut i = 0;
+        while i < self.deferred.len() {
+            let slot = self.deferred[i];
+            let r = match self.ops.get(slot).and_then(|o| o.as_ref()) {
+                Some(Op { job: Job::Deferred(d), .. }) => d.take(),
+                // The op went (its channel state was reset): nothing to wait for.
+                _ => Some(Ok(())),
+            };
+            let Some(r) = r else {
+                i += 1;
+                continue;
+            };
+            self.deferred.swap_remove(i);
+            if let Some(Some(o)) = self.ops.get_mut(slot) {
+                if !matches!(o.job, Job::Deferred(_)) {
+                    continue;
+                }
+                o.inflight = 0;
+                if let Err(e) = r {
+                    o.err.get_or_insert(e);
+                }
+                self.finish(slot);
+            }
+        }
     }
 
     fn fail(&mut self, slot: usize, e: CmdError) {

@@ -1,5 +1,16 @@
 //! Persistent reservations (SPC-4 5.12, 6.15, 6.16) and SPC-2 RESERVE/RELEASE (SPC-2 7.21,
 //! 7.23), and the conflict rules every command is checked against.
+//!
+//! Where the state lives: in the LUN (memory, and the APTPL file of [`crate::pr_store`]
+//! when there is a state directory), or, for a device shared by several gateways (an RBD
+//! image), with the device, see [`shared`]. Either way every command is checked against
+//! the LUN's in-memory copy ([`conflicts`]); only PERSISTENT RESERVE OUT differs: on a
+//! shared device it runs on a worker thread against the shared copy and completes later.
+//!
+//! ALL_TG_PT (SPC-4 5.12.7): a registration made with it is one entry that covers every I_T
+//! nexus of its initiator port (through any target port, so through any gateway); without
+//! it a registration is its I_T nexus's only. A reservation is held by the holder's
+//! registration, so through every nexus that registration covers.
 
 use std::sync::Arc;
 
@@ -7,6 +18,9 @@ use crate::cdb::{get_be64, put_be16, put_be32, put_be64, Cdb};
 use crate::lun::{Lun, LunState};
 use crate::sense::{Asc, CmdError, CmdResult};
 use crate::task::Nexus;
+
+#[path = "pr_shared.rs"]
+pub(crate) mod shared;
 
 /// Persistent reservation types (SPC-4 table 170).
 pub mod pr_type {
@@ -34,6 +48,21 @@ pub(crate) struct Registration {
     pub nexus: Arc<str>,
     pub transport_id: Vec<u8>,
     pub rel_target_port: u16,
+    /// Registered with ALL_TG_PT: covers the initiator port through every target port.
+    pub all_tg_pt: bool,
+}
+
+/// The initiator port of a nexus key (`<initiator port>|<target port>`).
+fn initiator_of(nexus: &str) -> &str {
+    nexus.split_once('|').map_or(nexus, |(i, _)| i)
+}
+
+impl Registration {
+    /// Whether this is the registration of `nexus`: its own I_T nexus, or (ALL_TG_PT) any
+    /// nexus of the same initiator port.
+    pub fn covers(&self, nexus: &str) -> bool {
+        &*self.nexus == nexus || (self.all_tg_pt && initiator_of(&self.nexus) == initiator_of(nexus))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,13 +85,13 @@ pub(crate) struct PrState {
 
 impl PrState {
     fn reg(&self, nexus: &Arc<str>) -> Option<&Registration> {
-        self.regs.iter().find(|r| &r.nexus == nexus)
+        self.regs.iter().find(|r| r.covers(nexus))
     }
 
     fn is_holder(&self, nexus: &Arc<str>) -> bool {
         match &self.reservation {
             Some(r) if all_registrants(r.ty) => self.reg(nexus).is_some(),
-            Some(r) => &r.holder == nexus,
+            Some(r) => &r.holder == nexus || self.reg(&r.holder).is_some_and(|h| h.covers(nexus)),
             None => false,
         }
     }
@@ -70,10 +99,11 @@ impl PrState {
     /// Removes the registration of `nexus`, releasing the reservation when the holder goes
     /// away (SPC-4 5.12.11.2.3). Returns whether the reservation was released and its type.
     fn unregister(&mut self, nexus: &Arc<str>) -> Option<u8> {
-        self.regs.retain(|r| &r.nexus != nexus);
+        let i = self.regs.iter().position(|r| r.covers(nexus))?;
+        let gone = self.regs.remove(i);
         let released = match &self.reservation {
             Some(r) if all_registrants(r.ty) => self.regs.is_empty(),
-            Some(r) => &r.holder == nexus,
+            Some(r) => gone.covers(&r.holder),
             None => false,
         };
         if released {
@@ -122,14 +152,8 @@ pub(crate) fn conflicts(st: &LunState, nexus: &Arc<str>, class: PrClass) -> bool
         return false;
     }
     let registered = st.pr.reg(nexus).is_some();
-    let exclusive_access = matches!(
-        res.ty,
-        EXCLUSIVE_ACCESS | EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR
-    );
-    let registrants_may_access = matches!(
-        res.ty,
-        WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
-    );
+    let exclusive_access = matches!(res.ty, EXCLUSIVE_ACCESS | EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR);
+    let registrants_may_access = matches!(res.ty, WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR);
     if registrants_may_access && registered {
         return false;
     }
@@ -167,11 +191,7 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
                 v.resize(24, 0);
                 put_be32(&mut v, 4, 16);
                 // For all-registrants types the key is zero (SPC-4 6.15.3.3).
-                let key = if all_registrants(res.ty) {
-                    0
-                } else {
-                    pr.reg(&res.holder).map_or(0, |r| r.key)
-                };
+                let key = if all_registrants(res.ty) { 0 } else { pr.reg(&res.holder).map_or(0, |r| r.key) };
                 put_be64(&mut v, 8, key);
                 v[21] = res.ty & 0x0F; // scope 0 (LU)
             }
@@ -182,8 +202,9 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
             let mut v = vec![0u8; 8];
             put_be16(&mut v, 0, 8);
             v[2] = 0x10; // CRH: RESERVE/RELEASE handled per SPC-4 5.12.3
-            if lun.pr_store().is_some() {
-                v[2] |= 0x01; // PTPL_C: riser has a state directory to persist in
+            v[2] |= 0x04; // ATP_C: ALL_TG_PT
+            if persists(lun) {
+                v[2] |= 0x01; // PTPL_C: a state directory, or the device's shared state
             }
             v[3] = 0x80 | (0x1 << 4); // TMV, ALLOW COMMANDS = 001b
             if pr.aptpl {
@@ -202,10 +223,13 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
                 let mut d = vec![0u8; 24];
                 put_be64(&mut d, 0, r.key);
                 if let Some(res) = &pr.reservation {
-                    if all_registrants(res.ty) || res.holder == r.nexus {
+                    if all_registrants(res.ty) || r.covers(&res.holder) {
                         d[12] |= 0x01; // R_HOLDER
                         d[13] = res.ty & 0x0F;
                     }
+                }
+                if r.all_tg_pt {
+                    d[12] |= 0x02; // ALL_TG_PT: the descriptor stands for every target port
                 }
                 put_be16(&mut d, 18, r.rel_target_port);
                 put_be32(&mut d, 20, r.transport_id.len() as u32);
@@ -223,8 +247,28 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
 // ------------------------------------------------------------------------------------
 // PERSISTENT RESERVE OUT
 
-/// PERSISTENT RESERVE OUT (SPC-4 6.16) with its parameter list `param`.
-pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdResult<()> {
+/// Whether registrations can persist through power loss (PTPL_C): a state directory, or
+/// a device whose shared state outlives every gateway.
+fn persists(lun: &Lun) -> bool {
+    lun.pr_store().is_some() || lun.pr_shared().is_some()
+}
+
+/// A PERSISTENT RESERVE OUT, decoded and checked (everything that does not depend on the
+/// reservation state).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PrOutReq {
+    pub sa: u8,
+    pub scope: u8,
+    pub ty: u8,
+    pub key: u64,
+    pub sark: u64,
+    /// REGISTER or REGISTER AND IGNORE EXISTING KEY: APTPL and ALL_TG_PT count.
+    pub register: bool,
+    pub aptpl: bool,
+    pub all_tg_pt: bool,
+}
+
+fn parse_pr_out(lun: &Lun, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutReq> {
     let sa = cdb.service_action();
     let scope = cdb.u8(2) >> 4;
     let ty = cdb.u8(2) & 0x0F;
@@ -246,17 +290,51 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
         // SPEC_I_PT is not supported (REPORT CAPABILITIES SIP_C = 0).
         return Err(CmdError::invalid_param(20, Some(3)));
     }
-    if flags & 0x04 != 0 {
-        // ALL_TG_PT is not supported (ATP_C = 0).
-        return Err(CmdError::invalid_param(20, Some(2)));
-    }
-    // APTPL counts only in REGISTER and REGISTER AND IGNORE EXISTING KEY (SPC-4 6.16.4).
+    // APTPL and ALL_TG_PT count only in REGISTER and REGISTER AND IGNORE EXISTING KEY
+    // (SPC-4 6.16.4).
     let register = matches!(sa, 0x00 | 0x06);
     let aptpl = register && flags & 0x01 != 0;
-    if aptpl && lun.pr_store().is_none() {
+    let all_tg_pt = register && flags & 0x04 != 0;
+    if aptpl && !persists(lun) {
         // No state directory: persist through power loss is not offered (PTPL_C = 0).
         return Err(CmdError::invalid_param(20, Some(0)));
     }
+    Ok(PrOutReq { sa, scope, ty, key, sark, register, aptpl, all_tg_pt })
+}
+
+/// Applies `req` from `nexus` to `st` (the LUN's state, or a copy of the shared one).
+pub(crate) fn apply_pr_out(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
+    let r = pr_out_locked(st, nexus, req);
+    if r.is_ok() && req.register {
+        st.pr.aptpl = req.aptpl;
+    }
+    r
+}
+
+/// How a PERSISTENT RESERVE OUT went on.
+pub(crate) enum PrOutcome {
+    /// Done: GOOD.
+    Done,
+    /// Running on a worker thread against the device's shared state; the executor polls it.
+    Deferred(Arc<shared::Deferred>),
+}
+
+/// PERSISTENT RESERVE OUT (SPC-4 6.16) with its parameter list `param`.
+pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutcome> {
+    let req = parse_pr_out(lun, cdb, param)?;
+    if lun.pr_shared().is_some() {
+        if let Some(h) = &lun.lock().spc2_holder {
+            if h != nexus.key() {
+                return Err(CmdError::reservation_conflict());
+            }
+        }
+        return Ok(PrOutcome::Deferred(shared::start(lun.clone(), nexus.clone(), req)));
+    }
+    pr_out_local(lun, nexus, req).map(|()| PrOutcome::Done)
+}
+
+/// PERSISTENT RESERVE OUT on a LUN that keeps its own state (memory, APTPL file).
+fn pr_out_local(lun: &Lun, nexus: &Nexus, req: PrOutReq) -> CmdResult<()> {
     let me = nexus.key();
     // One PR OUT at a time per LUN, held across the state file's write: the LUN's lock is
     // not (the data path takes it while a reservation exists), so readers and writers on
@@ -270,10 +348,7 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
         }
     }
     let before = st.pr.clone();
-    let r = pr_out_locked(st, nexus, sa, scope, ty, key, sark);
-    if r.is_ok() && register {
-        st.pr.aptpl = aptpl;
-    }
+    let r = apply_pr_out(st, nexus, &req);
     lun.refresh_attn(st);
     r?;
     let Some(store) = lun.pr_store() else {
@@ -308,15 +383,8 @@ pub(crate) fn pr_out(lun: &Lun, nexus: &Nexus, cdb: &Cdb, param: &[u8]) -> CmdRe
     Ok(())
 }
 
-fn pr_out_locked(
-    st: &mut LunState,
-    nexus: &Nexus,
-    sa: u8,
-    scope: u8,
-    ty: u8,
-    key: u64,
-    sark: u64,
-) -> CmdResult<()> {
+fn pr_out_locked(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
+    let PrOutReq { sa, scope, ty, key, sark, .. } = *req;
     let me = nexus.key().clone();
     let my_key = st.pr.reg(&me).map(|r| r.key);
     match sa {
@@ -334,6 +402,7 @@ fn pr_out_locked(
                             nexus: me.clone(),
                             transport_id: nexus.transport_id(),
                             rel_target_port: nexus.rel_target_port,
+                            all_tg_pt: req.all_tg_pt,
                         });
                         st.pr.generation = st.pr.generation.wrapping_add(1);
                     }
@@ -346,7 +415,7 @@ fn pr_out_locked(
                         if let Some(ty) = st.pr.unregister(&me) {
                             released_ua(st, ty, &me);
                         }
-                    } else if let Some(r) = st.pr.regs.iter_mut().find(|r| r.nexus == me) {
+                    } else if let Some(r) = st.pr.regs.iter_mut().find(|r| r.covers(&me)) {
                         r.key = sark;
                     }
                     st.pr.generation = st.pr.generation.wrapping_add(1);
@@ -397,9 +466,7 @@ fn pr_out_locked(
                 return Ok(());
             }
             if scope != 0 || ty != res.ty {
-                return Err(CmdError::illegal(
-                    Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION,
-                ));
+                return Err(CmdError::illegal(Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION));
             }
             st.pr.reservation = None;
             released_ua(st, res.ty, &me);
@@ -413,13 +480,7 @@ fn pr_out_locked(
             if k != key {
                 return Err(CmdError::reservation_conflict());
             }
-            let others: Vec<Arc<str>> = st
-                .pr
-                .regs
-                .iter()
-                .filter(|r| r.nexus != me)
-                .map(|r| r.nexus.clone())
-                .collect();
+            let others: Vec<Arc<str>> = st.pr.regs.iter().filter(|r| !r.covers(&me)).map(|r| r.nexus.clone()).collect();
             st.pr.regs.clear();
             st.pr.reservation = None;
             st.pr.generation = st.pr.generation.wrapping_add(1);
@@ -436,17 +497,8 @@ fn pr_out_locked(
 /// UA RESERVATIONS RELEASED for the other registrants when a registrants-only or
 /// all-registrants reservation goes away (SPC-4 5.12.11.2.2).
 fn released_ua(st: &mut LunState, ty: u8, me: &Arc<str>) {
-    if matches!(
-        ty,
-        WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
-    ) {
-        let others: Vec<Arc<str>> = st
-            .pr
-            .regs
-            .iter()
-            .filter(|r| &r.nexus != me)
-            .map(|r| r.nexus.clone())
-            .collect();
+    if matches!(ty, WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR) {
+        let others: Vec<Arc<str>> = st.pr.regs.iter().filter(|r| !r.covers(me)).map(|r| r.nexus.clone()).collect();
         for n in others {
             st.add_ua(&n, Asc::RESERVATIONS_RELEASED);
         }
@@ -455,15 +507,7 @@ fn released_ua(st: &mut LunState, ty: u8, me: &Arc<str>) {
 
 /// PREEMPT / PREEMPT AND ABORT (SPC-4 5.12.11.4). Tasks of preempted nexuses are not
 /// aborted here (the iSCSI layer owns them).
-fn preempt(
-    st: &mut LunState,
-    me: &Arc<str>,
-    my_key: Option<u64>,
-    key: u64,
-    sark: u64,
-    scope: u8,
-    ty: u8,
-) -> CmdResult<()> {
+fn preempt(st: &mut LunState, me: &Arc<str>, my_key: Option<u64>, key: u64, sark: u64, scope: u8, ty: u8) -> CmdResult<()> {
     let Some(k) = my_key else {
         return Err(CmdError::reservation_conflict());
     };
@@ -489,32 +533,17 @@ fn preempt(
     }
     // Registrations to remove: those with SARK (all but ours when SARK is zero under an
     // all-registrants reservation). The preempting nexus keeps its own (SPC-4 5.12.11.4).
-    let victims: Vec<Arc<str>> = st
-        .pr
-        .regs
-        .iter()
-        .filter(|r| &r.nexus != me && (sark == 0 || r.key == sark))
-        .map(|r| r.nexus.clone())
-        .collect();
+    let victims: Vec<Arc<str>> = st.pr.regs.iter().filter(|r| !r.covers(me) && (sark == 0 || r.key == sark)).map(|r| r.nexus.clone()).collect();
     if victims.is_empty() && !preempts_holder {
         return Err(CmdError::reservation_conflict());
     }
     st.pr.regs.retain(|r| !victims.contains(&r.nexus));
     if preempts_holder {
         let old = res.as_ref().map(|r| r.ty);
-        st.pr.reservation = Some(Reservation {
-            ty,
-            holder: me.clone(),
-        });
+        st.pr.reservation = Some(Reservation { ty, holder: me.clone() });
         // Remaining registrants see their reservation change type (SPC-4 5.12.11.4.3).
         if old != Some(ty) {
-            let others: Vec<Arc<str>> = st
-                .pr
-                .regs
-                .iter()
-                .filter(|r| &r.nexus != me)
-                .map(|r| r.nexus.clone())
-                .collect();
+            let others: Vec<Arc<str>> = st.pr.regs.iter().filter(|r| !r.covers(me)).map(|r| r.nexus.clone()).collect();
             for n in others {
                 st.add_ua(&n, Asc::RESERVATIONS_RELEASED);
             }

@@ -52,6 +52,10 @@ struct StateV1 {
     generation: u32,
     registrations: Vec<RegistrationV1>,
     reservation: Option<ReservationV1>,
+    /// The APTPL bit last given; absent in the APTPL file (which exists only while it is
+    /// set), present in a device's shared state (see `pr::shared`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aptpl: Option<bool>,
 }
 
 /// One registered I_T nexus: SCSI port names (SPC-4 7.6.4.6: initiator name with ISID,
@@ -66,6 +70,13 @@ struct RegistrationV1 {
     reservation_key: String,
     /// Hex bytes.
     transport_id: String,
+    /// Registered with ALL_TG_PT (written only when set).
+    #[serde(default, skip_serializing_if = "is_false")]
+    all_tg_pt: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Serialize, Deserialize)]
@@ -216,6 +227,12 @@ fn ports(nexus: &str) -> io::Result<(String, String)> {
 
 /// The file's bytes for `st`.
 pub(crate) fn encode(st: &PrState, uuid: Uuid, lun: u64) -> io::Result<Vec<u8>> {
+    encode_as(st, uuid, lun, FORMAT, false)
+}
+
+/// `st` in `format`, with the APTPL bit when `with_aptpl` (a shared state, which exists
+/// whatever APTPL says).
+pub(crate) fn encode_as(st: &PrState, uuid: Uuid, lun: u64, format: &str, with_aptpl: bool) -> io::Result<Vec<u8>> {
     let mut registrations = Vec::with_capacity(st.regs.len());
     for r in &st.regs {
         let (initiator_port, target_port) = ports(&r.nexus)?;
@@ -225,6 +242,7 @@ pub(crate) fn encode(st: &PrState, uuid: Uuid, lun: u64) -> io::Result<Vec<u8>> 
             relative_target_port: r.rel_target_port,
             reservation_key: format!("0x{:016x}", r.key),
             transport_id: hex(&r.transport_id),
+            all_tg_pt: r.all_tg_pt,
         });
     }
     let reservation = match &st.reservation {
@@ -234,10 +252,11 @@ pub(crate) fn encode(st: &PrState, uuid: Uuid, lun: u64) -> io::Result<Vec<u8>> 
         }
         None => None,
     };
-    let state = StateV1 { device_uuid: uuid, lun, generation: st.generation, registrations, reservation };
+    let aptpl = with_aptpl.then_some(st.aptpl);
+    let state = StateV1 { device_uuid: uuid, lun, generation: st.generation, registrations, reservation, aptpl };
     let state = serde_json::to_value(&state).map_err(io::Error::other)?;
     let file = serde_json::json!({
-        "format": FORMAT,
+        "format": format,
         "version": VERSION,
         "checksum": checksum(&state)?,
         "state": state,
@@ -250,11 +269,16 @@ pub(crate) fn encode(st: &PrState, uuid: Uuid, lun: u64) -> io::Result<Vec<u8>> 
 /// The state in a file's bytes, checked for this device and LUN; the error says why the
 /// file cannot be used.
 pub(crate) fn decode(bytes: &[u8], uuid: Uuid, lun: u64) -> Result<PrState, String> {
+    decode_as(bytes, uuid, lun, FORMAT)
+}
+
+/// [`decode`] of `format`.
+pub(crate) fn decode_as(bytes: &[u8], uuid: Uuid, lun: u64, format: &str) -> Result<PrState, String> {
     let file: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
     let obj = file.as_object().ok_or("not a JSON object")?;
     match obj.get("format").and_then(Value::as_str) {
-        Some(FORMAT) => {}
-        other => return Err(format!("format {other:?}, expected {FORMAT:?}")),
+        Some(f) if f == format => {}
+        other => return Err(format!("format {other:?}, expected {format:?}")),
     }
     match obj.get("version").and_then(Value::as_u64) {
         Some(VERSION) => {}
@@ -271,7 +295,7 @@ pub(crate) fn decode(bytes: &[u8], uuid: Uuid, lun: u64) -> Result<PrState, Stri
     if s.device_uuid != uuid || s.lun != lun {
         return Err(format!("it is the state of device {} LUN {}", s.device_uuid, s.lun));
     }
-    let mut st = PrState { generation: s.generation, aptpl: true, ..PrState::default() };
+    let mut st = PrState { generation: s.generation, aptpl: s.aptpl.unwrap_or(true), ..PrState::default() };
     for (i, r) in s.registrations.into_iter().enumerate() {
         let key = r
             .reservation_key
@@ -281,10 +305,10 @@ pub(crate) fn decode(bytes: &[u8], uuid: Uuid, lun: u64) -> Result<PrState, Stri
             .ok_or_else(|| format!("registrations[{i}]: reservation key {:?}", r.reservation_key))?;
         let transport_id = unhex(&r.transport_id).ok_or_else(|| format!("registrations[{i}]: transport_id is not hex"))?;
         let nexus: Arc<str> = format!("{}|{}", r.initiator_port, r.target_port).into();
-        if st.regs.iter().any(|x| x.nexus == nexus) {
+        if st.regs.iter().any(|x| x.covers(&nexus)) {
             return Err(format!("registrations[{i}]: I_T nexus {nexus} is registered twice"));
         }
-        st.regs.push(Registration { key, nexus, transport_id, rel_target_port: r.relative_target_port });
+        st.regs.push(Registration { key, nexus, transport_id, rel_target_port: r.relative_target_port, all_tg_pt: r.all_tg_pt });
     }
     if let Some(res) = s.reservation {
         if !matches!(res.ty, 1 | 3 | 5 | 6 | 7 | 8) || res.scope != 0 {
@@ -293,7 +317,7 @@ pub(crate) fn decode(bytes: &[u8], uuid: Uuid, lun: u64) -> Result<PrState, Stri
         let holder: Arc<str> = format!("{}|{}", res.initiator_port, res.target_port).into();
         let all_registrants = matches!(res.ty, 7 | 8);
         // A holder always is a registrant (unregistering releases its reservation).
-        let consistent = if all_registrants { !st.regs.is_empty() } else { st.regs.iter().any(|r| r.nexus == holder) };
+        let consistent = if all_registrants { !st.regs.is_empty() } else { st.regs.iter().any(|r| r.covers(&holder)) };
         if !consistent {
             return Err(format!("reservation: holder {holder} is not registered"));
         }
@@ -340,7 +364,13 @@ pub(crate) mod tests {
     fn sample() -> PrState {
         let a = Nexus::new("iqn.2024-01.test:init1", 0x23d0_0000_0001, "iqn.2024-01.test:tgt", 1);
         let b = Nexus::new("iqn.2024-01.test:init2", 0x23d0_0000_0002, "iqn.2024-01.test:tgt", 2);
-        let reg = |n: &Nexus, key| Registration { key, nexus: n.key().clone(), transport_id: n.transport_id(), rel_target_port: n.rel_target_port };
+        let reg = |n: &Nexus, key| Registration {
+            key,
+            nexus: n.key().clone(),
+            transport_id: n.transport_id(),
+            rel_target_port: n.rel_target_port,
+            all_tg_pt: false,
+        };
         PrState {
             generation: 7,
             aptpl: true,

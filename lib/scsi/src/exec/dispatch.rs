@@ -133,8 +133,11 @@ impl LunChannel {
                 let len = cdb.be32(5) as u64;
                 ctx.xfer = len;
                 let p = param(&data_out, len, ctx.edtl);
-                pr::pr_out(&lun, ctx.nexus, &cdb, p)?;
-                Ok(Action::Good)
+                match pr::pr_out(&lun, ctx.nexus, &cdb, p)? {
+                    pr::PrOutcome::Done => Ok(Action::Good),
+                    // Shared state (several gateways): finishes on a worker, polled.
+                    pr::PrOutcome::Deferred(d) => Ok(Action::Job(Need::None, Job::Deferred(d))),
+                }
             }
             op::RESERVE6 | op::RESERVE10 => {
                 pr::reserve(&lun, ctx.nexus, &cdb)?;

@@ -97,6 +97,10 @@ impl LunChannel {
             Job::WriteSame { .. } => self.write_same_next(slot),
             Job::Copy(_) => self.copy_next(slot, None),
             Job::Sanitize(_) => self.sanitize_next(slot, None),
+            Job::Deferred(_) => {
+                o.inflight = 1;
+                self.deferred.push(slot);
+            }
             Job::Compare { lba, blocks, .. }
             | Job::Rmw(Rmw { lba, blocks, .. })
             | Job::LbaStatus { lba, blocks, .. } => {
@@ -313,6 +317,8 @@ impl LunChannel {
             Job::Write { .. } | Job::Flush { .. } | Job::Unmap { .. } | Job::WriteZeroes { .. } | Job::DeviceCaw { .. } => {
                 self.finish(slot)
             }
+            // No bdev I/O of its own: finished by poll_deferred.
+            Job::Deferred(_) => {}
             Job::WriteVerify {
                 lba,
                 blocks,
