@@ -637,6 +637,10 @@ impl Bdev for Counted {
     fn set_num_blocks(&self, num_blocks: u64) {
         self.inner.set_num_blocks(num_blocks)
     }
+
+    fn shared_state(&self, purpose: &str, on_notify: crate::OnNotify) -> Option<Result<crate::SharedStateHandle, BdevError>> {
+        self.inner.shared_state(purpose, on_notify)
+    }
 }
 
 /// An I/O in flight: the submitter's tag, when it was submitted (raw [`IO_CLOCK`]), its size.
