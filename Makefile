@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench bench-rxe bench-scale fuzz deps clean install uninstall
+.PHONY: all build release run test unit integration bench bench-rbd bench-rxe bench-scale fuzz deps clean install uninstall
 
 all: build
 
@@ -35,6 +35,13 @@ test:
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh
+
+# Ceph RBD behind riser (one and two gateways) vs librbd's own rbd bench and tgt's rbd backing
+# store, 4 KiB random read/write QD 32 on the single-node test cluster (table and runs under
+# target/bench/rbd-DATE/; about 5 minutes). BENCH_TIME, BENCH_ROUNDS, BENCH_QD, BENCH_RBD_MIB.
+bench-rbd: release
+	@scripts/setup.sh bench-rbd
+	scripts/bench-rbd.sh
 
 # iSER in the soft-RoCE VM, riser against LIO/isert: Linux ib_iser + fio, then the riser-perf
 # matrix over iser:// (table, JSON and chart under target/bench/matrix-rxe-DATE/).

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# Ceph RBD behind an iSCSI gateway (issue 15's benchmark), 4 KiB random read and write at QD
+# BENCH_QD (default 32) on one image of the single-node test cluster (scripts/ceph-test-cluster.sh:
+# one memstore OSD, pool size 1, data in RAM), written in full first so reads find data:
+#   rbd bench         librbd itself (--io-threads QD): what a gateway can at best pass on
+#   riser             one gateway (bdev_rbd_create), alone, one reactor on core 0, adaptive and
+#                     busy polling; riser-perf (one session, QD) on core 1
+#   tgt               Debian's tgt with its rbd backing store (tgt-rbd), alone, on core 0
+#   riser x2          two riser gateways (portal groups 1 and 2, same image and uuid) at once, on
+#                     cores 0 and 1, adaptive; one riser-perf with one session per gateway (QD
+#                     each), so twice the I/O outstanding of the single runs
+# Only one target process is alive during the single-gateway runs. Prints a table with the
+# ratios (aims: riser >= 0.9x rbd bench, >= 1.5x tgt; two gateways >= 1.6x one) and saves it,
+# with every run's output, in BENCH_OUT (default target/bench/rbd-DATE). Figures, no asserts;
+# non-zero exit when something is missing or a run fails. As root (the cluster, tgtd).
+# The cluster, librbd's threads and the OSD share the machine with the target and the client:
+# on a small machine the figures say as much about that as about the gateway.
+#
+# Environment: BENCH_TIME (seconds per run, default 10), BENCH_ROUNDS (default 1; the table
+# shows medians), BENCH_QD, BENCH_RBD_MIB (image size, default 256), BENCH_OUT.
+# About 2 minutes + ROUNDS x 10 x (BENCH_TIME + 3) seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${BENCH_TIME:-10}
+rounds=${BENCH_ROUNDS:-1}
+qd=${BENCH_QD:-32}
+mib=${BENCH_RBD_MIB:-256}
+out=${BENCH_OUT:-target/bench/rbd-$(date +%Y%m%d-%H%M%S)}
+riser=./target/release/riser
+perf=./target/release/riser-perf
+die() { echo "bench-rbd: $*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (the Ceph cluster, tgtd)"
+scripts/setup.sh bench-rbd
+for b in "$riser" "$perf"; do [ -x "$b" ] || die "$b missing: make release first"; done
+[ -f /usr/lib/tgt/backing-store/bs_rbd.so ] ||
+  die "tgt's rbd backing store (bs_rbd.so, package tgt-rbd) is not installed"
+mkdir -p "$out"
+work=$(mktemp -d /tmp/riser-bench-rbd.XXXXXX)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+riser_port=$(free_port)
+riser2_port=$(free_port)
+tgt_port=$(free_port)
+tgt_ctl=$((20000 + $$ % 10000))
+# shellcheck source=lib-tgt.sh
+. scripts/lib-tgt.sh
+tgt_iqn=iqn.2024-01.test.peer:rbd
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  tgt_stop
+  scripts/ceph-test-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A JSON-RPC 2.0 call over riser's UNIX socket: SOCK METHOD [PARAMS-JSON]
+rpc() {
+  python3 - "$@" <<'PY'
+import json, socket, sys
+sock, method = sys.argv[1], sys.argv[2]
+req = {"jsonrpc": "2.0", "id": 1, "method": method}
+if len(sys.argv) > 3: req["params"] = json.loads(sys.argv[3])
+s = socket.socket(socket.AF_UNIX); s.settimeout(30); s.connect(sock)
+s.sendall(json.dumps(req).encode() + b"\n")
+buf, dec = b"", json.JSONDecoder()
+while True:
+    chunk = s.recv(65536)
+    if not chunk: sys.exit(f"rpc {method}: connection closed without a reply")
+    buf += chunk
+    try: reply, _ = dec.raw_decode(buf.decode().lstrip()); break
+    except ValueError: continue
+if "error" in reply: sys.exit(f"rpc {method}: {reply['error']}")
+print(json.dumps(reply["result"]))
+PY
+}
+
+wait_port() { # PORT PID NAME LOG
+  for _ in $(seq 300); do
+    (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || die "$3 exited while starting; see $4"
+    sleep 0.1
+  done
+  die "$3 does not listen on 127.0.0.1:$1 after 30 s; see $4"
+}
+
+echo "bench-rbd: starting the test cluster (about 20 s)"
+CEPH_OWNER_PID=$$ scripts/ceph-test-cluster.sh start "$work/ceph" >"$out/ceph-start.log" 2>&1 ||
+  die "the cluster did not start; see $out/ceph-start.log"
+conf=$work/ceph/ceph.conf
+keyring=$work/ceph/keyring
+rbdc() { rbd -c "$conf" "$@"; }
+rbdc create --image-feature layering --size "${mib}M" rbd/bench
+echo "bench-rbd: writing the ${mib} MiB image in full"
+rbdc bench --io-type write --io-pattern seq --io-size 4M --io-threads 4 --io-total "${mib}M" rbd/bench >"$out/prefill.log" 2>&1 ||
+  die "prefill failed; see $out/prefill.log"
+
+# rbd bench: KIND (read|write) LOG -> IOPS. A short run first sizes the measured one to about
+# BENCH_TIME seconds (rbd bench runs for a number of bytes, not a time).
+rbd_bench() {
+  local rate ops
+  rbdc bench --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total 8M rbd/bench >"$2.calib" 2>&1 || { cat "$2.calib" >&2; return 1; }
+  rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2.calib" | tail -1)
+  ops=$(python3 -c "print(max(2048, int(float('${rate:-1000}') * $secs)))")
+  rbdc bench --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 || { cat "$2" >&2; return 1; }
+  sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2" | tail -1
+}
+
+# One riser gateway: NAME CORE PORT PG_TAG POLL_MODE; sets gw_pid
+start_riser() {
+  local sock=$work/$1.sock log=$out/$1.log
+  rm -f "$sock"
+  taskset -c "$2" "$riser" -m "$((1 << $2))" --poll-mode "$5" -r "$sock" >"$log" 2>&1 &
+  gw_pid=$!
+  pids+=("$gw_pid")
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  {
+    rpc "$sock" bdev_rbd_register_cluster '{"name":"c0","config_file":"'"$conf"'","key_file":"'"$keyring"'","user_id":"admin"}' &&
+    rpc "$sock" bdev_rbd_create '{"name":"Rbd0","pool_name":"rbd","rbd_name":"bench","block_size":512,"cluster_name":"c0","uuid":"6c0b7a1e-15a2-4a10-9a5e-00000000be9c"}' &&
+    rpc "$sock" iscsi_create_portal_group '{"tag":'"$4"',"portals":[{"host":"127.0.0.1","port":"'"$3"'"}]}' &&
+    rpc "$sock" iscsi_create_initiator_group '{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}' &&
+    rpc "$sock" iscsi_create_target_node '{"name":"rbd","pg_ig_maps":[{"pg_tag":'"$4"',"ig_tag":1}],"luns":[{"bdev_name":"Rbd0","lun_id":0}],"queue_depth":128,"disable_chap":true}'
+  } >>"$log.rpc" 2>&1 || die "configuring riser $1 failed; see $log.rpc and $log"
+  wait_port "$3" "$gw_pid" "riser $1" "$log"
+}
+
+stop_pid() {
+  kill "$1" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# riser-perf on core 1: RW LOG URL... -> IOPS (all URLs together)
+perf_run() {
+  local rw=$1 log=$2
+  shift 2
+  timeout $((secs + 60)) "$perf" -m 0x2 --rw "$rw" --bs 4096 --qd "$qd" --time "$secs" --ramp 2 --json "$@" >"$log" 2>"$log.err" ||
+    { cat "$log.err" >&2; return 1; }
+  python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; print(round(t["iops"]))' "$log"
+}
+
+url() { echo "iscsi://127.0.0.1:$1/iqn.2016-06.io.riser:rbd/0"; }
+results=$out/runs.tsv
+printf 'round\tsubject\tworkload\tiops\n' >"$results"
+for r in $(seq "$rounds"); do
+  for rw in randread randwrite; do
+    kind=${rw#rand}
+    v=$(rbd_bench "$kind" "$out/rbd-bench.$rw.$r.log") || die "rbd bench $kind failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "rbd bench" "$rw" "$v" | tee -a "$results"
+  done
+  for mode in adaptive busy; do
+    start_riser "riser-$mode.$r" 0 "$riser_port" 1 "$mode"
+    for rw in randread randwrite; do
+      v=$(perf_run "$rw" "$out/riser-$mode.$rw.$r.json" "$(url "$riser_port")") || die "riser-perf against riser ($mode) failed"
+      printf '%s\t%s\t%s\t%s\n' "$r" "riser ($mode)" "$rw" "$v" | tee -a "$results"
+    done
+    stop_pid "$gw_pid"
+  done
+  tgt_bs=(--bstype rbd --backing-store rbd/bench --bsopts "conf=$conf;id=admin")
+  tgt_start "$out/tgt.$r.log" >/dev/null
+  wait_port "$tgt_port" "$tgt_pid" tgtd "$out/tgt.$r.log"
+  for rw in randread randwrite; do
+    v=$(perf_run "$rw" "$out/tgt.$rw.$r.json" "iscsi://127.0.0.1:$tgt_port/$tgt_iqn/1") || die "riser-perf against tgt failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "tgt (rbd)" "$rw" "$v" | tee -a "$results"
+  done
+  tgt_stop
+  tgt_pid=
+  start_riser "riser-gw1.$r" 0 "$riser_port" 1 adaptive
+  g1=$gw_pid
+  start_riser "riser-gw2.$r" 1 "$riser2_port" 2 adaptive
+  g2=$gw_pid
+  for rw in randread randwrite; do
+    v=$(perf_run "$rw" "$out/riser-x2.$rw.$r.json" "$(url "$riser_port")" "$(url "$riser2_port")") || die "riser-perf against two gateways failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser x2 (adaptive)" "$rw" "$v" | tee -a "$results"
+  done
+  stop_pid "$g1"
+  stop_pid "$g2"
+done
+
+python3 - "$results" "$out/summary.txt" "$qd" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+med = {}
+for s in dict.fromkeys(r["subject"] for r in rows):
+    for w in ("randread", "randwrite"):
+        v = [float(r["iops"]) for r in rows if r["subject"] == s and r["workload"] == w]
+        if v: med[(s, w)] = statistics.median(v)
+subjects = list(dict.fromkeys(r["subject"] for r in rows))
+best1 = lambda w: max(med.get(("riser (adaptive)", w), 0), med.get(("riser (busy)", w), 0))
+lines = [f"4 KiB random, QD {sys.argv[3]} per session, IOPS (median of {len(set(r['round'] for r in rows))} round(s)); ratios to rbd bench and to tgt", ""]
+lines.append(f"{'':22}{'randread':>10}{'x rbd':>8}{'x tgt':>8}{'randwrite':>11}{'x rbd':>8}{'x tgt':>8}")
+for s in subjects:
+    cells = ""
+    for w in ("randread", "randwrite"):
+        v = med.get((s, w), 0)
+        rb, tg = med.get(("rbd bench", w), 0), med.get(("tgt (rbd)", w), 0)
+        cells += f"{v:>10.0f}" if w == "randread" else f"{v:>11.0f}"
+        cells += f"{v / rb:>8.2f}" if rb else f"{'-':>8}"
+        cells += f"{v / tg:>8.2f}" if tg else f"{'-':>8}"
+    lines.append(f"{s:22}{cells}")
+lines.append("")
+for w in ("randread", "randwrite"):
+    two, one = med.get(("riser x2 (adaptive)", w), 0), med.get(("riser (adaptive)", w), 0)
+    if one:
+        lines.append(f"two gateways / one (adaptive), {w}: {two / one:.2f}x")
+text = "\n".join(lines) + "\n"
+print(text, end="")
+open(sys.argv[2], "w").write(text)
+PY
+echo "bench-rbd: runs and logs in $out"
