@@ -172,7 +172,9 @@ impl Env {
         let tag = t.tag;
         self.dc.submit(t);
         let mut out = Vec::new();
-        for _ in 0..1_000_000 {
+        // Time-bounded: some work finishes on another thread (PR OUT on shared state).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
             self.dc.poll(&mut out);
             if let Some(p) = out.iter().position(|r| r.tag == tag) {
                 return out.swap_remove(p);

@@ -450,3 +450,199 @@ mod aptpl {
         assert!(file.exists());
     }
 }
+
+/// Reservations kept in a device's shared state (several gateways): two LUNs (two
+/// gateways' views of one device) over one in-memory shared object whose notify calls every
+/// watcher before returning, as the RADOS one waits for their acks.
+mod shared_state {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use riser_bdev::{
+        Bdev, BdevError, BdevInfo, IoChannel, IoKind, MallocBdev, OnNotify, SharedError, SharedState,
+        SharedStateHandle,
+    };
+
+    use super::*;
+    use crate::pr_type::WRITE_EXCLUSIVE;
+
+    #[derive(Default)]
+    struct Store {
+        object: Mutex<(Vec<u8>, u64)>,
+        watchers: Mutex<Vec<Arc<OnNotify>>>,
+        /// The cluster is gone: every call fails.
+        down: AtomicBool,
+        /// The cluster is slow: reads wait while set.
+        stalled: AtomicBool,
+        writes: AtomicU64,
+    }
+
+    struct Handle(Arc<Store>);
+
+    impl SharedState for Handle {
+        fn describe(&self) -> String {
+            "test store".into()
+        }
+        fn read(&self) -> Result<Option<(Vec<u8>, u64)>, SharedError> {
+            while self.0.stalled.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if self.0.down.load(Ordering::Acquire) {
+                return Err(SharedError::Unavailable("cluster down".into()));
+            }
+            let o = self.0.object.lock().unwrap();
+            Ok((o.1 > 0).then(|| o.clone()))
+        }
+        fn write(&self, data: &[u8], version: Option<u64>) -> Result<u64, SharedError> {
+            if self.0.down.load(Ordering::Acquire) {
+                return Err(SharedError::Unavailable("cluster down".into()));
+            }
+            let mut o = self.0.object.lock().unwrap();
+            if version.unwrap_or(0) != o.1 {
+                return Err(SharedError::Changed);
+            }
+            *o = (data.to_vec(), o.1 + 1);
+            self.0.writes.fetch_add(1, Ordering::Relaxed);
+            Ok(o.1)
+        }
+        fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
+            let watchers = self.0.watchers.lock().unwrap().clone();
+            for w in watchers {
+                w(payload);
+            }
+            Ok(())
+        }
+    }
+
+    /// A malloc device whose shared state is `store`.
+    struct SharedDev {
+        inner: Arc<MallocBdev>,
+        info: BdevInfo,
+        store: Arc<Store>,
+    }
+
+    impl Bdev for SharedDev {
+        fn info(&self) -> &BdevInfo {
+            &self.info
+        }
+        fn supports(&self, kind: IoKind) -> bool {
+            self.inner.supports(kind)
+        }
+        fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
+            self.inner.clone().open_channel()
+        }
+        fn config_json(&self) -> (&'static str, serde_json::Value) {
+            self.inner.config_json()
+        }
+        fn shared_state(&self, _purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
+            self.store.watchers.lock().unwrap().push(Arc::new(on_notify));
+            Some(Ok(Arc::new(Handle(self.store.clone()))))
+        }
+    }
+
+    /// One gateway's view: a LUN over the shared device, nexuses a and b powered on.
+    fn gateway(store: &Arc<Store>, uuid: uuid::Uuid) -> Env {
+        let inner = Arc::new(MallocBdev::new("S", BLOCKS, BS as u32, None).unwrap());
+        let info = BdevInfo::new("S", "Malloc disk", BS as u32, BLOCKS, uuid);
+        let bdev = Arc::new(SharedDev { inner, info, store: store.clone() });
+        let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev);
+        let mut e = env();
+        e.lun = lun.clone();
+        e.dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun])));
+        let (a, b) = (e.a.clone(), e.b.clone());
+        for n in [&a, &b] {
+            e.run(n, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+        }
+        e
+    }
+
+    fn two_gateways() -> (Arc<Store>, Env, Env) {
+        let store = Arc::new(Store::default());
+        let uuid = uuid::Uuid::new_v4();
+        let ga = gateway(&store, uuid);
+        let gb = gateway(&store, uuid);
+        (store, ga, gb)
+    }
+
+    #[test]
+    fn a_reservation_made_through_one_gateway_holds_through_the_other() {
+        let (store, mut ga, mut gb) = two_gateways();
+        let (a, b) = (ga.a.clone(), ga.b.clone());
+        // PTPL_C: the state persists with the device; ATP_C.
+        let caps = ga.ok(&a, &prin(2), 4096, None);
+        assert_eq!(caps[2] & 0x05, 0x05, "{caps:?}");
+        ga.pr_ok(&a, 0, 0, 0, 0xA1);
+        ga.pr_ok(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0);
+        assert_eq!(store.writes.load(Ordering::Relaxed), 2);
+        // Gateway B learnt it from the notify.
+        assert_eq!(gb.keys(&b), (1, vec![0xA1]));
+        assert_eq!(gb.reservation(&b), Some((0xA1, WRITE_EXCLUSIVE)));
+        assert!(!gb.can_write(&b));
+        assert!(gb.can_read(&b));
+        assert!(gb.can_write(&a), "the same I_T nexus key through the other LUN copy holds it");
+        // B registers and preempts through gateway B: A's copy changes, a gets the UA there.
+        gb.pr_ok(&b, 0, 0, 0, 0xB2);
+        gb.pr_ok(&b, 4, WRITE_EXCLUSIVE, 0xB2, 0xA1);
+        let r = ga.run(&a, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
+        assert_eq!(r.sense_triplet(), Some((6, 0x2A, 0x05)), "REGISTRATIONS PREEMPTED on gateway A: {r:?}");
+        assert!(!ga.can_write(&a));
+        assert_eq!(ga.reservation(&a), Some((0xB2, WRITE_EXCLUSIVE)));
+        // A third gateway opening the device later reads the state.
+        let mut gc = gateway(&store, uuid::Uuid::new_v4());
+        assert_eq!(gc.reservation(&a), Some((0xB2, WRITE_EXCLUSIVE)));
+        assert!(!gc.can_write(&a));
+        // A conflict through one gateway writes nothing.
+        let before = store.writes.load(Ordering::Relaxed);
+        ga.pr_conflict(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0);
+        assert_eq!(store.writes.load(Ordering::Relaxed), before);
+    }
+
+    #[test]
+    fn a_slow_cluster_does_not_hold_up_the_executor_and_a_gone_one_fails_pr_out() {
+        let (store, mut ga, mut gb) = two_gateways();
+        let (a, b) = (ga.a.clone(), ga.b.clone());
+        store.stalled.store(true, Ordering::Release);
+        let (c, p) = prout(0, 0, 0, 0xA1);
+        let t = ga.task(&a, &c, 24, Some(p));
+        let tag = t.tag;
+        ga.dc.submit(t);
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(100) {
+            ga.dc.poll(&mut out);
+        }
+        assert!(out.iter().all(|r| r.tag != tag), "PR OUT finished while the cluster stalled");
+        // The executor goes on with other commands meanwhile.
+        assert!(ga.can_read(&b));
+        assert!(ga.can_write(&b));
+        store.stalled.store(false, Ordering::Release);
+        let t0 = Instant::now();
+        let r = loop {
+            ga.dc.poll(&mut out);
+            if let Some(i) = out.iter().position(|r| r.tag == tag) {
+                break out.swap_remove(i);
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "PR OUT never completed");
+        };
+        assert_eq!(r.status, Status::Good, "{r:?}");
+        assert_eq!(gb.keys(&b), (1, vec![0xA1]));
+        // The cluster gone: PR OUT fails with LOGICAL UNIT COMMUNICATION FAILURE, nothing changes.
+        store.down.store(true, Ordering::Release);
+        let (c, p) = prout(1, WRITE_EXCLUSIVE, 0xA1, 0);
+        let t = ga.task(&a, &c, 24, Some(p));
+        let tag = t.tag;
+        ga.dc.submit(t);
+        let t0 = Instant::now();
+        let r = loop {
+            ga.dc.poll(&mut out);
+            if let Some(i) = out.iter().position(|r| r.tag == tag) {
+                break out.swap_remove(i);
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "PR OUT never completed");
+        };
+        assert_eq!(r.sense_triplet(), Some((4, 0x08, 0x00)), "{r:?}");
+        assert_eq!(ga.reservation(&a), None);
+        assert!(ga.can_write(&b), "reads and writes go on from the local copy");
+    }
+}
