@@ -283,7 +283,12 @@ impl RiserCollector {
         counters(e, "riser_iscsi_login_failures", "Logins that failed, by reason", None, &failed)?;
         let copies = server.connections().copies();
         let copied: Vec<(Labels, u64)> =
-            [("read", copies.read_bytes), ("solicited", copies.solicited_bytes), ("unsolicited", copies.unsolicited_bytes)]
+            [
+                ("read", copies.read_bytes),
+                ("solicited", copies.solicited_bytes),
+                ("unsolicited", copies.unsolicited_bytes),
+                ("staged", copies.staged_bytes),
+            ]
                 .into_iter()
                 .map(|(k, v)| (vec![("direction", k.to_string())], v))
                 .collect();

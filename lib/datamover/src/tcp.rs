@@ -4,9 +4,15 @@
 //! GOOD status folded into the last one (phase collapse, RFC 7143 §11.7.3). Get_Data
 //! becomes R2Ts (at most MaxOutstandingR2T, each at most MaxBurstLength) and the solicited
 //! Data-Out PDUs that answer them land directly in the task's buffer. Read data is never
-//! copied on the way out: the send queue holds slices of the task's buffer.
+//! copied on the way out: the send queue holds slices of the task's buffer. Immediate data
+//! of a write that is partly immediate goes straight into the task's write buffer too when
+//! the budget has room for it ([`WriteBuffers`]): received into it from the socket, or
+//! copied there once from the framer's buffer.
 
 pub mod portal;
+
+#[cfg(test)]
+mod copy_tests;
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
@@ -14,7 +20,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use riser_bdev::IoBuf;
-use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState};
+use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, WriteBuffers};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
 use riser_iscsi::pdu::{Bhs, DataIn, DataOut, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
 use riser_iscsi::serial::{Itt, Sn, TagMap, Ttt};
@@ -183,10 +189,22 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     next_ttt: u32,
     terminating: bool,
     dead: bool,
-    /// Payload copies: the framer's two (receive buffer → framer, framer → PDU segment)
-    /// and the one into a task's buffer; read data goes out from the task's buffer.
+    /// Payload copies: out of the framer's buffer into a PDU segment or a task's buffer
+    /// (what the kernel reads straight into a task's buffer is not copied by riser); read
+    /// data goes out from the task's buffer.
     copies: CopyStats,
+    /// Where write buffers for immediate data come from (none: immediate data comes in
+    /// the PDU's segment).
+    write_bufs: Option<WriteBuffers>,
+    /// The write buffer the SCSI Command being received has its immediate data placed in,
+    /// until that PDU is delivered ([`DmEvent::Command`]).
+    placed: Option<(Itt, IoBuf)>,
+    /// Emptied R2T lists of finished Get_Data, for the next ones.
+    spare_r2ts: Vec<Vec<R2tState>>,
 }
+
+/// Most R2T lists kept for reuse.
+const MAX_SPARE_R2T_LISTS: usize = 64;
 
 impl<S: ByteStream> TcpDatamover<S> {
     /// Takes over a logged-in connection. `leftover`: bytes read past the final login PDU.
@@ -207,6 +225,9 @@ impl<S: ByteStream> TcpDatamover<S> {
             terminating: false,
             dead: false,
             copies: CopyStats::default(),
+            write_bufs: None,
+            placed: None,
+            spare_r2ts: Vec::new(),
         })
     }
 
@@ -278,13 +299,27 @@ impl<S: ByteStream> TcpDatamover<S> {
         self.tx_pos = 0;
     }
 
+    /// Ends the Get_Data of `itt`: its buffer; its list of R2Ts is kept for the next one
+    /// (no allocation per write).
+    fn end_solicit(&mut self, itt: Itt) -> Option<IoBuf> {
+        let mut s = self.solicits.remove(&itt)?;
+        if self.spare_r2ts.len() < MAX_SPARE_R2T_LISTS {
+            s.r2ts.clear();
+            self.spare_r2ts.push(std::mem::take(&mut s.r2ts));
+        }
+        Some(s.buf)
+    }
+
     /// Issues R2Ts for `itt` while MaxOutstandingR2T allows.
     fn issue_r2ts(&mut self, itt: Itt) {
         let max_out = self.params.max_outstanding_r2t.max(1) as usize;
         let burst = self.params.max_burst_length.max(512);
-        let mut out = Vec::new();
-        if let Some(s) = self.solicits.get_mut(&itt) {
-            while s.r2ts.len() < max_out && s.next_offset < s.end {
+        loop {
+            let Some(s) = self.solicits.get_mut(&itt) else { return };
+            if s.r2ts.len() >= max_out || s.next_offset >= s.end {
+                return;
+            }
+            {
                 let len = (s.end - s.next_offset).min(burst);
                 // TTTs are unique per connection; 0xffffffff is reserved.
                 self.next_ttt = self.next_ttt.wrapping_add(1);
@@ -292,7 +327,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                     self.next_ttt = 1;
                 }
                 let ttt = Ttt(self.next_ttt);
-                out.push(Pdu::new(Op::R2t(R2t {
+                let r2t = Pdu::new(Op::R2t(R2t {
                     lun: s.lun,
                     itt,
                     ttt,
@@ -302,15 +337,14 @@ impl<S: ByteStream> TcpDatamover<S> {
                     r2t_sn: s.r2t_sn,
                     buffer_offset: s.next_offset,
                     desired_data_transfer_length: len,
-                })));
+                }));
                 log::trace!("R2T itt {:#x} ttt {:#x} offset {} len {len}", itt.0, ttt.0, s.next_offset);
                 s.r2ts.push(R2tState { ttt, offset: s.next_offset, len, received: 0, next_data_sn: Sn(0) });
                 s.r2t_sn = s.r2t_sn.next();
                 s.next_offset += len;
+                // Header only: queued inline, nothing allocated.
+                self.push_pdu(&r2t);
             }
-        }
-        for p in out {
-            self.push_pdu(&p);
         }
     }
 
@@ -334,8 +368,8 @@ impl<S: ByteStream> TcpDatamover<S> {
         // DataPDUInOrder=Yes (riser's answer): each PDU continues where the last ended.
         if !r.continues(&d, len) {
             let reason = if d.data_sn != r.next_data_sn { "DataSN out of order" } else { "bad buffer offset" };
-            if let Some(s) = self.solicits.remove(&itt) {
-                events.push(DmEvent::DataFailed { itt, buf: s.buf, reason });
+            if let Some(buf) = self.end_solicit(itt) {
+                events.push(DmEvent::DataFailed { itt, buf, reason });
             }
             return;
         }
@@ -355,14 +389,14 @@ impl<S: ByteStream> TcpDatamover<S> {
             s.r2ts.swap_remove(ri);
         } else if d.final_bit {
             // F before the burst is complete: the initiator gave up on this R2T.
-            if let Some(s) = self.solicits.remove(&itt) {
-                events.push(DmEvent::DataFailed { itt, buf: s.buf, reason: "Data-Out sequence ended early" });
+            if let Some(buf) = self.end_solicit(itt) {
+                events.push(DmEvent::DataFailed { itt, buf, reason: "Data-Out sequence ended early" });
             }
             return;
         }
         if s.remaining == 0 {
-            if let Some(s) = self.solicits.remove(&itt) {
-                events.push(DmEvent::DataReady { itt, buf: s.buf });
+            if let Some(buf) = self.end_solicit(itt) {
+                events.push(DmEvent::DataReady { itt, buf });
             }
         } else if burst_done {
             self.issue_r2ts(itt);
@@ -379,7 +413,10 @@ impl<S: ByteStream> TcpDatamover<S> {
             // buffer; everything else into the framer's buffer.
             let read = match self.framer.segment_ahead() {
                 Some((bhs, dsl)) => {
-                    let dst = solicited_slice(&mut self.solicits, &bhs, dsl);
+                    let dst = match solicited_slice(&mut self.solicits, &bhs, dsl) {
+                        Some(dst) => Some(dst),
+                        None => immediate_slice(&mut self.placed, self.write_bufs.as_ref(), &bhs, dsl),
+                    };
                     self.framer.read_routed(&mut self.sock, READ_CHUNK, dst)
                 }
                 None => self.framer.read_from(&mut self.sock, READ_CHUNK),
@@ -416,32 +453,45 @@ impl<S: ByteStream> TcpDatamover<S> {
     fn deliver(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut n = 0;
         loop {
-            // Solicited data that continues its R2T's sequence is copied from the framer's
-            // buffer straight into the task's buffer; anything else (an error to report, a
-            // control PDU) comes as a PDU with its segment.
-            let solicits = &mut self.solicits;
-            let next = self.framer.next_pdu_routed(|bhs, data| place_solicited(solicits, bhs, data));
+            // Solicited data that continues its R2T's sequence, and the immediate data of a
+            // write partly immediate whose buffer the budget grants now, are copied from the
+            // framer's buffer straight into the task's buffer; anything else (an error to
+            // report, a control PDU) comes as a PDU with its segment.
+            let (solicits, placed_imm, wb) = (&mut self.solicits, &mut self.placed, self.write_bufs.as_ref());
+            let next = self
+                .framer
+                .next_pdu_routed(|bhs, data| place_solicited(solicits, bhs, data) || place_immediate(placed_imm, wb, bhs, data));
             match next {
                 Ok(Some((pdu, placed))) => {
                     n += 1;
-                    // One copy out of the framer's buffer (into a segment, or into a task's
-                    // buffer: counted by the framer, less what went there from the socket).
-                    let framed = pdu.data.len() as u64;
-                    self.copies.solicited_bytes += self.framer.take_copied();
+                    // One copy out of the framer's buffer, into a segment or into a task's
+                    // buffer (counted by the framer; what the kernel read straight into the
+                    // task's buffer is not a copy of riser's).
+                    let copied = self.framer.take_copied() + pdu.data.len() as u64;
+                    let placed_buf = self.placed.take();
                     match pdu.op() {
-                        Op::DataOut(d) if !d.ttt.is_reserved() && placed => {}
-                        Op::DataOut(d) if !d.ttt.is_reserved() => self.copies.solicited_bytes += framed,
-                        Op::DataOut(_) | Op::ScsiCommand(_) => self.copies.unsolicited_bytes += framed,
+                        Op::DataOut(d) if !d.ttt.is_reserved() => self.copies.solicited_bytes += copied,
+                        Op::DataOut(_) | Op::ScsiCommand(_) => self.copies.unsolicited_bytes += copied,
                         _ => {}
                     }
-                    match pdu.op() {
-                        Op::DataOut(d) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, placed, events),
+                    match (pdu.op(), placed_buf) {
+                        (Op::DataOut(d), _) if !d.ttt.is_reserved() => self.on_solicited_data(pdu, placed, events),
+                        (Op::ScsiCommand(c), Some((itt, buf))) if placed && itt == c.itt => {
+                            events.push(DmEvent::Command { pdu, buf })
+                        }
+                        (Op::ScsiCommand(_), _) if placed => {
+                            // Not reached: a command is placed only with its buffer.
+                            log::error!("connection {:?}: immediate data placed without a buffer", self.peer());
+                            events.push(DmEvent::Reject { header: pdu.bhs.to_bytes(), reason: RejectReason::ProtocolError });
+                        }
                         _ => events.push(DmEvent::Control(pdu)),
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
                     n += 1;
+                    // A buffer placed for the PDU that failed goes back.
+                    self.placed = None;
                     let header = e.header().copied();
                     match e.action() {
                         ErrorAction::RejectAndContinue(reason) => {
@@ -450,8 +500,8 @@ impl<S: ByteStream> TcpDatamover<S> {
                                 // A digest error on solicited data fails that task too.
                                 if let Ok(bhs) = Bhs::parse(&h) {
                                     if let Op::DataOut(d) = &bhs.op {
-                                        if let Some(s) = self.solicits.remove(&d.itt) {
-                                            events.push(DmEvent::DataFailed { itt: d.itt, buf: s.buf, reason: "data digest error" });
+                                        if let Some(buf) = self.end_solicit(d.itt) {
+                                            events.push(DmEvent::DataFailed { itt: d.itt, buf, reason: "data digest error" });
                                         }
                                     }
                                 }
@@ -549,6 +599,36 @@ fn solicited_slice<'a>(solicits: &'a mut TagMap<Itt, Solicit>, bhs: &Bhs, len: u
     s.buf.as_mut_slice().get_mut(off..off.checked_add(len)?)
 }
 
+/// Where a SCSI Command's immediate data of `len` bytes goes: the start of the task's write
+/// buffer, taken from the budget now ([`WriteBuffers::take_now`]) when the write is partly
+/// immediate and the budget has room, and kept in `placed` until the PDU is delivered.
+fn immediate_slice<'a>(placed: &'a mut Option<(Itt, IoBuf)>, wb: Option<&WriteBuffers>, bhs: &Bhs, len: usize) -> Option<&'a mut [u8]> {
+    let (edtl, imm) = wb?.wants(bhs)?;
+    let Op::ScsiCommand(c) = &bhs.op else { return None };
+    if imm as usize != len {
+        return None;
+    }
+    // Read straight from the socket in several pieces: the buffer taken for the first.
+    let have = matches!(placed, Some((itt, b)) if *itt == c.itt && b.len() == edtl as usize);
+    if !have {
+        *placed = None;
+        *placed = Some((c.itt, wb?.take_now(edtl)?));
+    }
+    placed.as_mut().and_then(|(_, b)| b.as_mut_slice().get_mut(..len))
+}
+
+/// Copies a SCSI Command's immediate data into its task's write buffer if the budget has
+/// room for the buffer now ([`immediate_slice`]); true if it did.
+fn place_immediate(placed: &mut Option<(Itt, IoBuf)>, wb: Option<&WriteBuffers>, bhs: &Bhs, data: &[u8]) -> bool {
+    match immediate_slice(placed, wb, bhs, data.len()) {
+        Some(dst) => {
+            dst.copy_from_slice(data);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Copies a solicited Data-Out's segment into its task's buffer if it belongs there
 /// ([`solicited_slice`]); true if it did.
 fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) -> bool {
@@ -627,7 +707,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         let GetData { itt, lun, buf, offset, len, sn } = req;
         self.solicits.insert(
             itt,
-            Solicit { lun, buf, next_offset: offset, end: offset + len, remaining: len, r2t_sn: Sn(0), r2ts: Vec::new(), sn },
+            Solicit { lun, buf, next_offset: offset, end: offset + len, remaining: len, r2t_sn: Sn(0), r2ts: self.spare_r2ts.pop().unwrap_or_default(), sn },
         );
         self.issue_r2ts(itt);
     }
@@ -643,7 +723,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
-        self.solicits.remove(&itt).map(|s| s.buf)
+        self.end_solicit(itt)
     }
 
     fn connection_terminate(&mut self) {
@@ -677,6 +757,10 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             work += 1;
         }
         work
+    }
+
+    fn set_write_buffers(&mut self, wb: WriteBuffers) {
+        self.write_bufs = Some(wb);
     }
 
     fn copies(&self) -> CopyStats {

@@ -62,6 +62,9 @@ impl<D: Datamover> Connection<D> {
         // Reads and writes of this connection share its fair share of the budget.
         let mut scsi = DeviceChannel::new(scsi_device(&luns));
         scsi.set_account(ffp.account().clone());
+        // Immediate data goes straight into write buffers from the same pool and account.
+        let mut dm = dm;
+        dm.set_write_buffers(ffp.write_buffers());
         Connection {
             info,
             registry,
@@ -199,6 +202,10 @@ impl<D: Datamover> Connection<D> {
                     self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
                     self.ffp.on_pdu(pdu, now)
                 }
+                DmEvent::Command { pdu, buf } => {
+                    self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    self.ffp.on_command_placed(pdu, buf, now)
+                }
                 DmEvent::DataReady { itt, buf } => self.ffp.on_data_ready(itt, buf),
                 DmEvent::DataFailed { itt, reason, .. } => self.ffp.on_data_failed(itt, reason),
                 DmEvent::Reject { header, reason } => self.ffp.reject_raw(&header, reason),
@@ -259,12 +266,13 @@ impl<D: Datamover> Connection<D> {
     /// Adds the payload copies made since the last call to the connection's counters.
     fn publish_copies(&mut self) {
         let mut now = self.dm.copies();
-        now.unsolicited_bytes += self.ffp.copied_bytes();
+        now.staged_bytes += self.ffp.staged_bytes();
         let p = self.published;
         self.info.copies.add(CopyStats {
             read_bytes: now.read_bytes.saturating_sub(p.read_bytes),
             solicited_bytes: now.solicited_bytes.saturating_sub(p.solicited_bytes),
             unsolicited_bytes: now.unsolicited_bytes.saturating_sub(p.unsolicited_bytes),
+            staged_bytes: now.staged_bytes.saturating_sub(p.staged_bytes),
         });
         self.published = now;
     }

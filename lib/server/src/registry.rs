@@ -43,6 +43,7 @@ pub struct CopyCounters {
     read_bytes: AtomicU64,
     solicited_bytes: AtomicU64,
     unsolicited_bytes: AtomicU64,
+    staged_bytes: AtomicU64,
 }
 
 impl CopyCounters {
@@ -50,6 +51,7 @@ impl CopyCounters {
         self.read_bytes.fetch_add(c.read_bytes, Ordering::Relaxed);
         self.solicited_bytes.fetch_add(c.solicited_bytes, Ordering::Relaxed);
         self.unsolicited_bytes.fetch_add(c.unsolicited_bytes, Ordering::Relaxed);
+        self.staged_bytes.fetch_add(c.staged_bytes, Ordering::Relaxed);
     }
 
     pub fn get(&self) -> CopyStats {
@@ -57,13 +59,19 @@ impl CopyCounters {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             solicited_bytes: self.solicited_bytes.load(Ordering::Relaxed),
             unsolicited_bytes: self.unsolicited_bytes.load(Ordering::Relaxed),
+            staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
         }
     }
 }
 
-/// `{"read_bytes": n, "solicited_bytes": n, "unsolicited_bytes": n}`.
+/// `{"read_bytes": n, "solicited_bytes": n, "unsolicited_bytes": n, "staged_bytes": n}`.
 pub fn copies_json(c: CopyStats) -> Value {
-    json!({"read_bytes": c.read_bytes, "solicited_bytes": c.solicited_bytes, "unsolicited_bytes": c.unsolicited_bytes})
+    json!({
+        "read_bytes": c.read_bytes,
+        "solicited_bytes": c.solicited_bytes,
+        "unsolicited_bytes": c.unsolicited_bytes,
+        "staged_bytes": c.staged_bytes,
+    })
 }
 
 impl ConnInfo {

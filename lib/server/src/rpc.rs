@@ -22,7 +22,8 @@ pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {
     reg.add("iscsi_get_stats", move |_: NoParams| {
         // SPDK's shape: connections by state (riser's are running until they are gone).
         // riser's extensions: logins by outcome, failures by reason; payload bytes the CPU
-        // copied between I/O buffers and the wire, by direction, since start.
+        // copied between I/O buffers and the wire, by direction, since start; staged_bytes:
+        // unsolicited data copied a second time, having waited in its segment for its buffer.
         let running = s.connections().list().len();
         Ok(json!({
             "invalid": 0, "running": running, "exiting": 0, "idle": 0,

@@ -143,3 +143,31 @@ fn reads_and_writes_of_4k_allocate_nothing_per_io_on_the_reactor() {
     assert!(writes < 0.01, "4 KiB writes: {writes:.3} heap allocations per I/O on the reactor");
     c.logout();
 }
+
+/// 64 KiB writes with FirstBurstLength 8 KiB (InitialR2T=Yes): 8 KiB of immediate data in
+/// the command, the rest solicited by an R2T. The immediate data goes straight into the
+/// task's write buffer (the budget has room): copied once, never staged; and nothing is
+/// allocated per I/O on the reactor.
+#[test]
+fn partly_immediate_writes_copy_their_immediate_data_once_and_allocate_nothing_per_io() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new();
+    let (mut c, neg) = Client::login(&env, 1, keys(true, true, 8192));
+    assert_eq!((neg.first_burst, neg.immediate_data, neg.initial_r2t), (8192, true, true), "negotiated: {neg:?}");
+    let copies = |env: &Env| env.call("iscsi_get_stats", serde_json::json!({}))["payload_copies"].clone();
+    let data = pattern(5, 65536);
+    let lbas = (2048 / 128) as u64;
+    let before = copies(&env);
+    let writes = per_io(&mut c, |c, i| good(&c.write((i % lbas) * 128, &data)));
+    println!("in memory: reactor heap allocations per 64 KiB write (8 KiB immediate): {writes:.3}");
+    // Counters are published on the connection's timer and at its end.
+    c.logout();
+    env.wait_connections(0);
+    let after = copies(&env);
+    let delta = |k: &str| after[k].as_u64().unwrap_or(u64::MAX) - before[k].as_u64().unwrap_or(0);
+    let immediate = 2 * IOS * 8192;
+    assert_eq!(delta("unsolicited_bytes"), immediate, "each immediate byte copied once: {before} -> {after}");
+    assert_eq!(delta("staged_bytes"), 0, "none copied a second time: {after}");
+    assert_eq!(delta("read_bytes"), 0, "{after}");
+    assert!(writes < 0.01, "64 KiB writes, 8 KiB immediate: {writes:.3} heap allocations per I/O on the reactor");
+}

@@ -68,6 +68,7 @@ impl Conn {
             work += 1;
             match ev {
                 DmEvent::Control(pdu) => self.ffp.on_pdu(pdu, now),
+                DmEvent::Command { pdu, buf } => self.ffp.on_command_placed(pdu, buf, now),
                 DmEvent::DataReady { itt, buf } => self.ffp.on_data_ready(itt, buf),
                 DmEvent::DataFailed { itt, reason, .. } => self.ffp.on_data_failed(itt, reason),
                 DmEvent::Reject { header, reason } => self.ffp.reject_raw(&header, reason),
@@ -181,6 +182,8 @@ pub fn run(data: &[u8]) {
     let start = Instant::now();
     let mut ffp = Ffp::new(cfg, Sn(1), Sn(0x100), start);
     ffp.set_responder(Box::new(SendTargets));
+    // Immediate data of writes partly immediate goes straight into write buffers.
+    dm.set_write_buffers(ffp.write_buffers());
     let lun = crate::scsi::lun(0, 256, 512, riser_scsi::LunConfig::default());
     let mut conn = Conn {
         dm,

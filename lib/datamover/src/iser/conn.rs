@@ -22,8 +22,10 @@
 //!   and a buffer is released only once the last work request naming it has retired (a task
 //!   deallocated with RDMA in flight keeps its buffer until then).
 //! * Every received PDU's buffer is reposted as soon as the PDU is decoded; immediate data
-//!   and unsolicited Data-Out are copied out of it (the one payload copy, counted in
-//!   [`Datamover::copies`]).
+//!   and unsolicited Data-Out are copied out of it once (counted in [`Datamover::copies`]),
+//!   the header alone read first: the immediate data of a write partly immediate straight
+//!   into the task's write buffer when the budget has room for it ([`WriteBuffers`],
+//!   delivered as [`DmEvent::Command`]), anything else into the PDU's segment.
 //! * Hello (RFC 7145 §5.1, iWARP): valid only as the first message of full-feature phase
 //!   when iSERHelloRequired=Yes; answered with a HelloReply (our version, the ORD capped by
 //!   the initiator's IRD), or rejected and the connection closed. Anything else about a
@@ -38,8 +40,8 @@
 use std::collections::VecDeque;
 
 use riser_bdev::IoBuf;
-use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData};
-use riser_iscsi::pdu::{Op, Pdu, RejectReason, Stage, BHS_LEN};
+use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, WriteBuffers};
+use riser_iscsi::pdu::{Bhs, Op, Pdu, PduError, RejectReason, Stage, BHS_LEN};
 use riser_iscsi::serial::{Itt, TagMap};
 
 use super::error::IserError;
@@ -174,6 +176,13 @@ impl Pool {
                 self.free.push(i);
             }
             _ => log::debug!("iSER: slot {i} freed but not in use; ignored"),
+        }
+    }
+
+    /// Bytes `off..off + dst.len()` of slot `i` into `dst` (nothing past the slot).
+    pub fn read_into(&self, i: u32, off: usize, dst: &mut [u8]) {
+        if off + dst.len() <= self.slot {
+            self.mem.read_at(i as usize * self.slot + off, dst);
         }
     }
 
@@ -425,6 +434,10 @@ pub struct IserDatamover<Q: IserQp> {
     next_read: u32,
     /// Payload bytes copied by the CPU (immediate data and unsolicited Data-Out only).
     copies: CopyStats,
+    /// Where write buffers for immediate data come from (none: in the PDU's segment).
+    write_bufs: Option<WriteBuffers>,
+    /// Data segments handed back ([`Datamover::recycle`]), for the next PDUs' data.
+    spare: Vec<Vec<u8>>,
     wcs: Vec<Completion>,
     /// Work requests of this poll pass, posted together at its end: one doorbell per pass
     /// for the send queue, one for the receive queue.
@@ -467,6 +480,8 @@ impl<Q: IserQp> IserDatamover<Q> {
             reads: TagMap::default(),
             next_read: 0,
             copies: CopyStats::default(),
+            write_bufs: None,
+            spare: Vec::new(),
             wcs: Vec::with_capacity(32),
             tx: Vec::with_capacity(64),
             rx: Vec::with_capacity(32),
@@ -800,9 +815,61 @@ impl<Q: IserQp> IserDatamover<Q> {
         n
     }
 
+    /// Decodes the PDU received in slot `slot` (`len` bytes with the iSER header), reading
+    /// the header first and then the data segment once, straight to where it goes: the
+    /// task's write buffer (returned with the PDU) for the immediate data of a write partly
+    /// immediate when the budget has room for it, else the PDU's segment.
+    fn decode_pdu(&mut self, slot: u32, len: usize) -> Result<(Pdu, Option<IoBuf>), PduError> {
+        let max = self.cfg.target_recv_data_segment_length;
+        let mut raw = [0u8; BHS_LEN];
+        let body = len.saturating_sub(ISER_HDR_LEN);
+        let header = (body >= BHS_LEN)
+            .then(|| {
+                self.recv.read_into(slot, ISER_HDR_LEN, &mut raw);
+                Bhs::parse(&raw).ok()
+            })
+            .flatten();
+        let Some(bhs) = header else {
+            // Short or malformed: the codec names the error.
+            let msg = self.recv.read(slot, len);
+            return Pdu::decode_message(msg.get(ISER_HDR_LEN..).unwrap_or_default(), max).map(|p| (p, None));
+        };
+        let ahs_len = bhs.total_ahs_length as usize * 4;
+        let dsl = bhs.data_segment_length as usize;
+        let rest = body - BHS_LEN;
+        if dsl > max || rest < ahs_len + dsl || rest - ahs_len - dsl >= 4 {
+            let msg = self.recv.read(slot, len);
+            return Pdu::decode_message(msg.get(ISER_HDR_LEN..).unwrap_or_default(), max).map(|p| (p, None));
+        }
+        let mut ahs = vec![0u8; ahs_len];
+        self.recv.read_into(slot, ISER_HDR_LEN + BHS_LEN, &mut ahs);
+        let at = ISER_HDR_LEN + BHS_LEN + ahs_len;
+        let placed = match self.write_bufs.as_ref().and_then(|wb| wb.wants(&bhs).and_then(|(edtl, _)| wb.take_now(edtl))) {
+            Some(mut buf) => {
+                if let Some(dst) = buf.as_mut_slice().get_mut(..dsl) {
+                    self.recv.read_into(slot, at, dst);
+                }
+                Some(buf)
+            }
+            None => None,
+        };
+        let mut data = Vec::new();
+        if placed.is_none() && dsl > 0 {
+            data = match self.spare.iter().rposition(|v| v.capacity() >= dsl) {
+                Some(i) => self.spare.swap_remove(i),
+                None => riser_buf::take_vec(dsl),
+            };
+            data.resize(dsl, 0);
+            self.recv.read_into(slot, at, &mut data);
+        }
+        Ok((Pdu { bhs, ahs, data }, placed))
+    }
+
     fn on_recv(&mut self, slot: u32, len: usize, events: &mut Vec<DmEvent>) {
-        let msg = self.recv.read(slot, len);
-        let msg = &msg[..];
+        let mut head = [0u8; ISER_HDR_LEN];
+        let head_len = len.min(ISER_HDR_LEN);
+        self.recv.read_into(slot, 0, &mut head[..head_len]);
+        let msg = &head[..head_len];
         let first_of_ffp = self.ffp && !self.ffp_rx;
         self.ffp_rx |= self.ffp;
         let header = if self.closing.is_some() { None } else { Some(IserHeader::parse(msg)) };
@@ -815,32 +882,36 @@ impl<Q: IserQp> IserDatamover<Q> {
                 return;
             }
             Some(Ok(IserHeader::Control { write, read })) => {
-                match Pdu::decode_message(&msg[ISER_HDR_LEN..], self.cfg.target_recv_data_segment_length) {
-                    Ok(pdu) => {
+                match self.decode_pdu(slot, len) {
+                    Ok((pdu, placed)) => {
+                        // The data segment's bytes were copied once out of the receive buffer.
+                        let segment = pdu.bhs.data_segment_length as u64;
                         match pdu.op() {
                             Op::ScsiCommand(c) => {
                                 // A new task, even under an ITT seen before: whatever is still
                                 // on the wire for the old one can no longer reach this one.
                                 let gen = self.new_gen();
-                                let unsolicited = pdu.data.len() as u64;
-                                self.copies.unsolicited_bytes += unsolicited;
-                                self.tasks.insert(c.itt, Task { gen, write, read, unsolicited });
+                                self.copies.unsolicited_bytes += segment;
+                                self.tasks.insert(c.itt, Task { gen, write, read, unsolicited: segment });
                             }
                             Op::DataOut(d) if d.ttt.is_reserved() => {
-                                self.copies.unsolicited_bytes += pdu.data.len() as u64;
+                                self.copies.unsolicited_bytes += segment;
                                 if let Some(t) = self.tasks.get_mut(&d.itt) {
-                                    t.unsolicited += pdu.data.len() as u64;
+                                    t.unsolicited += segment;
                                 }
                             }
                             _ => {}
                         }
-                        events.push(DmEvent::Control(pdu));
+                        events.push(match placed {
+                            Some(buf) => DmEvent::Command { pdu, buf },
+                            None => DmEvent::Control(pdu),
+                        });
                     }
                     Err(e) => {
                         log::warn!("iSER: malformed PDU: {e}");
                         let mut h = [0u8; BHS_LEN];
-                        let n = msg.len().saturating_sub(ISER_HDR_LEN).min(BHS_LEN);
-                        h[..n].copy_from_slice(&msg[ISER_HDR_LEN..ISER_HDR_LEN + n]);
+                        let n = len.saturating_sub(ISER_HDR_LEN).min(BHS_LEN);
+                        self.recv.read_into(slot, ISER_HDR_LEN, &mut h[..n]);
                         events.push(DmEvent::Reject { header: h, reason: RejectReason::ProtocolError });
                     }
                 }
@@ -1177,6 +1248,16 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
 
     fn copies(&self) -> CopyStats {
         self.copies
+    }
+
+    fn set_write_buffers(&mut self, wb: WriteBuffers) {
+        self.write_bufs = Some(wb);
+    }
+
+    fn recycle(&mut self, segment: Vec<u8>) {
+        if self.spare.len() < 64 && segment.capacity() <= riser_buf::MAX_SPARE_VEC {
+            self.spare.push(segment);
+        }
     }
 }
 
@@ -1929,8 +2010,59 @@ mod tests {
         assert!(got[..8192].iter().all(|&b| b == 0xee), "the bytes before the offset are untouched");
         let pattern: Vec<u8> = (0..56 * 1024usize).map(|i| (i * 7) as u8).collect();
         assert_eq!(&got[8192..], &pattern[..]);
-        assert_eq!(d.copies(), CopyStats { read_bytes: 0, solicited_bytes: 0, unsolicited_bytes: 8192 });
+        assert_eq!(d.copies(), CopyStats { unsolicited_bytes: 8192, ..Default::default() });
         assert!(d.held.is_empty() && d.fetches.is_empty());
+    }
+
+    /// With write buffers from a pool (as the server gives them): the immediate data of a
+    /// write partly immediate is read out of the receive buffer once, straight into the
+    /// task's write buffer (delivered with the command); with the budget spent it comes in
+    /// the PDU's segment (the iSCSI layer queues the task); a write all immediate keeps its
+    /// segment. Each immediate byte is copied once.
+    #[test]
+    fn immediate_data_is_read_once_straight_into_the_task_buffer_when_the_budget_has_room() {
+        let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
+        let account = riser_buf::Account::new();
+        let mut d = dm(IserConfig::default());
+        d.set_write_buffers(WriteBuffers { pool, account: account.clone(), largest_write: 32 << 20 });
+        let imm: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+        deliver(&mut d, &command(7, false, true, 64 * 1024, imm.clone()));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        let Some(DmEvent::Command { pdu, buf }) = ev.pop() else { panic!("expected the command with its buffer") };
+        assert!(matches!(pdu.op(), Op::ScsiCommand(c) if c.itt == Itt(7)));
+        assert_eq!((pdu.bhs.data_segment_length, pdu.data.len()), (8192, 0));
+        assert_eq!(buf.len(), 64 * 1024);
+        assert_eq!(&buf[..8192], &imm[..]);
+        assert_eq!(account.held(), buf.capacity(), "budgeted, charged to the connection");
+        assert_eq!(d.copies(), CopyStats { unsolicited_bytes: 8192, ..Default::default() });
+        // The buffer is the one Get_Data then fills: zero copies of the solicited part.
+        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, sn: SnState::default() });
+        for _ in 0..10 {
+            d.poll(&mut ev);
+            wire(&mut d);
+        }
+        let (ready, failed) = data_events(&ev);
+        assert!(failed.is_empty());
+        assert_eq!(&ready[0].1[..8192], &imm[..]);
+        assert_eq!(d.copies(), CopyStats { unsolicited_bytes: 8192, ..Default::default() });
+        drop(ready);
+        ev.clear();
+        // The budget spent elsewhere: the immediate data comes in the segment, copied once.
+        let hog = pool.try_alloc(riser_buf::MIN_MAX_BYTES, &mut None).expect("the whole budget");
+        deliver(&mut d, &command(8, false, true, 64 * 1024, imm.clone()));
+        d.poll(&mut ev);
+        let Some(DmEvent::Control(pdu)) = ev.pop() else { panic!("expected the command with its segment") };
+        assert_eq!(pdu.data, imm);
+        assert_eq!(pool.stats().waiting, 0, "no place taken in the queue");
+        drop(hog);
+        // All immediate: in the segment (it becomes the buffer as it is).
+        deliver(&mut d, &command(9, false, true, 8192, imm.clone()));
+        d.poll(&mut ev);
+        let Some(DmEvent::Control(pdu)) = ev.pop() else { panic!("expected the command with its segment") };
+        assert_eq!(pdu.data, imm);
+        assert_eq!(d.copies(), CopyStats { unsolicited_bytes: 3 * 8192, ..Default::default() });
+        assert_eq!(d.qp.recvs.len(), IserConfig::default().recv_slots, "every receive reposted");
     }
 
     /// A 32 MiB WRITE: RDMA Reads straight into the task's buffer, 1 MiB each, the initiator

@@ -599,4 +599,10 @@ impl Datamover for IserConnection {
     fn copies(&self) -> riser_iscsi::ffp::CopyStats {
         self.dm.copies()
     }
+    fn set_write_buffers(&mut self, wb: riser_iscsi::ffp::WriteBuffers) {
+        self.dm.set_write_buffers(wb)
+    }
+    fn recycle(&mut self, segment: Vec<u8>) {
+        self.dm.recycle(segment)
+    }
 }

@@ -6,8 +6,9 @@
 //! this trait and the iSCSI layer is the same for both.
 
 use riser_bdev::IoBuf;
+use riser_buf::{Account, Pool};
 
-use crate::pdu::{Lun, Pdu, RejectReason};
+use crate::pdu::{Bhs, Lun, Op, Pdu, RejectReason};
 use crate::serial::{Itt, Sn};
 
 /// The sequence numbers the target puts in every PDU it sends (RFC 7143 §11.1).
@@ -50,6 +51,10 @@ pub struct GetData {
 pub enum DmEvent {
     /// Control_Notify: a control-type PDU arrived (everything but solicited Data-Out).
     Control(Pdu),
+    /// Control_Notify of a SCSI Command (a write) whose immediate data the datamover copied
+    /// straight into `buf`, the task's write buffer of EDTL bytes taken with
+    /// [`WriteBuffers::take_now`]: the data is `buf[..DataSegmentLength]`, `pdu.data` is empty.
+    Command { pdu: Pdu, buf: IoBuf },
     /// Data_Completion_Notify: the data asked for with Get_Data is in `buf`.
     DataReady { itt: Itt, buf: IoBuf },
     /// Solicited data could not be obtained (bad DataSN or offset, digest error, RDMA error):
@@ -100,6 +105,37 @@ impl Default for DatamoverParams {
     }
 }
 
+/// Where a datamover takes a write's buffer for its immediate data (RFC 5047 leaves the
+/// buffers to the datamover's side): the connection's pool and account, so that the buffer
+/// is budgeted and charged as the iSCSI layer's own would be. Given by the connection driver
+/// ([`Datamover::set_write_buffers`]); without it a datamover delivers immediate data in the
+/// PDU's segment.
+#[derive(Clone)]
+pub struct WriteBuffers {
+    pub pool: &'static Pool,
+    pub account: Account,
+    /// The largest write taken (larger ones are refused by the iSCSI layer).
+    pub largest_write: u32,
+}
+
+impl WriteBuffers {
+    /// `(EDTL, immediate bytes)` of a SCSI Command whose immediate data should go straight
+    /// into the task's buffer: a write with some, not all, of its data immediate (a write
+    /// that is all immediate data keeps its segment as its buffer, no copy at all there).
+    pub fn wants(&self, bhs: &Bhs) -> Option<(u32, u32)> {
+        let Op::ScsiCommand(c) = &bhs.op else { return None };
+        let (edtl, imm) = (c.expected_data_transfer_length, bhs.data_segment_length);
+        (c.write && imm > 0 && imm < edtl && edtl <= self.largest_write).then_some((edtl, imm))
+    }
+
+    /// The task's write buffer (EDTL bytes), taken now if the budget has room and nobody
+    /// waits before it ([`Pool::try_alloc_now_for`]); else `None`: the immediate data waits
+    /// in its segment while the iSCSI layer queues the task for its buffer.
+    pub fn take_now(&self, edtl: u32) -> Option<IoBuf> {
+        self.pool.try_alloc_now_for(edtl as usize, &self.account)
+    }
+}
+
 /// Payload bytes a datamover copied with the CPU between the I/O buffers ([`IoBuf`]) and
 /// the wire, by direction; what the NIC moves by DMA (RDMA Read/Write, SEND from or into the
 /// buffer itself) and the kernel's own socket copies are not counted. `iscsi_get_stats`
@@ -110,10 +146,15 @@ pub struct CopyStats {
     pub read_bytes: u64,
     /// Solicited write data (Get_Data) copied on its way in.
     pub solicited_bytes: u64,
-    /// Unsolicited write data (immediate data, unsolicited Data-Out) copied on its way in
-    /// (at the datamover; the iSCSI layer's own copy into the write buffer is counted by
-    /// [`super::Ffp::copied_bytes`]).
+    /// Unsolicited write data (immediate data, unsolicited Data-Out) copied on its way in,
+    /// once: out of the receive buffer (iSER) or the framer (TCP), into the task's write
+    /// buffer when the budget had room for it, else into the PDU's segment.
     pub unsolicited_bytes: u64,
+    /// Unsolicited write data copied a second time, out of the segment it waited in into the
+    /// task's write buffer (counted by the iSCSI layer, [`super::Ffp::staged_bytes`]): the
+    /// budget had no room for the buffer when the data came, or it came in several PDUs
+    /// (unsolicited Data-Out).
+    pub staged_bytes: u64,
 }
 
 impl std::ops::AddAssign for CopyStats {
@@ -121,6 +162,7 @@ impl std::ops::AddAssign for CopyStats {
         self.read_bytes += o.read_bytes;
         self.solicited_bytes += o.solicited_bytes;
         self.unsolicited_bytes += o.unsolicited_bytes;
+        self.staged_bytes += o.staged_bytes;
     }
 }
 
@@ -150,6 +192,12 @@ pub trait Datamover {
     }
     /// Whether everything queued has been handed to the transport.
     fn idle(&self) -> bool;
+    /// Where to take write buffers for immediate data (see [`WriteBuffers`]); called once,
+    /// before full-feature phase. A datamover that ignores it delivers immediate data in
+    /// the PDU's segment.
+    fn set_write_buffers(&mut self, wb: WriteBuffers) {
+        drop(wb);
+    }
     /// Payload bytes copied so far (see [`CopyStats`]).
     fn copies(&self) -> CopyStats {
         CopyStats::default()
@@ -189,6 +237,9 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn idle(&self) -> bool {
         (**self).idle()
+    }
+    fn set_write_buffers(&mut self, wb: WriteBuffers) {
+        (**self).set_write_buffers(wb)
     }
     fn copies(&self) -> CopyStats {
         (**self).copies()

@@ -128,8 +128,9 @@ struct Task {
     /// The write buffer (EDTL bytes): taken at once when all the data is unsolicited,
     /// else from the budget when the solicited part is about to be asked for.
     buf: Option<IoBuf>,
-    /// Unsolicited data received before the buffer exists (immediate data, unsolicited
-    /// Data-Out), in order from offset 0: the PDUs' own segments, copied once into `buf`.
+    /// Unsolicited data received before the buffer exists (immediate data the datamover
+    /// could not put straight into a buffer, unsolicited Data-Out), in order from offset 0:
+    /// the PDUs' own segments, copied into `buf` when it comes (counted as staged).
     staged: Vec<Vec<u8>>,
     /// The task's place in the queue for budgeted memory (dropped with the task).
     waiter: Option<Waiter>,
@@ -147,8 +148,9 @@ pub struct Ffp {
     window: SharedWindow,
     stat_sn: Sn,
     tasks: TagMap<Itt, Task>,
-    /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN.
-    held: BTreeMap<u32, Pdu>,
+    /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN, with the write
+    /// buffer holding their immediate data if the datamover placed it.
+    held: BTreeMap<u32, (Pdu, Option<IoBuf>)>,
     text: TextAssembler,
     text_out: Option<(Itt, Vec<u8>)>,
     next_ttt: u32,
@@ -163,8 +165,9 @@ pub struct Ffp {
     account: Account,
     /// Writes waiting for buffer memory, oldest first.
     waiting_buf: VecDeque<Itt>,
-    /// Payload bytes this layer copied (unsolicited data into write buffers).
-    copied_bytes: u64,
+    /// Payload bytes this layer copied: unsolicited data that waited in its segment, copied
+    /// into the write buffer (a second copy, see [`super::CopyStats::staged_bytes`]).
+    staged_bytes: u64,
     /// Data segments whose bytes were copied, for the datamover to reuse (`take_spare`).
     spare: Vec<Vec<u8>>,
 }
@@ -201,7 +204,7 @@ impl Ffp {
             pool: Pool::global(),
             account: Account::new(),
             waiting_buf: VecDeque::new(),
-            copied_bytes: 0,
+            staged_bytes: 0,
             spare: Vec::new(),
         }
     }
@@ -223,10 +226,24 @@ impl Ffp {
         &self.account
     }
 
-    /// Payload bytes the iSCSI layer copied so far: unsolicited write data (immediate data,
-    /// unsolicited Data-Out) copied once into the write buffer.
-    pub fn copied_bytes(&self) -> u64 {
-        self.copied_bytes
+    /// Payload bytes the iSCSI layer copied so far: unsolicited write data that the
+    /// datamover delivered in its segment (the budget had no room for the task's buffer yet,
+    /// or an unsolicited Data-Out), copied from there into the write buffer. Each such byte
+    /// was copied once before, on its way in ([`super::CopyStats::unsolicited_bytes`]).
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes
+    }
+
+    /// The pool this connection's write buffers come from (for the datamover's
+    /// [`super::WriteBuffers`]).
+    pub fn pool(&self) -> &'static Pool {
+        self.pool
+    }
+
+    /// Where the datamover takes write buffers for immediate data: this connection's pool
+    /// and account ([`super::Datamover::set_write_buffers`]).
+    pub fn write_buffers(&self) -> super::WriteBuffers {
+        super::WriteBuffers { pool: self.pool, account: self.account.clone(), largest_write: self.cfg.largest_write }
     }
 
     /// Writes waiting for buffer memory now.
@@ -260,7 +277,7 @@ impl Ffp {
                 break;
             };
             self.waiting_buf.pop_front();
-            self.copied_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
+            self.staged_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
             t.buf = Some(buf);
             served += 1;
             self.fetch(itt);
@@ -293,8 +310,8 @@ impl Ffp {
     /// Dispatches commands held for a gap that another connection of the session has
     /// since filled. The driver calls it every poll; cheap when nothing is held.
     pub fn release_held(&mut self) {
-        while let Some(p) = self.held.remove(&self.exp().get()) {
-            self.advance_and_dispatch(p);
+        while let Some((p, buf)) = self.held.remove(&self.exp().get()) {
+            self.advance_and_dispatch(p, buf);
         }
     }
 
@@ -363,6 +380,16 @@ impl Ffp {
 
     /// A control-type PDU from the datamover (Control_Notify).
     pub fn on_pdu(&mut self, pdu: Pdu, now: Instant) {
+        self.on_pdu_with(pdu, None, now)
+    }
+
+    /// A SCSI Command whose immediate data the datamover copied straight into the task's
+    /// write buffer `buf` (EDTL bytes; the data at its start, `pdu.data` empty).
+    pub fn on_command_placed(&mut self, pdu: Pdu, buf: IoBuf, now: Instant) {
+        self.on_pdu_with(pdu, Some(buf), now)
+    }
+
+    fn on_pdu_with(&mut self, pdu: Pdu, placed: Option<IoBuf>, now: Instant) {
         log::trace!("rx {:?} itt {:#x} data {} (ExpCmdSN {}, MaxCmdSN {})", pdu.opcode(), pdu.itt().0, pdu.data.len(), self.exp().get(), self.max().get());
         self.last_rx = now;
         if self.closing {
@@ -396,7 +423,7 @@ impl Ffp {
             None => return,
         };
         if immediate {
-            return self.dispatch(pdu);
+            return self.dispatch(pdu, placed);
         }
         // RFC 7143 §3.2.2.1: outside [ExpCmdSN, MaxCmdSN] is silently ignored.
         if !cmd_sn.in_window(self.exp(), self.max()) {
@@ -410,19 +437,19 @@ impl Ffp {
         }
         if cmd_sn != self.exp() {
             // Ahead of a gap (several connections, or a lost PDU): hold it in order.
-            self.held.insert(cmd_sn.get(), pdu);
+            self.held.insert(cmd_sn.get(), (pdu, placed));
             return;
         }
-        self.advance_and_dispatch(pdu);
+        self.advance_and_dispatch(pdu, placed);
         // Release commands that were waiting for this one.
         self.release_held();
     }
 
-    fn advance_and_dispatch(&mut self, pdu: Pdu) {
+    fn advance_and_dispatch(&mut self, pdu: Pdu, placed: Option<IoBuf>) {
         let mut w = self.window.get();
         w.exp_cmd_sn = w.exp_cmd_sn.next();
         self.window.set(w);
-        self.dispatch(pdu);
+        self.dispatch(pdu, placed);
     }
 
     /// Opens one slot of the command window (a task or a non-task command finished).
@@ -432,7 +459,7 @@ impl Ffp {
         self.window.set(w);
     }
 
-    fn dispatch(&mut self, pdu: Pdu) {
+    fn dispatch(&mut self, pdu: Pdu, placed: Option<IoBuf>) {
         let immediate = cmd_sn_of(pdu.op()).map_or(true, |v| v.0);
         let is_nop_or_logout_or_text =
             matches!(pdu.op(), Op::NopOut(_) | Op::LogoutRequest(_) | Op::TextRequest(_));
@@ -446,8 +473,13 @@ impl Ffp {
         }
         let header = pdu.bhs.to_bytes();
         let Pdu { bhs, ahs, data } = pdu;
+        // Immediate data: in the task's buffer already, or in the segment.
+        let unsolicited = match placed {
+            Some(buf) => Immediate::Placed { buf, len: bhs.data_segment_length },
+            None => Immediate::Segment(data),
+        };
         match bhs.op {
-            Op::ScsiCommand(cmd) => self.on_scsi_command(cmd, &header, ahs, data),
+            Op::ScsiCommand(cmd) => self.on_scsi_command(cmd, &header, ahs, unsolicited),
             Op::NopOut(n) => {
                 if !immediate {
                     self.slot_freed();
@@ -459,7 +491,7 @@ impl Ffp {
                     }
                     return;
                 }
-                let mut echo = data;
+                let mut echo = unsolicited.into_segment();
                 echo.truncate(self.cfg.initiator_mrdsl as usize);
                 let s = self.next_stat_sn();
                 let pdu = Pdu::with_data(
@@ -479,7 +511,7 @@ impl Ffp {
                 if !immediate {
                     self.slot_freed();
                 }
-                self.on_text(t, data)
+                self.on_text(t, unsolicited.into_segment())
             }
             Op::LogoutRequest(l) => {
                 if !immediate {
@@ -516,7 +548,7 @@ impl Ffp {
         }
     }
 
-    fn on_scsi_command(&mut self, cmd: ScsiCommand, header: &[u8; BHS_LEN], ahs: Vec<u8>, data: Vec<u8>) {
+    fn on_scsi_command(&mut self, cmd: ScsiCommand, header: &[u8; BHS_LEN], ahs: Vec<u8>, data: Immediate) {
         let immediate = cmd.immediate;
         let release_slot = |s: &mut Ffp| {
             if !immediate {
@@ -560,7 +592,7 @@ impl Ffp {
             self.reject(header, RejectReason::InvalidPduField);
             return;
         }
-        let imm = data.len() as u32;
+        let imm = data.len();
         if imm > 0 && (!cmd.write || !self.cfg.immediate_data || imm > self.cfg.first_burst_length || imm > edtl) {
             // Immediate data the session did not allow, or more than promised.
             release_slot(self);
@@ -569,7 +601,7 @@ impl Ffp {
         }
         if cmd.write && edtl > self.cfg.largest_write {
             release_slot(self);
-            self.respond_check(cmd.itt, immediate, SENSE_WRITE_TOO_LARGE, edtl, false);
+            self.respond_check(cmd.itt, immediate, SENSE_WRITE_TOO_LARGE, edtl, true);
             return;
         }
         let mut task = Task {
@@ -592,14 +624,24 @@ impl Ffp {
                 let first_burst = self.cfg.first_burst_length.min(edtl);
                 task.unsolicited_expected = first_burst.saturating_sub(imm);
             }
-            if imm == edtl {
+            match data {
+                // The datamover had the budget's room for the task's buffer and copied the
+                // immediate data straight into it: the one copy; the rest is asked for at once.
+                Immediate::Placed { buf, .. } if buf.len() == edtl as usize => task.buf = Some(buf),
+                Immediate::Placed { buf, .. } => {
+                    log::error!("task {:#x}: placed write buffer of {} bytes for EDTL {edtl}", task.cmd.itt.0, buf.len());
+                    release_slot(self);
+                    self.respond_check(task.cmd.itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, true);
+                    return;
+                }
                 // All of it came as immediate data: the segment itself becomes the write
                 // buffer, no copy (at most FirstBurstLength per command, within the window).
-                task.buf = Some(IoBuf::from_vec(data));
-            } else if imm > 0 {
-                // More follows (unsolicited Data-Out, or solicited): no buffer yet, nothing
-                // taken before the data is there; the immediate data stays in its segment.
-                task.staged.push(data);
+                Immediate::Segment(data) if imm == edtl => task.buf = Some(IoBuf::from_vec(data)),
+                // More follows (unsolicited Data-Out, or solicited) and the datamover did not
+                // place it (no room in the budget then): no buffer yet, the immediate data
+                // waits in its segment, copied into the buffer when the budget grants it.
+                Immediate::Segment(data) if imm > 0 => task.staged.push(data),
+                Immediate::Segment(_) => {}
             }
             task.state = TaskState::Unsolicited;
             let itt = task.cmd.itt;
@@ -621,7 +663,8 @@ impl Ffp {
         }
         let edtl = t.cmd.expected_data_transfer_length;
         if t.received < edtl && t.buf.is_some() {
-            // (Not reached: a buffer exists early only when all the data came immediate.)
+            // The buffer came with the immediate data (the datamover placed it there): the
+            // budget granted it already.
             return self.fetch(itt);
         }
         if t.received < edtl {
@@ -641,7 +684,7 @@ impl Ffp {
                 IoBuf::from_vec(t.staged.remove(0))
             } else {
                 let mut buf = IoBuf::alloc(edtl as usize);
-                self.copied_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
+                self.staged_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
                 buf
             });
         }
@@ -716,7 +759,7 @@ impl Ffp {
                 let off = d.buffer_offset as usize;
                 if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
                     dst.copy_from_slice(&pdu.data);
-                    self.copied_bytes += len as u64;
+                    self.staged_bytes += len as u64;
                 }
                 if self.spare.len() < MAX_SPARE && pdu.data.capacity() <= riser_buf::MAX_SPARE_VEC {
                     self.spare.push(pdu.data);
@@ -998,6 +1041,32 @@ impl Ffp {
                 exp_cmd_sn: s.exp_cmd_sn,
                 max_cmd_sn: s.max_cmd_sn,
             }))));
+        }
+    }
+}
+
+/// The immediate data of a command, as the datamover delivered it.
+enum Immediate {
+    /// In the PDU's data segment (possibly empty).
+    Segment(Vec<u8>),
+    /// Already at the start of the task's write buffer: `len` bytes.
+    Placed { buf: IoBuf, len: u32 },
+}
+
+impl Immediate {
+    fn len(&self) -> u32 {
+        match self {
+            Immediate::Segment(v) => v.len() as u32,
+            Immediate::Placed { len, .. } => *len,
+        }
+    }
+
+    /// The data segment of a PDU that is not a write (a NOP-Out, a Text Request): the
+    /// datamover places data for SCSI Commands only.
+    fn into_segment(self) -> Vec<u8> {
+        match self {
+            Immediate::Segment(v) => v,
+            Immediate::Placed { .. } => Vec::new(),
         }
     }
 }

@@ -226,6 +226,8 @@ fn commands_failed_in_the_iscsi_layer_carry_fixed_sense() {
     let Op::ScsiResponse(r) = &p.bhs.op else { panic!() };
     assert_eq!((r.status, r.residual_underflow, r.residual_count), (STATUS_CHECK_CONDITION, true, 8192));
     assert_eq!(p.data, fixed_sense_segment(0x05, 0x24, 0x00));
+    // Its slot of the window opens once (MaxCmdSN one further), not twice.
+    assert_eq!(r.max_cmd_sn, Sn(10 + FfpConfig::default().queue_depth));
     // Unsolicited data out of order: ABORTED COMMAND, DATA PHASE ERROR.
     let (mut f, now) = ffp(FfpConfig { initial_r2t: false, ..Default::default() });
     let mut c = cmd(6, 10, false, true, 4096);
@@ -481,13 +483,13 @@ fn immediate_data_waits_in_its_segment_then_is_copied_once() {
     c.final_bit = true;
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![0x5a; 512]), now);
     assert!(drain(&mut f).is_empty());
-    assert_eq!(f.copied_bytes(), 0);
+    assert_eq!(f.staged_bytes(), 0);
     drop(g1);
     assert_eq!(f.grant_buffers(), 1);
     let Some(Action::GetData(g2)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
     assert_eq!((g2.offset, g2.len), (512, 4096 - 512));
     assert!(g2.buf[..512].iter().all(|&b| b == 0x5a));
-    assert_eq!(f.copied_bytes(), 512);
+    assert_eq!(f.staged_bytes(), 512);
     // A write that is all immediate data takes its buffer at once, outside the budget.
     let c = cmd(3, 11, false, true, 1024);
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![1; 1024]), now);
@@ -542,4 +544,95 @@ fn abort_of_a_task_already_answered_does_not_exist() {
     let a = drain(&mut f);
     let Op::TaskMgmtResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected a TMF response") };
     assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
+}
+
+/// A write of 64 KiB, 8 KiB of it immediate (FirstBurstLength 8 KiB, InitialR2T=Yes): the
+/// SCSI Command as a datamover delivers it when it placed the immediate data in the task's
+/// buffer (`placed`), or in the segment.
+fn partly_immediate(itt: u32, cmd_sn: u32, fill: u8, pool: &'static Pool, f: &Ffp) -> (Pdu, Option<IoBuf>) {
+    let mut c = cmd(itt, cmd_sn, false, true, 64 << 10);
+    c.final_bit = true;
+    let wb = f.write_buffers();
+    let mut pdu = Pdu::with_data(Op::ScsiCommand(c), vec![fill; 8192]);
+    // As decoded from the wire.
+    pdu.bhs.data_segment_length = 8192;
+    assert_eq!(wb.wants(&pdu.bhs), Some((64 << 10, 8192)), "a write partly immediate is placed");
+    assert!(std::ptr::eq(wb.pool, pool));
+    match wb.take_now(64 << 10) {
+        Some(mut buf) => {
+            buf[..8192].copy_from_slice(&pdu.data);
+            pdu.data = Vec::new();
+            (pdu, Some(buf))
+        }
+        None => (pdu, None),
+    }
+}
+
+#[test]
+fn placed_immediate_data_is_not_copied_again_and_its_buffer_is_fetched_into() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, first_burst_length: 8192, largest_write: 32 << 20, ..Default::default() });
+    let pool = small_pool();
+    f.set_pool(pool);
+    // A write that is all immediate data is not placed (its segment is its buffer).
+    let mut all = Pdu::with_data(Op::ScsiCommand(cmd(5, 10, false, true, 4096)), vec![0; 4096]);
+    all.bhs.data_segment_length = 4096;
+    assert_eq!(f.write_buffers().wants(&all.bhs), None);
+    let (pdu, buf) = partly_immediate(1, 10, 0x5a, pool, &f);
+    let buf = buf.expect("the budget has room");
+    assert_eq!(f.account().held(), buf.capacity(), "charged to the connection");
+    let addr = buf.as_ptr();
+    f.on_command_placed(pdu, buf, now);
+    let a = drain(&mut f);
+    let [Action::GetData(g)] = &a[..] else { panic!("expected GetData at once") };
+    assert_eq!((g.offset, g.len), (8192, 56 << 10));
+    assert_eq!(g.buf.as_ptr(), addr, "the very buffer the immediate data was placed in");
+    assert!(g.buf[..8192].iter().all(|&b| b == 0x5a));
+    assert_eq!(f.staged_bytes(), 0, "not copied again");
+    assert_eq!(f.waiting_for_buffers(), 0);
+    assert_eq!(pool.stats().waits, 0);
+}
+
+#[test]
+fn placed_commands_held_for_a_cmd_sn_gap_keep_their_buffers() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, first_burst_length: 8192, largest_write: 32 << 20, ..Default::default() });
+    let pool = small_pool();
+    f.set_pool(pool);
+    let (pdu, buf) = partly_immediate(2, 11, 0x22, pool, &f);
+    f.on_command_placed(pdu, buf.expect("room"), now);
+    assert!(drain(&mut f).is_empty(), "CmdSN 11 waits for 10");
+    let (pdu, buf) = partly_immediate(1, 10, 0x11, pool, &f);
+    f.on_command_placed(pdu, buf.expect("room"), now);
+    let a = drain(&mut f);
+    let gets: Vec<(Itt, u8)> = a
+        .iter()
+        .map(|x| match x {
+            Action::GetData(g) => (g.itt, g.buf[0]),
+            _ => panic!("expected GetData"),
+        })
+        .collect();
+    assert_eq!(gets, vec![(Itt(1), 0x11), (Itt(2), 0x22)]);
+    assert_eq!(f.staged_bytes(), 0);
+}
+
+#[test]
+fn immediate_data_waiting_for_the_budget_is_copied_a_second_time_and_counted_as_staged() {
+    let (mut f, pool, held, now) = budget_held_elsewhere();
+    // The datamover finds no room: the immediate data comes in its segment.
+    let (pdu, buf) = partly_immediate(2, 10, 0x77, pool, &f);
+    assert!(buf.is_none(), "the budget is spent");
+    assert_eq!(pool.stats().waiting, 0, "the datamover's try took no place in the queue");
+    f.on_pdu(pdu, now);
+    assert!(drain(&mut f).is_empty());
+    assert_eq!((f.waiting_for_buffers(), pool.stats().waiting), (1, 1), "the task queues");
+    // A second such write while the first waits: it cannot pass it.
+    drop(held);
+    let (pdu, buf) = partly_immediate(3, 11, 0x88, pool, &f);
+    assert!(buf.is_none(), "one waits before it");
+    f.on_pdu(pdu, now);
+    assert_eq!(f.grant_buffers(), 2);
+    let a = drain(&mut f);
+    let [Action::GetData(g2), Action::GetData(g3)] = &a[..] else { panic!("expected two GetData") };
+    assert_eq!((g2.itt, g3.itt), (Itt(2), Itt(3)), "in order");
+    assert!(g2.buf[..8192].iter().all(|&b| b == 0x77) && g3.buf[..8192].iter().all(|&b| b == 0x88));
+    assert_eq!(f.staged_bytes(), 2 * 8192, "each waiting byte copied once more, and counted");
 }
