@@ -274,21 +274,52 @@ lio_iser_target() {
 # Write from riser's I/O buffers and solicited write data comes in by RDMA Read into them, so
 # riser's CPU copies neither; immediate data (copied out of the receive buffers) must have
 # been counted, which shows the counters are wired.
-assert_zero_copy() {
-  local label=$1 copies copied_read copied_solicited copied_unsolicited
-  rpc iscsi_get_stats >"$logs/riser-stats.json"
-  copies=$(python3 - "$logs/riser-stats.json" <<'PY'
+# riser's payload_copies (iscsi_get_stats) as "read solicited unsolicited staged" bytes.
+payload_copies() {
+  local f=$logs/riser-stats.json
+  rpc iscsi_get_stats >"$f"
+  python3 - "$f" <<'PY' || fail "cannot read iscsi_get_stats: $(head -c 300 "$f")"
 import json, sys
 c = json.load(open(sys.argv[1])).get("payload_copies")
-print("absent" if c is None else "%d %d %d" % (c["read_bytes"], c["solicited_bytes"], c.get("unsolicited_bytes", 0)))
+if c is None:
+    sys.exit("no payload_copies")
+print("%d %d %d %d" % (c["read_bytes"], c["solicited_bytes"], c["unsolicited_bytes"], c["staged_bytes"]))
 PY
-) || fail "cannot read iscsi_get_stats: $(head -c 300 "$logs/riser-stats.json")"
-  [ "$copies" != absent ] || fail "iscsi_get_stats has no payload_copies: $(head -c 300 "$logs/riser-stats.json")"
-  read -r copied_read copied_solicited copied_unsolicited <<<"$copies"
+}
+
+assert_zero_copy() {
+  local label=$1 copies copied_read copied_solicited copied_unsolicited copied_staged
+  copies=$(payload_copies) || exit 1
+  read -r copied_read copied_solicited copied_unsolicited copied_staged <<<"$copies"
   [ "$copied_read" = 0 ] || fail "riser copied $copied_read bytes of read data over $label (payload_copies.read_bytes)"
   [ "$copied_solicited" = 0 ] || fail "riser copied $copied_solicited bytes of solicited write data over $label (payload_copies.solicited_bytes)"
   [ "$copied_unsolicited" -gt 0 ] || fail "no immediate data counted in payload_copies: are the iSER counters wired?"
-  echo "$name: payload copies after $label traffic: read 0, solicited 0, unsolicited $copied_unsolicited bytes"
+  echo "$name: payload copies after $label traffic: read 0, solicited 0, unsolicited $copied_unsolicited bytes (copied again after waiting for the budget: $copied_staged)"
+}
+
+# LABEL URL: riser-perf writes 64 KiB at QD 16 for 3 s, each with FirstBurstLength (riser's
+# default 8 KiB) of immediate data, the rest solicited, well within the I/O buffer budget:
+# immediate data must be copied at most once (payload_copies.unsolicited_bytes grows by at most
+# the immediate bytes sent: 8 KiB per write counted, plus 16 still in flight at the end), never
+# staged, and no read or solicited byte copied.
+assert_immediate_copied_once() {
+  local label=$1 url=$2 before after out ios r0 s0 u0 st0 r1 s1 u1 st1 sent
+  before=$(payload_copies) || exit 1
+  out=$("$bin/riser-perf" --login-timeout 30 --rw write --bs 65536 --qd 16 --time 3 --ramp 0 "$url" 2>&1) \
+    || fail "$label: riser-perf 64 KiB writes failed: $(tail -n 5 <<<"$out")"
+  echo "$out" >"$logs/write-64k-$label.log"
+  ios=$(awk '/^  I\/Os:/ {print $2}' <<<"$out")
+  [ -n "$ios" ] && [ "$ios" -gt 0 ] || fail "$label: no 64 KiB write done: $(tail -n 5 <<<"$out")"
+  wait_no_connections 30
+  after=$(payload_copies) || exit 1
+  read -r r0 s0 u0 st0 <<<"$before"
+  read -r r1 s1 u1 st1 <<<"$after"
+  sent=$(((ios + 16) * 8192))
+  [ $((r1 - r0)) = 0 ] && [ $((s1 - s0)) = 0 ] || fail "$label: 64 KiB writes copied read $((r1 - r0)) / solicited $((s1 - s0)) bytes"
+  [ $((u1 - u0)) -gt 0 ] || fail "$label: no immediate data counted for $ios writes"
+  [ $((u1 - u0)) -le "$sent" ] || fail "$label: $((u1 - u0)) immediate bytes copied for $ios writes of 8 KiB immediate data each (at most $sent bytes sent): more than one copy"
+  [ $((st1 - st0)) = 0 ] || fail "$label: $((st1 - st0)) immediate bytes copied a second time (staged) with the budget free"
+  echo "$name: $ios writes of 64 KiB (8 KiB immediate) over $label: immediate bytes copied $((u1 - u0)) <= sent ~$((ios * 8192)) (+16 in flight), staged 0, read and solicited 0"
 }
 
 # LABEL OUTPUT: the summary of a riser-perf --verify run over iSER (OUTPUT, its stdout and

@@ -6,7 +6,8 @@
 #     with 4 KiB I/Os and with 256 KiB I/Os (several RDMA chunks per command), QD 16: zero
 #     mismatches, some I/O done; then 16 MiB and 32 MiB I/Os (riser's largest; QD 2), which
 #     riser moves by RDMA straight between its I/O buffers and the initiator's (zero copy):
-#     iscsi_get_stats must show no read or solicited write byte copied.
+#     iscsi_get_stats must show no read or solicited write byte copied; then 64 KiB writes
+#     with 8 KiB of immediate data each: immediate data copied at most once, none staged.
 # (b) The same against the kernel's iSER target, LIO + ib_isert (configfs, rd_mcp ramdisk), in
 #     the same boot.
 # (c) A mismatch injected behind riser-perf's back: a verify write pass to a LIO fileio LUN
@@ -82,6 +83,10 @@ VERIFY_QD=2 verify_ok riser "$riser_url" 33554432
 # Payload bytes copied by riser's CPU (iscsi_get_stats "payload_copies"): none for read data
 # (Put_Data) nor solicited write data (Get_Data) over iSER; immediate data may be copied.
 assert_zero_copy "iSER"
+# Writes partly immediate (64 KiB, 8 KiB immediate): the immediate data is copied once, out of
+# the receive buffer straight into the task's write buffer.
+wait_no_connections 30
+assert_immediate_copied_once "iSER" "$riser_url"
 rpc iscsi_get_connections >"$logs/riser-conns.json"
 wait_no_connections 30
 step "riser-perf randread 4 KiB QD 32 against riser"
