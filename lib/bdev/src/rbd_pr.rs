@@ -86,13 +86,19 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
                         log::warn!("{what}: cannot watch: {e}; retrying every second");
                         broken_since = Some(Instant::now());
                     }
-                    std::thread::sleep(Duration::from_secs(1));
+                    // A second, in steps that let a stop through.
+                    for _ in 0..10 {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             }
             continue;
         };
         let mut lost = None;
-        match rx.recv_timeout(Duration::from_millis(500)) {
+        match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(WatchEvent::Notify { notify_id, payload }) => {
                 on_notify(&payload);
                 if let Err(e) = w.ack(notify_id) {
@@ -144,13 +150,26 @@ impl SharedState for RbdShared {
 }
 
 impl Drop for RbdShared {
+    /// Stops the watch thread and waits for it (it unwatches, so the cluster connection is
+    /// free for `bdev_rbd_unregister_cluster`), 2 s at most: a thread stuck in a read of an
+    /// unreachable cluster is left to finish on its own.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            // The last owner may go away inside on_notify, on the watch thread itself.
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        // The last owner may go away inside on_notify, on the watch thread itself.
+        if t.thread().id() == std::thread::current().id() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        } else {
+            log::warn!("{}: the watch thread is still busy; not waiting for it", self.describe());
         }
     }
 }
