@@ -171,6 +171,23 @@ impl Ring {
             }
             let ring = Rc::new(Ring::new()?);
             *r = Some(ring.clone());
+            // On a reactor: its completions end the reactor's adaptive sleep. Before it
+            // sleeps, the eventfd goes on if I/O is in flight (whatever the idle count).
+            if let Some(w) = ring.inner.borrow().waker.as_ref() {
+                let armed = riser_reactor::add_wake_fd(w.efd.as_fd(), || {
+                    RING.with(|r| {
+                        if let Some(ring) = r.borrow().as_ref() {
+                            let mut i = ring.inner.borrow_mut();
+                            if i.inflight > 0 {
+                                i.set_eventfd(true);
+                            }
+                        }
+                    })
+                });
+                if let Err(e) = armed {
+                    log::warn!("io_uring: completions cannot end the reactor's sleep ({e}); it notices them when it wakes");
+                }
+            }
             Ok(ring)
         })
     }
@@ -302,25 +319,24 @@ fn start_waker(uring: &IoUring, stats: &Arc<RingStats>) -> io::Result<Waker> {
     let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?);
     uring.submitter().register_eventfd(efd.as_raw_fd())?;
     let stop = Arc::new(AtomicBool::new(false));
-    let reactor = std::thread::current();
+    // The reactor this ring belongs to (this thread), woken from its adaptive sleep.
+    let reactor = riser_reactor::current_waker();
     let (e, s, st) = (efd.clone(), stop.clone(), stats.clone());
-    let join = std::thread::Builder::new()
-        .name(format!("{}-uring-wake", reactor.name().unwrap_or("bdev")))
-        .spawn(move || {
-            let mut b = [0u8; 8];
-            loop {
-                match rustix::io::read(e.as_fd(), &mut b) {
-                    Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => break,
-                }
-                if s.load(Ordering::Acquire) {
-                    break;
-                }
-                st.wakeups.fetch_add(1, Ordering::Relaxed);
-                reactor.unpark();
+    let join = std::thread::Builder::new().name(format!("{}-uring-wake", std::thread::current().name().unwrap_or("bdev"))).spawn(move || {
+        let mut b = [0u8; 8];
+        loop {
+            match rustix::io::read(e.as_fd(), &mut b) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => break,
             }
-        })?;
+            if s.load(Ordering::Acquire) {
+                break;
+            }
+            st.wakeups.fetch_add(1, Ordering::Relaxed);
+            reactor.wake();
+        }
+    })?;
     Ok(Waker { efd, stop, join: Some(join), enabled: false })
 }
 

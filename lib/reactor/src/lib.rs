@@ -15,6 +15,6 @@ mod reactor;
 
 pub use mask::{parse_core_mask, CoreMaskError};
 pub use reactor::{
-    Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle,
-    ReactorSet, ReactorStatsSnapshot, SendError,
+    add_wake_fd, current_waker, remove_wake_fd, Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,
+    ReactorStatsSnapshot, SendError, WakeId, Waker,
 };

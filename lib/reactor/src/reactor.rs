@@ -1,13 +1,16 @@
 //! The reactor loop, its context and the handle other threads use to reach it.
 
 use std::any::{Any, TypeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use rustix::event::epoll;
 use thiserror::Error;
 
 /// A unit of cross-thread work: runs once, on the reactor it was sent to.
@@ -57,6 +60,8 @@ pub enum ReactorError {
     NoCores,
     #[error("failed to spawn reactor thread: {0}")]
     Spawn(#[from] std::io::Error),
+    #[error("cannot create a reactor's wake-up descriptors (eventfd, epoll): {0}")]
+    Wake(rustix::io::Errno),
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -97,6 +102,9 @@ struct Stats {
     /// Application-defined load (e.g. connections), for placement decisions.
     load: AtomicUsize,
     sleeping: AtomicBool,
+    /// Adaptive sleeps ended by a descriptor (a message, a socket, a completion channel)
+    /// rather than by their timeout.
+    woken: AtomicU64,
 }
 
 /// A copy of one reactor's counters.
@@ -110,15 +118,133 @@ pub struct ReactorStatsSnapshot {
     pub pollers: usize,
     pub load: usize,
     pub sleeping: bool,
+    /// Adaptive sleeps ended by an event rather than by their timeout.
+    pub woken: u64,
 }
 
 struct Shared {
     rings: Vec<ArrayQueue<Message>>,
     threads: Vec<OnceLock<Thread>>,
+    /// Per reactor: the eventfd that wakes it from an adaptive sleep (it is in the
+    /// reactor's epoll set with the descriptors its pollers registered).
+    wakes: Vec<OwnedFd>,
     stats: Vec<Stats>,
     cores: Vec<usize>,
     mode: PollMode,
     stop: AtomicBool,
+}
+
+impl Shared {
+    /// Ends reactor `id`'s adaptive sleep (if it sleeps; otherwise its next sleep is short).
+    fn wake(&self, id: usize) {
+        if let Some(fd) = self.wakes.get(id) {
+            // EAGAIN (the counter is full) still leaves it readable: nothing is lost.
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        if let Some(t) = self.threads.get(id).and_then(OnceLock::get) {
+            t.unpark();
+        }
+    }
+}
+
+thread_local! {
+    /// On a reactor thread: the reactors and this one's index.
+    static CURRENT: RefCell<Option<(Arc<Shared>, usize)>> = const { RefCell::new(None) };
+    /// On a reactor thread: what ends its adaptive sleep.
+    static WAKE: RefCell<Option<WakeSet>> = const { RefCell::new(None) };
+}
+
+/// The descriptors that end a reactor's adaptive sleep: its eventfd (data 0) and those
+/// registered with [`add_wake_fd`], in one epoll set.
+struct WakeSet {
+    epoll: OwnedFd,
+    sources: Vec<WakeSource>,
+    next_id: u64,
+}
+
+/// Registers `fd` (level-triggered, readable) as a reason to end the calling reactor's
+/// adaptive sleep: a socket, an RDMA completion channel, an eventfd. Before the reactor
+/// sleeps it calls `arm` (e.g. to drain a completion channel and request the next event,
+/// or to switch an io_uring's eventfd on), then polls once more, so work that came in before
+/// arming is not slept on. The owner keeps `fd` open until [`remove_wake_fd`]. Busy-polling
+/// reactors never sleep and never call `arm`. Off a reactor thread: `Ok(None)`.
+pub fn add_wake_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
+    WAKE.with(|w| {
+        let mut w = w.borrow_mut();
+        let Some(w) = w.as_mut() else { return Ok(None) };
+        w.next_id += 1;
+        let id = WakeId(w.next_id);
+        let data = epoll::EventData::new_u64(id.0);
+        match epoll::add(&w.epoll, fd, data, epoll::EventFlags::IN) {
+            // A closed descriptor whose number came back (a dup kept it in the set).
+            Err(rustix::io::Errno::EXIST) => epoll::modify(&w.epoll, fd, data, epoll::EventFlags::IN)?,
+            r => r?,
+        }
+        w.sources.push(WakeSource { id, fd: fd.as_raw_fd(), arm: Box::new(arm) });
+        Ok(Some(id))
+    })
+}
+
+/// Unregisters a descriptor of [`add_wake_fd`] (on the reactor that registered it);
+/// call it before closing the descriptor.
+pub fn remove_wake_fd(id: WakeId) {
+    WAKE.with(|w| {
+        let mut w = w.borrow_mut();
+        let Some(w) = w.as_mut() else { return };
+        if let Some(i) = w.sources.iter().position(|s| s.id == id) {
+            let s = w.sources.swap_remove(i);
+            // SAFETY: the owner promised to keep `s.fd` open until this call.
+            #[allow(unsafe_code)]
+            let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
+            // ENOENT/EBADF: the descriptor was closed first, which removed it already.
+            let _ = epoll::delete(&w.epoll, fd);
+        }
+    })
+}
+
+/// Calls every source's `arm`; whether there is any. An `arm` may register or remove
+/// sources.
+fn arm_wake_sources() -> bool {
+    let mut sources = WAKE.with(|w| w.borrow_mut().as_mut().map(|w| std::mem::take(&mut w.sources)).unwrap_or_default());
+    for s in sources.iter_mut() {
+        (s.arm)();
+    }
+    let any = !sources.is_empty();
+    WAKE.with(|w| {
+        if let Some(w) = w.borrow_mut().as_mut() {
+            sources.append(&mut w.sources);
+            w.sources = sources;
+        }
+    });
+    any
+}
+
+/// Wakes one thread from another: the reactor it was made on, from an adaptive sleep, or
+/// (made on another thread) that thread, with [`Thread::unpark`].
+#[derive(Clone)]
+pub struct Waker(WakerKind);
+
+#[derive(Clone)]
+enum WakerKind {
+    Reactor(Arc<Shared>, usize),
+    Thread(Thread),
+}
+
+/// A [`Waker`] for the calling thread (a reactor, or any thread that parks).
+pub fn current_waker() -> Waker {
+    CURRENT.with(|c| match c.borrow().as_ref() {
+        Some((sh, id)) => Waker(WakerKind::Reactor(sh.clone(), *id)),
+        None => Waker(WakerKind::Thread(thread::current())),
+    })
+}
+
+impl Waker {
+    pub fn wake(&self) {
+        match &self.0 {
+            WakerKind::Reactor(sh, id) => sh.wake(*id),
+            WakerKind::Thread(t) => t.unpark(),
+        }
+    }
 }
 
 /// A cheap, cloneable, thread-safe way to reach the reactors.
@@ -163,9 +289,7 @@ impl ReactorHandle {
         // we see its `sleeping` flag and wake it.
         fence(Ordering::SeqCst);
         if sh.stats[reactor].sleeping.load(Ordering::Relaxed) {
-            if let Some(t) = sh.threads[reactor].get() {
-                t.unpark();
-            }
+            sh.wake(reactor);
         }
         Ok(())
     }
@@ -204,9 +328,7 @@ impl ReactorHandle {
 
     /// The reactor with the smallest application load (ties: lowest index).
     pub fn least_loaded(&self) -> usize {
-        (0..self.len())
-            .min_by_key(|&i| self.shared.stats[i].load.load(Ordering::Relaxed))
-            .unwrap_or(0)
+        (0..self.len()).min_by_key(|&i| self.shared.stats[i].load.load(Ordering::Relaxed)).unwrap_or(0)
     }
 
     /// Adds `delta` to a reactor's application load counter (see [`least_loaded`](Self::least_loaded)).
@@ -216,9 +338,7 @@ impl ReactorHandle {
                 s.load.fetch_add(delta as usize, Ordering::Relaxed);
             } else {
                 let d = delta.unsigned_abs();
-                let _ = s.load.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    Some(v.saturating_sub(d))
-                });
+                let _ = s.load.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(d)));
             }
         }
     }
@@ -237,6 +357,7 @@ impl ReactorHandle {
                     pollers: s.pollers.load(Ordering::Relaxed),
                     load: s.load.load(Ordering::Relaxed),
                     sleeping: s.sleeping.load(Ordering::Relaxed),
+                    woken: s.woken.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -260,20 +381,27 @@ impl ReactorSet {
             return Err(ReactorError::NoCores);
         }
         if cfg.pin {
-            let available: Vec<usize> = core_affinity::get_core_ids()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|c| c.id)
-                .collect();
+            let available: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
             if let Some(&core) = cfg.cores.iter().find(|c| !available.contains(c)) {
                 return Err(ReactorError::CoreUnavailable { core, available });
             }
         }
         let n = cfg.cores.len();
         let ring_size = cfg.ring_size.max(2);
+        let mut wakes = Vec::with_capacity(n);
+        let mut epolls = Vec::with_capacity(n);
+        for _ in 0..n {
+            let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)
+                .map_err(ReactorError::Wake)?;
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(ReactorError::Wake)?;
+            epoll::add(&ep, &efd, epoll::EventData::new_u64(0), epoll::EventFlags::IN).map_err(ReactorError::Wake)?;
+            wakes.push(efd);
+            epolls.push(Some(ep));
+        }
         let shared = Arc::new(Shared {
             rings: (0..n).map(|_| ArrayQueue::new(ring_size)).collect(),
             threads: (0..n).map(|_| OnceLock::new()).collect(),
+            wakes,
             stats: (0..n).map(|_| Stats::default()).collect(),
             cores: cfg.cores.clone(),
             mode: cfg.mode,
@@ -284,15 +412,18 @@ impl ReactorSet {
         for (id, &core) in cfg.cores.iter().enumerate() {
             let h = handle.clone();
             let pin = cfg.pin;
-            let join = thread::Builder::new()
-                .name(format!("reactor_{core}"))
-                .spawn(move || {
-                    if pin && !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                        log::warn!("reactor {id}: could not pin to core {core}");
-                    }
-                    let _ = h.shared.threads[id].set(thread::current());
-                    Reactor::new(id, core, h).run();
-                })?;
+            let ep = epolls[id].take().ok_or(ReactorError::NoCores)?;
+            let join = thread::Builder::new().name(format!("reactor_{core}")).spawn(move || {
+                if pin && !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                    log::warn!("reactor {id}: could not pin to core {core}");
+                }
+                let _ = h.shared.threads[id].set(thread::current());
+                CURRENT.with(|c| *c.borrow_mut() = Some((h.shared.clone(), id)));
+                let epfd = ep.as_raw_fd();
+                WAKE.with(|w| *w.borrow_mut() = Some(WakeSet { epoll: ep, sources: Vec::new(), next_id: 0 }));
+                Reactor::new(id, core, h, epfd).run();
+                WAKE.with(|w| w.borrow_mut().take());
+            })?;
             set.joins.push(join);
         }
         // Wait until every thread has registered itself so wake-ups are never lost.
@@ -318,10 +449,8 @@ impl ReactorSet {
     fn stop_and_join(&mut self) {
         let sh = &self.handle.shared;
         sh.stop.store(true, Ordering::Release);
-        for t in &sh.threads {
-            if let Some(t) = t.get() {
-                t.unpark();
-            }
+        for id in 0..sh.rings.len() {
+            sh.wake(id);
         }
         for j in self.joins.drain(..) {
             if j.join().is_err() {
@@ -365,6 +494,16 @@ pub struct Ctx {
     removed: Vec<PollerId>,
     locals: HashMap<TypeId, Box<dyn Any>>,
     handle: ReactorHandle,
+}
+
+/// Identifies a descriptor registered with [`Ctx::add_wake_fd`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakeId(u64);
+
+struct WakeSource {
+    id: WakeId,
+    fd: RawFd,
+    arm: Box<dyn FnMut()>,
 }
 
 impl Ctx {
@@ -419,17 +558,25 @@ impl Ctx {
         self.removed.push(id);
     }
 
+    /// [`add_wake_fd`] on this reactor.
+    pub fn add_wake_fd(&mut self, fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<WakeId> {
+        add_wake_fd(fd, arm)?.ok_or_else(|| std::io::Error::other("not on a reactor thread"))
+    }
+
+    /// [`remove_wake_fd`] on this reactor.
+    pub fn remove_wake_fd(&mut self, id: WakeId) {
+        remove_wake_fd(id)
+    }
+
     /// A per-reactor object of type `T`, created by `init` on first use.
     pub fn local<T: 'static>(&mut self, init: impl FnOnce() -> T) -> &mut T {
-        self.locals
-            .entry(TypeId::of::<T>())
-            .or_insert_with(|| Box::new(init()))
-            .downcast_mut::<T>()
-            .expect("locals are keyed by their own TypeId")
+        self.locals.entry(TypeId::of::<T>()).or_insert_with(|| Box::new(init())).downcast_mut::<T>().expect("locals are keyed by their own TypeId")
     }
 }
 
 struct Reactor {
+    /// The epoll set of [`WakeSet`] (owned by the thread-local).
+    epoll: RawFd,
     shared: Arc<Shared>,
     ctx: Ctx,
     pollers: Vec<Poller>,
@@ -439,12 +586,16 @@ struct Reactor {
 
 const MAX_MESSAGES_PER_LOOP: usize = 256;
 const IDLE_LOOPS_BEFORE_SLEEP: u32 = 1000;
+/// An adaptive reactor also sleeps once idle this long, whatever the number of loops: a slow
+/// machine (a VM under emulation) would otherwise spin for milliseconds, starving the kernel
+/// work (a software RDMA device, softirqs) that shares its core.
+const IDLE_TIME_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 const MIN_SLEEP: Duration = Duration::from_micros(50);
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 const DRAIN_PASSES: usize = 100_000;
 
 impl Reactor {
-    fn new(id: usize, core: usize, handle: ReactorHandle) -> Reactor {
+    fn new(id: usize, core: usize, handle: ReactorHandle, epoll: RawFd) -> Reactor {
         Reactor {
             shared: handle.shared.clone(),
             ctx: Ctx {
@@ -458,6 +609,7 @@ impl Reactor {
                 locals: HashMap::new(),
                 handle,
             },
+            epoll,
             pollers: Vec::new(),
             timed: Vec::new(),
             next_due: None,
@@ -538,6 +690,7 @@ impl Reactor {
         let mode = sh.mode;
         let mut last = Instant::now();
         let mut idle_loops: u32 = 0;
+        let mut idle_since = last;
         let mut sleep = MIN_SLEEP;
         loop {
             self.ctx.now = last;
@@ -548,6 +701,7 @@ impl Reactor {
             if work > 0 {
                 stats.busy_ns.fetch_add(spent, Ordering::Relaxed);
                 idle_loops = 0;
+                idle_since = now;
                 sleep = MIN_SLEEP;
             } else {
                 stats.idle_ns.fetch_add(spent, Ordering::Relaxed);
@@ -556,20 +710,39 @@ impl Reactor {
             if sh.stop.load(Ordering::Acquire) {
                 break;
             }
-            if mode == PollMode::Adaptive && idle_loops >= IDLE_LOOPS_BEFORE_SLEEP {
+            if mode == PollMode::Adaptive
+                && (idle_loops >= IDLE_LOOPS_BEFORE_SLEEP || (idle_loops > 1 && now.duration_since(idle_since) >= IDLE_TIME_BEFORE_SLEEP))
+            {
                 let mut timeout = sleep;
                 if let Some(due) = self.next_due {
                     timeout = timeout.min(due.saturating_duration_since(now));
                 }
                 stats.sleeping.store(true, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
-                if sh.rings[self.ctx.id].is_empty() && !sh.stop.load(Ordering::Acquire) {
-                    thread::park_timeout(timeout);
+                // Arm the sources, then look once more: what came in before arming raised
+                // no event.
+                let late = if arm_wake_sources() { self.run_once() } else { 0 };
+                if late == 0 && sh.rings[self.ctx.id].is_empty() && !sh.stop.load(Ordering::Acquire) {
+                    // SAFETY: the thread-local WakeSet owns this descriptor until run() returns.
+                    #[allow(unsafe_code)]
+                    let ep = unsafe { BorrowedFd::borrow_raw(self.epoll) };
+                    if wait_readable(ep, timeout) {
+                        stats.woken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&sh.wakes[self.ctx.id], &mut b);
                 }
                 stats.sleeping.store(false, Ordering::Relaxed);
-                sleep = (sleep * 2).min(MAX_SLEEP);
                 let after = Instant::now();
-                stats.idle_ns.fetch_add(after.duration_since(last).as_nanos() as u64, Ordering::Relaxed);
+                if late > 0 {
+                    stats.busy_ns.fetch_add(after.duration_since(last).as_nanos() as u64, Ordering::Relaxed);
+                    idle_loops = 0;
+                    idle_since = after;
+                    sleep = MIN_SLEEP;
+                } else {
+                    stats.idle_ns.fetch_add(after.duration_since(last).as_nanos() as u64, Ordering::Relaxed);
+                    sleep = (sleep * 2).min(MAX_SLEEP);
+                }
                 last = after;
             }
         }
@@ -599,9 +772,22 @@ impl Reactor {
     }
 }
 
+/// Sleeps until `fd` is readable or `timeout` has passed (ppoll: a timeout finer than
+/// epoll_wait's milliseconds). An epoll descriptor is readable while any of its set is.
+/// Whether it became readable.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: one valid pollfd and a valid timespec, both alive for the call; no signal mask.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+    n > 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::sync::Mutex;
 
     fn cfg(n: usize, mode: PollMode) -> ReactorConfig {
@@ -612,8 +798,7 @@ mod tests {
     fn messages_arrive_once_in_order_per_sender() {
         let set = ReactorSet::start(cfg(2, PollMode::Adaptive)).unwrap();
         let h = set.handle();
-        let seen: Arc<Vec<Mutex<Vec<(usize, u32)>>>> =
-            Arc::new((0..2).map(|_| Mutex::new(Vec::new())).collect());
+        let seen: Arc<Vec<Mutex<Vec<(usize, u32)>>>> = Arc::new((0..2).map(|_| Mutex::new(Vec::new())).collect());
         let senders: Vec<_> = (0..4)
             .map(|sender| {
                 let h = h.clone();
@@ -663,13 +848,7 @@ mod tests {
                 t2.fetch_add(1, Ordering::Relaxed);
                 PollStatus::Busy
             });
-            ctx.add_poller(move |_| {
-                if c2.fetch_add(1, Ordering::Relaxed) + 1 >= 10 {
-                    PollStatus::Done
-                } else {
-                    PollStatus::Busy
-                }
-            });
+            ctx.add_poller(move |_| if c2.fetch_add(1, Ordering::Relaxed) + 1 >= 10 { PollStatus::Done } else { PollStatus::Busy });
         })
         .unwrap();
         thread::sleep(Duration::from_millis(200));
@@ -752,5 +931,58 @@ mod tests {
             Err(ReactorError::CoreUnavailable { core, .. }) => assert_eq!(core, 99_999),
             _ => panic!("expected CoreUnavailable"),
         }
+    }
+
+    #[test]
+    fn a_registered_descriptor_ends_an_adaptive_sleep_and_is_armed_first() {
+        use std::sync::atomic::AtomicUsize;
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (armed, seen) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (e, a, n) = (efd.clone(), armed.clone(), seen.clone());
+        let id = h
+            .call(0, move |ctx| {
+                let e2 = e.clone();
+                ctx.add_poller(move |_| {
+                    let mut b = [0u8; 8];
+                    match rustix::io::read(&*e2, &mut b) {
+                        Ok(_) => {
+                            n.fetch_add(1, Ordering::Relaxed);
+                            PollStatus::Busy
+                        }
+                        Err(_) => PollStatus::Idle,
+                    }
+                });
+                ctx.add_wake_fd(e.as_fd(), move || {
+                    a.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap()
+            })
+            .unwrap();
+        let wait = |what: &str, f: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !f() {
+                assert!(Instant::now() < deadline, "{what}");
+                thread::sleep(Duration::from_micros(200));
+            }
+        };
+        // Twenty times: once the reactor sleeps, the descriptor becomes readable.
+        let woken0 = h.stats()[0].woken;
+        for i in 1..=20 {
+            wait("the reactor never slept", &|| h.stats()[0].sleeping);
+            rustix::io::write(&*efd, &1u64.to_ne_bytes()).unwrap();
+            wait("the poller never read the descriptor", &|| seen.load(Ordering::Relaxed) >= i);
+        }
+        assert!(armed.load(Ordering::Relaxed) >= 20, "arm is called before each sleep");
+        // Some of the twenty sleeps ended by the descriptor, not by their timeout (each ends
+        // by timeout only if the write lands just as it runs out).
+        assert!(h.stats()[0].woken > woken0, "no sleep was ended by the descriptor");
+        // Unregistered: no longer armed.
+        h.call(0, move |ctx| ctx.remove_wake_fd(id)).unwrap();
+        let before = armed.load(Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(20));
+        assert_eq!(armed.load(Ordering::Relaxed), before);
+        set.shutdown();
     }
 }
