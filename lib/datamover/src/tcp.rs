@@ -44,6 +44,11 @@ pub trait ByteStream: Read + Write + Send + 'static {
     /// Closes both directions.
     fn shutdown(&mut self);
     fn peer_addr(&self) -> Option<SocketAddr>;
+    /// A descriptor readable when data comes in (a socket), registered with the reactor so
+    /// that data ends its adaptive sleep; none for in-memory streams.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl ByteStream for TcpStream {
@@ -60,6 +65,9 @@ impl ByteStream for TcpStream {
     }
     fn peer_addr(&self) -> Option<SocketAddr> {
         TcpStream::peer_addr(self).ok()
+    }
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self))
     }
 }
 
@@ -201,6 +209,17 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     placed: Option<(Itt, IoBuf)>,
     /// Emptied R2T lists of finished Get_Data, for the next ones.
     spare_r2ts: Vec<Vec<R2tState>>,
+    /// The socket in its reactor's wake set (registered at the first poll, on the reactor).
+    wake: Wake,
+}
+
+/// Whether the socket is in the reactor's wake set yet.
+enum Wake {
+    NotYet,
+    In(riser_reactor::WakeId),
+    /// Not on a reactor (tests), no descriptor, or the registration failed (logged): the
+    /// reactor notices data when its sleep times out.
+    Never,
 }
 
 /// Most R2T lists kept for reuse.
@@ -228,7 +247,27 @@ impl<S: ByteStream> TcpDatamover<S> {
             write_bufs: None,
             placed: None,
             spare_r2ts: Vec::new(),
+            wake: Wake::NotYet,
         })
+    }
+
+    /// Puts the socket in the wake set of the reactor polling it.
+    fn join_wake_set(&mut self) {
+        self.wake = match self.sock.wake_fd().map(|fd| riser_reactor::add_wake_fd(fd, || {})) {
+            Some(Ok(Some(id))) => Wake::In(id),
+            Some(Err(e)) => {
+                log::warn!("connection socket: cannot wake its reactor ({e}); data waits for the reactor's next pass");
+                Wake::Never
+            }
+            _ => Wake::Never,
+        };
+    }
+
+    /// Takes the socket out of the wake set (a shut-down socket stays readable: EOF).
+    fn leave_wake_set(&mut self) {
+        if let Wake::In(id) = std::mem::replace(&mut self.wake, Wake::Never) {
+            riser_reactor::remove_wake_fd(id);
+        }
     }
 
     pub fn peer(&self) -> Option<std::net::SocketAddr> {
@@ -423,6 +462,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             };
             match read {
                 Ok(0) => {
+                    self.leave_wake_set();
                     self.dead = true;
                     events.push(DmEvent::Terminated("connection closed by the initiator".into()));
                     break;
@@ -440,6 +480,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
+                    self.leave_wake_set();
                     self.dead = true;
                     events.push(DmEvent::Terminated(format!("receive failed: {e}")));
                     break;
@@ -512,11 +553,13 @@ impl<S: ByteStream> TcpDatamover<S> {
                             if let Some(h) = header {
                                 events.push(DmEvent::Reject { header: h, reason });
                             }
+                            self.leave_wake_set();
                             self.dead = true;
                             events.push(DmEvent::Terminated(format!("protocol error: {e}")));
                             break;
                         }
                         ErrorAction::Drop => {
+                            self.leave_wake_set();
                             self.dead = true;
                             events.push(DmEvent::Terminated(format!("protocol error: {e}")));
                             break;
@@ -569,6 +612,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     if !self.dead {
+                        self.leave_wake_set();
                         self.dead = true;
                         events.push(DmEvent::Terminated(format!("send failed: {e}")));
                     }
@@ -731,6 +775,9 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
+        if matches!(self.wake, Wake::NotYet) {
+            self.join_wake_set();
+        }
         let mut work = 0;
         if !self.dead && !self.terminating {
             let mut budget = MAX_READ_PER_POLL;
@@ -752,6 +799,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         }
         if self.terminating && self.tx.is_empty() && !self.dead {
             self.sock.shutdown();
+            self.leave_wake_set();
             self.dead = true;
             events.push(DmEvent::Terminated("connection closed".into()));
             work += 1;
@@ -773,6 +821,12 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
 
     fn idle(&self) -> bool {
         self.tx.is_empty()
+    }
+}
+
+impl<S: ByteStream> Drop for TcpDatamover<S> {
+    fn drop(&mut self) {
+        self.leave_wake_set();
     }
 }
 

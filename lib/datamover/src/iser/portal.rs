@@ -58,7 +58,7 @@ use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{Op, Pdu, Stage, BHS_LEN};
 use riser_iscsi::serial::Itt;
 use riser_rdma::{
-    CmEventType, CmId, CmIdKey, CompletionQueue, ConnParam, Context, EventChannel, ProtectionDomain, QpCaps, QpInitAttr,
+    CmEventType, CmId, CmIdKey, CompletionChannel, CompletionQueue, ConnParam, Context, EventChannel, ProtectionDomain, QpCaps, QpInitAttr,
 };
 
 use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
@@ -283,9 +283,13 @@ fn setup(
     let depth = send_wr + recv_wr;
     let cap = SHARED_CQ_ENTRIES.min(attr.max_cqe.max(128) as u32).max(depth);
     let (shared, poller) = CQS.cq_for(ctx.as_raw() as usize, reactor, depth, || {
-        let cq =
-            CompletionQueue::new(&ctx, cap, None, 0).map_err(|source| IserError::CreateCq { entries: cap, source })?;
-        Ok((VerbsCq::new(cq.clone()), cq, cap))
+        // A completion channel lets an adaptive reactor sleep until a completion comes.
+        let channel = CompletionChannel::new(&ctx)
+            .map_err(|e| log::warn!("iSER: no completion channel ({e}); an idle reactor notices completions when it wakes"))
+            .ok();
+        let cq = CompletionQueue::new(&ctx, cap, channel.as_ref(), 0)
+            .map_err(|source| IserError::CreateCq { entries: cap, source })?;
+        Ok((VerbsCq::new(cq.clone(), channel), cq, cap))
     })?;
     if let Some(mut poller) = poller {
         // The reactor owns the new CQ: it alone polls it, from now on.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use riser_bdev::IoBuf;
 use riser_rdma::{
-    sys, Access, CmId, CompletionQueue, DeviceAttr, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp,
+    sys, Access, CmId, CompletionChannel, CompletionQueue, DeviceAttr, MemoryRegion, ProtectionDomain, RecvWr, SendOp as RSendOp,
     SendWr as RSendWr, WorkCompletion, WrData,
 };
 
@@ -76,16 +76,55 @@ fn completion(wc: &WorkCompletion) -> Completion {
 pub struct VerbsCq {
     cq: Arc<CompletionQueue>,
     wcs: [WorkCompletion; 32],
+    /// The CQ's completion channel, in its reactor's wake set from the first poll on.
+    channel: Option<Arc<CompletionChannel>>,
+    wake: Option<riser_reactor::WakeId>,
+    registered: bool,
 }
 
 impl VerbsCq {
-    pub fn new(cq: Arc<CompletionQueue>) -> VerbsCq {
-        VerbsCq { cq, wcs: [WorkCompletion::default(); 32] }
+    /// `channel`: the one `cq` was created on, if any; its events end the adaptive sleep of
+    /// the reactor that polls the CQ.
+    pub fn new(cq: Arc<CompletionQueue>, channel: Option<Arc<CompletionChannel>>) -> VerbsCq {
+        VerbsCq { cq, wcs: [WorkCompletion::default(); 32], channel, wake: None, registered: false }
+    }
+
+    /// On the reactor that polls the CQ: before it sleeps, the channel's events are taken
+    /// (each acknowledged) and the CQ asks for the next one.
+    fn join_wake_set(&mut self) {
+        self.registered = true;
+        let Some(ch) = self.channel.clone() else { return };
+        // SAFETY: the channel's descriptor lives as long as the channel, which this VerbsCq
+        // holds until it leaves the wake set (Drop).
+        #[allow(unsafe_code)]
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ch.fd()) };
+        let cq = self.cq.clone();
+        let ch2 = ch.clone();
+        match riser_reactor::add_wake_fd(fd, move || {
+            while let Ok(Some(_)) = ch2.get_event() {}
+            if let Err(e) = cq.req_notify(false) {
+                log::warn!("iSER: cannot arm the shared CQ ({e}); completions wait for the reactor's next pass");
+            }
+        }) {
+            Ok(id) => self.wake = id,
+            Err(e) => log::warn!("iSER: the shared CQ cannot wake its reactor ({e}); completions wait for its next pass"),
+        }
+    }
+}
+
+impl Drop for VerbsCq {
+    fn drop(&mut self) {
+        if let Some(id) = self.wake.take() {
+            riser_reactor::remove_wake_fd(id);
+        }
     }
 }
 
 impl CqSource for VerbsCq {
     fn poll_into(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, IserError> {
+        if !self.registered {
+            self.join_wake_set();
+        }
         let max = max.min(self.wcs.len());
         let n = self.cq.poll(&mut self.wcs[..max])?;
         out.extend(self.wcs[..n].iter().map(completion));
