@@ -315,7 +315,7 @@ impl Bdev for RbdBdev {
                         None
                     }
                 };
-                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), _waker: waker })
+                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), waker, idle_polls: 0, scratch: Vec::new() })
             }
             Err(e) => Box::new(FailedChannel::new(format!("bdev {}: cannot open the image on this reactor: {e}", self.info.name))),
         }
@@ -378,14 +378,30 @@ struct RbdChannel {
     /// (caller's tag, kind) of the I/O in librbd, by the index given to librbd as its tag.
     kinds: Vec<Option<(u64, IoKind)>>,
     free: Vec<usize>,
-    _waker: Option<Waker>,
+    waker: Option<Waker>,
+    /// Polls in a row with I/O in librbd and no completion (see [`Waker`]).
+    idle_polls: u32,
+    /// librbd's completions of one poll (kept: no allocation per poll).
+    scratch: Vec<AioDone>,
 }
 
-/// A thread blocked on the image's completion eventfd that unparks the channel's reactor
-/// thread: a reactor in adaptive mode parks when idle, and librbd's completions would wait
-/// for its timeout. It touches nothing of the reactor's but its `Thread` handle.
+/// Polls with I/O in flight and no completion before the waker is armed: well below the
+/// reactor's idle loops before it sleeps (1000), so it is armed before the reactor parks.
+const IDLE_POLLS_BEFORE_WAKEUPS: u32 = 256;
+
+/// A thread that unparks the channel's reactor thread when librbd completes an I/O: a
+/// reactor in adaptive mode parks when idle, and librbd's completions would wait for its
+/// timeout. It touches nothing of the reactor's but its `Thread` handle.
+///
+/// It waits on the image's completion eventfd only while armed: the channel arms it after
+/// [`IDLE_POLLS_BEFORE_WAKEUPS`] polls that found I/O in flight and nothing done (the reactor
+/// may be about to sleep), and it disarms itself with the wake-up. While completions keep
+/// coming (a busy reactor, or one under load) it stays parked, and librbd's eventfd writes
+/// wake nobody: one context switch per completion less, on the cores the OSDs and librbd's
+/// own threads need (this was most of the gap to `rbd bench`, see README).
 struct Waker {
     efd: Arc<OwnedFd>,
+    armed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     join: Option<std::thread::JoinHandle<()>>,
 }
@@ -394,11 +410,20 @@ impl Waker {
     fn start(img: &Image) -> std::io::Result<Waker> {
         let efd = Arc::new(img.event_fd()?);
         let stop = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicBool::new(false));
         let reactor = std::thread::current();
-        let (e, st) = (efd.clone(), stop.clone());
+        let (e, st, arm) = (efd.clone(), stop.clone(), armed.clone());
         let join = std::thread::Builder::new().name(format!("{}-rbd-wake", reactor.name().unwrap_or("bdev"))).spawn(move || {
             let mut b = [0u8; 8];
             loop {
+                if st.load(Ordering::Acquire) {
+                    break;
+                }
+                if !arm.load(Ordering::Acquire) {
+                    // Until armed (or stopped): unpark tokens make a lost arm impossible.
+                    std::thread::park();
+                    continue;
+                }
                 let mut fds = [PollFd::new(&*e, PollFlags::IN)];
                 match rustix::event::poll(&mut fds, -1) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -407,12 +432,30 @@ impl Waker {
                 if st.load(Ordering::Acquire) {
                     break;
                 }
-                // Drain the count (non-blocking), then wake the reactor.
+                // Drain the count (non-blocking): the next arming waits for a new completion.
                 let _ = rustix::io::read(&*e, &mut b);
-                reactor.unpark();
+                if arm.swap(false, Ordering::AcqRel) {
+                    reactor.unpark();
+                }
             }
         })?;
-        Ok(Waker { efd, stop, join: Some(join) })
+        Ok(Waker { efd, armed, stop, join: Some(join) })
+    }
+
+    /// Makes the thread wait for the next completion and wake the reactor then.
+    fn arm(&self) {
+        if !self.armed.load(Ordering::Relaxed) && !self.armed.swap(true, Ordering::AcqRel) {
+            if let Some(j) = &self.join {
+                j.thread().unpark();
+            }
+        }
+    }
+
+    /// Completions are coming: the reactor is awake, no wake-up is needed.
+    fn disarm(&self) {
+        if self.armed.load(Ordering::Relaxed) {
+            self.armed.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -421,6 +464,7 @@ impl Drop for Waker {
         self.stop.store(true, Ordering::Release);
         let _ = rustix::io::write(&*self.efd, &1u64.to_ne_bytes());
         if let Some(j) = self.join.take() {
+            j.thread().unpark();
             let _ = j.join();
         }
     }
@@ -482,11 +526,23 @@ impl IoChannel for RbdChannel {
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let mut n = self.done.drain_into(out);
         if self.img.in_flight() == 0 {
+            self.idle_polls = 0;
             return n;
         }
-        let mut done: Vec<AioDone> = Vec::new();
+        let mut done = std::mem::take(&mut self.scratch);
         self.img.poll(&mut done);
-        for d in done {
+        if let Some(w) = &self.waker {
+            if done.is_empty() {
+                self.idle_polls = self.idle_polls.saturating_add(1);
+                if self.idle_polls >= IDLE_POLLS_BEFORE_WAKEUPS {
+                    w.arm();
+                }
+            } else {
+                self.idle_polls = 0;
+                w.disarm();
+            }
+        }
+        for d in done.drain(..) {
             let slot = d.tag as usize;
             let Some((tag, kind)) = self.kinds.get_mut(slot).and_then(Option::take) else {
                 log::error!("bdev {}: rbd completion for unknown slot {slot}", self.bdev.info.name);
@@ -506,6 +562,7 @@ impl IoChannel for RbdChannel {
             out.push(IoCompletion { tag, kind, result, buf: d.buf });
             n += 1;
         }
+        self.scratch = done;
         n
     }
 
