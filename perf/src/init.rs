@@ -392,7 +392,7 @@ fn failover_lines(plan: &Plan, fs: &[Failover]) -> String {
         return String::new();
     }
     let max = fs.iter().map(|f| f.no_path_s).fold(0.0, f64::max);
-    let sum: f64 = fs.iter().map(|f| f.no_path_s).sum();
+    let sum = fs.iter().map(|f| f.no_path_s).fold(0.0, |a, b| a + b);
     let mut s = format!(
         "failovers: {} (time without a path: {sum:.2} s in all, {max:.2} s at most)\n",
         fs.len()
