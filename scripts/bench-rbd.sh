@@ -2,14 +2,20 @@
 # Ceph RBD behind an iSCSI gateway (issue 15's benchmark), 4 KiB random read and write at QD
 # BENCH_QD (default 32) on one image of the single-node test cluster (scripts/ceph-test-cluster.sh:
 # one memstore OSD, pool size 1, data in RAM), written in full first so reads find data:
-#   rbd bench         librbd itself (--io-threads QD): what a gateway can at best pass on
-#   riser             one gateway (bdev_rbd_create), alone, one reactor on core 0, adaptive and
-#                     busy polling; riser-perf (one session, QD) on core 1
-#   tgt               Debian's tgt with its rbd backing store (tgt-rbd), alone, on core 0
-#   riser x2          two riser gateways (portal groups 1 and 2, same image and uuid) at once, on
-#                     cores 0 and 1, adaptive; one riser-perf with one session per gateway (QD
-#                     each), so twice the I/O outstanding of the single runs
-# Only one target process is alive during the single-gateway runs. Prints a table with the
+#   rbd bench         librbd itself (--io-threads QD), with riser's librbd settings
+#                     (rbd_cache=false: riser caches no data): what a gateway can at best pass on
+#   riser             one gateway (bdev_rbd_create), alone, its reactor on core 0, adaptive and
+#                     busy polling; riser-perf (one session, QD)
+#   tgt               Debian's tgt with its rbd backing store (tgt-rbd; librbd's defaults, so
+#                     rbd_cache on: tgt's bsopts cannot turn it off), alone
+#   riser x2          two riser gateways (portal groups 1 and 2, same image and uuid) at once,
+#                     reactors on cores 0 and 1, adaptive; one riser-perf with one session per
+#                     gateway (QD each), so twice the I/O outstanding of the single runs; and
+#                     right after, one of the two driven alone (the ratio's denominator)
+# Only one target process is alive during the single-gateway runs. Only riser's reactor thread
+# is pinned (its -m): librados' and librbd's threads, tgtd, the client and the OSD float, as
+# rbd bench's threads do (pinning a whole gateway process to one core puts librados' messenger
+# threads on the core of its busy reactor, which cost riser 3-10x here). Prints a table with the
 # ratios (aims: riser >= 0.9x rbd bench, >= 1.5x tgt; two gateways >= 1.6x one) and saves it,
 # with every run's output, in BENCH_OUT (default target/bench/rbd-DATE). Figures, no asserts;
 # non-zero exit when something is missing or a run fails. As root (the cluster, tgtd).
@@ -17,7 +23,8 @@
 # on a small machine the figures say as much about that as about the gateway.
 #
 # Environment: BENCH_TIME (seconds per run, default 10), BENCH_ROUNDS (default 1; the table
-# shows medians), BENCH_QD, BENCH_RBD_MIB (image size, default 256), BENCH_OUT.
+# shows medians), BENCH_QD, BENCH_RBD_MIB (image size, default 256), BENCH_OUT, RISER and
+# RISER_PERF (the binaries, default target/release/).
 # About 2 minutes + ROUNDS x 10 x (BENCH_TIME + 3) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +33,8 @@ rounds=${BENCH_ROUNDS:-1}
 qd=${BENCH_QD:-32}
 mib=${BENCH_RBD_MIB:-256}
 out=${BENCH_OUT:-target/bench/rbd-$(date +%Y%m%d-%H%M%S)}
-riser=./target/release/riser
-perf=./target/release/riser-perf
+riser=${RISER:-./target/release/riser}
+perf=${RISER_PERF:-./target/release/riser-perf}
 die() { echo "bench-rbd: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (the Ceph cluster, tgtd)"
@@ -85,6 +92,9 @@ wait_port() { # PORT PID NAME LOG
   die "$3 does not listen on 127.0.0.1:$1 after 30 s; see $4"
 }
 
+# The test cluster's monitor ports are fixed: a second cluster (a running RBD test) cannot start.
+(exec 3<>"/dev/tcp/127.0.0.1/${CEPH_MON_PORT:-13300}") 2>/dev/null &&
+  die "127.0.0.1:${CEPH_MON_PORT:-13300} is taken: another test cluster is running (an RBD test?); try again after it"
 echo "bench-rbd: starting the test cluster (about 20 s)"
 CEPH_OWNER_PID=$$ scripts/ceph-test-cluster.sh start "$work/ceph" >"$out/ceph-start.log" 2>&1 ||
   die "the cluster did not start; see $out/ceph-start.log"
@@ -100,10 +110,10 @@ rbdc bench --io-type write --io-pattern seq --io-size 4M --io-threads 4 --io-tot
 # BENCH_TIME seconds (rbd bench runs for a number of bytes, not a time).
 rbd_bench() {
   local rate ops
-  rbdc bench --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total 8M rbd/bench >"$2.calib" 2>&1 || { cat "$2.calib" >&2; return 1; }
+  rbdc bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total 8M rbd/bench >"$2.calib" 2>&1 || { cat "$2.calib" >&2; return 1; }
   rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2.calib" | tail -1)
   ops=$(python3 -c "print(max(2048, int(float('${rate:-1000}') * $secs)))")
-  rbdc bench --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 || { cat "$2" >&2; return 1; }
+  rbdc bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 || { cat "$2" >&2; return 1; }
   sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2" | tail -1
 }
 
@@ -111,7 +121,7 @@ rbd_bench() {
 start_riser() {
   local sock=$work/$1.sock log=$out/$1.log
   rm -f "$sock"
-  taskset -c "$2" "$riser" -m "$((1 << $2))" --poll-mode "$5" -r "$sock" >"$log" 2>&1 &
+  "$riser" -m "$((1 << $2))" --poll-mode "$5" -r "$sock" >"$log" 2>&1 &
   gw_pid=$!
   pids+=("$gw_pid")
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
@@ -120,7 +130,7 @@ start_riser() {
     rpc "$sock" bdev_rbd_create '{"name":"Rbd0","pool_name":"rbd","rbd_name":"bench","block_size":512,"cluster_name":"c0","uuid":"6c0b7a1e-15a2-4a10-9a5e-00000000be9c"}' &&
     rpc "$sock" iscsi_create_portal_group '{"tag":'"$4"',"portals":[{"host":"127.0.0.1","port":"'"$3"'"}]}' &&
     rpc "$sock" iscsi_create_initiator_group '{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}' &&
-    rpc "$sock" iscsi_create_target_node '{"name":"rbd","pg_ig_maps":[{"pg_tag":'"$4"',"ig_tag":1}],"luns":[{"bdev_name":"Rbd0","lun_id":0}],"queue_depth":128,"disable_chap":true}'
+    rpc "$sock" iscsi_create_target_node '{"name":"rbd","pg_ig_maps":[{"pg_tag":'"$4"',"ig_tag":1}],"luns":[{"bdev_name":"Rbd0","lun_id":0}],"queue_depth":64,"disable_chap":true}'
   } >>"$log.rpc" 2>&1 || die "configuring riser $1 failed; see $log.rpc and $log"
   wait_port "$3" "$gw_pid" "riser $1" "$log"
 }
@@ -132,11 +142,24 @@ stop_pid() {
   wait "$1" 2>/dev/null || true
 }
 
-# riser-perf on core 1: RW LOG URL... -> IOPS (all URLs together)
+# tgtd with the image as LUN 1, not pinned (lib-tgt.sh's tgt_start pins it to core 0).
+tgt_start_rbd() { # LOGFILE
+  setsid /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$1" 2>&1 </dev/null &
+  tgt_pid=$!
+  for _ in $(seq 100); do
+    tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  tadm --lld iscsi --mode target --op new --tid 1 --targetname "$tgt_iqn"
+  tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype rbd --backing-store rbd/bench --bsopts "conf=$conf;id=admin"
+  tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+}
+
+# riser-perf (not pinned): RW LOG URL... -> IOPS (all URLs together)
 perf_run() {
   local rw=$1 log=$2
   shift 2
-  timeout $((secs + 60)) "$perf" -m 0x2 --rw "$rw" --bs 4096 --qd "$qd" --time "$secs" --ramp 2 --json "$@" >"$log" 2>"$log.err" ||
+  timeout $((secs + 60)) "$perf" --no-pin --rw "$rw" --bs 4096 --qd "$qd" --time "$secs" --ramp 2 --json "$@" >"$log" 2>"$log.err" ||
     { cat "$log.err" >&2; return 1; }
   python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; print(round(t["iops"]))' "$log"
 }
@@ -158,8 +181,7 @@ for r in $(seq "$rounds"); do
     done
     stop_pid "$gw_pid"
   done
-  tgt_bs=(--bstype rbd --backing-store rbd/bench --bsopts "conf=$conf;id=admin")
-  tgt_start "$out/tgt.$r.log" >/dev/null
+  tgt_start_rbd "$out/tgt.$r.log" >/dev/null
   wait_port "$tgt_port" "$tgt_pid" tgtd "$out/tgt.$r.log"
   for rw in randread randwrite; do
     v=$(perf_run "$rw" "$out/tgt.$rw.$r.json" "iscsi://127.0.0.1:$tgt_port/$tgt_iqn/1") || die "riser-perf against tgt failed"
@@ -174,6 +196,10 @@ for r in $(seq "$rounds"); do
   for rw in randread randwrite; do
     v=$(perf_run "$rw" "$out/riser-x2.$rw.$r.json" "$(url "$riser_port")" "$(url "$riser2_port")") || die "riser-perf against two gateways failed"
     printf '%s\t%s\t%s\t%s\n' "$r" "riser x2 (adaptive)" "$rw" "$v" | tee -a "$results"
+    # The same moment's single-gateway figure (both processes up, one driven): the machine's
+    # load changes from minute to minute, so the ratio compares neighbours.
+    v=$(perf_run "$rw" "$out/riser-x1.$rw.$r.json" "$(url "$riser_port")") || die "riser-perf against gateway 1 failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser x1 of 2 (adaptive)" "$rw" "$v" | tee -a "$results"
   done
   stop_pid "$g1"
   stop_pid "$g2"
@@ -202,9 +228,9 @@ for s in subjects:
     lines.append(f"{s:22}{cells}")
 lines.append("")
 for w in ("randread", "randwrite"):
-    two, one = med.get(("riser x2 (adaptive)", w), 0), med.get(("riser (adaptive)", w), 0)
+    two, one = med.get(("riser x2 (adaptive)", w), 0), med.get(("riser x1 of 2 (adaptive)", w), 0)
     if one:
-        lines.append(f"two gateways / one (adaptive), {w}: {two / one:.2f}x")
+        lines.append(f"two gateways / one of them driven alone, {w}: {two / one:.2f}x")
 text = "\n".join(lines) + "\n"
 print(text, end="")
 open(sys.argv[2], "w").write(text)
