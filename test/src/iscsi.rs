@@ -197,6 +197,36 @@ impl Client {
         self.wait_status()
     }
 
+    /// PERSISTENT RESERVE OUT (10) with a 24-byte parameter list: `sa` the service action,
+    /// `ty` the type (scope LU), `flags` byte 20 (APTPL 0x01, ALL_TG_PT 0x04, SPEC_I_PT 0x08).
+    pub fn pr_out(&mut self, sa: u8, ty: u8, key: u64, sark: u64, flags: u8) -> Reply {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5F;
+        cdb[1] = sa;
+        cdb[2] = ty;
+        cdb[5..9].copy_from_slice(&24u32.to_be_bytes());
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sark.to_be_bytes());
+        p[20] = flags;
+        let pdu = self.scsi_command(&cdb, false, true, 24, p);
+        self.send(&pdu).expect("send PERSISTENT RESERVE OUT");
+        self.reply().expect("an answer to PERSISTENT RESERVE OUT")
+    }
+
+    /// PERSISTENT RESERVE IN (service action `sa`), which must succeed: its parameter data.
+    pub fn pr_in(&mut self, sa: u8) -> Vec<u8> {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5E;
+        cdb[1] = sa;
+        cdb[7..9].copy_from_slice(&4096u16.to_be_bytes());
+        let pdu = self.scsi_command(&cdb, true, false, 4096, Vec::new());
+        self.send(&pdu).expect("send PERSISTENT RESERVE IN");
+        let r = self.reply().expect("an answer to PERSISTENT RESERVE IN");
+        assert_eq!(r.status, 0, "PERSISTENT RESERVE IN sa {sa}: {r:?} (sense {:?})", r.sense());
+        r.data
+    }
+
     /// READ(10); returns (status, data).
     pub fn read10(&mut self, lba: u32, blocks: u16) -> Option<(u8, Vec<u8>)> {
         let cdb = read10(lba, blocks);

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use riser_tests::iscsi::{Client, Reply};
+use riser_tests::iscsi::Client;
 use riser_tests::{free_port, json, Riser, TempDir};
 
 const GOOD: u8 = 0x00;
@@ -29,38 +29,9 @@ fn session(port: u16, iqn: &str, isid: Option<[u8; 6]>) -> Client {
     c
 }
 
-/// PERSISTENT RESERVE OUT with a 24-byte parameter list (immediate data).
-fn pr_out(c: &mut Client, sa: u8, ty: u8, key: u64, sark: u64, aptpl: bool) -> Reply {
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x5F;
-    cdb[1] = sa;
-    cdb[2] = ty; // scope 0: LU_SCOPE
-    cdb[5..9].copy_from_slice(&24u32.to_be_bytes());
-    let mut p = vec![0u8; 24];
-    p[0..8].copy_from_slice(&key.to_be_bytes());
-    p[8..16].copy_from_slice(&sark.to_be_bytes());
-    p[20] = u8::from(aptpl);
-    let pdu = c.scsi_command(&cdb, false, true, 24, p);
-    c.send(&pdu).expect("send PERSISTENT RESERVE OUT");
-    c.reply().expect("an answer to PERSISTENT RESERVE OUT")
-}
-
 fn pr_out_ok(c: &mut Client, sa: u8, ty: u8, key: u64, sark: u64, aptpl: bool) {
-    let r = pr_out(c, sa, ty, key, sark, aptpl);
+    let r = c.pr_out(sa, ty, key, sark, u8::from(aptpl));
     assert_eq!(r.status, GOOD, "PERSISTENT RESERVE OUT sa {sa} key {key:#x} sark {sark:#x}: {r:?} (sense {:?})", r.sense());
-}
-
-/// PERSISTENT RESERVE IN's parameter data.
-fn pr_in(c: &mut Client, sa: u8) -> Vec<u8> {
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x5E;
-    cdb[1] = sa;
-    cdb[7..9].copy_from_slice(&4096u16.to_be_bytes());
-    let pdu = c.scsi_command(&cdb, true, false, 4096, Vec::new());
-    c.send(&pdu).expect("send PERSISTENT RESERVE IN");
-    let r = c.reply().expect("an answer to PERSISTENT RESERVE IN");
-    assert_eq!(r.status, GOOD, "PERSISTENT RESERVE IN sa {sa}: {r:?} (sense {:?})", r.sense());
-    r.data
 }
 
 fn be32(d: &[u8], at: usize) -> u32 {
@@ -73,27 +44,27 @@ fn be64(d: &[u8], at: usize) -> u64 {
 
 /// READ KEYS: (PRgeneration, keys).
 fn read_keys(c: &mut Client) -> (u32, Vec<u64>) {
-    let d = pr_in(c, 0);
+    let d = c.pr_in(0);
     let n = be32(&d, 4) as usize;
     (be32(&d, 0), (0..n / 8).map(|i| be64(&d, 8 + 8 * i)).collect())
 }
 
 /// READ RESERVATION: (key, type) of the reservation, if any.
 fn read_reservation(c: &mut Client) -> Option<(u64, u8)> {
-    let d = pr_in(c, 1);
+    let d = c.pr_in(1);
     (be32(&d, 4) != 0).then(|| (be64(&d, 8), d[21] & 0x0F))
 }
 
 /// REPORT CAPABILITIES: (PTPL_C, PTPL_A).
 fn ptpl(c: &mut Client) -> (bool, bool) {
-    let d = pr_in(c, 2);
+    let d = c.pr_in(2);
     (d[2] & 0x01 != 0, d[3] & 0x01 != 0)
 }
 
 /// READ FULL STATUS: per registrant (key, holds the reservation, type, initiator port from
 /// its TransportID).
 fn full_status(c: &mut Client) -> Vec<(u64, bool, u8, String)> {
-    let d = pr_in(c, 3);
+    let d = c.pr_in(3);
     let end = 8 + be32(&d, 4) as usize;
     let mut at = 8;
     let mut out = Vec::new();
@@ -242,7 +213,7 @@ fn an_unwritable_state_dir_is_logged_and_fails_aptpl_only() {
     let iqn = riser.add_iscsi_target("aptplbad", port, &[16]);
     let mut a = session(port, &iqn, None);
     let mut b = session(port, &iqn, None);
-    let r = pr_out(&mut a, REGISTER, 0, 0, 0xA1, true);
+    let r = a.pr_out(REGISTER, 0, 0, 0xA1, 1);
     assert_eq!(r.status, 0x02, "CHECK CONDITION: {r:?}");
     assert_eq!(r.sense(), Some((0x05, 0x55, 0x04)), "ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES");
     assert!(

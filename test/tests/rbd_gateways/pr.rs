@@ -53,40 +53,11 @@ fn session(gw: &Gateway, isid: [u8; 6]) -> Client {
     c
 }
 
-/// PERSISTENT RESERVE OUT with a 24-byte parameter list; `flags` is byte 20 (ALL_TG_PT 0x04,
-/// APTPL 0x01).
-fn pr_out(c: &mut Client, sa: u8, ty: u8, key: u64, sark: u64, flags: u8) -> Reply {
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x5F;
-    cdb[1] = sa;
-    cdb[2] = ty;
-    cdb[5..9].copy_from_slice(&24u32.to_be_bytes());
-    let mut p = vec![0u8; 24];
-    p[0..8].copy_from_slice(&key.to_be_bytes());
-    p[8..16].copy_from_slice(&sark.to_be_bytes());
-    p[20] = flags;
-    let pdu = c.scsi_command(&cdb, false, true, 24, p);
-    c.send(&pdu).expect("send PERSISTENT RESERVE OUT");
-    c.reply().expect("an answer to PERSISTENT RESERVE OUT")
-}
-
 fn pr_out_ok(c: &mut Client, sa: u8, ty: u8, key: u64, sark: u64, flags: u8) {
     let t = Instant::now();
-    let r = pr_out(c, sa, ty, key, sark, flags);
+    let r = c.pr_out(sa, ty, key, sark, flags);
     assert_eq!(r.status, GOOD, "PERSISTENT RESERVE OUT sa {sa} key {key:#x} sark {sark:#x}: {r:?} (sense {:?})", r.sense());
     eprintln!("rbd_gateways pr: PR OUT sa {sa} in {:?}", t.elapsed());
-}
-
-fn pr_in(c: &mut Client, sa: u8) -> Vec<u8> {
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x5E;
-    cdb[1] = sa;
-    cdb[7..9].copy_from_slice(&4096u16.to_be_bytes());
-    let pdu = c.scsi_command(&cdb, true, false, 4096, Vec::new());
-    c.send(&pdu).expect("send PERSISTENT RESERVE IN");
-    let r = c.reply().expect("an answer to PERSISTENT RESERVE IN");
-    assert_eq!(r.status, GOOD, "PERSISTENT RESERVE IN sa {sa}: {r:?} (sense {:?})", r.sense());
-    r.data
 }
 
 fn be32(d: &[u8], at: usize) -> u32 {
@@ -98,19 +69,19 @@ fn be64(d: &[u8], at: usize) -> u64 {
 }
 
 fn read_keys(c: &mut Client) -> Vec<u64> {
-    let d = pr_in(c, 0);
+    let d = c.pr_in(0);
     let n = be32(&d, 4) as usize;
     (0..n / 8).map(|i| be64(&d, 8 + 8 * i)).collect()
 }
 
 fn read_reservation(c: &mut Client) -> Option<(u64, u8)> {
-    let d = pr_in(c, 1);
+    let d = c.pr_in(1);
     (be32(&d, 4) != 0).then(|| (be64(&d, 8), d[21] & 0x0F))
 }
 
 /// READ FULL STATUS: (key, R_HOLDER, ALL_TG_PT, type, initiator port) per descriptor.
 fn full_status(c: &mut Client) -> Vec<(u64, bool, bool, u8, String)> {
-    let d = pr_in(c, 3);
+    let d = c.pr_in(3);
     let end = 8 + be32(&d, 4) as usize;
     let mut at = 8;
     let mut out = Vec::new();
@@ -158,7 +129,7 @@ pub fn check(ceph: &CephCluster) {
     let mut xb = session(&b, ISID_X);
     let mut ya = session(&a, ISID_Y);
     let mut yb = session(&b, ISID_Y);
-    let caps = pr_in(&mut yb, 2);
+    let caps = yb.pr_in(2);
     assert_eq!(caps[2] & 0x05, 0x05, "REPORT CAPABILITIES: ATP_C and PTPL_C (the state persists in the cluster): {caps:?}");
     assert_eq!(read_keys(&mut xa), Vec::<u64>::new(), "a fresh image has no registrations");
 
