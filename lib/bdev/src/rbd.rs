@@ -22,11 +22,10 @@
 //!   errno.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::AsFd;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use rustix::event::{PollFd, PollFlags};
 use riser_rbd::{AioDone, AioOp, Cluster, ClusterConfig, Image, Pool, RbdError};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::Deserialize;
@@ -308,14 +307,14 @@ impl Bdev for RbdBdev {
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
         match Image::open(&self.pool, &self.params.rbd_name) {
             Ok(img) => {
-                let waker = match Waker::start(&img) {
-                    Ok(w) => Some(w),
+                let wake = match WakeReg::join(&img) {
+                    Ok(w) => w,
                     Err(e) => {
                         log::warn!("bdev {}: no completion wake-ups ({e}); an idle adaptive reactor notices completions when it wakes", self.info.name);
                         None
                     }
                 };
-                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), waker, idle_polls: 0, scratch: Vec::new() })
+                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), scratch: Vec::new(), _wake: wake })
             }
             Err(e) => Box::new(FailedChannel::new(format!("bdev {}: cannot open the image on this reactor: {e}", self.info.name))),
         }
@@ -378,95 +377,35 @@ struct RbdChannel {
     /// (caller's tag, kind) of the I/O in librbd, by the index given to librbd as its tag.
     kinds: Vec<Option<(u64, IoKind)>>,
     free: Vec<usize>,
-    waker: Option<Waker>,
-    /// Polls in a row with I/O in librbd and no completion (see [`Waker`]).
-    idle_polls: u32,
     /// librbd's completions of one poll (kept: no allocation per poll).
     scratch: Vec<AioDone>,
+    _wake: Option<WakeReg>,
 }
 
-/// Polls with I/O in flight and no completion before the waker is armed: well below the
-/// reactor's idle loops before it sleeps (1000), so it is armed before the reactor parks.
-const IDLE_POLLS_BEFORE_WAKEUPS: u32 = 256;
+/// The channel's place in its reactor's wake set: librbd's completion eventfd ends an
+/// adaptive reactor's sleep. Before the reactor sleeps it drains the eventfd (the arm hook) and
+/// polls once more, so a completion queued before that is collected then, and one queued after
+/// it makes the eventfd readable again. No thread of riser's runs for it, and a busy reactor
+/// never looks at it; off a reactor (tests) there is none and completions wait for a poll.
+struct WakeReg(riser_reactor::WakeId);
 
-/// A thread that unparks the channel's reactor thread when librbd completes an I/O: a
-/// reactor in adaptive mode parks when idle, and librbd's completions would wait for its
-/// timeout. It touches nothing of the reactor's but its `Thread` handle.
-///
-/// It waits on the image's completion eventfd only while armed: the channel arms it after
-/// [`IDLE_POLLS_BEFORE_WAKEUPS`] polls that found I/O in flight and nothing done (the reactor
-/// may be about to sleep), and it disarms itself with the wake-up. While completions keep
-/// coming (a busy reactor, or one under load) it stays parked, and librbd's eventfd writes
-/// wake nobody: one context switch per completion less, on the cores the OSDs and librbd's
-/// own threads need (this was most of the gap to `rbd bench`, see README).
-struct Waker {
-    efd: Arc<OwnedFd>,
-    armed: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    join: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Waker {
-    fn start(img: &Image) -> std::io::Result<Waker> {
-        let efd = Arc::new(img.event_fd()?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let armed = Arc::new(AtomicBool::new(false));
-        let reactor = std::thread::current();
-        let (e, st, arm) = (efd.clone(), stop.clone(), armed.clone());
-        let join = std::thread::Builder::new().name(format!("{}-rbd-wake", reactor.name().unwrap_or("bdev"))).spawn(move || {
+impl WakeReg {
+    fn join(img: &Image) -> std::io::Result<Option<WakeReg>> {
+        let efd = Rc::new(img.event_fd()?);
+        let e = efd.clone();
+        let id = riser_reactor::add_wake_fd(efd.as_fd(), move || {
             let mut b = [0u8; 8];
-            loop {
-                if st.load(Ordering::Acquire) {
-                    break;
-                }
-                if !arm.load(Ordering::Acquire) {
-                    // Until armed (or stopped): unpark tokens make a lost arm impossible.
-                    std::thread::park();
-                    continue;
-                }
-                let mut fds = [PollFd::new(&*e, PollFlags::IN)];
-                match rustix::event::poll(&mut fds, -1) {
-                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                    Err(_) => break,
-                }
-                if st.load(Ordering::Acquire) {
-                    break;
-                }
-                // Drain the count (non-blocking): the next arming waits for a new completion.
-                let _ = rustix::io::read(&*e, &mut b);
-                if arm.swap(false, Ordering::AcqRel) {
-                    reactor.unpark();
-                }
-            }
+            // Non-blocking (the image's eventfd is EFD_NONBLOCK; a dup shares that).
+            let _ = rustix::io::read(&*e, &mut b);
         })?;
-        Ok(Waker { efd, armed, stop, join: Some(join) })
-    }
-
-    /// Makes the thread wait for the next completion and wake the reactor then.
-    fn arm(&self) {
-        if !self.armed.load(Ordering::Relaxed) && !self.armed.swap(true, Ordering::AcqRel) {
-            if let Some(j) = &self.join {
-                j.thread().unpark();
-            }
-        }
-    }
-
-    /// Completions are coming: the reactor is awake, no wake-up is needed.
-    fn disarm(&self) {
-        if self.armed.load(Ordering::Relaxed) {
-            self.armed.store(false, Ordering::Release);
-        }
+        Ok(id.map(WakeReg))
     }
 }
 
-impl Drop for Waker {
+impl Drop for WakeReg {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = rustix::io::write(&*self.efd, &1u64.to_ne_bytes());
-        if let Some(j) = self.join.take() {
-            j.thread().unpark();
-            let _ = j.join();
-        }
+        // Channels are not Send: this runs on the reactor that registered it.
+        riser_reactor::remove_wake_fd(self.0);
     }
 }
 
@@ -526,22 +465,10 @@ impl IoChannel for RbdChannel {
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let mut n = self.done.drain_into(out);
         if self.img.in_flight() == 0 {
-            self.idle_polls = 0;
             return n;
         }
         let mut done = std::mem::take(&mut self.scratch);
         self.img.poll(&mut done);
-        if let Some(w) = &self.waker {
-            if done.is_empty() {
-                self.idle_polls = self.idle_polls.saturating_add(1);
-                if self.idle_polls >= IDLE_POLLS_BEFORE_WAKEUPS {
-                    w.arm();
-                }
-            } else {
-                self.idle_polls = 0;
-                w.disarm();
-            }
-        }
         for d in done.drain(..) {
             let slot = d.tag as usize;
             let Some((tag, kind)) = self.kinds.get_mut(slot).and_then(Option::take) else {
