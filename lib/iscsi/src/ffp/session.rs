@@ -988,19 +988,26 @@ impl Ffp {
                 self.actions.push_back(Action::ResetTarget);
                 tmf::response::FUNCTION_COMPLETE
             }
-            // QUERY TASK (9, RFC 7144). SAM-5 answers FUNCTION SUCCEEDED when the task exists
-            // and FUNCTION COMPLETE when it does not; RFC 7144 gives FUNCTION SUCCEEDED the
-            // response code 7. riser reports a present task with Function complete (0) and an
-            // absent one with Task does not exist (1). QUERY TASK SET (10), I_T NEXUS RESET
-            // (11) and QUERY ASYNCHRONOUS EVENT (12) are rejected below.
-            9 => {
+            // QUERY TASK and QUERY TASK SET (RFC 7144 §5.2, SAM-5): FUNCTION SUCCEEDED (7) when
+            // the task, or a task of this session on the LUN, is in the task set; FUNCTION
+            // COMPLETE (0) when not.
+            tmf::QUERY_TASK => {
                 if self.tasks.contains_key(&t.referenced_task_tag) {
-                    tmf::response::FUNCTION_COMPLETE
+                    tmf::response::FUNCTION_SUCCEEDED
                 } else {
-                    tmf::response::TASK_DOES_NOT_EXIST
+                    tmf::response::FUNCTION_COMPLETE
                 }
             }
-            tmf::CLEAR_ACA | tmf::TASK_REASSIGN => tmf::response::FUNCTION_NOT_SUPPORTED,
+            tmf::QUERY_TASK_SET => {
+                if self.tasks.values().any(|task| task.lun == t.lun) {
+                    tmf::response::FUNCTION_SUCCEEDED
+                } else {
+                    tmf::response::FUNCTION_COMPLETE
+                }
+            }
+            tmf::CLEAR_ACA | tmf::TASK_REASSIGN | tmf::I_T_NEXUS_RESET | tmf::QUERY_ASYNCHRONOUS_EVENT => {
+                tmf::response::FUNCTION_NOT_SUPPORTED
+            }
             _ => tmf::response::FUNCTION_REJECTED,
         };
         let s = self.next_stat_sn();

@@ -199,6 +199,11 @@ pub mod tmf {
     pub const TARGET_WARM_RESET: u8 = 6;
     pub const TARGET_COLD_RESET: u8 = 7;
     pub const TASK_REASSIGN: u8 = 8;
+    /// RFC 7144 §5.1.
+    pub const QUERY_TASK: u8 = 9;
+    pub const QUERY_TASK_SET: u8 = 10;
+    pub const I_T_NEXUS_RESET: u8 = 11;
+    pub const QUERY_ASYNCHRONOUS_EVENT: u8 = 12;
     /// Task Management Function Response codes (RFC 7143 §11.6.1).
     pub mod response {
         pub const FUNCTION_COMPLETE: u8 = 0;
@@ -208,6 +213,8 @@ pub mod tmf {
         pub const TASK_ALLEGIANCE_REASSIGNMENT_NOT_SUPPORTED: u8 = 4;
         pub const FUNCTION_NOT_SUPPORTED: u8 = 5;
         pub const FUNCTION_AUTHORIZATION_FAILED: u8 = 6;
+        /// SAM-5's FUNCTION SUCCEEDED (RFC 7144 §5.2): the queried task (set) has tasks.
+        pub const FUNCTION_SUCCEEDED: u8 = 7;
         pub const FUNCTION_REJECTED: u8 = 255;
     }
 }

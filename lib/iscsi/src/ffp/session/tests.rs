@@ -636,3 +636,40 @@ fn immediate_data_waiting_for_the_budget_is_copied_a_second_time_and_counted_as_
     assert!(g2.buf[..8192].iter().all(|&b| b == 0x77) && g3.buf[..8192].iter().all(|&b| b == 0x88));
     assert_eq!(f.staged_bytes(), 2 * 8192, "each waiting byte copied once more, and counted");
 }
+
+#[test]
+fn query_task_and_query_task_set_answer_as_rfc_7144_says() {
+    // A READ in flight (ITT 1, LUN 0): QUERY TASK of it and QUERY TASK SET of LUN 0 succeed
+    // (7); of another tag, of LUN 1, or once it is done: Function complete (0).
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    drain(&mut f);
+    let query = |f: &mut Ffp, itt: u32, function: u8, lun: u64, referenced: u32| {
+        f.on_pdu(
+            Pdu::new(Op::TaskMgmtRequest(TaskMgmtRequest {
+                immediate: true,
+                function: function | 0x80,
+                lun: Lun(lun),
+                itt: Itt(itt),
+                referenced_task_tag: Itt(referenced),
+                cmd_sn: Sn(11),
+                exp_stat_sn: Sn(0),
+                ref_cmd_sn: Sn(10),
+                exp_data_sn: Sn(0),
+            })),
+            now,
+        );
+        let a = drain(f);
+        let Op::TaskMgmtResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected a TMF response") };
+        r.response
+    };
+    assert_eq!(query(&mut f, 2, tmf::QUERY_TASK, 0, 1), tmf::response::FUNCTION_SUCCEEDED);
+    assert_eq!(query(&mut f, 3, tmf::QUERY_TASK, 0, 9), tmf::response::FUNCTION_COMPLETE);
+    assert_eq!(query(&mut f, 4, tmf::QUERY_TASK_SET, 0, 0xffff_ffff), tmf::response::FUNCTION_SUCCEEDED);
+    assert_eq!(query(&mut f, 5, tmf::QUERY_TASK_SET, 1, 0xffff_ffff), tmf::response::FUNCTION_COMPLETE);
+    assert_eq!(query(&mut f, 6, tmf::I_T_NEXUS_RESET, 0, 0xffff_ffff), tmf::response::FUNCTION_NOT_SUPPORTED);
+    done(&mut f, 1);
+    drain(&mut f);
+    assert_eq!(query(&mut f, 7, tmf::QUERY_TASK, 0, 1), tmf::response::FUNCTION_COMPLETE);
+    assert_eq!(query(&mut f, 8, tmf::QUERY_TASK_SET, 0, 0xffff_ffff), tmf::response::FUNCTION_COMPLETE);
+}
