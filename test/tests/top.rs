@@ -197,7 +197,8 @@ fn riser_top_shows_reactors_connections_and_device_rates_under_load() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let status = loop {
         let st = tmux.ok(&["display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}"].map(std::ffi::OsStr::new));
-        if st.trim().starts_with('1') || Instant::now() >= deadline {
+        // tmux may mark the pane dead (its terminal closed) before it has the exit status.
+        if (st.trim().starts_with('1') && st.split_whitespace().count() == 2) || Instant::now() >= deadline {
             break st;
         }
         thread::sleep(Duration::from_millis(100));
