@@ -116,17 +116,10 @@ stop_pid() {
   wait "$1" 2>/dev/null || true
 }
 
-# tgtd with the image as LUN 1, not pinned (lib-tgt.sh's tgt_start pins it to core 0).
+# tgtd with the image as LUN 1, not pinned (librbd's threads need both cores).
 tgt_start_rbd() { # LOGFILE
-  setsid /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$1" 2>&1 </dev/null &
-  tgt_pid=$!
-  for _ in $(seq 100); do
-    tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  tadm --lld iscsi --mode target --op new --tid 1 --targetname "$tgt_iqn"
-  tadm --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 --bstype rbd --backing-store rbd/bench --bsopts "conf=$conf;id=admin"
-  tadm --lld iscsi --mode target --op bind --tid 1 --initiator-address ALL
+  local tgt_cpus='' tgt_bs=(--bstype rbd --backing-store rbd/bench --bsopts "conf=$conf;id=admin")
+  tgt_start "$1"
 }
 
 # riser-perf (not pinned): RW LOG URL... -> IOPS (all URLs together)

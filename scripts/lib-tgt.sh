@@ -5,13 +5,16 @@
 # options in the caller's array tgt_bs).
 #
 # The caller sets tgt_ctl (the management instance) and tgt_port (the iSCSI portal on
-# 127.0.0.1), calls tgt_start LOGFILE, and tgt_stop from its EXIT trap.
+# 127.0.0.1), calls tgt_start LOGFILE, and tgt_stop from its EXIT trap. tgt_cpus (default 0)
+# is tgtd's taskset core list; set it empty to leave tgtd unpinned.
 tgt_pid=
 tgt_iqn=iqn.2024-01.test.peer:null
 tadm() { tgtadm -C "$tgt_ctl" "$@"; }
 
 tgt_start() { # LOGFILE
-  setsid taskset -c 0 /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$1" 2>&1 </dev/null &
+  local pin=()
+  [ -z "${tgt_cpus-0}" ] || pin=(taskset -c "${tgt_cpus-0}")
+  setsid "${pin[@]}" /usr/sbin/tgtd -f -C "$tgt_ctl" --iscsi portal=127.0.0.1:$tgt_port >"$1" 2>&1 </dev/null &
   tgt_pid=$!
   for _ in $(seq 100); do
     tadm --lld iscsi --mode target --op show >/dev/null 2>&1 && break
