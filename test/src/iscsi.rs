@@ -227,6 +227,25 @@ impl Client {
         r.data
     }
 
+    /// READ FULL STATUS: per registrant (key, holds the reservation, ALL_TG_PT, type,
+    /// initiator port from its TransportID).
+    pub fn pr_full_status(&mut self) -> Vec<(u64, bool, bool, u8, String)> {
+        let d = self.pr_in(3);
+        let be32 = |at: usize| u32::from_be_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]]) as usize;
+        let end = 8 + be32(4);
+        let mut at = 8;
+        let mut out = Vec::new();
+        while at + 24 <= end {
+            let tid_len = be32(at + 20);
+            let tid = &d[at + 24..at + 24 + tid_len];
+            let name: Vec<u8> = tid[4..].iter().copied().take_while(|&b| b != 0).collect();
+            let key = u64::from_be_bytes(d[at..at + 8].try_into().expect("8 bytes"));
+            out.push((key, d[at + 12] & 1 != 0, d[at + 12] & 2 != 0, d[at + 13], String::from_utf8_lossy(&name).into_owned()));
+            at += 24 + tid_len;
+        }
+        out
+    }
+
     /// READ(10); returns (status, data).
     pub fn read10(&mut self, lba: u32, blocks: u16) -> Option<(u8, Vec<u8>)> {
         let cdb = read10(lba, blocks);

@@ -61,23 +61,6 @@ fn ptpl(c: &mut Client) -> (bool, bool) {
     (d[2] & 0x01 != 0, d[3] & 0x01 != 0)
 }
 
-/// READ FULL STATUS: per registrant (key, holds the reservation, type, initiator port from
-/// its TransportID).
-fn full_status(c: &mut Client) -> Vec<(u64, bool, u8, String)> {
-    let d = c.pr_in(3);
-    let end = 8 + be32(&d, 4) as usize;
-    let mut at = 8;
-    let mut out = Vec::new();
-    while at + 24 <= end {
-        let tid_len = be32(&d, at + 20) as usize;
-        let tid = &d[at + 24..at + 24 + tid_len];
-        let name: Vec<u8> = tid[4..].iter().copied().take_while(|&b| b != 0).collect();
-        out.push((be64(&d, at), d[at + 12] & 1 != 0, d[at + 13], String::from_utf8_lossy(&name).into_owned()));
-        at += 24 + tid_len;
-    }
-    out
-}
-
 /// The initiator port name of a session (SPC-4 7.6.4.6): name, ",i,0x", the ISID.
 fn initiator_port(c: &Client) -> String {
     let isid: String = c.isid.iter().map(|b| format!("{b:02x}")).collect();
@@ -128,10 +111,10 @@ fn reservations_with_aptpl_survive_sigterm_and_sigkill_restarts() {
     assert_eq!(write_status(&mut a), GOOD);
     let keys = read_keys(&mut a);
     assert_eq!(keys.1, vec![0xA1, 0xB2]);
-    let full = full_status(&mut b);
+    let full = b.pr_full_status();
     assert_eq!(
         full,
-        vec![(0xA1, true, WRITE_EXCLUSIVE, initiator_port(&a)), (0xB2, false, 0, initiator_port(&b))],
+        vec![(0xA1, true, false, WRITE_EXCLUSIVE, initiator_port(&a)), (0xB2, false, false, 0, initiator_port(&b))],
         "holder and type before the restart"
     );
     let text = std::fs::read_to_string(&file).expect("the state file");
@@ -152,7 +135,7 @@ fn reservations_with_aptpl_survive_sigterm_and_sigkill_restarts() {
     let mut b = session(port, &iqn, Some(isid_b));
     assert_eq!(read_keys(&mut b), keys, "same keys and PRgeneration after SIGTERM and restart");
     assert_eq!(read_reservation(&mut b), Some((0xA1, WRITE_EXCLUSIVE)));
-    assert_eq!(full_status(&mut a), full, "same holder and type after SIGTERM and restart");
+    assert_eq!(a.pr_full_status(), full, "same holder and type after SIGTERM and restart");
     assert_eq!(ptpl(&mut b), (true, true));
     assert_eq!(write_status(&mut b), RESERVATION_CONFLICT, "the other initiator's WRITE still conflicts");
     assert_eq!(read_status(&mut b), GOOD, "WRITE EXCLUSIVE lets others read");

@@ -79,22 +79,6 @@ fn read_reservation(c: &mut Client) -> Option<(u64, u8)> {
     (be32(&d, 4) != 0).then(|| (be64(&d, 8), d[21] & 0x0F))
 }
 
-/// READ FULL STATUS: (key, R_HOLDER, ALL_TG_PT, type, initiator port) per descriptor.
-fn full_status(c: &mut Client) -> Vec<(u64, bool, bool, u8, String)> {
-    let d = c.pr_in(3);
-    let end = 8 + be32(&d, 4) as usize;
-    let mut at = 8;
-    let mut out = Vec::new();
-    while at + 24 <= end {
-        let tid_len = be32(&d, at + 20) as usize;
-        let tid = &d[at + 24..at + 24 + tid_len];
-        let name: Vec<u8> = tid[4..].iter().copied().take_while(|&b| b != 0).collect();
-        out.push((be64(&d, at), d[at + 12] & 1 != 0, d[at + 12] & 2 != 0, d[at + 13], String::from_utf8_lossy(&name).into_owned()));
-        at += 24 + tid_len;
-    }
-    out
-}
-
 fn port_name(isid: [u8; 6]) -> String {
     let isid: String = isid.iter().map(|b| format!("{b:02x}")).collect();
     format!("{INITIATOR},i,0x{isid}")
@@ -140,7 +124,7 @@ pub fn check(ceph: &CephCluster) {
     assert_eq!(read_status(&mut yb), GOOD, "WRITE EXCLUSIVE lets others read");
     assert_eq!(read_keys(&mut yb), vec![0xA1], "READ KEYS through B");
     assert_eq!(read_reservation(&mut yb), Some((0xA1, WRITE_EXCLUSIVE)), "READ RESERVATION through B");
-    assert_eq!(full_status(&mut yb), vec![(0xA1, true, false, WRITE_EXCLUSIVE, port_name(ISID_X))], "READ FULL STATUS through B");
+    assert_eq!(yb.pr_full_status(), vec![(0xA1, true, false, WRITE_EXCLUSIVE, port_name(ISID_X))], "READ FULL STATUS through B");
     assert_eq!(write_status(&mut xb), RESERVATION_CONFLICT, "X through B is another I_T nexus, not registered (no ALL_TG_PT)");
     assert_eq!(write_status(&mut xa), GOOD, "the holder writes through A");
     assert_eq!(write_status(&mut ya), RESERVATION_CONFLICT);
@@ -211,7 +195,7 @@ pub fn check(ceph: &CephCluster) {
     pr_out_ok(&mut xa, RESERVE, WRITE_EXCLUSIVE, 0xA3, 0, 0);
     assert_eq!(write_status(&mut xb), GOOD, "X registered with ALL_TG_PT through A holds the reservation through B");
     assert_eq!(write_status(&mut yb), RESERVATION_CONFLICT);
-    assert_eq!(full_status(&mut yb), vec![(0xA3, true, true, WRITE_EXCLUSIVE, port_name(ISID_X))], "one descriptor, ALL_TG_PT set");
+    assert_eq!(yb.pr_full_status(), vec![(0xA3, true, true, WRITE_EXCLUSIVE, port_name(ISID_X))], "one descriptor, ALL_TG_PT set");
     drop((xa, xb, yb));
 
     // --- Both gateways killed and started again: the state is the cluster's.
