@@ -276,6 +276,8 @@ fn data_result(task: &ScsiTask, mut v: Vec<u8>, alloc: usize) -> ScsiResult {
         data_len: n,
         residual,
         aborted: false,
+        data_offset: 0,
+        partial: false,
     }
 }
 
@@ -288,6 +290,8 @@ fn error_result(task: &ScsiTask, e: CmdError) -> ScsiResult {
         data_len: 0,
         residual: Residual::compute(0, task.edtl),
         aborted: false,
+        data_offset: 0,
+        partial: false,
     }
 }
 
@@ -312,6 +316,8 @@ pub struct DeviceChannel {
     alloc: Option<BufAllocFactory>,
     /// What the connection holds of the buffer budget; every LUN channel charges its reads.
     account: riser_buf::Account,
+    /// Reads larger than this stream in pieces (see [`Self::set_stream_chunk`]).
+    stream_chunk: Option<usize>,
 }
 
 impl DeviceChannel {
@@ -323,6 +329,7 @@ impl DeviceChannel {
             done: Vec::new(),
             alloc: None,
             account: riser_buf::Account::new(),
+            stream_chunk: None,
         }
     }
 
@@ -333,6 +340,15 @@ impl DeviceChannel {
             ch.set_account(account.clone());
         }
         self.account = account;
+    }
+
+    /// Streams READs larger than `bytes` in pieces on every LUN channel (see
+    /// [`LunChannel::set_stream_chunk`]); `None`: whole.
+    pub fn set_stream_chunk(&mut self, bytes: Option<usize>) {
+        for ch in self.channels.values_mut() {
+            ch.set_stream_chunk(bytes);
+        }
+        self.stream_chunk = bytes;
     }
 
     /// Like [`new`](Self::new), with each LUN channel's buffers coming from an allocator
@@ -374,6 +390,7 @@ impl DeviceChannel {
                 None => LunChannel::new(lun),
             };
             ch.set_account(self.account.clone());
+            ch.set_stream_chunk(self.stream_chunk);
             self.channels.insert(id.0, ch);
         }
         self.channels.get_mut(&id.0)

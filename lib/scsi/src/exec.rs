@@ -88,8 +88,38 @@ enum Adm {
     Grant(RangeGrant),
 }
 
+/// How many pieces of a streamed read may be read ahead of the one going out.
+const STREAM_WINDOW: usize = 4;
+
+/// A READ that goes out in pieces ([`LunChannel::set_stream_chunk`]): each piece is read
+/// into its own buffer, taken from the budget when the piece is submitted, and handed up
+/// (in order) as soon as it and the pieces before it are in, so a READ of any size holds
+/// at most [`STREAM_WINDOW`] pieces of memory.
+struct StreamRead {
+    lba: Lba,
+    /// Bytes to deliver (EDTL or the transfer length, the smaller).
+    ret_len: usize,
+    /// Blocks read (whole blocks covering `ret_len`).
+    blocks: u64,
+    chunk_blocks: u64,
+    /// Pieces submitted, and delivered (in order).
+    next: u64,
+    delivered: u64,
+    /// Pieces read but not yet delivered (a later one finished first), by piece % window.
+    ready: [Option<IoBuf>; STREAM_WINDOW],
+    /// The place in the queue for budgeted memory while the next piece waits for it.
+    waiter: Option<Waiter>,
+}
+
+impl StreamRead {
+    fn pieces(&self) -> u64 {
+        self.blocks.div_ceil(self.chunk_blocks)
+    }
+}
+
 /// The block-level work of a command.
 enum Job {
+    ReadStream(Box<StreamRead>),
     Read {
         lba: Lba,
         blocks: u64,
@@ -248,6 +278,10 @@ pub struct LunChannel {
     account: Account,
     /// Slots of [`Job::Deferred`] ops not finished yet.
     deferred: Vec<usize>,
+    /// Reads larger than this many bytes stream in pieces of this size (0: never).
+    stream_chunk: usize,
+    /// Slots of streamed reads waiting for budget for their next piece.
+    pumping: Vec<usize>,
 }
 
 impl Drop for LunChannel {
@@ -342,7 +376,18 @@ impl LunChannel {
             pool: Pool::global(),
             account: Account::new(),
             deferred: Vec::new(),
+            stream_chunk: 0,
+            pumping: Vec::new(),
         }
+    }
+
+    /// Streams READs larger than `bytes` (rounded down to whole blocks, at least one) in
+    /// pieces of that size: each piece comes out of [`poll`](Self::poll) as a
+    /// [`ScsiResult`] with `partial` set as soon as it (and every piece before it) is read,
+    /// and the last one with the task's status. `None` (the default): every READ returns
+    /// its data whole, in one buffer.
+    pub fn set_stream_chunk(&mut self, bytes: Option<usize>) {
+        self.stream_chunk = bytes.unwrap_or(0);
     }
 
     pub fn lun(&self) -> &Arc<Lun> {
@@ -398,6 +443,8 @@ impl LunChannel {
                     data_len: n,
                     residual,
                     aborted: false,
+                    data_offset: 0,
+                    partial: false,
                 });
             }
             Ok(Action::Good) => self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense),
@@ -511,10 +558,16 @@ impl LunChannel {
             let mut comps = std::mem::take(&mut self.comps);
             self.io.poll(&mut comps);
             for c in comps.drain(..) {
-                let slot = c.tag as usize;
+                // The low half is the op's slot; the high half a streamed read's piece.
+                let slot = (c.tag & 0xffff_ffff) as usize;
                 self.on_completion(slot, c);
             }
             self.comps = comps;
+            if !self.pumping.is_empty() {
+                for slot in std::mem::take(&mut self.pumping) {
+                    self.stream_pump(slot);
+                }
+            }
             if !self.deferred.is_empty() {
                 self.poll_deferred();
             }
@@ -574,12 +627,15 @@ impl LunChannel {
                         data_len: 0,
                         residual: Residual::None,
                         aborted: true,
+                        data_offset: 0,
+                        partial: false,
                     });
                     continue;
                 }
                 o.aborted = true;
                 if o.inflight == 0 {
                     self.waiting.retain(|s| *s != slot);
+                    self.pumping.retain(|s| *s != slot);
                     self.finish(slot);
                 }
             }
@@ -607,12 +663,20 @@ impl LunChannel {
             data_len: 0,
             residual: Residual::compute(xfer, edtl),
             aborted: false,
+            data_offset: 0,
+            partial: false,
         });
     }
 
     /// Completes the op in `slot` (releasing its range admission) with its error, its
     /// abort, or `data`.
     fn complete(&mut self, slot: usize, data: Option<(IoBuf, usize)>) {
+        self.complete_at(slot, data, 0)
+    }
+
+    /// [`complete`](Self::complete) with the data's place in the task's data (a streamed
+    /// read's last piece).
+    fn complete_at(&mut self, slot: usize, data: Option<(IoBuf, usize)>, data_offset: usize) {
         let Some(mut o) = self.ops[slot].take() else {
             return;
         };
@@ -644,15 +708,18 @@ impl LunChannel {
             data_len: 0,
             residual: Residual::compute(o.xfer, o.edtl),
             aborted: o.aborted,
+            data_offset: 0,
+            partial: false,
         };
         if let Some(e) = o.err.filter(|_| !o.aborted) {
             r.status = e.status;
             r.sense = e.sense.map(|s| s.encode(o.dsense));
         } else if !o.aborted {
             if let Some((buf, len)) = data {
-                let n = len.min(o.edtl as usize).min(buf.as_slice().len());
+                let n = len.min((o.edtl as usize).saturating_sub(data_offset)).min(buf.as_slice().len());
                 r.data_len = n;
                 r.data_in = Some(buf);
+                r.data_offset = data_offset;
             }
         }
         self.done.push(r);
@@ -705,6 +772,11 @@ impl LunChannel {
     // Bdev I/O
 
     fn submit_io(&mut self, slot: usize, kind: IoKind, lba: Lba, blocks: u64, buf: Option<IoBuf>) {
+        self.submit_tagged(slot, slot as u64, kind, lba, blocks, buf)
+    }
+
+    /// Submits a bdev I/O for the op in `slot` under `tag` (the slot in its low 32 bits).
+    fn submit_tagged(&mut self, slot: usize, tag: u64, kind: IoKind, lba: Lba, blocks: u64, buf: Option<IoBuf>) {
         // FUA: asked for by the CDB (WRITE with FUA, WRITE AND VERIFY), or every change to
         // the medium while the write cache is off (MODE SELECT WCE=0).
         let mut fua = false;
@@ -719,7 +791,7 @@ impl LunChannel {
             offset_blocks: lba,
             num_blocks: blocks,
             buf,
-            tag: slot as u64,
+            tag,
             fua,
         });
     }

@@ -223,6 +223,13 @@ pub struct ScsiResult {
     /// The task was aborted by task management: send no SCSI Response for it. It is
     /// reported only so that the caller knows its resources are released.
     pub aborted: bool,
+    /// Where `data_in` lies in the task's data: the byte offset of its first byte. 0 unless
+    /// the read streams in pieces (see [`crate::LunChannel::set_stream_chunk`]).
+    pub data_offset: usize,
+    /// A piece of a streamed read's data, not the task's end: `data_in` holds `data_len`
+    /// bytes from `data_offset`, to go out now; more pieces and then the final result (with
+    /// the status and the last piece) follow. Status, sense and residual mean nothing here.
+    pub partial: bool,
 }
 
 impl ScsiResult {
@@ -261,6 +268,8 @@ impl fmt::Debug for ScsiResult {
             .field("data_len", &self.data_len)
             .field("residual", &self.residual)
             .field("aborted", &self.aborted)
+            .field("data_offset", &self.data_offset)
+            .field("partial", &self.partial)
             .finish()
     }
 }

@@ -81,6 +81,22 @@ impl LunChannel {
         if blocks == 0 {
             return Ok(Action::Good);
         }
+        let chunk_blocks = self.stream_chunk as u64 / bs;
+        if chunk_blocks > 0 && blocks > chunk_blocks {
+            return Ok(Action::Job(
+                Need::None,
+                Job::ReadStream(Box::new(StreamRead {
+                    lba: b.lba,
+                    ret_len: want as usize,
+                    blocks,
+                    chunk_blocks,
+                    next: 0,
+                    delivered: 0,
+                    ready: Default::default(),
+                    waiter: None,
+                })),
+            ));
+        }
         Ok(Action::Job(
             Need::None,
             Job::Read {

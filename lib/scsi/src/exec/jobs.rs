@@ -65,6 +65,7 @@ impl LunChannel {
                 let b = b.unwrap_or_else(|| self.buf(blocks as usize * bs));
                 self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
             }
+            Job::ReadStream(_) => self.stream_pump(slot),
             Job::Write { lba, blocks, buf, .. }
             | Job::WriteVerify {
                 lba, blocks, buf, ..
@@ -280,7 +281,95 @@ impl LunChannel {
         self.submit_io(slot, IoKind::Read, lba, n, Some(b));
     }
 
+    /// Submits a streamed read's next pieces while the window and the budget have room
+    /// (else waits in `pumping` for the next poll), after an error or an abort nothing.
+    pub(super) fn stream_pump(&mut self, slot: usize) {
+        let bs = self.lun.block_size() as u64;
+        let pool = self.pool;
+        loop {
+            let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
+                return;
+            };
+            if o.aborted || o.err.is_some() {
+                return;
+            }
+            let Job::ReadStream(j) = &mut o.job else { return };
+            if j.next >= j.pieces() || (j.next - j.delivered) as usize >= STREAM_WINDOW {
+                return;
+            }
+            let first = j.next * j.chunk_blocks;
+            let n = (j.blocks - first).min(j.chunk_blocks);
+            let Some(b) = pool.try_alloc_for((n * bs) as usize, &mut j.waiter, &self.account) else {
+                if !self.pumping.contains(&slot) {
+                    self.pumping.push(slot);
+                }
+                return;
+            };
+            let (lba, piece) = (j.lba + first, j.next);
+            j.next += 1;
+            self.submit_tagged(slot, slot as u64 | (piece << 32), IoKind::Read, lba, n, Some(b));
+        }
+    }
+
+    /// A streamed read's piece is in: hand up every piece now in order, the last one with
+    /// the task's result; then read further.
+    fn stream_piece(&mut self, slot: usize, piece: u64, c: IoCompletion) {
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
+            return;
+        };
+        o.inflight = o.inflight.saturating_sub(1);
+        if let Err(e) = &c.result {
+            if o.err.is_none() {
+                o.err = Some(bdev_error(c.kind, e));
+            }
+        }
+        if o.aborted || o.err.is_some() {
+            if o.inflight == 0 {
+                self.pumping.retain(|s| *s != slot);
+                self.finish(slot);
+            }
+            return;
+        }
+        let tag = o.tag;
+        let bs = self.lun.block_size() as usize;
+        let Job::ReadStream(j) = &mut o.job else { return };
+        match c.buf {
+            Some(b) => j.ready[piece as usize % STREAM_WINDOW] = Some(b),
+            None => {
+                o.err = Some(CmdError::internal());
+                if o.inflight == 0 {
+                    self.finish(slot);
+                }
+                return;
+            }
+        }
+        let chunk = j.chunk_blocks as usize * bs;
+        while let Some(b) = j.ready[j.delivered as usize % STREAM_WINDOW].take() {
+            let offset = j.delivered as usize * chunk;
+            let len = chunk.min(j.ret_len - offset);
+            j.delivered += 1;
+            if j.delivered == j.pieces() {
+                return self.complete_at(slot, Some((b, len)), offset);
+            }
+            self.done.push(ScsiResult {
+                tag,
+                status: Status::Good,
+                sense: None,
+                data_in: Some(b),
+                data_len: len,
+                residual: crate::task::Residual::None,
+                aborted: false,
+                data_offset: offset,
+                partial: true,
+            });
+        }
+        self.stream_pump(slot);
+    }
+
     pub(super) fn on_completion(&mut self, slot: usize, c: IoCompletion) {
+        if c.tag >> 32 != 0 || matches!(self.ops.get(slot), Some(Some(Op { job: Job::ReadStream(_), .. }))) {
+            return self.stream_piece(slot, c.tag >> 32, c);
+        }
         let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
             return;
         };
@@ -307,6 +396,8 @@ impl LunChannel {
             return;
         };
         match &mut o.job {
+            // Its pieces are handled by stream_piece.
+            Job::ReadStream(_) => {}
             Job::Read { ret_len, .. } => {
                 let n = *ret_len;
                 match buf {

@@ -15,6 +15,7 @@ mod task_mgmt;
 mod unit_attention;
 mod durability;
 mod xcopy;
+mod stream;
 
 use std::sync::Arc;
 

@@ -1,0 +1,130 @@
+//! READs that stream in pieces (`set_stream_chunk`): order, offsets, the last piece with
+//! the status, memory bounded by the window, aborts.
+
+use super::*;
+
+const CHUNK: usize = 64 * 1024;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 512) as u8).collect()
+}
+
+/// Polls `ch` until task `tag` ends; returns its pieces (in the order they came) and its
+/// final result. Each piece's buffer is dropped once copied, as a datamover does once sent.
+fn collect(ch: &mut LunChannel, tag: u64, data: &mut Vec<u8>) -> (Vec<(usize, usize)>, ScsiResult) {
+    let mut pieces = Vec::new();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        ch.poll(&mut out);
+        for r in out.drain(..) {
+            assert_eq!(r.tag, tag);
+            if r.data_len > 0 {
+                assert_eq!(r.data_offset, data.len(), "pieces come in order, contiguous");
+                data.extend_from_slice(r.data());
+            }
+            if r.partial {
+                pieces.push((r.data_offset, r.data_len));
+            } else {
+                return (pieces, r);
+            }
+        }
+    }
+    panic!("task {tag} never completed");
+}
+
+#[test]
+fn a_large_read_streams_in_order_with_the_status_on_the_last_piece() {
+    let mut e = env();
+    let a = e.a.clone();
+    let want = pattern(600 * BS);
+    assert_eq!(e.write16(&a, 100, want.clone()).status, Status::Good);
+    e.dc.set_stream_chunk(Some(CHUNK));
+    // The whole transfer: 300 KiB in pieces of 64 KiB, the last one 44 KiB.
+    let t = e.task(&a, &rw16(op::READ16, 100, 600, 0), 600 * BS as u32, None);
+    let tag = t.tag;
+    e.ch().submit(t);
+    let mut got = Vec::new();
+    let (pieces, last) = collect(e.ch(), tag, &mut got);
+    assert_eq!(pieces, vec![(0, CHUNK), (CHUNK, CHUNK), (2 * CHUNK, CHUNK), (3 * CHUNK, CHUNK)]);
+    assert_eq!((last.status, last.data_offset, last.data_len, last.residual), (Status::Good, 4 * CHUNK, 600 * BS - 4 * CHUNK, Residual::None));
+    assert!(got == want, "the streamed data is what was written");
+
+    // EDTL shorter than the transfer (not a whole block): only EDTL bytes, the rest residual.
+    let edtl = 200 * BS as u32 + 100;
+    let t = e.task(&a, &rw16(op::READ16, 100, 600, 0), edtl, None);
+    let tag = t.tag;
+    e.ch().submit(t);
+    let mut got = Vec::new();
+    let (pieces, last) = collect(e.ch(), tag, &mut got);
+    assert_eq!(pieces.len(), 1);
+    assert_eq!(last.residual, Residual::Overflow(600 * BS as u32 - edtl));
+    assert_eq!(got.len(), edtl as usize);
+    assert!(got[..] == want[..edtl as usize]);
+
+    // A read of one piece or less is not streamed: one buffer, as before.
+    let t = e.task(&a, &rw16(op::READ16, 100, (CHUNK / BS) as u32, 0), CHUNK as u32, None);
+    let tag = t.tag;
+    e.ch().submit(t);
+    let mut got = Vec::new();
+    let (pieces, last) = collect(e.ch(), tag, &mut got);
+    assert!(pieces.is_empty());
+    assert_eq!((last.data_offset, last.data_len), (0, CHUNK));
+}
+
+/// A 16 MiB READ completes with 1 MiB of budget left: it holds at most its window of
+/// pieces, each given back once the caller is done with it.
+#[test]
+fn a_streamed_read_needs_only_its_window_of_memory() {
+    let lun = malloc_lun(LunConfig::default(), 65536);
+    let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
+    let hog = pool.try_alloc(riser_buf::MIN_MAX_BYTES - (1 << 20), &mut None).expect("most of the budget");
+    let mut ch = LunChannel::new(lun);
+    ch.set_pool(pool);
+    ch.set_stream_chunk(Some(256 * 1024));
+    let n = Arc::new(Nexus::new("iqn.2024-01.test:stream", 1, "iqn.2024-01.test:tgt", 1));
+    let mut out = Vec::new();
+    ch.submit(ScsiTask::new(1, 0, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, n.clone())); // power-on UA
+    while out.is_empty() {
+        ch.poll(&mut out);
+    }
+    let blocks = (16 << 20) / BS as u32;
+    let mut t = ScsiTask::new(2, 0, &rw16(op::READ16, 0, blocks, 0), 16 << 20, n.clone());
+    t.read = true;
+    ch.submit(t);
+    let mut got = Vec::new();
+    let (pieces, last) = collect(&mut ch, 2, &mut got);
+    assert_eq!(last.status, Status::Good);
+    assert_eq!(pieces.len(), 63);
+    assert_eq!(got.len(), 16 << 20);
+    drop(hog);
+}
+
+/// An abort in mid-stream: the task ends aborted, no piece comes after its result, and the
+/// channel serves the next read.
+#[test]
+fn an_aborted_streamed_read_ends_quietly() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.dc.set_stream_chunk(Some(CHUNK));
+    let t = e.task(&a, &rw16(op::READ16, 0, 4096, 0), 4096 * BS as u32, None);
+    let tag = t.tag;
+    e.ch().submit(t);
+    let mut out = Vec::new();
+    e.ch().poll(&mut out);
+    assert!(e.ch().abort_task(&a, tag));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut ended = false;
+    while std::time::Instant::now() < deadline && e.ch().busy() {
+        e.ch().poll(&mut out);
+    }
+    for r in out.drain(..) {
+        assert!(!ended, "nothing after the task's result");
+        if !r.partial {
+            assert!(r.aborted);
+            ended = true;
+        }
+    }
+    assert!(ended);
+    assert_eq!(e.read16(&a, 0, 8).len(), 8 * BS);
+}
