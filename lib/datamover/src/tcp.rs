@@ -166,6 +166,10 @@ struct R2tState {
 struct Solicit {
     lun: Lun,
     buf: IoBuf,
+    /// The command's buffer offset of `buf[0]`.
+    base: u32,
+    /// More Get_Data of the task follow this one: its R2TSN is kept when it completes.
+    more: bool,
     /// Next byte to ask for, and the end of what was asked.
     next_offset: u32,
     end: u32,
@@ -209,6 +213,14 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     placed: Option<(Itt, IoBuf)>,
     /// Emptied R2T lists of finished Get_Data, for the next ones.
     spare_r2ts: Vec<Vec<R2tState>>,
+    /// The next DataSN of each read being sent in pieces (a Put_Data without response came;
+    /// the final piece forgets it). A read sent whole never enters it.
+    streams: TagMap<Itt, Sn>,
+    /// The next R2TSN of each write fetched in pieces, between a Get_Data with `more` and
+    /// the next one.
+    r2t_sns: TagMap<Itt, Sn>,
+    /// Get_Data settled without any R2T, reported by the next poll: ready (None) or failed.
+    settled: VecDeque<(Itt, IoBuf, Option<&'static str>)>,
     /// The socket in its reactor's wake set (registered at the first poll, on the reactor).
     wake: Wake,
 }
@@ -247,6 +259,9 @@ impl<S: ByteStream> TcpDatamover<S> {
             write_bufs: None,
             placed: None,
             spare_r2ts: Vec::new(),
+            streams: TagMap::default(),
+            r2t_sns: TagMap::default(),
+            settled: VecDeque::new(),
             wake: Wake::NotYet,
         })
     }
@@ -412,7 +427,8 @@ impl<S: ByteStream> TcpDatamover<S> {
             }
             return;
         }
-        let off = d.buffer_offset as usize;
+        // In order within the R2T, so at or past the Get_Data's offset, itself at or past `base`.
+        let off = d.buffer_offset.saturating_sub(s.base) as usize;
         if !placed {
             if let Some(dst) = s.buf.as_mut_slice().get_mut(off..off + len as usize) {
                 dst.copy_from_slice(&pdu.data);
@@ -434,7 +450,12 @@ impl<S: ByteStream> TcpDatamover<S> {
             return;
         }
         if s.remaining == 0 {
+            // A write fetched in pieces: its next Get_Data goes on with this R2TSN.
+            let next_r2t_sn = s.more.then_some(s.r2t_sn);
             if let Some(buf) = self.end_solicit(itt) {
+                if let Some(sn) = next_r2t_sn {
+                    self.r2t_sns.insert(itt, sn);
+                }
                 events.push(DmEvent::DataReady { itt, buf });
             }
         } else if burst_done {
@@ -639,7 +660,7 @@ fn solicited_slice<'a>(solicits: &'a mut TagMap<Itt, Solicit>, bhs: &Bhs, len: u
     if !r.continues(d, u32::try_from(len).ok()?) {
         return None;
     }
-    let off = d.buffer_offset as usize;
+    let off = d.buffer_offset.checked_sub(s.base)? as usize;
     s.buf.as_mut_slice().get_mut(off..off.checked_add(len)?)
 }
 
@@ -691,46 +712,53 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn put_data(&mut self, req: PutData) {
-        let PutData { itt, lun, buf, len, response, sn } = req;
+        let PutData { itt, lun, buf, len, offset, response, sn } = req;
         let len = (len as usize).min(buf.as_slice().len());
         let seg = self.params.initiator_max_recv_data_segment_length.max(512) as usize;
         let burst = self.params.max_burst_length.max(512) as usize;
-        let Op::ScsiResponse(resp) = &response.bhs.op else {
-            self.push_pdu(&response);
-            return;
+        // A piece after the first continues its task's DataSN; a read sent whole (or a
+        // first piece) starts at 0 without touching the map.
+        let mut data_sn = if offset == 0 { Sn(0) } else { self.streams.get(&itt).copied().unwrap_or(Sn(0)) };
+        let resp = match &response {
+            Some(r) => match &r.bhs.op {
+                Op::ScsiResponse(resp) => Some(resp),
+                _ => {
+                    // Not a SCSI Response (not how the iSCSI layer asks): no data goes out.
+                    self.streams.remove(&itt);
+                    self.push_pdu(r);
+                    return;
+                }
+            },
+            None => None,
         };
-        // Phase collapse: a status without sense rides in the last Data-In.
-        let collapse = response.data.is_empty();
-        // Held while chunks point into it; a read without data never is.
+        // Phase collapse: a status without sense rides in the task's last Data-In.
+        let collapse = response.as_ref().is_some_and(|r| r.data.is_empty());
+        // Held while chunks point into it; a piece without data never is.
         let slot = if len > 0 { self.held.hold(buf) } else { 0 };
         let mut off = 0usize;
-        let mut data_sn = Sn(0);
-        let mut in_burst = 0usize;
         while off < len {
-            let n = (len - off).min(seg).min(burst - in_burst);
+            // Bursts (Data-In sequences) are cut on the command's buffer offset.
+            let abs = offset as usize + off;
+            let n = (len - off).min(seg).min(burst - abs % burst);
             let last = off + n == len;
-            in_burst += n;
-            let end_of_burst = last || in_burst == burst;
-            if end_of_burst {
-                in_burst = 0;
-            }
-            let status_here = last && collapse;
+            let end_of_burst = (abs + n) % burst == 0 || (last && resp.is_some());
+            let status = resp.filter(|_| last && collapse);
             let di = DataIn {
                 final_bit: end_of_burst,
                 acknowledge: false,
-                residual_overflow: status_here && resp.residual_overflow,
-                residual_underflow: status_here && resp.residual_underflow,
-                status_present: status_here,
-                status: if status_here { resp.status } else { 0 },
+                residual_overflow: status.is_some_and(|r| r.residual_overflow),
+                residual_underflow: status.is_some_and(|r| r.residual_underflow),
+                status_present: status.is_some(),
+                status: status.map_or(0, |r| r.status),
                 lun,
                 itt,
                 ttt: Ttt::RESERVED,
-                stat_sn: if status_here { resp.stat_sn } else { sn.stat_sn },
+                stat_sn: status.map_or(sn.stat_sn, |r| r.stat_sn),
                 exp_cmd_sn: sn.exp_cmd_sn,
                 max_cmd_sn: sn.max_cmd_sn,
                 data_sn,
-                buffer_offset: off as u32,
-                residual_count: if status_here { resp.residual_count } else { 0 },
+                buffer_offset: abs as u32,
+                residual_count: status.map_or(0, |r| r.residual_count),
             };
             let bhs = Bhs { total_ahs_length: 0, data_segment_length: n as u32, op: Op::DataIn(di) };
             self.push_header(&bhs);
@@ -738,9 +766,17 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             data_sn = data_sn.next();
             off += n;
         }
+        let Some(mut response) = response else {
+            // More pieces follow: they continue this DataSN.
+            self.streams.insert(itt, data_sn);
+            return;
+        };
+        if offset != 0 {
+            self.streams.remove(&itt);
+        }
         if !collapse || len == 0 {
-            let mut response = response;
             if let Op::ScsiResponse(r) = &mut response.bhs.op {
+                // The task's Data-In count (RFC 7143 §11.4.8).
                 r.exp_data_sn = data_sn;
             }
             self.push_pdu(&response);
@@ -748,11 +784,25 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn get_data(&mut self, req: GetData) {
-        let GetData { itt, lun, buf, offset, len, sn } = req;
-        self.solicits.insert(
-            itt,
-            Solicit { lun, buf, next_offset: offset, end: offset + len, remaining: len, r2t_sn: Sn(0), r2ts: self.spare_r2ts.pop().unwrap_or_default(), sn },
-        );
+        let GetData { itt, lun, buf, offset, len, base, more, sn } = req;
+        // The task's R2TSN goes on from its previous Get_Data if that one said more follow.
+        let r2t_sn = self.r2t_sns.remove(&itt).unwrap_or(Sn(0));
+        let end = offset.checked_add(len);
+        let fits = offset.checked_sub(base).zip(end).is_some_and(|(at, _)| at as usize + len as usize <= buf.as_slice().len());
+        let (Some(end), true) = (end, fits) else {
+            log::warn!("Get_Data of task {:#x}: [{offset}, +{len}) outside its buffer (base {base}, {} bytes)", itt.0, buf.as_slice().len());
+            self.settled.push_back((itt, buf, Some("solicited data outside the task's buffer")));
+            return;
+        };
+        if len == 0 {
+            if more {
+                self.r2t_sns.insert(itt, r2t_sn);
+            }
+            self.settled.push_back((itt, buf, None));
+            return;
+        }
+        let r2ts = self.spare_r2ts.pop().unwrap_or_default();
+        self.solicits.insert(itt, Solicit { lun, buf, base, more, next_offset: offset, end, remaining: len, r2t_sn, r2ts, sn });
         self.issue_r2ts(itt);
     }
 
@@ -767,7 +817,21 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
-        self.end_solicit(itt)
+        self.streams.remove(&itt);
+        self.r2t_sns.remove(&itt);
+        let mut buf = self.end_solicit(itt);
+        if self.settled.iter().any(|(i, ..)| *i == itt) {
+            let mut kept = VecDeque::with_capacity(self.settled.len());
+            for (i, b, reason) in self.settled.drain(..) {
+                if i == itt {
+                    buf.get_or_insert(b);
+                } else {
+                    kept.push_back((i, b, reason));
+                }
+            }
+            self.settled = kept;
+        }
+        buf
     }
 
     fn connection_terminate(&mut self) {
@@ -779,6 +843,13 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             self.join_wake_set();
         }
         let mut work = 0;
+        while let Some((itt, buf, failed)) = self.settled.pop_front() {
+            events.push(match failed {
+                Some(reason) => DmEvent::DataFailed { itt, buf, reason },
+                None => DmEvent::DataReady { itt, buf },
+            });
+            work += 1;
+        }
         if !self.dead && !self.terminating {
             let mut budget = MAX_READ_PER_POLL;
             loop {
@@ -874,7 +945,7 @@ mod tests {
         let (mut dm, mut c) = pair();
         dm.notice_key_values(DatamoverParams { initiator_max_recv_data_segment_length: 4096, data_digest: true, header_digest: true, ..Default::default() });
         let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
-        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 10000, response: response(0, false), sn: SnState::default() });
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 10000, offset: 0, response: Some(response(0, false)), sn: SnState::default() });
         let mut ev = Vec::new();
         while !dm.idle() {
             dm.poll(&mut ev);
@@ -894,7 +965,7 @@ mod tests {
         assert!(last.final_bit && last.residual_underflow && last.residual_count == 512 && last.stat_sn == Sn(77));
         assert_eq!(got, data);
         // With sense data the response travels separately, after the data.
-        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![1u8; 100]), len: 100, response: response(2, true), sn: SnState::default() });
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![1u8; 100]), len: 100, offset: 0, response: Some(response(2, true)), sn: SnState::default() });
         while !dm.idle() {
             dm.poll(&mut ev);
         }
@@ -908,7 +979,7 @@ mod tests {
     fn get_data_solicits_with_r2t_and_fails_bad_datasn() {
         let (mut dm, mut c) = pair();
         dm.notice_key_values(DatamoverParams { max_burst_length: 4096, max_outstanding_r2t: 1, target_max_recv_data_segment_length: 8192, ..Default::default() });
-        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 8192]), offset: 0, len: 8192, sn: SnState::default() });
+        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 8192]), offset: 0, len: 8192, base: 0, more: false, sn: SnState::default() });
         let mut ev = Vec::new();
         let mut f = Framer::new();
         let answer = |c: &mut TcpStream, ttt: Ttt, sn: u32, off: u32, fill: u8| {
@@ -947,7 +1018,7 @@ mod tests {
         assert_eq!(dm.copies(), CopyStats { solicited_bytes: 8192, ..Default::default() });
 
         // A Data-Out with the wrong DataSN fails the task, not the connection.
-        dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 0, len: 4096, sn: SnState::default() });
+        dm.get_data(GetData { itt: Itt(10), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 0, len: 4096, base: 0, more: false, sn: SnState::default() });
         while !dm.idle() {
             dm.poll(&mut ev);
         }

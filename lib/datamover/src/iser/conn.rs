@@ -675,14 +675,15 @@ impl<Q: IserQp> IserDatamover<Q> {
                 };
                 let Some(read) = read else {
                     // A read without a Read STag: nothing can be written; the response
-                    // (with its residual) still goes out.
+                    // (with its residual) still goes out after the final piece.
                     log::warn!("iSER: task {:#x} has data but no Read STag", put.itt.0);
+                    self.hold(fence, put.buf);
+                    let Some(response) = put.response else { return Ok(()) };
                     let inv = gen.and_then(|_| self.invalidate(put.itt));
                     if gen.is_some() {
                         self.tasks.remove(&put.itt);
                     }
-                    self.hold(fence, put.buf);
-                    return self.try_send(Pending::Control(put.response, inv), events);
+                    return self.try_send(Pending::Control(response, inv), events);
                 };
                 let len = (put.len as usize).min(put.buf.len());
                 let wrs = (len - sent.min(len)).div_ceil(self.cfg.max_rdma_len.max(1));
@@ -700,10 +701,26 @@ impl<Q: IserQp> IserDatamover<Q> {
                         }
                     }
                 };
+                let Some(response) = put.response.take() else {
+                    // A piece with more to follow: its writes alone, the last one signaled so
+                    // that its buffer goes back once they are done, not with the response.
+                    let room = self.sq_room().min(wrs);
+                    if room == 0 && wrs > 0 {
+                        return Err(Pending::Put { put, gen, sent, fence });
+                    }
+                    let (sent, last) = self.rdma_writes(&put, lkey, read, sent, len, room, true);
+                    let fence = last.or(fence);
+                    if sent < len {
+                        return Err(Pending::Put { put, gen, sent, fence });
+                    }
+                    self.hold(fence, put.buf);
+                    return Ok(());
+                };
                 let room = self.sq_room();
                 if room < wrs + 1 {
                     // More than the send queue has room for: write what fits now, the last
                     // write signaled so that its completion makes room again.
+                    put.response = Some(response);
                     if room == 0 || wrs == 0 {
                         return Err(Pending::Put { put, gen, sent, fence });
                     }
@@ -711,8 +728,11 @@ impl<Q: IserQp> IserDatamover<Q> {
                     return Err(Pending::Put { put, gen, sent, fence: last.or(fence) });
                 }
                 // The response first: if it cannot be encoded, no data goes out either.
-                let (slot, sge) = match self.stage_control(&put.response) {
-                    None => return Err(Pending::Put { put, gen, sent, fence }),
+                let (slot, sge) = match self.stage_control(&response) {
+                    None => {
+                        put.response = Some(response);
+                        return Err(Pending::Put { put, gen, sent, fence });
+                    }
                     Some(Err(e)) => {
                         self.hold(fence, put.buf);
                         self.fail(e.to_string(), events);
@@ -756,7 +776,8 @@ impl<Q: IserQp> IserDatamover<Q> {
             let signaled = signal_last && (i + 1 == max_wrs || off + n >= len);
             last = Some(self.push_tx(SendWr {
                 wr_id: if signaled { wr_id(KIND_WRITE, 0, 0) } else { 0 },
-                op: SendOp::RdmaWrite { remote_addr: read.base_offset.wrapping_add(off as u64), rkey: read.stag() },
+                // The piece's bytes at their place in the command's data (RFC 7145 §7.3.5).
+                op: SendOp::RdmaWrite { remote_addr: read.base_offset.wrapping_add(u64::from(put.offset) + off as u64), rkey: read.stag() },
                 sge: Sge { addr: base + off as u64, len: n as u32, lkey },
                 signaled,
             }));
@@ -1065,7 +1086,8 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
     }
 
     fn get_data(&mut self, req: GetData) {
-        let GetData { itt, mut buf, offset, len, .. } = req;
+        // `more` needs nothing here: RDMA Reads have no sequence number to keep going.
+        let GetData { itt, mut buf, offset, len, base, .. } = req;
         let Some((gen, Some(write), unsolicited)) = self.tasks.get(&itt).map(|t| (t.gen, t.write, t.unsolicited)) else {
             // No Write STag: the initiator cannot be asked for data.
             return self.fail_fetch(itt, buf, "no Write STag");
@@ -1082,10 +1104,11 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             return self.fail_fetch(itt, buf, "the initiator takes no RDMA Read (iSER-IRD 0)");
         }
         let total = len as usize;
-        let fits = (offset as usize).checked_add(total).is_some_and(|end| end <= buf.as_slice().len());
-        if !fits {
+        // Where the solicited bytes go in the buffer: at `offset - base`.
+        let at = offset.checked_sub(base).map(|a| a as usize);
+        let Some(at) = at.filter(|a| a.checked_add(total).is_some_and(|end| end <= buf.as_slice().len())) else {
             return self.fail_fetch(itt, buf, "solicited data outside the task's buffer");
-        }
+        };
         let chunk = self.cfg.max_rdma_len.max(1);
         let n = total.div_ceil(chunk);
         if n == 0 {
@@ -1117,7 +1140,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
                 gen,
                 remote_addr: start.wrapping_add(done as u64),
                 rkey: write.stag(),
-                buf_offset: offset as usize + done,
+                buf_offset: at + done,
                 len: l,
             });
             done += l;
@@ -1440,7 +1463,7 @@ mod tests {
         assert!(matches!(ev.as_slice(), [DmEvent::Control(p)] if matches!(p.op(), Op::ScsiCommand(_))));
         assert_eq!(d.qp.recvs.len(), IserConfig::default().recv_slots, "receive reposted at once");
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 200_000, response: response(1), sn: SnState::default() });
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(data.clone()), len: 200_000, offset: 0, response: Some(response(1)), sn: SnState::default() });
         d.poll(&mut ev);
         assert!(d.qp.queued[..4].iter().all(|w| w.sge.lkey == IOBUF_LKEY), "written from the task's own buffer");
         wire(&mut d);
@@ -1469,7 +1492,7 @@ mod tests {
         d.poll(&mut ev);
         assert_eq!(ev.len(), 3);
         assert_eq!(d.qp.chains.len(), 0, "receives only: no send posted");
-        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![5u8; 4096]), len: 4096, response: response(1), sn: SnState::default() });
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![5u8; 4096]), len: 4096, offset: 0, response: Some(response(1)), sn: SnState::default() });
         d.send_control(response(2));
         d.send_control(response(3));
         d.poll(&mut ev);
@@ -1501,7 +1524,7 @@ mod tests {
         let mut ev = Vec::new();
         d.poll(&mut ev);
         ev.clear();
-        d.get_data(GetData { itt: Itt(2), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 28_192]), offset: 8192, len: 20_000, sn: SnState::default() });
+        d.get_data(GetData { itt: Itt(2), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 28_192]), offset: 8192, len: 20_000, base: 0, more: false, sn: SnState::default() });
         let mut rounds = 0;
         while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
             d.poll(&mut ev);
@@ -1518,11 +1541,11 @@ mod tests {
 
     fn put(itt: u32, data: Vec<u8>, response: Pdu) -> PutData {
         let len = data.len() as u32;
-        PutData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(data), len, response, sn: SnState::default() }
+        PutData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(data), len, offset: 0, response: Some(response), sn: SnState::default() }
     }
 
     fn get(itt: u32, buf_len: usize, offset: u32, len: u32) -> GetData {
-        GetData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; buf_len]), offset, len, sn: SnState::default() }
+        GetData { itt: Itt(itt), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; buf_len]), offset, len, base: 0, more: false, sn: SnState::default() }
     }
 
     type DataEvents = (Vec<(Itt, Vec<u8>)>, Vec<(Itt, &'static str)>);
@@ -1956,7 +1979,7 @@ mod tests {
         let data: Vec<u8> = (0..LEN).map(|i| (i % 249) as u8).collect();
         let buf = IoBuf::from(data.as_slice());
         let addr = buf.as_ptr() as u64;
-        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf, len: LEN as u32, response: response(1), sn: SnState::default() });
+        d.put_data(PutData { itt: Itt(1), lun: Lun(0), buf, len: LEN as u32, offset: 0, response: Some(response(1)), sn: SnState::default() });
         d.poll(&mut ev);
         assert_eq!(d.qp.chains, vec![33], "32 RDMA Writes and the response in one post");
         let writes: Vec<SendWr> = d.qp.queued.iter().filter(|w| matches!(w.op, SendOp::RdmaWrite { .. })).copied().collect();
@@ -1990,7 +2013,7 @@ mod tests {
         let mut buf = IoBuf::zeroed(64 * 1024);
         buf[..8192].fill(0xee);
         let addr = buf.as_ptr() as u64;
-        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, sn: SnState::default() });
+        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, base: 0, more: false, sn: SnState::default() });
         let mut sges = Vec::new();
         let mut rounds = 0;
         while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
@@ -2037,7 +2060,7 @@ mod tests {
         assert_eq!(account.held(), buf.capacity(), "budgeted, charged to the connection");
         assert_eq!(d.copies(), CopyStats { unsolicited_bytes: 8192, ..Default::default() });
         // The buffer is the one Get_Data then fills: zero copies of the solicited part.
-        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, sn: SnState::default() });
+        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, base: 0, more: false, sn: SnState::default() });
         for _ in 0..10 {
             d.poll(&mut ev);
             wire(&mut d);

@@ -23,27 +23,43 @@ pub struct SnState {
 /// then deliver `response` (the SCSI Response). TCP sends Data-In PDUs and may fold a GOOD
 /// status without sense into the final Data-In (RFC 7143 §11.7.3); iSER RDMA-Writes to the
 /// Read STag and chains the response SEND.
+///
+/// A large read may come in pieces: several Put_Data of one task in increasing, contiguous
+/// `offset` order (each starts where the last ended), all but the last with `response: None`.
+/// A read sent whole is one Put_Data with `offset: 0` and `response: Some`.
 pub struct PutData {
     pub itt: Itt,
     pub lun: Lun,
     pub buf: IoBuf,
-    /// Bytes of `buf` to transfer (the residual is already in `response`).
+    /// Bytes of `buf` to transfer (the residual is in the final piece's `response`).
     pub len: u32,
-    /// A SCSI Response PDU; its StatSN is already assigned.
-    pub response: Pdu,
+    /// The command's buffer offset of `buf[0]`: 0 for a read sent whole; a streamed read's
+    /// later pieces start further on.
+    pub offset: u32,
+    /// `Some` (its StatSN already assigned): this is the task's last (or only) piece, the SCSI
+    /// Response follows the data. `None`: more Put_Data of this task follow; no status here.
+    pub response: Option<Pdu>,
     /// Sequence numbers for Data-In PDUs that do not carry status.
     pub sn: SnState,
 }
 
 /// Get_Data (RFC 5047 §3.3): fetch solicited write data `[offset, offset+len)` of task `itt`
-/// into `buf` at the same offsets. TCP sends R2Ts and collects Data-Out PDUs; iSER issues
-/// RDMA Reads from the Write STag.
+/// into `buf[offset-base .. offset-base+len]`. TCP sends R2Ts and collects Data-Out PDUs;
+/// iSER issues RDMA Reads from the Write STag. One Get_Data per task at a time: a large write
+/// may be fetched piece by piece, the next Get_Data after the last one's DataReady.
 pub struct GetData {
     pub itt: Itt,
     pub lun: Lun,
     pub buf: IoBuf,
+    /// Solicit the command's bytes `[offset, offset+len)` ...
     pub offset: u32,
     pub len: u32,
+    /// ... into `buf[offset-base ..]`: `base` is the command offset of `buf[0]` (0: the
+    /// buffer holds the whole command's data).
+    pub base: u32,
+    /// More Get_Data of this task follow after this one's DataReady: TCP keeps the task's
+    /// R2TSN going across them (RFC 7143 §11.8.2: R2TSN numbers every R2T of the task).
+    pub more: bool,
     pub sn: SnState,
 }
 
