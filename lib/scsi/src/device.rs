@@ -351,6 +351,21 @@ impl DeviceChannel {
         self.stream_chunk = bytes;
     }
 
+    /// Moves the pieces of data the streamed writes of every LUN ask for into `out`.
+    pub fn take_wants(&mut self, out: &mut Vec<crate::DataWant>) {
+        for ch in self.channels.values_mut() {
+            ch.take_wants(out);
+        }
+    }
+
+    /// Data for a streamed write on LUN `lun` (see [`LunChannel::write_data`]).
+    pub fn write_data(&mut self, lun: LunId, tag: u64, offset: u32, buf: riser_bdev::IoBuf) {
+        match self.channels.get_mut(&lun.0) {
+            Some(ch) => ch.write_data(tag, offset, buf),
+            None => log::debug!("data for task {tag:#x} of LUN {}, which has no channel: dropped", lun.0),
+        }
+    }
+
     /// Like [`new`](Self::new), with each LUN channel's buffers coming from an allocator
     /// made by `alloc` (see [`LunChannel::with_allocator`]).
     pub fn with_allocator(dev: Arc<ScsiDevice>, alloc: BufAllocFactory) -> DeviceChannel {

@@ -30,7 +30,7 @@ use crate::pr;
 use crate::rw;
 use crate::sanitize::{self, SanitizeOp, SanitizeState};
 use crate::sense::{Asc, CmdError, CmdResult, Sense, SenseKey, Status};
-use crate::task::{Nexus, Residual, ScsiResult, ScsiTask};
+use crate::task::{DataWant, Nexus, Residual, ScsiResult, ScsiTask};
 use crate::xcopy::{self, CopyStatus, Segment};
 
 mod dispatch;
@@ -117,9 +117,41 @@ impl StreamRead {
     }
 }
 
+/// A plain WRITE whose data is asked for piece by piece (`ScsiTask::data_out_later`): the
+/// next piece is asked for as soon as the last one is in, and each is written as it comes
+/// (one write at a time, each admitted by the range lock for its own blocks), so a WRITE of
+/// any size holds at most three pieces of memory: one being written, one waiting for its
+/// turn, one being fetched.
+struct StreamWrite {
+    lba: Lba,
+    blocks: u64,
+    chunk_blocks: u64,
+    fua: bool,
+    /// Pieces asked for, and written.
+    asked: u64,
+    written: u64,
+    /// A piece whose data is in, waiting for the one being written (or for admission).
+    pending: Option<(u64, IoBuf)>,
+    /// The range admission of the piece being written (`Adm::None`: none is).
+    adm: Adm,
+    writing: bool,
+}
+
+impl StreamWrite {
+    fn pieces(&self) -> u64 {
+        self.blocks.div_ceil(self.chunk_blocks)
+    }
+
+    /// Waiting on the initiator alone (a piece asked for, nothing to write meanwhile).
+    fn idle(&self) -> bool {
+        !self.writing && self.pending.is_none() && self.asked > self.written
+    }
+}
+
 /// The block-level work of a command.
 enum Job {
     ReadStream(Box<StreamRead>),
+    WriteStream(Box<StreamWrite>),
     Read {
         lba: Lba,
         blocks: u64,
@@ -257,6 +289,8 @@ struct Ctx<'a> {
     edtl: u32,
     /// The command's SCSI transfer length in bytes (for the residual).
     xfer: u64,
+    /// The write data is asked for piece by piece (`ScsiTask::data_out_later`).
+    data_later: bool,
 }
 
 /// Runs SCSI tasks for one LUN on one reactor. Not shared between threads.
@@ -280,8 +314,11 @@ pub struct LunChannel {
     deferred: Vec<usize>,
     /// Reads larger than this many bytes stream in pieces of this size (0: never).
     stream_chunk: usize,
-    /// Slots of streamed reads waiting for budget for their next piece.
+    /// Slots of streamed reads waiting for budget for their next piece, and of streamed
+    /// writes whose piece waits for range admission.
     pumping: Vec<usize>,
+    /// Pieces of data streamed writes ask for (see [`Self::take_wants`]).
+    wants: Vec<DataWant>,
 }
 
 impl Drop for LunChannel {
@@ -378,6 +415,7 @@ impl LunChannel {
             deferred: Vec::new(),
             stream_chunk: 0,
             pumping: Vec::new(),
+            wants: Vec::new(),
         }
     }
 
@@ -386,8 +424,106 @@ impl LunChannel {
     /// [`ScsiResult`] with `partial` set as soon as it (and every piece before it) is read,
     /// and the last one with the task's status. `None` (the default): every READ returns
     /// its data whole, in one buffer.
+    ///
+    /// The same size cuts streamed WRITEs (tasks with `data_out_later`) into the pieces
+    /// their data is asked for in.
     pub fn set_stream_chunk(&mut self, bytes: Option<usize>) {
         self.stream_chunk = bytes.unwrap_or(0);
+    }
+
+    /// Moves the pieces of data streamed writes ask for into `out`.
+    pub fn take_wants(&mut self, out: &mut Vec<DataWant>) {
+        out.append(&mut self.wants);
+    }
+
+    /// Data for a streamed write: the command's bytes from `offset`, as asked for by a
+    /// [`DataWant`]. Data for a task that is gone (aborted, failed) or not asked for is
+    /// dropped.
+    pub fn write_data(&mut self, tag: u64, offset: u32, buf: IoBuf) {
+        let bs = self.lun.block_size() as u64;
+        let Some(slot) = self.ops.iter().position(|o| matches!(o, Some(o) if o.tag == tag && !o.aborted && !o.detached && matches!(o.job, Job::WriteStream(_)))) else {
+            log::debug!("data for task {tag:#x}, which waits for none: dropped");
+            return;
+        };
+        let Some(Op { job: Job::WriteStream(j), err, .. }) = self.ops[slot].as_mut() else { return };
+        let piece = j.asked.wrapping_sub(1);
+        let want_off = piece * j.chunk_blocks * bs;
+        if err.is_some() || j.asked == 0 || j.pending.is_some() || j.written > piece || offset as u64 != want_off {
+            log::warn!("task {tag:#x}: data at offset {offset} not asked for: dropped");
+            return;
+        }
+        j.pending = Some((piece, buf));
+        if j.asked < j.pieces() {
+            self.ask_piece(slot);
+        }
+        self.stream_write_next(slot);
+    }
+
+    /// Asks for the next piece of a streamed write's data.
+    pub(super) fn ask_piece(&mut self, slot: usize) {
+        let bs = self.lun.block_size() as u64;
+        let lun = self.lun.id();
+        let Some(Op { job: Job::WriteStream(j), tag, .. }) = self.ops[slot].as_mut() else { return };
+        let first = j.asked * j.chunk_blocks;
+        let n = (j.blocks - first).min(j.chunk_blocks);
+        j.asked += 1;
+        self.wants.push(DataWant { tag: *tag, lun, offset: (first * bs) as u32, len: (n * bs) as u32 });
+    }
+
+    /// Writes a streamed write's pending piece if none is being written and the range lock
+    /// admits it (else it waits in `pumping`).
+    pub(super) fn stream_write_next(&mut self, slot: usize) {
+        let Some(Op { job: Job::WriteStream(j), .. }) = self.ops[slot].as_mut() else { return };
+        if j.writing {
+            return;
+        }
+        let Some((piece, _)) = &j.pending else { return };
+        let first = piece * j.chunk_blocks;
+        let n = (j.blocks - first).min(j.chunk_blocks);
+        let lba = j.lba + first;
+        let adm = match self.lun.ranges.admit_write(&self.counter, &[(lba, n)]) {
+            WriteAdmission::Fast => Adm::Fast,
+            WriteAdmission::Registered(g) => Adm::Grant(g),
+            WriteAdmission::Wait => {
+                if !self.pumping.contains(&slot) {
+                    self.pumping.push(slot);
+                }
+                return;
+            }
+        };
+        let Some(Op { job: Job::WriteStream(j), .. }) = self.ops[slot].as_mut() else { return };
+        let Some((piece, buf)) = j.pending.take() else { return };
+        j.adm = adm;
+        j.writing = true;
+        self.submit_tagged(slot, slot as u64 | ((piece + 1) << 32), IoKind::Write, lba, n, Some(buf));
+    }
+
+    /// A streamed write's piece is written: release its admission, then the next piece, or
+    /// the end.
+    pub(super) fn stream_write_done(&mut self, slot: usize, c: IoCompletion) {
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else { return };
+        o.inflight = o.inflight.saturating_sub(1);
+        if let Err(e) = &c.result {
+            if o.err.is_none() {
+                o.err = Some(bdev_error(c.kind, e));
+            }
+        }
+        let Job::WriteStream(j) = &mut o.job else { return };
+        j.writing = false;
+        j.written += 1;
+        match std::mem::replace(&mut j.adm, Adm::None) {
+            Adm::Fast => self.lun.ranges.fast_done(&self.counter),
+            Adm::Grant(g) => self.lun.ranges.release(g),
+            Adm::None => {}
+        }
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else { return };
+        let Job::WriteStream(j) = &o.job else { return };
+        if o.aborted || o.err.is_some() || j.written == j.pieces() {
+            // A piece still being fetched is the iSCSI layer's to drop.
+            self.pumping.retain(|s| *s != slot);
+            return self.finish(slot);
+        }
+        self.stream_write_next(slot);
     }
 
     pub fn lun(&self) -> &Arc<Lun> {
@@ -402,7 +538,12 @@ impl LunChannel {
     /// Whether `poll` has work to do (results to return, I/O in flight, or tasks waiting
     /// for a range lock): a reactor in adaptive mode should keep polling while true.
     pub fn busy(&self) -> bool {
-        self.outstanding() > 0
+        let waiting_on_initiator = self
+            .ops
+            .iter()
+            .filter(|o| matches!(o, Some(Op { job: Job::WriteStream(j), .. }) if j.idle()))
+            .count();
+        self.outstanding() + self.wants.len() > waiting_on_initiator
     }
 
     /// Forgets a nexus whose session ended (frees the per-nexus cache entry).
@@ -425,6 +566,7 @@ impl LunChannel {
             cdb: task.cdb,
             edtl,
             xfer: 0,
+            data_later: task.data_out_later,
         };
         let action = self.dispatch(&mut ctx, task.data_out);
         let xfer = ctx.xfer;
@@ -565,7 +707,11 @@ impl LunChannel {
             self.comps = comps;
             if !self.pumping.is_empty() {
                 for slot in std::mem::take(&mut self.pumping) {
-                    self.stream_pump(slot);
+                    if matches!(self.ops.get(slot), Some(Some(Op { job: Job::WriteStream(_), .. }))) {
+                        self.stream_write_next(slot);
+                    } else {
+                        self.stream_pump(slot);
+                    }
                 }
             }
             if !self.deferred.is_empty() {
@@ -784,7 +930,8 @@ impl LunChannel {
             o.inflight += 1;
             fua = matches!(kind, IoKind::Write | IoKind::Unmap | IoKind::WriteZeroes)
                 && (self.lun.mode_bits() & MODE_WCE == 0
-                    || matches!(o.job, Job::Write { fua: true, .. } | Job::WriteVerify { .. }));
+                    || matches!(o.job, Job::Write { fua: true, .. } | Job::WriteVerify { .. })
+                    || matches!(&o.job, Job::WriteStream(j) if j.fua));
         }
         self.io.submit(BdevIo {
             kind,

@@ -62,7 +62,7 @@ pub use lun::{Lun, LunConfig, ResetKind, IEEE_COMPANY_ID};
 pub use opcodes::command_name;
 pub use pr::pr_type;
 pub use sense::{Asc, CmdError, Sense, SenseBuf, SenseKey, Status};
-pub use task::{Nexus, Residual, ScsiResult, ScsiTask, TaskAttr};
+pub use task::{DataWant, Nexus, Residual, ScsiResult, ScsiTask, TaskAttr};
 
 #[cfg(test)]
 mod tests;

@@ -133,8 +133,23 @@ pub struct ScsiTask {
     /// Write data gathered by the iSCSI layer: EDTL bytes, or fewer if the initiator sent
     /// fewer (unsolicited + solicited data). `None` when there is none.
     pub data_out: Option<IoBuf>,
+    /// A plain WRITE (6/10/12/16) whose data the SCSI layer asks for itself, piece by piece,
+    /// once the command has passed its checks: each piece comes out of the channel's
+    /// `take_wants` as a [`DataWant`] and goes back in with `write_data` (see
+    /// [`crate::LunChannel::set_stream_chunk`]). `data_out` is then `None`.
+    pub data_out_later: bool,
     pub nexus: Arc<Nexus>,
     pub attr: TaskAttr,
+}
+
+/// A streamed WRITE asks for its next piece of data: the command's bytes
+/// `[offset, offset+len)` of task `tag` on LUN `lun`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataWant {
+    pub tag: u64,
+    pub lun: u64,
+    pub offset: u32,
+    pub len: u32,
 }
 
 impl fmt::Debug for ScsiTask {
@@ -166,6 +181,7 @@ impl ScsiTask {
             read: false,
             write: false,
             data_out: None,
+            data_out_later: false,
             nexus,
             attr: TaskAttr::Simple,
         }

@@ -131,6 +131,32 @@ impl LunChannel {
         if wp {
             return Err(CmdError::write_protected());
         }
+        if ctx.data_later {
+            // The data is asked for piece by piece; only plain WRITEs are sent that way.
+            let chunk_blocks = (self.stream_chunk as u64 / bs).max(1);
+            let blocks = b.blocks.min(ctx.edtl as u64 / bs);
+            if verify || cdb.opcode() == op::WRITE_ATOMIC16 {
+                log::error!("{:?} with its data to be asked for later: not streamable", cdb.opcode());
+                return Err(CmdError::internal());
+            }
+            if blocks == 0 {
+                return Ok(Action::Good);
+            }
+            return Ok(Action::Job(
+                Need::None,
+                Job::WriteStream(Box::new(StreamWrite {
+                    lba: b.lba,
+                    blocks,
+                    chunk_blocks,
+                    fua: b.flags & 0x08 != 0,
+                    asked: 0,
+                    written: 0,
+                    pending: None,
+                    adm: Adm::None,
+                    writing: false,
+                })),
+            ));
+        }
         // Whole blocks of data received (EDTL may be shorter than the transfer length).
         let avail = data_out
             .as_ref()

@@ -66,6 +66,7 @@ impl LunChannel {
                 self.submit_io(slot, IoKind::Read, lba, blocks, Some(b));
             }
             Job::ReadStream(_) => self.stream_pump(slot),
+            Job::WriteStream(_) => self.ask_piece(slot),
             Job::Write { lba, blocks, buf, .. }
             | Job::WriteVerify {
                 lba, blocks, buf, ..
@@ -367,8 +368,10 @@ impl LunChannel {
     }
 
     pub(super) fn on_completion(&mut self, slot: usize, c: IoCompletion) {
-        if c.tag >> 32 != 0 || matches!(self.ops.get(slot), Some(Some(Op { job: Job::ReadStream(_), .. }))) {
-            return self.stream_piece(slot, c.tag >> 32, c);
+        match self.ops.get(slot) {
+            Some(Some(Op { job: Job::ReadStream(_), .. })) => return self.stream_piece(slot, c.tag >> 32, c),
+            Some(Some(Op { job: Job::WriteStream(_), .. })) => return self.stream_write_done(slot, c),
+            _ => {}
         }
         let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
             return;
@@ -396,8 +399,8 @@ impl LunChannel {
             return;
         };
         match &mut o.job {
-            // Its pieces are handled by stream_piece.
-            Job::ReadStream(_) => {}
+            // Their pieces are handled by stream_piece and stream_write_done.
+            Job::ReadStream(_) | Job::WriteStream(_) => {}
             Job::Read { ret_len, .. } => {
                 let n = *ret_len;
                 match buf {

@@ -128,3 +128,85 @@ fn an_aborted_streamed_read_ends_quietly() {
     assert!(ended);
     assert_eq!(e.read16(&a, 0, 8).len(), 8 * BS);
 }
+
+/// Feeds a streamed write's wants from `data` until it ends; returns the result and the
+/// wants seen.
+fn feed(e: &mut Env, tag: u64, data: &[u8]) -> (ScsiResult, Vec<(u32, u32)>) {
+    let mut seen = Vec::new();
+    let mut wants = Vec::new();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        e.dc.poll(&mut out);
+        if let Some(r) = out.pop() {
+            assert_eq!(r.tag, tag);
+            return (r, seen);
+        }
+        e.dc.take_wants(&mut wants);
+        for w in wants.drain(..) {
+            assert_eq!((w.tag, w.lun), (tag, e.lun.id()));
+            seen.push((w.offset, w.len));
+            let (o, n) = (w.offset as usize, w.len as usize);
+            e.dc.write_data(LunId::new(w.lun), tag, w.offset, IoBuf::from(data[o..o + n].to_vec()));
+        }
+    }
+    panic!("task {tag} never completed");
+}
+
+#[test]
+fn a_streamed_write_asks_for_its_data_piece_by_piece() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.dc.set_stream_chunk(Some(CHUNK));
+    let data = pattern(600 * BS);
+    let mut t = e.task(&a, &rw16(op::WRITE16, 50, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out_later = true;
+    let tag = t.tag;
+    e.dc.submit(t);
+    let (r, seen) = feed(&mut e, tag, &data);
+    assert_eq!(r.status, Status::Good, "{r:?}");
+    let c = CHUNK as u32;
+    assert_eq!(seen, vec![(0, c), (c, c), (2 * c, c), (3 * c, c), (4 * c, 600 * BS as u32 - 4 * c)]);
+    e.dc.set_stream_chunk(None);
+    assert!(e.read16(&a, 50, 600) == data, "what was written is what was sent");
+    e.dc.set_stream_chunk(Some(CHUNK));
+
+    // A WRITE that fails its checks asks for nothing: out of range.
+    let mut t = e.task(&a, &rw16(op::WRITE16, BLOCKS - 10, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out_later = true;
+    let tag = t.tag;
+    e.dc.submit(t);
+    let (r, seen) = feed(&mut e, tag, &data);
+    assert_eq!((r.status, r.sense_triplet()), (Status::CheckCondition, Some((5, 0x21, 0))));
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn a_streamed_write_waiting_for_data_keeps_no_reactor_busy_and_aborts_cleanly() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.dc.set_stream_chunk(Some(CHUNK));
+    let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out_later = true;
+    let tag = t.tag;
+    e.dc.submit(t);
+    let mut wants = Vec::new();
+    let mut out = Vec::new();
+    e.dc.poll(&mut out);
+    e.dc.take_wants(&mut wants);
+    assert_eq!(wants.len(), 1);
+    assert!(!e.ch().busy(), "waiting for the initiator's data is not work");
+    // Data nobody asked for is dropped; the want stands.
+    e.dc.write_data(LunId::new(e.lun.id()), tag, CHUNK as u32, IoBuf::from(vec![0u8; CHUNK]));
+    e.dc.take_wants(&mut wants);
+    assert_eq!(wants.len(), 1);
+    assert!(e.ch().abort_task(&a, tag));
+    e.dc.poll(&mut out);
+    assert!(matches!(out.as_slice(), [r] if r.tag == tag && r.aborted));
+    // Data after the abort is dropped; the LUN serves on.
+    e.dc.write_data(LunId::new(e.lun.id()), tag, 0, IoBuf::from(vec![0u8; CHUNK]));
+    assert_eq!(e.read16(&a, 0, 8).len(), 8 * BS);
+}
