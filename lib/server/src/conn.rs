@@ -13,7 +13,7 @@ use riser_config::{Lun, TargetNode};
 use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest};
 use riser_iscsi::pdu::Lun as PduLun;
 use riser_reactor::{Ctx, PollStatus};
-use riser_scsi::{DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
+use riser_scsi::{DataWant, DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
 
 use crate::registry::{ConnInfo, ConnRegistry};
 
@@ -21,6 +21,13 @@ use crate::registry::{ConnInfo, ConnRegistry};
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How often timers (NOP-In) and config changes are checked.
 const TIMER_EVERY: Duration = Duration::from_millis(100);
+/// READs larger than this stream out in pieces of this size: each piece is read into its
+/// own buffer and sent as soon as it is in, so a READ of any size holds a few pieces of
+/// memory, not its whole transfer (the SCSI layer reads at most 4 pieces ahead). Plain
+/// WRITEs with more solicited data than this are fetched and written in pieces of this size:
+/// a piece's buffer is taken when its data is asked for (R2T, RDMA Read), and freed once
+/// written (at most 3 pieces a command).
+const STREAM_CHUNK: usize = 1 << 20;
 
 /// A connection in full-feature phase.
 pub struct Connection<D: Datamover> {
@@ -35,6 +42,7 @@ pub struct Connection<D: Datamover> {
     nexus: Arc<Nexus>,
     events: Vec<DmEvent>,
     results: Vec<ScsiResult>,
+    wants: Vec<DataWant>,
     closing_since: Option<Instant>,
     last_timer: Instant,
     done: bool,
@@ -62,6 +70,9 @@ impl<D: Datamover> Connection<D> {
         // Reads and writes of this connection share its fair share of the budget.
         let mut scsi = DeviceChannel::new(scsi_device(&luns));
         scsi.set_account(ffp.account().clone());
+        scsi.set_stream_chunk(Some(STREAM_CHUNK));
+        let mut ffp = ffp;
+        ffp.set_write_stream_chunk(STREAM_CHUNK as u32);
         // Immediate data goes straight into write buffers from the same pool and account.
         let mut dm = dm;
         dm.set_write_buffers(ffp.write_buffers());
@@ -76,6 +87,7 @@ impl<D: Datamover> Connection<D> {
             nexus,
             events: Vec::with_capacity(64),
             results: Vec::with_capacity(64),
+            wants: Vec::new(),
             closing_since: None,
             last_timer: now,
             done: false,
@@ -107,6 +119,7 @@ impl<D: Datamover> Connection<D> {
         task.read = req.read;
         task.write = req.write;
         task.data_out = req.data_out;
+        task.data_out_later = req.data_out_later;
         task.attr = match req.attr & 7 {
             0 | 1 => TaskAttr::Simple,
             2 => TaskAttr::Ordered,
@@ -119,15 +132,24 @@ impl<D: Datamover> Connection<D> {
     }
 
     fn complete(&mut self, r: ScsiResult) {
+        let itt = riser_iscsi::serial::Itt(r.tag as u32);
+        if r.partial {
+            // A piece of a streamed read: out at once, the task goes on.
+            if let Some(buf) = r.data_in {
+                self.ffp.on_scsi_data(itt, r.data_offset as u32, buf, r.data_len as u32);
+            }
+            return;
+        }
         self.info.tasks_done.fetch_add(1, Ordering::Relaxed);
         if r.aborted {
             return;
         }
         self.ffp.on_scsi_done(ScsiDone {
-            itt: riser_iscsi::serial::Itt(r.tag as u32),
+            itt,
             status: r.status.code(),
             sense: r.sense_bytes().to_vec(),
             data_in_len: r.data_len as u32,
+            data_in_offset: r.data_offset as u32,
             data_in: r.data_in,
             residual: r.residual,
             data_out: None,
@@ -139,14 +161,20 @@ impl<D: Datamover> Connection<D> {
         self.scsi.poll(&mut self.results);
         let mut results = std::mem::take(&mut self.results);
         let n = results.len();
-        if n > 0 {
-            self.in_flight = self.in_flight.saturating_sub(n as u32);
+        let ended = results.iter().filter(|r| !r.partial).count() as u32;
+        if ended > 0 {
+            self.in_flight = self.in_flight.saturating_sub(ended);
             self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
         }
         for r in results.drain(..) {
             self.complete(r);
         }
         self.results = results;
+        // Streamed writes asking for their next piece of data.
+        self.scsi.take_wants(&mut self.wants);
+        for w in self.wants.drain(..) {
+            self.ffp.on_scsi_want(riser_iscsi::serial::Itt(w.tag as u32), w.offset, w.len);
+        }
         n
     }
 
@@ -164,6 +192,10 @@ impl<D: Datamover> Connection<D> {
                 Action::Execute(req) => {
                     executed = true;
                     self.execute(req)
+                }
+                Action::WriteData { itt, lun, offset, buf } => {
+                    executed = true;
+                    self.scsi.write_data(lun_id(lun), itt.0 as u64, offset, buf)
                 }
                 Action::Abort { itt, lun } => {
                     self.scsi.abort_task(&self.nexus, lun_id(lun), itt.0 as u64);

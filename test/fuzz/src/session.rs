@@ -90,6 +90,7 @@ impl Conn {
                 status: r.status.code(),
                 sense: r.sense_bytes().to_vec(),
                 data_in_len: r.data_len as u32,
+                data_in_offset: r.data_offset as u32,
                 data_in: r.data_in,
                 residual: r.residual,
                 data_out: None,
@@ -114,6 +115,9 @@ impl Conn {
                         _ => TaskAttr::Aca,
                     };
                     self.scsi.submit(task);
+                }
+                Action::WriteData { itt, lun, offset, buf } => {
+                    self.scsi.write_data(LunId::from_field(lun.0.to_be_bytes()), u64::from(itt.0), offset, buf)
                 }
                 Action::Abort { itt, lun } => {
                     let lun = LunId::from_field(lun.0.to_be_bytes());

@@ -54,6 +54,9 @@ pub struct ScsiRequest {
     /// Write data (EDTL bytes, `data_out_len` of them received).
     pub data_out: Option<IoBuf>,
     pub data_out_len: u32,
+    /// A streamed write: no data yet; the SCSI layer asks for it piece by piece
+    /// ([`Ffp::on_scsi_want`]) and gets each piece through [`Action::WriteData`].
+    pub data_out_later: bool,
 }
 
 impl ScsiRequest {
@@ -76,6 +79,9 @@ pub struct ScsiDone {
     /// Read data: the first `data_in_len` bytes go to the initiator.
     pub data_in: Option<IoBuf>,
     pub data_in_len: u32,
+    /// The command's buffer offset of `data_in[0]`: 0, or where the last piece of a streamed
+    /// read starts (the pieces before it came through [`Ffp::on_scsi_data`]).
+    pub data_in_offset: u32,
     pub residual: Residual,
     /// The write buffer given with the request, returned for reuse.
     pub data_out: Option<IoBuf>,
@@ -88,6 +94,9 @@ pub enum Action {
     PutData(PutData),
     GetData(GetData),
     Execute(ScsiRequest),
+    /// A piece of a streamed write's data for the SCSI layer: the command's bytes from
+    /// `offset` (as asked for with [`Ffp::on_scsi_want`]).
+    WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
     /// datamover's resources for it (Deallocate_Task_Resources).
     Abort { itt: Itt, lun: Lun },
@@ -139,6 +148,12 @@ struct Task {
     /// Unsolicited bytes the initiator may still send.
     unsolicited_expected: u32,
     next_data_sn: Sn,
+    /// Read data already handed to the datamover in pieces (a streamed read).
+    data_in_sent: u32,
+    /// A streamed write: the SCSI layer asks for its data piece by piece.
+    stream: bool,
+    /// The piece of a streamed write asked for and not yet handed over: (offset, len).
+    want: Option<(u32, u32)>,
 }
 
 /// The full-feature phase of one connection.
@@ -170,6 +185,9 @@ pub struct Ffp {
     staged_bytes: u64,
     /// Data segments whose bytes were copied, for the datamover to reuse (`take_spare`).
     spare: Vec<Vec<u8>>,
+    /// Plain WRITEs with more solicited data than this stream: their data is asked for
+    /// piece by piece by the SCSI layer (0: never).
+    write_stream_chunk: u32,
 }
 
 /// Most used data segments kept for the datamover.
@@ -206,7 +224,16 @@ impl Ffp {
             waiting_buf: VecDeque::new(),
             staged_bytes: 0,
             spare: Vec::new(),
+            write_stream_chunk: 0,
         }
+    }
+
+    /// Streams plain WRITEs (6/10/12/16) larger than `bytes` whose data is not all
+    /// unsolicited: the command goes to the SCSI layer once its unsolicited data is in, and
+    /// the SCSI layer asks for the rest piece by piece, each piece's buffer taken from the
+    /// budget when it is asked for (see [`Self::on_scsi_want`]). 0: never (the default).
+    pub fn set_write_stream_chunk(&mut self, bytes: u32) {
+        self.write_stream_chunk = bytes;
     }
 
     /// A data segment this layer is done with, for the datamover to reuse
@@ -243,7 +270,13 @@ impl Ffp {
     /// Where the datamover takes write buffers for immediate data: this connection's pool
     /// and account ([`super::Datamover::set_write_buffers`]).
     pub fn write_buffers(&self) -> super::WriteBuffers {
-        super::WriteBuffers { pool: self.pool, account: self.account.clone(), largest_write: self.cfg.largest_write }
+        // A streamed write's immediate data waits in its segment until its piece is asked
+        // for: no EDTL-sized buffer for it.
+        let largest = match self.write_stream_chunk {
+            0 => self.cfg.largest_write,
+            n => self.cfg.largest_write.min(n),
+        };
+        super::WriteBuffers { pool: self.pool, account: self.account.clone(), largest_write: largest }
     }
 
     /// Writes waiting for buffer memory now.
@@ -266,7 +299,7 @@ impl Ffp {
                 .tasks
                 .get(&itt)
                 .filter(|t| matches!(t.state, TaskState::WaitingBuffer))
-                .map(|t| t.cmd.expected_data_transfer_length)
+                .map(|t| t.want.map_or(t.cmd.expected_data_transfer_length, |(_, len)| len))
             else {
                 // Aborted (or otherwise gone) meanwhile: its place went with it.
                 self.waiting_buf.pop_front();
@@ -277,9 +310,13 @@ impl Ffp {
                 break;
             };
             self.waiting_buf.pop_front();
+            served += 1;
+            if t.stream {
+                self.serve_want(itt, buf);
+                continue;
+            }
             self.staged_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
             t.buf = Some(buf);
-            served += 1;
             self.fetch(itt);
         }
         served
@@ -615,6 +652,9 @@ impl Ffp {
             received: imm,
             unsolicited_expected: 0,
             next_data_sn: Sn(0),
+            data_in_sent: 0,
+            stream: false,
+            want: None,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -667,6 +707,13 @@ impl Ffp {
             // budget granted it already.
             return self.fetch(itt);
         }
+        let plain_write = t.ext_cdb.is_empty() && matches!(t.cdb[0], 0x0a | 0x2a | 0xaa | 0x8a);
+        if t.received < edtl && plain_write && self.write_stream_chunk > 0 && edtl - t.received > self.write_stream_chunk {
+            // A large WRITE: to the SCSI layer now, which asks for the data piece by piece
+            // once the command has passed its checks (on_scsi_want).
+            t.stream = true;
+            return self.execute(itt);
+        }
         if t.received < edtl {
             // Solicited data follows: first the memory for it, in turn with every other
             // write of every connection (grant_buffers), then Get_Data.
@@ -704,6 +751,8 @@ impl Ffp {
             buf,
             offset: t.received,
             len: edtl - t.received,
+            base: 0,
+            more: false,
             sn,
         }));
     }
@@ -723,7 +772,60 @@ impl Ffp {
             attr: t.cmd.attr,
             data_out: t.buf.take(),
             data_out_len,
+            data_out_later: t.stream,
         }));
+    }
+
+    /// The SCSI layer asks for a piece of a streamed write's data (the command's bytes
+    /// `[offset, offset+len)`): its buffer from the budget (in turn with every other write),
+    /// then the unsolicited bytes it covers, then Get_Data for the rest.
+    pub fn on_scsi_want(&mut self, itt: Itt, offset: u32, len: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return; // aborted or failed meanwhile
+        };
+        let edtl = t.cmd.expected_data_transfer_length;
+        if !t.stream || t.want.is_some() || len == 0 || offset.checked_add(len).is_none_or(|end| end > edtl) {
+            log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have", itt.0);
+            return;
+        }
+        t.want = Some((offset, len));
+        t.state = TaskState::WaitingBuffer;
+        self.waiting_buf.push_back(itt);
+        if self.waiting_buf.len() == 1 {
+            self.grant_buffers();
+        }
+    }
+
+    /// A streamed write's piece has its buffer: the unsolicited bytes it covers, then
+    /// Get_Data for the rest (or straight to the SCSI layer when there is none).
+    fn serve_want(&mut self, itt: Itt, mut buf: IoBuf) {
+        let sn = self.sn();
+        let Some(t) = self.tasks.get_mut(&itt) else { return };
+        let Some((offset, len)) = t.want else { return };
+        let end = offset + len;
+        // Unsolicited bytes [0, received) wait in their segments, in order.
+        let mut at = 0u32;
+        for seg in &t.staged {
+            let seg_end = at + seg.len() as u32;
+            let (from, to) = (at.max(offset), seg_end.min(end));
+            if from < to {
+                let dst = &mut buf.as_mut_slice()[(from - offset) as usize..(to - offset) as usize];
+                dst.copy_from_slice(&seg[(from - at) as usize..(to - at) as usize]);
+                self.staged_bytes += u64::from(to - from);
+            }
+            at = seg_end;
+        }
+        let edtl = t.cmd.expected_data_transfer_length;
+        if end <= t.received {
+            t.want = None;
+            t.state = TaskState::Executing;
+            let lun = t.lun;
+            self.actions.push_back(Action::WriteData { itt, lun, offset, buf });
+            return;
+        }
+        let from = offset.max(t.received);
+        t.state = TaskState::Fetching;
+        self.actions.push_back(Action::GetData(GetData { itt, lun: t.lun, buf, offset: from, len: end - from, base: offset, more: end < edtl, sn }));
     }
 
     fn on_data_out(&mut self, pdu: Pdu) {
@@ -779,6 +881,15 @@ impl Ffp {
 
     /// Data_Completion_Notify for a Get_Data.
     pub fn on_data_ready(&mut self, itt: Itt, buf: IoBuf) {
+        if let Some(t) = self.tasks.get_mut(&itt).filter(|t| t.stream) {
+            // A streamed write's piece: on to the SCSI layer, which asks for the next.
+            if let Some((offset, _)) = t.want.take() {
+                t.state = TaskState::Executing;
+                let lun = t.lun;
+                self.actions.push_back(Action::WriteData { itt, lun, offset, buf });
+            }
+            return;
+        }
         if let Some(t) = self.tasks.get_mut(&itt) {
             t.received = t.cmd.expected_data_transfer_length;
             t.buf = Some(buf);
@@ -790,8 +901,30 @@ impl Ffp {
     pub fn on_data_failed(&mut self, itt: Itt, reason: &str) {
         if let Some(t) = self.tasks.remove(&itt) {
             log::warn!("task {:#x}: write data failed: {reason}", itt.0);
+            if t.stream {
+                // The command is in the SCSI layer already, waiting for this piece.
+                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+            }
             self.respond_check(itt, t.cmd.immediate, SENSE_DATA_PHASE_ERROR, t.cmd.expected_data_transfer_length, false);
         }
+    }
+
+    /// A piece of a streamed read's data (`len` bytes of `buf`, from the command's buffer
+    /// offset `offset`): Put_Data at once, without status; the task goes on. Pieces come in
+    /// order; the last one comes with the task's [`ScsiDone`].
+    pub fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
+        let sn = self.sn();
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return; // aborted meanwhile
+        };
+        let edtl = t.cmd.expected_data_transfer_length;
+        if !t.cmd.read || offset != t.data_in_sent || offset >= edtl {
+            // Data-In for a command without the R bit is never sent (see on_scsi_done).
+            return;
+        }
+        let len = len.min(edtl - offset);
+        t.data_in_sent = offset + len;
+        self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
     }
 
     /// A SCSI completion.
@@ -803,6 +936,11 @@ impl Ffp {
         if !immediate {
             self.slot_freed();
         }
+        if t.stream && t.want.is_some() {
+            // The write ended (an error) while a piece was asked for: the datamover forgets
+            // its Get_Data (the SCSI layer has nothing left of the task).
+            self.actions.push_back(Action::Abort { itt: done.itt, lun: t.lun });
+        }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
         if done.data_in_len > 0 && !t.cmd.read {
@@ -810,25 +948,40 @@ impl Ffp {
             // data expected): its Data-In EDTL is 0, so nothing is sent and the whole
             // SCSI-presented length is a residual overflow (RFC 7143 §11.4.5.2), GOOD or not.
             // libiscsi's iSCSIResiduals.Read10Invalid expects the status to stay as it is.
+            let shown = done.data_in_offset.saturating_add(done.data_in_len);
             let presented = match done.residual {
-                Residual::Overflow(n) => done.data_in_len.saturating_add(n),
-                _ => done.data_in_len,
+                Residual::Overflow(n) => shown.saturating_add(n),
+                _ => shown,
             };
             log::debug!("task {:#x}: {presented} bytes of Data-In without the R bit, not sent", done.itt.0);
             residual = Residual::Overflow(presented);
         }
         let response = scsi_response(done.itt, done.status, &done.sense, residual, s);
+        let edtl = t.cmd.expected_data_transfer_length;
         match done.data_in {
-            Some(buf) if done.data_in_len > 0 && t.cmd.read => {
+            // The data (whole, or a streamed read's last piece, right after the others).
+            Some(buf) if done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl => {
                 self.actions.push_back(Action::PutData(PutData {
                     itt: done.itt,
                     lun: t.lun,
                     buf,
-                    len: done.data_in_len.min(t.cmd.expected_data_transfer_length),
-                    response,
+                    len: done.data_in_len.min(edtl - done.data_in_offset),
+                    offset: done.data_in_offset,
+                    response: Some(response),
                     sn: s,
                 }))
             }
+            // Pieces went out but the last brings no data (the read failed on the way): the
+            // response still closes the stream in the datamover (TCP's ExpDataSN).
+            _ if t.data_in_sent > 0 => self.actions.push_back(Action::PutData(PutData {
+                itt: done.itt,
+                lun: t.lun,
+                buf: IoBuf::empty(),
+                len: 0,
+                offset: t.data_in_sent,
+                response: Some(response),
+                sn: s,
+            })),
             _ => self.actions.push_back(Action::Send(response)),
         }
     }

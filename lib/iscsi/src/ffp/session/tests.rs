@@ -55,12 +55,13 @@ fn read_executes_and_response_carries_window() {
         sense: vec![],
         data_in: Some(IoBuf::from(vec![7u8; 512])),
         data_in_len: 512,
+        data_in_offset: 0,
         residual: Residual::None,
         data_out: None,
     });
     let a = drain(&mut f);
     let Action::PutData(p) = &a[0] else { panic!("expected PutData") };
-    let Op::ScsiResponse(r) = &p.response.bhs.op else { panic!() };
+    let Op::ScsiResponse(r) = &p.response.as_ref().expect("a response").bhs.op else { panic!() };
     assert_eq!(r.stat_sn, Sn(100));
     assert_eq!(r.exp_cmd_sn, Sn(11));
     // Window: 10..=13 at start; one command done opens one more slot.
@@ -166,7 +167,7 @@ fn logout_closes_and_tmf_aborts() {
     let Op::TaskMgmtResponse(r) = &sent(&a[1]).bhs.op else { panic!() };
     assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
     // The aborted task's completion is dropped.
-    f.on_scsi_done(ScsiDone { itt: Itt(1), status: 0, sense: vec![], data_in: None, data_in_len: 0, residual: Residual::None, data_out: None });
+    f.on_scsi_done(ScsiDone { itt: Itt(1), status: 0, sense: vec![], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
     assert!(drain(&mut f).is_empty());
     let l = LogoutRequest { immediate: true, reason_code: logout::CLOSE_SESSION, itt: Itt(3), cid: 0, cmd_sn: Sn(11), exp_stat_sn: Sn(0) };
     f.on_pdu(Pdu::new(Op::LogoutRequest(l)), now);
@@ -279,6 +280,7 @@ fn read_cdb_sent_as_write(edtl: u32, data_in_len: u32, residual: Residual) -> Ve
         sense: vec![],
         data_in: Some(IoBuf::from(vec![7u8; data_in_len as usize])),
         data_in_len,
+        data_in_offset: 0,
         residual,
         data_out: None,
     });
@@ -386,7 +388,7 @@ fn small_pool() -> &'static Pool {
 
 /// The SCSI layer finishing task `itt` with GOOD and no data.
 fn done(f: &mut Ffp, itt: u32) {
-    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: None, data_in_len: 0, residual: Residual::None, data_out: None });
+    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
 }
 
 #[test]
@@ -672,4 +674,96 @@ fn query_task_and_query_task_set_answer_as_rfc_7144_says() {
     drain(&mut f);
     assert_eq!(query(&mut f, 7, tmf::QUERY_TASK, 0, 1), tmf::response::FUNCTION_COMPLETE);
     assert_eq!(query(&mut f, 8, tmf::QUERY_TASK_SET, 0, 0xffff_ffff), tmf::response::FUNCTION_COMPLETE);
+}
+
+/// A streamed read: each piece goes out as it comes, without status; the last one with the
+/// response; a piece out of order or for a task that is gone is dropped.
+#[test]
+fn a_streamed_read_goes_out_piece_by_piece() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 2500))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
+    f.on_scsi_data(Itt(1), 0, IoBuf::from(vec![1u8; 1024]), 1024);
+    f.on_scsi_data(Itt(1), 2048, IoBuf::from(vec![9u8; 1024]), 1024); // out of order: dropped
+    f.on_scsi_data(Itt(1), 1024, IoBuf::from(vec![2u8; 1024]), 1024);
+    f.on_scsi_data(Itt(7), 0, IoBuf::from(vec![3u8; 1024]), 1024); // no such task
+    let a = drain(&mut f);
+    assert_eq!(a.len(), 2);
+    for (i, act) in a.iter().enumerate() {
+        let Action::PutData(p) = act else { panic!("expected PutData") };
+        assert_eq!((p.offset, p.len, p.response.is_none()), (1024 * i as u32, 1024, true));
+        assert_eq!(p.sn.stat_sn, Sn(100), "no StatSN taken by a piece");
+    }
+    // The last piece: 1024 bytes presented, 452 of them within EDTL.
+    f.on_scsi_done(ScsiDone {
+        itt: Itt(1),
+        status: STATUS_GOOD,
+        sense: vec![],
+        data_in: Some(IoBuf::from(vec![4u8; 1024])),
+        data_in_len: 1024,
+        data_in_offset: 2048,
+        residual: Residual::Overflow(572),
+        data_out: None,
+    });
+    let a = drain(&mut f);
+    let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
+    assert_eq!((p.offset, p.len), (2048, 452));
+    let Op::ScsiResponse(r) = &p.response.as_ref().expect("the response with the last piece").bhs.op else { panic!() };
+    assert_eq!((r.stat_sn, r.residual_overflow, r.residual_count), (Sn(100), true, 572));
+
+    // Pieces out, then the read fails: the response closes the stream in the datamover.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, true, false, 4096))), now);
+    drain(&mut f);
+    f.on_scsi_data(Itt(2), 0, IoBuf::from(vec![1u8; 1024]), 1024);
+    f.on_scsi_done(ScsiDone { itt: Itt(2), status: STATUS_CHECK_CONDITION, sense: vec![0x70; 18], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
+    let a = drain(&mut f);
+    let [Action::PutData(_), Action::PutData(p)] = a.as_slice() else { panic!("expected two PutData") };
+    assert_eq!((p.offset, p.len), (1024, 0));
+    assert!(matches!(&p.response.as_ref().expect("a response").bhs.op, Op::ScsiResponse(r) if r.status == STATUS_CHECK_CONDITION));
+}
+
+/// A streamed write: executed once its unsolicited data is in; each piece the SCSI layer
+/// asks for gets its own buffer, the immediate data it covers, and a Get_Data for the rest
+/// at absolute offsets; the data goes to the SCSI layer as WriteData.
+#[test]
+fn a_large_write_is_fetched_piece_by_piece() {
+    const MIB: u32 = 1 << 20;
+    let pool: &'static Pool = Box::leak(Box::new(Pool::new(riser_buf::MIN_MAX_BYTES)));
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    f.set_pool(pool);
+    f.set_write_stream_chunk(MIB);
+    let edtl = 2 * MIB + 4096;
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x2a;
+    cdb[7..9].copy_from_slice(&((edtl / 512) as u16).to_be_bytes());
+    let mut c = scsi_command(Itt(1), Sn(10), false, true, edtl, &cdb);
+    c.final_bit = true;
+    f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![5u8; 8192]), now);
+    let a = drain(&mut f);
+    let [Action::Execute(req)] = a.as_slice() else { panic!("executed at once") };
+    assert!(req.data_out_later && req.data_out.is_none());
+    assert_eq!(pool.stats().in_use_bytes, 0, "no buffer before the SCSI layer asks");
+    // The first piece: the immediate data copied in, the rest asked for.
+    f.on_scsi_want(Itt(1), 0, MIB);
+    let a = drain(&mut f);
+    let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
+    assert_eq!((g.offset, g.len, g.base, g.more, g.buf.len()), (8192, MIB - 8192, 0, true, MIB as usize));
+    assert!(g.buf.as_slice()[..8192].iter().all(|&b| b == 5));
+    let Some(Action::GetData(g)) = a.into_iter().next() else { unreachable!() };
+    f.on_data_ready(Itt(1), g.buf);
+    let a = drain(&mut f);
+    let [Action::WriteData { itt: Itt(1), offset: 0, buf, .. }] = a.as_slice() else { panic!("expected WriteData") };
+    assert_eq!(buf.len(), MIB as usize);
+    // The last piece (4 KiB), with nothing unsolicited in it.
+    f.on_scsi_want(Itt(1), 2 * MIB, 4096);
+    let a = drain(&mut f);
+    let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
+    assert_eq!((g.offset, g.len, g.base, g.more), (2 * MIB, 4096, 2 * MIB, false));
+    // A want beyond EDTL is refused.
+    f.on_scsi_want(Itt(1), 2 * MIB, 8192);
+    assert!(drain(&mut f).is_empty());
+    // The Get_Data fails: CHECK CONDITION, and the SCSI layer's task is aborted.
+    f.on_data_failed(Itt(1), "test");
+    let a = drain(&mut f);
+    assert!(matches!(a.as_slice(), [Action::Abort { itt: Itt(1), .. }, Action::Send(_)]));
 }
