@@ -8,6 +8,12 @@
 //! of a write that is partly immediate goes straight into the task's write buffer too when
 //! the budget has room for it ([`WriteBuffers`]): received into it from the socket, or
 //! copied there once from the framer's buffer.
+//!
+//! A large read may come in pieces (several Put_Data of one task, the last with the
+//! response) and a large write may be fetched in pieces (several Get_Data, each with
+//! `more` but the last): DataSN and R2TSN go on across a task's pieces, bursts (Data-In
+//! sequences) are cut on the command's buffer offsets, and each piece's buffer goes as soon
+//! as its own bytes are sent or received.
 
 pub mod portal;
 
@@ -741,7 +747,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             let abs = offset as usize + off;
             let n = (len - off).min(seg).min(burst - abs % burst);
             let last = off + n == len;
-            let end_of_burst = (abs + n) % burst == 0 || (last && resp.is_some());
+            let end_of_burst = (abs + n).is_multiple_of(burst) || (last && resp.is_some());
             let status = resp.filter(|_| last && collapse);
             let di = DataIn {
                 final_bit: end_of_burst,
@@ -1035,5 +1041,195 @@ mod tests {
             dm.poll(&mut ev);
         }
         assert!(matches!(ev.as_slice(), [DmEvent::DataFailed { itt: Itt(10), .. }]));
+    }
+
+    /// Polls the datamover until the initiator's end has a whole PDU, and returns it.
+    fn next_pdu(dm: &mut TcpDatamover, c: &mut TcpStream, f: &mut Framer, ev: &mut Vec<DmEvent>) -> Pdu {
+        TcpStream::set_nonblocking(c, true).unwrap();
+        let t0 = Instant::now();
+        let mut buf = [0u8; 65536];
+        loop {
+            if let Some(p) = f.next_pdu().unwrap() {
+                TcpStream::set_nonblocking(c, false).unwrap();
+                return p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no PDU from the target");
+            dm.poll(ev);
+            match c.read(&mut buf) {
+                Ok(0) => panic!("closed early"),
+                Ok(n) => f.feed(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Polls until an event about Get_Data comes (DataReady or DataFailed), and returns it.
+    fn data_event(dm: &mut TcpDatamover, ev: &mut Vec<DmEvent>) -> DmEvent {
+        let t0 = Instant::now();
+        loop {
+            if let Some(i) = ev.iter().position(|e| matches!(e, DmEvent::DataReady { .. } | DmEvent::DataFailed { .. })) {
+                return ev.remove(i);
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no DataReady / DataFailed");
+            dm.poll(ev);
+        }
+    }
+
+    /// `data[range]` as one piece of a streamed read (its own buffer, as the SCSI layer
+    /// gives each piece).
+    fn piece(data: &[u8], from: usize, to: usize, response: Option<Pdu>) -> PutData {
+        let buf = riser_bdev::IoBuf::from(data[from..to].to_vec());
+        PutData { itt: Itt(5), lun: Lun(0), buf, len: (to - from) as u32, offset: from as u32, response, sn: SnState::default() }
+    }
+
+    /// Checks the Data-In of one task against the rules of RFC 7143 §11.7 for a read of
+    /// `total` bytes with MaxRecvDataSegmentLength `seg` and MaxBurstLength `burst`: DataSN
+    /// 0, 1, ...; absolute, contiguous buffer offsets; no PDU across a burst boundary; the F
+    /// bit exactly at each burst's end and at the very end; status only where `status_last`
+    /// says. Returns the data.
+    fn check_data_in(pdus: &[Pdu], total: usize, seg: usize, burst: usize, status_last: bool) -> Vec<u8> {
+        let mut got = Vec::new();
+        for (i, p) in pdus.iter().enumerate() {
+            let Op::DataIn(d) = &p.bhs.op else { panic!("expected Data-In, got {:?}", p.opcode()) };
+            let (start, n) = (d.buffer_offset as usize, p.data.len());
+            let end = start + n;
+            assert_eq!(d.data_sn, Sn(i as u32), "DataSN goes on across the pieces");
+            assert_eq!(start, got.len(), "BufferOffset absolute and contiguous");
+            assert!(n > 0 && n <= seg, "segment of {n} bytes");
+            assert_eq!(start / burst, (end - 1) / burst, "Data-In [{start}, {end}) crosses a burst boundary");
+            assert_eq!(d.final_bit, end % burst == 0 || end == total, "F bit of Data-In [{start}, {end})");
+            let last = i + 1 == pdus.len();
+            assert_eq!(d.status_present, last && status_last, "status only in the task's last Data-In");
+            assert_eq!(d.itt, Itt(5));
+            got.extend_from_slice(&p.data);
+        }
+        assert_eq!(got.len(), total);
+        got
+    }
+
+    /// A read streamed in three pieces (10000 + 10000 + 5000 bytes, MaxRecvDataSegmentLength
+    /// 4096, MaxBurstLength 8192) goes out as one task's Data-In: DataSN and offsets go on
+    /// across the pieces, bursts are cut on the command's offsets, a GOOD status rides in the
+    /// last Data-In of the final piece; with sense the response follows with ExpDataSN = the
+    /// Data-In count; a final piece of 0 bytes sends the response alone. Each piece's buffer
+    /// goes once it is sent.
+    #[test]
+    fn put_data_in_pieces_continues_data_sn_and_cuts_bursts_on_the_command_offset() {
+        let (mut dm, mut c) = pair();
+        dm.notice_key_values(DatamoverParams { initiator_max_recv_data_segment_length: 4096, max_burst_length: 8192, ..Default::default() });
+        let data: Vec<u8> = (0..25_000u32).map(|i| (i % 251) as u8).collect();
+        let mut f = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 8192, max_ahs_length: 1020 });
+        let mut ev = Vec::new();
+
+        // GOOD: phase collapse in the last Data-In of the final piece.
+        dm.put_data(piece(&data, 0, 10_000, None));
+        // The first piece goes out before the next exists, and its buffer goes with it.
+        let first: Vec<Pdu> = (0..3).map(|_| next_pdu(&mut dm, &mut c, &mut f, &mut ev)).collect();
+        while !dm.idle() {
+            dm.poll(&mut ev);
+        }
+        assert!(dm.held.slots.iter().all(Option::is_none), "the piece's buffer went once sent");
+        assert_eq!(dm.streams.get(&Itt(5)), Some(&Sn(3)), "the task's next DataSN is kept");
+        dm.put_data(piece(&data, 10_000, 20_000, None));
+        dm.put_data(piece(&data, 20_000, 25_000, Some(response(0, false))));
+        let mut pdus = first;
+        // 0-4096, 4096-8192 F, 8192-10000 | 10000-14096, 14096-16384 F, 16384-20000 |
+        // 20000-24096, 24096-24576 F, 24576-25000 F+S.
+        pdus.extend((0..6).map(|_| next_pdu(&mut dm, &mut c, &mut f, &mut ev)));
+        assert!(check_data_in(&pdus, 25_000, 4096, 8192, true) == data, "the data, in order");
+        let Op::DataIn(last) = &pdus[8].bhs.op else { unreachable!() };
+        assert!(last.residual_underflow && last.residual_count == 512 && last.stat_sn == Sn(77) && last.status == 0);
+        assert!(dm.streams.is_empty(), "the final piece forgets the task");
+
+        // With sense: the status travels in the response, ExpDataSN = the Data-In count.
+        dm.put_data(piece(&data, 0, 10_000, None));
+        dm.put_data(piece(&data, 10_000, 20_000, None));
+        dm.put_data(piece(&data, 20_000, 25_000, Some(response(2, true))));
+        let pdus: Vec<Pdu> = (0..10).map(|_| next_pdu(&mut dm, &mut c, &mut f, &mut ev)).collect();
+        assert!(check_data_in(&pdus[..9], 25_000, 4096, 8192, false) == data, "the data, in order");
+        let Op::ScsiResponse(r) = &pdus[9].bhs.op else { panic!("expected the SCSI Response") };
+        assert_eq!((r.status, r.exp_data_sn), (2, Sn(9)));
+        assert_eq!(pdus[9].data, vec![0, 2, 0x70, 0], "sense data");
+
+        // A final piece of 0 bytes: the response alone, ExpDataSN = the Data-In sent before.
+        dm.put_data(piece(&data, 0, 10_000, None));
+        dm.put_data(piece(&data, 10_000, 20_000, None));
+        dm.put_data(piece(&data, 20_000, 20_000, Some(response(0, false))));
+        let pdus: Vec<Pdu> = (0..7).map(|_| next_pdu(&mut dm, &mut c, &mut f, &mut ev)).collect();
+        for (i, p) in pdus[..6].iter().enumerate() {
+            let Op::DataIn(d) = &p.bhs.op else { panic!("expected Data-In") };
+            assert_eq!(d.data_sn, Sn(i as u32));
+            assert!(!d.status_present);
+        }
+        let Op::ScsiResponse(r) = &pdus[6].bhs.op else { panic!("expected the SCSI Response") };
+        assert_eq!((r.status, r.exp_data_sn, r.residual_count), (0, Sn(6), 512));
+        assert!(dm.streams.is_empty());
+
+        // Deallocate_Task_Resources drops a streamed read's state: the task's next read (its
+        // ITT reused) starts at DataSN 0 even if it came in pieces again from offset 0.
+        dm.put_data(piece(&data, 0, 10_000, None));
+        assert!(dm.deallocate_task_resources(Itt(5)).is_none(), "TCP holds no buffer of a read");
+        assert!(dm.streams.is_empty());
+        assert_eq!(dm.copies().read_bytes, 0, "read data goes out from the pieces' buffers");
+    }
+
+    /// A write fetched in two Get_Data (more = true, then false), each with its own buffer
+    /// (base = its first byte's command offset): R2TSN goes on across them, R2Ts carry the
+    /// command's offsets, Data-Out lands at buf[BufferOffset - base]; a fresh task starts at
+    /// R2TSN 0; a Data-Out outside the current piece fails the task.
+    #[test]
+    fn get_data_in_pieces_continues_r2t_sn_and_places_data_at_offset_minus_base() {
+        let (mut dm, mut c) = pair();
+        dm.notice_key_values(DatamoverParams { max_burst_length: 4096, max_outstanding_r2t: 1, target_max_recv_data_segment_length: 8192, ..Default::default() });
+        let mut ev = Vec::new();
+        let mut f = Framer::new();
+        let send = |c: &mut TcpStream, itt: u32, ttt: Ttt, off: u32, data: Vec<u8>| {
+            let p = Pdu::with_data(Op::DataOut(data_out(Itt(itt), ttt, Sn(0), off)), data);
+            c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();
+        };
+        // The command's bytes 8192.. (the first 8 KiB came as immediate data): 24 KiB.
+        let cmd: Vec<u8> = (0..32_768u32).map(|i| (i % 239) as u8).collect();
+        let mut r2t_sns = Vec::new();
+        for (k, (offset, len, more)) in [(8192u32, 8192u32, true), (16_384, 16_384, false)].into_iter().enumerate() {
+            let buf = riser_bdev::IoBuf::from(vec![0u8; len as usize]);
+            dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf, offset, len, base: offset, more, sn: SnState::default() });
+            let mut burst = offset;
+            while burst < offset + len {
+                let p = next_pdu(&mut dm, &mut c, &mut f, &mut ev);
+                let Op::R2t(r) = p.bhs.op else { panic!("expected R2T") };
+                assert_eq!((r.buffer_offset, r.desired_data_transfer_length), (burst, 4096), "R2T at the command's offset");
+                r2t_sns.push(r.r2t_sn.get());
+                send(&mut c, 9, r.ttt, burst, cmd[burst as usize..burst as usize + 4096].to_vec());
+                burst += 4096;
+            }
+            let DmEvent::DataReady { itt, buf } = data_event(&mut dm, &mut ev) else { panic!("expected DataReady") };
+            assert_eq!(itt, Itt(9));
+            assert!(buf.as_slice() == &cmd[offset as usize..(offset + len) as usize], "piece {k} at buf[BufferOffset - base]");
+            assert_eq!(dm.r2t_sns.get(&Itt(9)).is_some(), more, "R2TSN kept only while more pieces follow");
+        }
+        assert_eq!(r2t_sns, vec![0, 1, 2, 3, 4, 5], "R2TSN numbers every R2T of the task");
+
+        // The ITT reused by a new write: R2TSN from 0 again.
+        dm.get_data(GetData { itt: Itt(9), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![0u8; 4096]), offset: 4096, len: 4096, base: 4096, more: true, sn: SnState::default() });
+        let Op::R2t(r) = next_pdu(&mut dm, &mut c, &mut f, &mut ev).bhs.op else { panic!("expected R2T") };
+        assert_eq!((r.r2t_sn, r.buffer_offset), (Sn(0), 4096));
+        // Data-Out for the current R2T but at an offset of an earlier piece: the task fails.
+        send(&mut c, 9, r.ttt, 0, vec![1u8; 4096]);
+        let DmEvent::DataFailed { itt, buf, reason } = data_event(&mut dm, &mut ev) else { panic!("expected DataFailed") };
+        assert_eq!((itt, reason), (Itt(9), "bad buffer offset"));
+        assert!(buf.as_slice().iter().all(|&b| b == 0), "nothing of it landed in the buffer");
+        assert!(dm.solicits.is_empty());
+        assert!(dm.deallocate_task_resources(Itt(9)).is_none());
+        assert!(dm.r2t_sns.is_empty(), "Deallocate_Task_Resources forgets the task's R2TSN");
+
+        // A piece outside its buffer fails at once, without an R2T.
+        for (offset, len, base) in [(4096u32, 4096u32, 8192u32), (8192, 8192, 4096)] {
+            let buf = riser_bdev::IoBuf::from(vec![0u8; 8192]);
+            dm.get_data(GetData { itt: Itt(11), lun: Lun(0), buf, offset, len, base, more: false, sn: SnState::default() });
+            let DmEvent::DataFailed { itt, reason, .. } = data_event(&mut dm, &mut ev) else { panic!("expected DataFailed") };
+            assert_eq!((itt, reason), (Itt(11), "solicited data outside the task's buffer"));
+        }
+        assert!(dm.idle(), "no R2T for a piece that does not fit its buffer");
     }
 }
