@@ -370,6 +370,17 @@ impl<S: ByteStream> TcpDatamover<S> {
         Some(s.buf)
     }
 
+    /// Forgets the DataSN and R2TSN kept between the pieces of task `itt` (nothing to do, and
+    /// no hashing, when no task is in pieces).
+    fn forget_pieces(&mut self, itt: Itt) {
+        if !self.streams.is_empty() {
+            self.streams.remove(&itt);
+        }
+        if !self.r2t_sns.is_empty() {
+            self.r2t_sns.remove(&itt);
+        }
+    }
+
     /// Issues R2Ts for `itt` while MaxOutstandingR2T allows.
     fn issue_r2ts(&mut self, itt: Itt) {
         let max_out = self.params.max_outstanding_r2t.max(1) as usize;
@@ -714,6 +725,11 @@ fn place_solicited(solicits: &mut TagMap<Itt, Solicit>, bhs: &Bhs, data: &[u8]) 
 
 impl<S: ByteStream> Datamover for TcpDatamover<S> {
     fn send_control(&mut self, pdu: Pdu) {
+        if let Op::ScsiResponse(r) = pdu.op() {
+            // The task is over (a write that failed between two Get_Data, say): what its
+            // pieces kept must not carry over to a later task with its ITT.
+            self.forget_pieces(r.itt);
+        }
         self.push_pdu(&pdu);
     }
 
@@ -823,8 +839,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
-        self.streams.remove(&itt);
-        self.r2t_sns.remove(&itt);
+        self.forget_pieces(itt);
         let mut buf = self.end_solicit(itt);
         if self.settled.iter().any(|(i, ..)| *i == itt) {
             let mut kept = VecDeque::with_capacity(self.settled.len());
@@ -1222,6 +1237,23 @@ mod tests {
         assert!(dm.solicits.is_empty());
         assert!(dm.deallocate_task_resources(Itt(9)).is_none());
         assert!(dm.r2t_sns.is_empty(), "Deallocate_Task_Resources forgets the task's R2TSN");
+
+        // A write that ends (its response goes out) between two Get_Data: its R2TSN is
+        // forgotten, the next task with its ITT starts at 0.
+        let buf = riser_bdev::IoBuf::from(vec![0u8; 4096]);
+        dm.get_data(GetData { itt: Itt(12), lun: Lun(0), buf, offset: 0, len: 4096, base: 0, more: true, sn: SnState::default() });
+        let Op::R2t(r) = next_pdu(&mut dm, &mut c, &mut f, &mut ev).bhs.op else { panic!("expected R2T") };
+        send(&mut c, 12, r.ttt, 0, vec![2u8; 4096]);
+        assert!(matches!(data_event(&mut dm, &mut ev), DmEvent::DataReady { itt: Itt(12), .. }));
+        assert!(dm.r2t_sns.contains_key(&Itt(12)));
+        dm.send_control(Pdu::new(Op::ScsiResponse(scsi_response(Itt(12), 2, SnState::default()))));
+        assert!(dm.r2t_sns.is_empty(), "the response ends the task's pieces");
+        assert!(matches!(next_pdu(&mut dm, &mut c, &mut f, &mut ev).bhs.op, Op::ScsiResponse(_)));
+        let buf = riser_bdev::IoBuf::from(vec![0u8; 4096]);
+        dm.get_data(GetData { itt: Itt(12), lun: Lun(0), buf, offset: 0, len: 4096, base: 0, more: false, sn: SnState::default() });
+        let Op::R2t(r) = next_pdu(&mut dm, &mut c, &mut f, &mut ev).bhs.op else { panic!("expected R2T") };
+        assert_eq!(r.r2t_sn, Sn(0), "a new task's R2TSN starts at 0");
+        assert!(dm.deallocate_task_resources(Itt(12)).is_some(), "the Get_Data's buffer comes back");
 
         // A piece outside its buffer fails at once, without an R2T.
         for (offset, len, base) in [(4096u32, 4096u32, 8192u32), (8192, 8192, 4096)] {
