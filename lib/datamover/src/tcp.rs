@@ -740,7 +740,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         let burst = self.params.max_burst_length.max(512) as usize;
         // A piece after the first continues its task's DataSN; a read sent whole (or a
         // first piece) starts at 0 without touching the map.
-        let mut data_sn = if offset == 0 { Sn(0) } else { self.streams.get(&itt).copied().unwrap_or(Sn(0)) };
+        let mut data_sn = if offset == 0 || self.streams.is_empty() { Sn(0) } else { self.streams.get(&itt).copied().unwrap_or(Sn(0)) };
         let resp = match &response {
             Some(r) => match &r.bhs.op {
                 Op::ScsiResponse(resp) => Some(resp),
@@ -793,7 +793,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             self.streams.insert(itt, data_sn);
             return;
         };
-        if offset != 0 {
+        if !self.streams.is_empty() {
             self.streams.remove(&itt);
         }
         if !collapse || len == 0 {
