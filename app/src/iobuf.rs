@@ -74,6 +74,7 @@ pub fn register(reg: &mut RpcRegistry) {
             "max_bytes": s.max_bytes,
             "mapped_bytes": s.mapped_bytes,
             "in_use_bytes": s.in_use_bytes,
+            "peak_in_use_bytes": s.peak_in_use_bytes,
             "cached_bytes": s.cached_bytes,
             "waiting": s.waiting,
             "waits": s.waits,

@@ -236,9 +236,14 @@ impl Perf {
 /// `riser-perf ARGS.. URL`, one client thread, unpinned, small queue depth (the machine is
 /// shared with the other tests).
 fn perf(url: &str, args: &[&str]) -> Perf {
+    perf_at(url, "8", args)
+}
+
+/// riser-perf at queue depth `qd`.
+fn perf_at(url: &str, qd: &str, args: &[&str]) -> Perf {
     let out = run_with_timeout(
         Command::new(bin("riser-perf"))
-            .args(["--no-pin", "-m", "0x1", "--qd", "8", "--login-timeout", "10"])
+            .args(["--no-pin", "-m", "0x1", "--qd", qd, "--login-timeout", "10"])
             .args(args)
             .arg(url)
             .env("RUST_LOG", "warn"),
@@ -372,6 +377,28 @@ fn large_writes_over_tcp_are_received_straight_into_the_task_buffers() {
     let solicited = copies["solicited_bytes"].as_u64().unwrap_or(u64::MAX);
     assert!(solicited < (7 << 20) / 8, "solicited data should go straight into the task buffers: {copies}\n{}", ctx());
     assert_eq!(copies["read_bytes"], serde_json::json!(0), "{copies}");
+}
+
+/// 32 MiB and 16 MiB READs and WRITEs over TCP stream through the budget in 1 MiB pieces:
+/// verified, and the most buffer memory ever in use stays below one 32 MiB command's worth
+/// (whole-command buffers take 32 MiB for one 32 MiB I/O, and two 16 MiB ones as much).
+#[test]
+fn large_reads_and_writes_stream_through_the_budget_in_pieces() {
+    let riser = Riser::start();
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("perfstream", port, &[64]);
+    let url = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
+    let ctx = || format!("riser log:\n{}", riser.log());
+    for (bs, qd) in [("33554432", "2"), ("16777216", "4")] {
+        let p = perf_at(&url, qd, &["--verify", "--generation", "41", "--bs", bs]);
+        assert!(p.ok, "a verify pass with {bs}-byte I/Os at QD {qd} failed: {p:?}\n{}", ctx());
+        assert!(p.stdout.contains(&format!("verify: {} blocks checked, 0 mismatched", 64 * 2048)), "{p:?}");
+        let stats = riser.rpc_json(&["iobuf_get_stats"]);
+        let peak = stats["peak_in_use_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(peak < 32 << 20, "{bs}-byte I/Os should stream in pieces, not take whole-command buffers: {stats}\n{}", ctx());
+    }
+    let copies = riser.rpc_json(&["iscsi_get_stats"])["payload_copies"].clone();
+    assert_eq!(copies["read_bytes"], serde_json::json!(0), "read pieces go out from their buffers: {copies}");
 }
 
 #[test]

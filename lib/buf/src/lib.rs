@@ -122,6 +122,8 @@ pub struct Pool {
     /// Bytes mapped: buffers in use and buffers kept free.
     mapped: AtomicUsize,
     in_use: AtomicUsize,
+    /// The most `in_use` has been since start.
+    peak_in_use: AtomicUsize,
     cached: AtomicUsize,
     free: Vec<ArrayQueue<Mapping>>,
     waiters: Mutex<VecDeque<u64>>,
@@ -192,6 +194,8 @@ pub struct Stats {
     /// Bytes in buffers in use, or kept by a reactor thread for its next small I/O (at most
     /// 1.5 MiB a thread).
     pub in_use_bytes: usize,
+    /// The most bytes ever in use at once, since start: what the I/O actually needed.
+    pub peak_in_use_bytes: usize,
     /// Bytes kept for reuse by any thread.
     pub cached_bytes: usize,
     /// Requests waiting for budget now.
@@ -250,6 +254,7 @@ impl Pool {
             max: AtomicUsize::new(max_bytes),
             mapped: AtomicUsize::new(0),
             in_use: AtomicUsize::new(0),
+            peak_in_use: AtomicUsize::new(0),
             cached: AtomicUsize::new(0),
             free: (0..CLASSES).map(|c| ArrayQueue::new(class_capacity(c))).collect(),
             waiters: Mutex::new(VecDeque::new()),
@@ -287,11 +292,18 @@ impl Pool {
         Ok(())
     }
 
+    /// `size` more bytes in use (and the peak).
+    fn note_in_use(&self, size: usize) {
+        let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak_in_use.fetch_max(now, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> Stats {
         Stats {
             max_bytes: self.max_bytes(),
             mapped_bytes: self.mapped.load(Ordering::Relaxed),
             in_use_bytes: self.in_use.load(Ordering::Relaxed),
+            peak_in_use_bytes: self.peak_in_use.load(Ordering::Relaxed),
             cached_bytes: self.cached.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
@@ -417,7 +429,7 @@ impl Pool {
             }
             if let Some(m) = self.free[c].pop() {
                 self.cached.fetch_sub(size, Ordering::Relaxed);
-                self.in_use.fetch_add(size, Ordering::Relaxed);
+                self.note_in_use(size);
                 self.reuses.fetch_add(1, Ordering::Relaxed);
                 return Some(Some(m));
             }
@@ -434,7 +446,7 @@ impl Pool {
                 }
                 return match MmapMut::map_anon(size) {
                     Ok(map) => {
-                        self.in_use.fetch_add(size, Ordering::Relaxed);
+                        self.note_in_use(size);
                         self.maps.fetch_add(1, Ordering::Relaxed);
                         Some(Some(Mapping::new(map)))
                     }
@@ -817,10 +829,13 @@ mod tests {
         assert_eq!(b.as_ptr(), addr, "the kept buffer of the class is reused");
         let s = p.stats();
         assert_eq!((s.maps, s.reuses, s.in_use_bytes, s.cached_bytes), (1, 1, 8192, 0));
-        drop(b);
+        let c = p.alloc(3 * PAGE);
+        assert_eq!(p.stats().peak_in_use_bytes, 8192 + 16384, "the most in use at once");
+        drop((b, c));
+        assert_eq!(p.stats().peak_in_use_bytes, 8192 + 16384, "the peak stays");
         p.trim();
         let s = p.stats();
-        assert_eq!((s.mapped_bytes, s.unmaps), (0, 1));
+        assert_eq!((s.mapped_bytes, s.unmaps), (0, 2));
     }
 
     #[test]
