@@ -150,6 +150,10 @@ struct Task {
     next_data_sn: Sn,
     /// Read data already handed to the datamover in pieces (a streamed read).
     data_in_sent: u32,
+    /// A streamed read's latest piece (offset, buffer, length), held until the next one or
+    /// the end comes, so that the last Data-In always goes out with the status (or with the
+    /// F bit before a separate response, even when the read fails after its pieces).
+    held_piece: Option<(u32, IoBuf, u32)>,
     /// A streamed write: the SCSI layer asks for its data piece by piece.
     stream: bool,
     /// The piece of a streamed write asked for and not yet handed over: (offset, len).
@@ -653,6 +657,7 @@ impl Ffp {
             unsolicited_expected: 0,
             next_data_sn: Sn(0),
             data_in_sent: 0,
+            held_piece: None,
             stream: false,
             want: None,
             cmd,
@@ -910,8 +915,9 @@ impl Ffp {
     }
 
     /// A piece of a streamed read's data (`len` bytes of `buf`, from the command's buffer
-    /// offset `offset`): Put_Data at once, without status; the task goes on. Pieces come in
-    /// order; the last one comes with the task's [`ScsiDone`].
+    /// offset `offset`): the piece before it goes out (Put_Data without status) and this one
+    /// waits for the next or the end; the task goes on. Pieces come in order; the last one
+    /// comes with the task's [`ScsiDone`].
     pub fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
         let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else {
@@ -924,7 +930,9 @@ impl Ffp {
         }
         let len = len.min(edtl - offset);
         t.data_in_sent = offset + len;
-        self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
+        if let Some((offset, buf, len)) = t.held_piece.replace((offset, buf, len)) {
+            self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
+        }
     }
 
     /// A SCSI completion.
@@ -958,6 +966,17 @@ impl Ffp {
         }
         let response = scsi_response(done.itt, done.status, &done.sense, residual, s);
         let edtl = t.cmd.expected_data_transfer_length;
+        let mut t = t;
+        let last_ok = done.data_in.is_some() && done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl;
+        if let Some((offset, buf, len)) = t.held_piece.take() {
+            if !last_ok {
+                // The read ended without a last piece (it failed on the way): the held one
+                // is the last Data-In, the response follows it.
+                self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }));
+                return;
+            }
+            self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: None, sn: s }));
+        }
         match done.data_in {
             // The data (whole, or a streamed read's last piece, right after the others).
             Some(buf) if done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl => {

@@ -676,24 +676,23 @@ fn query_task_and_query_task_set_answer_as_rfc_7144_says() {
     assert_eq!(query(&mut f, 8, tmf::QUERY_TASK_SET, 0, 0xffff_ffff), tmf::response::FUNCTION_COMPLETE);
 }
 
-/// A streamed read: each piece goes out as it comes, without status; the last one with the
-/// response; a piece out of order or for a task that is gone is dropped.
+/// A streamed read: each piece goes out when the next one comes (the latest is held so the
+/// last Data-In always closes the stream), the last one with the response; a piece out of
+/// order or for a task that is gone is dropped.
 #[test]
 fn a_streamed_read_goes_out_piece_by_piece() {
     let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 2500))), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
     f.on_scsi_data(Itt(1), 0, IoBuf::from(vec![1u8; 1024]), 1024);
+    assert!(drain(&mut f).is_empty(), "the latest piece waits for the next");
     f.on_scsi_data(Itt(1), 2048, IoBuf::from(vec![9u8; 1024]), 1024); // out of order: dropped
     f.on_scsi_data(Itt(1), 1024, IoBuf::from(vec![2u8; 1024]), 1024);
     f.on_scsi_data(Itt(7), 0, IoBuf::from(vec![3u8; 1024]), 1024); // no such task
     let a = drain(&mut f);
-    assert_eq!(a.len(), 2);
-    for (i, act) in a.iter().enumerate() {
-        let Action::PutData(p) = act else { panic!("expected PutData") };
-        assert_eq!((p.offset, p.len, p.response.is_none()), (1024 * i as u32, 1024, true));
-        assert_eq!(p.sn.stat_sn, Sn(100), "no StatSN taken by a piece");
-    }
+    let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
+    assert_eq!((p.offset, p.len, p.response.is_none()), (0, 1024, true));
+    assert_eq!(p.sn.stat_sn, Sn(100), "no StatSN taken by a piece");
     // The last piece: 1024 bytes presented, 452 of them within EDTL.
     f.on_scsi_done(ScsiDone {
         itt: Itt(1),
@@ -706,19 +705,20 @@ fn a_streamed_read_goes_out_piece_by_piece() {
         data_out: None,
     });
     let a = drain(&mut f);
-    let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
+    let [Action::PutData(held), Action::PutData(p)] = a.as_slice() else { panic!("expected two PutData") };
+    assert_eq!((held.offset, held.len, held.response.is_none()), (1024, 1024, true));
     assert_eq!((p.offset, p.len), (2048, 452));
     let Op::ScsiResponse(r) = &p.response.as_ref().expect("the response with the last piece").bhs.op else { panic!() };
     assert_eq!((r.stat_sn, r.residual_overflow, r.residual_count), (Sn(100), true, 572));
 
-    // Pieces out, then the read fails: the response closes the stream in the datamover.
+    // A piece out, then the read fails: the held piece goes with the response.
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, true, false, 4096))), now);
     drain(&mut f);
     f.on_scsi_data(Itt(2), 0, IoBuf::from(vec![1u8; 1024]), 1024);
     f.on_scsi_done(ScsiDone { itt: Itt(2), status: STATUS_CHECK_CONDITION, sense: vec![0x70; 18], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
     let a = drain(&mut f);
-    let [Action::PutData(_), Action::PutData(p)] = a.as_slice() else { panic!("expected two PutData") };
-    assert_eq!((p.offset, p.len), (1024, 0));
+    let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
+    assert_eq!((p.offset, p.len), (0, 1024));
     assert!(matches!(&p.response.as_ref().expect("a response").bhs.op, Op::ScsiResponse(r) if r.status == STATUS_CHECK_CONDITION));
 }
 
