@@ -72,14 +72,19 @@ verify_ok riser "$riser_url" 4096 --lba-range 0:16384
 verify_ok riser "$riser_url" 262144
 # 1 MiB per command: one RDMA Write / Read per command.
 verify_ok riser "$riser_url" 1048576
-# Zero-copy iSER: 16 MiB commands, RDMA Writes / Reads straight from / into riser's buffer
-# (1 MiB per work request); QD 2 keeps two 16 MiB commands in flight within riser's
-# default I/O buffer budget (48 MiB).
+# Zero-copy iSER: 16 MiB commands, RDMA Writes / Reads straight from / into riser's buffers
+# (1 MiB per work request). Commands over 1 MiB stream in 1 MiB pieces: a read's pieces are
+# RDMA-written as the device fills them, a write's are RDMA-read as the SCSI layer asks.
 VERIFY_QD=2 verify_ok riser "$riser_url" 16777216
-# 32 MiB, riser's largest transfer: one command's buffer takes two thirds of the budget, so
-# the second waits for the first (back-pressure, never a failure). libiscsi's iscsi-perf
-# cannot send a 32 MiB READ(16) over iser:// (it crashes: double free), riser-perf can.
+# 32 MiB, riser's largest transfer. libiscsi's iscsi-perf cannot send a 32 MiB READ(16) over
+# iser:// (it crashes: double free), riser-perf can.
 VERIFY_QD=2 verify_ok riser "$riser_url" 33554432
+# Streamed in pieces: the most buffer memory ever in use stays below one 32 MiB command's.
+rpc iobuf_get_stats >"$logs/iobuf-stats.json"
+peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_in_use_bytes"])' "$logs/iobuf-stats.json") \
+  || fail "cannot read iobuf_get_stats: $(head -c 300 "$logs/iobuf-stats.json")"
+[ "$peak" -lt 33554432 ] || fail "16/32 MiB I/Os over iSER took whole-command buffers: peak_in_use_bytes $peak"
+echo "$name: 16 and 32 MiB I/Os over iSER streamed: peak buffer memory in use $((peak >> 20)) MiB"
 # Payload bytes copied by riser's CPU (iscsi_get_stats "payload_copies"): none for read data
 # (Put_Data) nor solicited write data (Get_Data) over iSER; immediate data may be copied.
 assert_zero_copy "iSER"

@@ -22,11 +22,12 @@ fn rxe_vm_perf_iser_verify_riser_and_lio() {
     let out = run.expect_ok("PERF ISER OK");
     let lines: Vec<&str> = out.lines().collect();
     let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
-    for (target, kib) in [("riser", 4), ("riser", 256), ("riser", 1024), ("LIO", 4), ("LIO", 256)] {
+    for (target, kib) in [("riser", 4), ("riser", 256), ("riser", 1024), ("riser", 16384), ("riser", 32768), ("LIO", 4), ("LIO", 256)] {
         let p = format!("perf-iser: {target} verify {kib}k: PASSED, ");
         assert!(has(&p), "no `{p}...` line:\n{out}");
     }
     assert!(has("perf-iser: LIO-fileio verify 4k: PASSED, "), "{out}");
+    assert!(has("perf-iser: 16 and 32 MiB I/Os over iSER streamed: "), "{out}");
     assert!(
         has("perf-iser: injected mismatch reported: MISMATCH LBA 5000: "),
         "the injected mismatch was not reported with its LBA:\n{out}"
