@@ -130,7 +130,9 @@ impl Default for DatamoverParams {
 pub struct WriteBuffers {
     pub pool: &'static Pool,
     pub account: Account,
-    /// The largest write taken (larger ones are refused by the iSCSI layer).
+    /// The largest write whose immediate data goes straight into a buffer of its EDTL:
+    /// larger ones are streamed in pieces (their immediate data waits in its segment until
+    /// its piece is asked for) or refused by the iSCSI layer.
     pub largest_write: u32,
 }
 
