@@ -118,10 +118,10 @@ impl StreamRead {
 }
 
 /// A plain WRITE whose data is asked for piece by piece (`ScsiTask::data_out_later`): the
-/// next piece is asked for as soon as the last one is in, and each is written as it comes
-/// (one write at a time, each admitted by the range lock for its own blocks), so a WRITE of
-/// any size holds at most three pieces of memory: one being written, one waiting for its
-/// turn, one being fetched.
+/// next piece is asked for when the last one starts being written, and each is written as
+/// it comes (one write at a time, each admitted by the range lock for its own blocks), so a
+/// WRITE of any size holds at most two pieces of memory: one being written, one being
+/// fetched (or waiting for its turn).
 struct StreamWrite {
     lba: Lba,
     blocks: u64,
@@ -445,17 +445,25 @@ impl LunChannel {
             log::debug!("data for task {tag:#x}, which waits for none: dropped");
             return;
         };
-        let Some(Op { job: Job::WriteStream(j), err, .. }) = self.ops[slot].as_mut() else { return };
+        let Some(o) = self.ops[slot].as_mut() else { return };
+        let Job::WriteStream(j) = &mut o.job else { return };
         let piece = j.asked.wrapping_sub(1);
         let want_off = piece * j.chunk_blocks * bs;
-        if err.is_some() || j.asked == 0 || j.pending.is_some() || j.written > piece || offset as u64 != want_off {
-            log::warn!("task {tag:#x}: data at offset {offset} not asked for: dropped");
+        if o.err.is_some() {
+            return;
+        }
+        if j.asked == 0 || j.pending.is_some() || j.written > piece || offset as u64 != want_off {
+            // Not what was asked for: the command cannot complete as sent; fail it rather
+            // than wait forever for the piece it needs.
+            log::error!("task {tag:#x}: write data at offset {offset} not asked for (piece {piece} at {want_off} is): the command fails");
+            o.err = Some(CmdError::internal());
+            if o.inflight == 0 {
+                self.pumping.retain(|s| *s != slot);
+                self.finish(slot);
+            }
             return;
         }
         j.pending = Some((piece, buf));
-        if j.asked < j.pieces() {
-            self.ask_piece(slot);
-        }
         self.stream_write_next(slot);
     }
 
@@ -495,7 +503,13 @@ impl LunChannel {
         let Some((piece, buf)) = j.pending.take() else { return };
         j.adm = adm;
         j.writing = true;
+        // While this piece is written the next one is fetched: one piece writing, one
+        // coming in (then pending until this one is done).
+        let more = j.asked < j.pieces();
         self.submit_tagged(slot, slot as u64 | ((piece + 1) << 32), IoKind::Write, lba, n, Some(buf));
+        if more {
+            self.ask_piece(slot);
+        }
     }
 
     /// A streamed write's piece is written: release its admission, then the next piece, or

@@ -26,7 +26,7 @@ const TIMER_EVERY: Duration = Duration::from_millis(100);
 /// memory, not its whole transfer (the SCSI layer reads at most 4 pieces ahead). Plain
 /// WRITEs with more solicited data than this are fetched and written in pieces of this size:
 /// a piece's buffer is taken when its data is asked for (R2T, RDMA Read), and freed once
-/// written (at most 3 pieces a command).
+/// written (at most 2 pieces a command).
 const STREAM_CHUNK: usize = 1 << 20;
 
 /// A connection in full-feature phase.

@@ -142,12 +142,19 @@ fn feed(e: &mut Env, tag: u64, data: &[u8]) -> (ScsiResult, Vec<(u32, u32)>) {
             assert_eq!(r.tag, tag);
             return (r, seen);
         }
-        e.dc.take_wants(&mut wants);
-        for w in wants.drain(..) {
-            assert_eq!((w.tag, w.lun), (tag, e.lun.id()));
-            seen.push((w.offset, w.len));
-            let (o, n) = (w.offset as usize, w.len as usize);
-            e.dc.write_data(LunId::new(w.lun), tag, w.offset, IoBuf::from(data[o..o + n].to_vec()));
+        // Each piece served at once, before the writes in flight complete (as a fast
+        // initiator and a slow device do): the next want may come while one is written.
+        loop {
+            e.dc.take_wants(&mut wants);
+            if wants.is_empty() {
+                break;
+            }
+            for w in wants.drain(..) {
+                assert_eq!((w.tag, w.lun), (tag, e.lun.id()));
+                seen.push((w.offset, w.len));
+                let (o, n) = (w.offset as usize, w.len as usize);
+                e.dc.write_data(LunId::new(w.lun), tag, w.offset, IoBuf::from(data[o..o + n].to_vec()));
+            }
         }
     }
     panic!("task {tag} never completed");
@@ -199,14 +206,24 @@ fn a_streamed_write_waiting_for_data_keeps_no_reactor_busy_and_aborts_cleanly() 
     e.dc.take_wants(&mut wants);
     assert_eq!(wants.len(), 1);
     assert!(!e.ch().busy(), "waiting for the initiator's data is not work");
-    // Data nobody asked for is dropped; the want stands.
-    e.dc.write_data(LunId::new(e.lun.id()), tag, CHUNK as u32, IoBuf::from(vec![0u8; CHUNK]));
-    e.dc.take_wants(&mut wants);
-    assert_eq!(wants.len(), 1);
     assert!(e.ch().abort_task(&a, tag));
     e.dc.poll(&mut out);
     assert!(matches!(out.as_slice(), [r] if r.tag == tag && r.aborted));
     // Data after the abort is dropped; the LUN serves on.
     e.dc.write_data(LunId::new(e.lun.id()), tag, 0, IoBuf::from(vec![0u8; CHUNK]));
     assert_eq!(e.read16(&a, 0, 8).len(), 8 * BS);
+
+    // Data nobody asked for (a later piece) fails the command instead of leaving it waiting
+    // for the piece it needs.
+    let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out_later = true;
+    let tag = t.tag;
+    e.dc.submit(t);
+    e.dc.poll(&mut out);
+    e.dc.take_wants(&mut wants);
+    e.dc.write_data(LunId::new(e.lun.id()), tag, CHUNK as u32, IoBuf::from(vec![0u8; CHUNK]));
+    out.clear();
+    e.dc.poll(&mut out);
+    assert!(matches!(out.as_slice(), [r] if r.tag == tag && r.status == Status::CheckCondition), "{out:?}");
 }
