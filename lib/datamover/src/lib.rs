@@ -13,3 +13,30 @@ pub mod tcp;
 pub use iser::portal::IserPortal;
 pub use tcp::portal::TcpPortal;
 pub use tcp::TcpDatamover;
+
+use std::collections::VecDeque;
+
+use riser_bdev::IoBuf;
+use riser_iscsi::serial::Itt;
+
+/// Get_Data outcomes waiting for the next poll: (task, its buffer, the failure if any).
+pub(crate) type Settled = VecDeque<(Itt, IoBuf, Option<&'static str>)>;
+
+/// Takes task `itt`'s outcomes out of `settled` (Deallocate_Task_Resources); returns its
+/// buffer, if one was there.
+pub(crate) fn take_settled(settled: &mut Settled, itt: Itt) -> Option<IoBuf> {
+    if !settled.iter().any(|(i, ..)| *i == itt) {
+        return None;
+    }
+    let mut buf = None;
+    let mut kept = VecDeque::with_capacity(settled.len());
+    for (i, b, reason) in settled.drain(..) {
+        if i == itt {
+            buf.get_or_insert(b);
+        } else {
+            kept.push_back((i, b, reason));
+        }
+    }
+    *settled = kept;
+    buf
+}

@@ -226,7 +226,7 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     /// the next one.
     r2t_sns: TagMap<Itt, Sn>,
     /// Get_Data settled without any R2T, reported by the next poll: ready (None) or failed.
-    settled: VecDeque<(Itt, IoBuf, Option<&'static str>)>,
+    settled: crate::Settled,
     /// The socket in its reactor's wake set (registered at the first poll, on the reactor).
     wake: Wake,
 }
@@ -840,19 +840,9 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
 
     fn deallocate_task_resources(&mut self, itt: Itt) -> Option<IoBuf> {
         self.forget_pieces(itt);
-        let mut buf = self.end_solicit(itt);
-        if self.settled.iter().any(|(i, ..)| *i == itt) {
-            let mut kept = VecDeque::with_capacity(self.settled.len());
-            for (i, b, reason) in self.settled.drain(..) {
-                if i == itt {
-                    buf.get_or_insert(b);
-                } else {
-                    kept.push_back((i, b, reason));
-                }
-            }
-            self.settled = kept;
-        }
-        buf
+        let buf = self.end_solicit(itt);
+        let settled = crate::take_settled(&mut self.settled, itt);
+        buf.or(settled)
     }
 
     fn connection_terminate(&mut self) {

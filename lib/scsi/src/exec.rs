@@ -371,6 +371,18 @@ fn bdev_error(kind: IoKind, e: &BdevError) -> CmdError {
     }
 }
 
+impl Op {
+    /// Counts a bdev completion: one I/O fewer in flight, its error kept if it is the first.
+    fn count_completion(&mut self, c: &IoCompletion) {
+        self.inflight = self.inflight.saturating_sub(1);
+        if let Err(e) = &c.result {
+            if self.err.is_none() {
+                self.err = Some(bdev_error(c.kind, e));
+            }
+        }
+    }
+}
+
 /// Index of the first differing byte.
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter().zip(b.iter()).position(|(x, y)| x != y)
@@ -516,12 +528,7 @@ impl LunChannel {
     /// the end.
     pub(super) fn stream_write_done(&mut self, slot: usize, c: IoCompletion) {
         let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else { return };
-        o.inflight = o.inflight.saturating_sub(1);
-        if let Err(e) = &c.result {
-            if o.err.is_none() {
-                o.err = Some(bdev_error(c.kind, e));
-            }
-        }
+        o.count_completion(&c);
         let Job::WriteStream(j) = &mut o.job else { return };
         j.writing = false;
         j.written += 1;

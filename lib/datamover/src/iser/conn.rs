@@ -431,7 +431,7 @@ pub struct IserDatamover<Q: IserQp> {
     fetches: TagMap<Itt, Fetch>,
     /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
     /// (None) or failed (the reason).
-    settled: VecDeque<(Itt, IoBuf, Option<&'static str>)>,
+    settled: crate::Settled,
     read_queue: VecDeque<ReadJob>,
     /// In-flight reads by their index in the work request id.
     reads: TagMap<u32, ReadJob>,
@@ -1170,15 +1170,9 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         // In-flight reads finish into the void (their generation is no live task's), but
         // into this buffer: it is kept until they have completed.
         let mut buf = self.fetches.remove(&itt).and_then(|f| self.hold(f.fence, f.buf));
-        let mut kept = VecDeque::with_capacity(self.settled.len());
-        for (i, b, reason) in self.settled.drain(..) {
-            if i == itt {
-                buf.get_or_insert(b);
-            } else {
-                kept.push_back((i, b, reason));
-            }
+        if let Some(b) = crate::take_settled(&mut self.settled, itt) {
+            buf.get_or_insert(b);
         }
-        self.settled = kept;
         // Nothing queued for the task may reach the initiator after the TMF Response: not
         // its data, not its SCSI Response.
         let mut kept = VecDeque::with_capacity(self.pending.len());

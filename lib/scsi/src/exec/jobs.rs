@@ -315,15 +315,8 @@ impl LunChannel {
     /// A streamed read's piece is in: hand up every piece now in order, the last one with
     /// the task's result; then read further.
     fn stream_piece(&mut self, slot: usize, piece: u64, c: IoCompletion) {
-        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
-            return;
-        };
-        o.inflight = o.inflight.saturating_sub(1);
-        if let Err(e) = &c.result {
-            if o.err.is_none() {
-                o.err = Some(bdev_error(c.kind, e));
-            }
-        }
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else { return };
+        o.count_completion(&c);
         if o.aborted || o.err.is_some() {
             if o.inflight == 0 {
                 self.pumping.retain(|s| *s != slot);
@@ -373,15 +366,8 @@ impl LunChannel {
             Some(Some(Op { job: Job::WriteStream(_), .. })) => return self.stream_write_done(slot, c),
             _ => {}
         }
-        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else {
-            return;
-        };
-        o.inflight = o.inflight.saturating_sub(1);
-        if let Err(e) = &c.result {
-            if o.err.is_none() {
-                o.err = Some(bdev_error(c.kind, e));
-            }
-        }
+        let Some(o) = self.ops.get_mut(slot).and_then(|o| o.as_mut()) else { return };
+        o.count_completion(&c);
         if o.inflight > 0 {
             return;
         }
