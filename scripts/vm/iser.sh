@@ -172,7 +172,13 @@ echo "raised rxe: max_hw_sectors_kb $(cat $q/max_hw_sectors_kb), max_segments $(
 big_io 8192 4 "raised rxe"
 # Payload bytes riser's CPU copied since this riser started (the 8 MiB commands only): RDMA
 # Write / RDMA Read straight from / into its I/O buffers, none for reads and solicited data.
-echo "raised rxe: iscsi_get_stats $("$bin/riser-rpc" -s "$sock" iscsi_get_stats | tr -d ' \n')"
+stats=$("$bin/riser-rpc" -s "$sock" iscsi_get_stats | tr -d ' \n')
+echo "raised rxe: iscsi_get_stats $stats"
+# 8 MiB writes stream in 1 MiB pieces; the immediate data goes straight into the first
+# piece's buffer: copied once (unsolicited), never a second time (staged).
+copies=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1])["payload_copies"]; print(c["read_bytes"], c["solicited_bytes"], c["staged_bytes"])' "$stats") \
+  || fail "cannot read payload_copies: $stats"
+[ "$copies" = "0 0 0" ] || fail "8 MiB commands over iSER: read, solicited and staged bytes copied should be 0 0 0, are $copies"
 logout
 stop_riser
 echo "ISER OK"

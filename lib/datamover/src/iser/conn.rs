@@ -2045,7 +2045,7 @@ mod tests {
         let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
         let account = riser_buf::Account::new();
         let mut d = dm(IserConfig::default());
-        d.set_write_buffers(WriteBuffers { pool, account: account.clone(), largest_write: 32 << 20 });
+        d.set_write_buffers(WriteBuffers { pool, account: account.clone(), largest_write: 32 << 20, stream_above: 0 });
         let imm: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
         deliver(&mut d, &command(7, false, true, 64 * 1024, imm.clone()));
         let mut ev = Vec::new();

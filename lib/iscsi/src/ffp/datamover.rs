@@ -68,8 +68,9 @@ pub enum DmEvent {
     /// Control_Notify: a control-type PDU arrived (everything but solicited Data-Out).
     Control(Pdu),
     /// Control_Notify of a SCSI Command (a write) whose immediate data the datamover copied
-    /// straight into `buf`, the task's write buffer of EDTL bytes taken with
-    /// [`WriteBuffers::take_now`]: the data is `buf[..DataSegmentLength]`, `pdu.data` is empty.
+    /// straight into `buf`, the task's write buffer of EDTL bytes (or its first piece's)
+    /// taken with [`WriteBuffers::take_now`]: the data is `buf[..DataSegmentLength]`,
+    /// `pdu.data` is empty.
     Command { pdu: Pdu, buf: IoBuf },
     /// Data_Completion_Notify: the data asked for with Get_Data is in `buf`.
     DataReady { itt: Itt, buf: IoBuf },
@@ -130,27 +131,35 @@ impl Default for DatamoverParams {
 pub struct WriteBuffers {
     pub pool: &'static Pool,
     pub account: Account,
-    /// The largest write whose immediate data goes straight into a buffer of its EDTL:
-    /// larger ones are streamed in pieces (their immediate data waits in its segment until
-    /// its piece is asked for) or refused by the iSCSI layer.
+    /// The largest write taken (larger ones are refused by the iSCSI layer).
     pub largest_write: u32,
+    /// Writes with more than this many bytes after their immediate data are streamed in
+    /// pieces of this size ([`super::Ffp::set_write_stream_chunk`]): their immediate data
+    /// goes into the buffer of their first piece, not one of EDTL bytes. 0: none.
+    pub stream_above: u32,
 }
 
 impl WriteBuffers {
-    /// `(EDTL, immediate bytes)` of a SCSI Command whose immediate data should go straight
-    /// into the task's buffer: a write with some, not all, of its data immediate (a write
-    /// that is all immediate data keeps its segment as its buffer, no copy at all there).
+    /// `(buffer length, immediate bytes)` of a SCSI Command whose immediate data should go
+    /// straight into a write buffer: a write with some, not all, of its data immediate (a
+    /// write that is all immediate data keeps its segment as its buffer, no copy at all
+    /// there). The buffer is the task's (EDTL bytes), or its first piece's when the write
+    /// streams ([`Self::stream_above`]).
     pub fn wants(&self, bhs: &Bhs) -> Option<(u32, u32)> {
         let Op::ScsiCommand(c) = &bhs.op else { return None };
         let (edtl, imm) = (c.expected_data_transfer_length, bhs.data_segment_length);
-        (c.write && imm > 0 && imm < edtl && edtl <= self.largest_write).then_some((edtl, imm))
+        if !(c.write && imm > 0 && imm < edtl && edtl <= self.largest_write) {
+            return None;
+        }
+        let streams = self.stream_above > 0 && edtl - imm > self.stream_above && imm <= self.stream_above;
+        Some((if streams { self.stream_above } else { edtl }, imm))
     }
 
-    /// The task's write buffer (EDTL bytes), taken now if the budget has room and nobody
-    /// waits before it ([`Pool::try_alloc_now_for`]); else `None`: the immediate data waits
-    /// in its segment while the iSCSI layer queues the task for its buffer.
-    pub fn take_now(&self, edtl: u32) -> Option<IoBuf> {
-        self.pool.try_alloc_now_for(edtl as usize, &self.account)
+    /// The write buffer of `len` bytes ([`Self::wants`]), taken now if the budget has room
+    /// and nobody waits before it ([`Pool::try_alloc_now_for`]); else `None`: the immediate
+    /// data waits in its segment while the iSCSI layer queues the task for its buffer.
+    pub fn take_now(&self, len: u32) -> Option<IoBuf> {
+        self.pool.try_alloc_now_for(len as usize, &self.account)
     }
 }
 

@@ -158,6 +158,11 @@ struct Task {
     stream: bool,
     /// The piece of a streamed write asked for and not yet handed over: (offset, len).
     want: Option<(u32, u32)>,
+    /// A streamed write's first piece, its immediate data already at its start (the
+    /// datamover placed it there): the buffer for the SCSI layer's first want.
+    first_piece: Option<IoBuf>,
+    /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
+    staged_from: u32,
 }
 
 /// The full-feature phase of one connection.
@@ -274,13 +279,12 @@ impl Ffp {
     /// Where the datamover takes write buffers for immediate data: this connection's pool
     /// and account ([`super::Datamover::set_write_buffers`]).
     pub fn write_buffers(&self) -> super::WriteBuffers {
-        // A streamed write's immediate data waits in its segment until its piece is asked
-        // for: no EDTL-sized buffer for it.
-        let largest = match self.write_stream_chunk {
-            0 => self.cfg.largest_write,
-            n => self.cfg.largest_write.min(n),
-        };
-        super::WriteBuffers { pool: self.pool, account: self.account.clone(), largest_write: largest }
+        super::WriteBuffers {
+            pool: self.pool,
+            account: self.account.clone(),
+            largest_write: self.cfg.largest_write,
+            stream_above: self.write_stream_chunk,
+        }
     }
 
     /// Writes waiting for buffer memory now.
@@ -660,6 +664,8 @@ impl Ffp {
             held_piece: None,
             stream: false,
             want: None,
+            first_piece: None,
+            staged_from: 0,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -673,6 +679,11 @@ impl Ffp {
                 // The datamover had the budget's room for the task's buffer and copied the
                 // immediate data straight into it: the one copy; the rest is asked for at once.
                 Immediate::Placed { buf, .. } if buf.len() == edtl as usize => task.buf = Some(buf),
+                // The first piece of a write that streams: the immediate data is at its start.
+                Immediate::Placed { buf, len } if len as usize <= buf.len() && buf.len() < edtl as usize => {
+                    task.first_piece = Some(buf);
+                    task.staged_from = len;
+                }
                 Immediate::Placed { buf, .. } => {
                     log::error!("task {:#x}: placed write buffer of {} bytes for EDTL {edtl}", task.cmd.itt.0, buf.len());
                     release_slot(self);
@@ -718,6 +729,13 @@ impl Ffp {
             // once the command has passed its checks (on_scsi_want).
             t.stream = true;
             return self.execute(itt);
+        }
+        if let Some(first) = t.first_piece.take() {
+            // Placed as a first piece, but the write does not stream after all (not a plain
+            // WRITE): its immediate data waits with the rest, copied once more.
+            let imm = t.staged_from as usize;
+            t.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
+            t.staged_from = 0;
         }
         if t.received < edtl {
             // Solicited data follows: first the memory for it, in turn with every other
@@ -794,6 +812,16 @@ impl Ffp {
             return;
         }
         t.want = Some((offset, len));
+        if let Some(first) = t.first_piece.take() {
+            if offset == 0 && first.len() == len as usize {
+                // Its buffer came with the command (taken from the budget then).
+                return self.serve_want(itt, first);
+            }
+            // Not the piece it was taken for: its immediate data waits with the rest.
+            let imm = t.staged_from as usize;
+            t.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
+            t.staged_from = 0;
+        }
         t.state = TaskState::WaitingBuffer;
         self.waiting_buf.push_back(itt);
         if self.waiting_buf.len() == 1 {
@@ -808,8 +836,9 @@ impl Ffp {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         let Some((offset, len)) = t.want else { return };
         let end = offset + len;
-        // Unsolicited bytes [0, received) wait in their segments, in order.
-        let mut at = 0u32;
+        // Unsolicited bytes [staged_from, received) wait in their segments, in order (those
+        // before staged_from are in the first piece already).
+        let mut at = t.staged_from;
         for seg in &t.staged {
             let seg_end = at + seg.len() as u32;
             let (from, to) = (at.max(offset), seg_end.min(end));

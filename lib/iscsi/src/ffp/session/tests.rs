@@ -767,3 +767,36 @@ fn a_large_write_is_fetched_piece_by_piece() {
     let a = drain(&mut f);
     assert!(matches!(a.as_slice(), [Action::Abort { itt: Itt(1), .. }, Action::Send(_)]));
 }
+
+/// A streamed write whose immediate data the datamover placed in its first piece's buffer:
+/// that buffer serves the first want, the immediate data copied no second time.
+#[test]
+fn a_streamed_write_uses_its_placed_first_piece() {
+    const MIB: u32 = 1 << 20;
+    let pool: &'static Pool = Box::leak(Box::new(Pool::new(riser_buf::MIN_MAX_BYTES)));
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    f.set_pool(pool);
+    f.set_write_stream_chunk(MIB);
+    let edtl = 4 * MIB;
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x2a;
+    cdb[7..9].copy_from_slice(&((edtl / 512) as u16).to_be_bytes());
+    let c = scsi_command(Itt(3), Sn(10), false, true, edtl, &cdb);
+    let pdu = Pdu::new(Op::ScsiCommand(c));
+    let mut bhs = pdu.bhs.clone();
+    bhs.data_segment_length = 8192;
+    let wb = f.write_buffers();
+    assert_eq!(wb.wants(&bhs), Some((MIB, 8192)), "the first piece's buffer, not EDTL's");
+    let mut first = wb.take_now(MIB).expect("room in the budget");
+    first.as_mut_slice()[..8192].fill(9);
+    let mut pdu = pdu;
+    pdu.bhs.data_segment_length = 8192;
+    f.on_command_placed(pdu, first, now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.data_out_later));
+    f.on_scsi_want(Itt(3), 0, MIB);
+    let a = drain(&mut f);
+    let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
+    assert_eq!((g.offset, g.len, g.base), (8192, MIB - 8192, 0));
+    assert!(g.buf.as_slice()[..8192].iter().all(|&b| b == 9), "the placed immediate data");
+    assert_eq!(f.staged_bytes(), 0, "no second copy");
+}
