@@ -15,7 +15,7 @@ use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use riser_bdev::{BdevError, BdevIo, IoBuf, IoChannel, IoCompletion, IoKind, Lba};
+use riser_bdev::{BdevError, BdevIo, IoBuf, IoCompletion, IoKind, Lba};
 use riser_buf::{Account, Pool, Waiter};
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, Cdb};
@@ -37,6 +37,7 @@ mod dispatch;
 mod handlers;
 mod jobs;
 mod rmw;
+mod shared_io;
 mod util;
 use rmw::Rmw;
 use util::*;
@@ -296,7 +297,9 @@ struct Ctx<'a> {
 /// Runs SCSI tasks for one LUN on one reactor. Not shared between threads.
 pub struct LunChannel {
     lun: Arc<Lun>,
-    io: Box<dyn IoChannel>,
+    /// The reactor thread's channel to the LUN's device, shared with the thread's other
+    /// connections to it.
+    io: shared_io::IoHandle,
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
     waiting: VecDeque<usize>,
@@ -408,7 +411,7 @@ impl LunChannel {
     }
 
     pub fn with_allocator(lun: Arc<Lun>, alloc: BufAlloc) -> LunChannel {
-        let io = lun.bdev().clone().open_channel();
+        let io = shared_io::IoHandle::open(lun.bdev());
         let counter = lun.ranges.register_counter();
         LunChannel {
             lun,
