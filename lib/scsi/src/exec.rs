@@ -322,6 +322,8 @@ pub struct LunChannel {
     pumping: Vec<usize>,
     /// Pieces of data streamed writes ask for (see [`Self::take_wants`]).
     wants: Vec<DataWant>,
+    /// Streamed writes among the ops.
+    write_streams: usize,
 }
 
 impl Drop for LunChannel {
@@ -347,7 +349,15 @@ impl Drop for LunChannel {
                     .store(true, std::sync::atomic::Ordering::Release);
             }
         }
-        for o in self.ops.iter_mut().filter_map(|o| o.take()) {
+        for mut o in self.ops.iter_mut().filter_map(|o| o.take()) {
+            // A streamed write holds the admission of the piece being written itself.
+            if let Job::WriteStream(j) = &mut o.job {
+                match std::mem::replace(&mut j.adm, Adm::None) {
+                    Adm::Fast => self.lun.ranges.fast_done(&self.counter),
+                    Adm::Grant(g) => self.lun.ranges.release(g),
+                    Adm::None => {}
+                }
+            }
             match o.adm {
                 Adm::Fast => self.lun.ranges.fast_done(&self.counter),
                 Adm::Grant(g) => self.lun.ranges.release(g),
@@ -431,6 +441,7 @@ impl LunChannel {
             stream_chunk: 0,
             pumping: Vec::new(),
             wants: Vec::new(),
+            write_streams: 0,
         }
     }
 
@@ -562,12 +573,18 @@ impl LunChannel {
     /// Whether `poll` has work to do (results to return, I/O in flight, or tasks waiting
     /// for a range lock): a reactor in adaptive mode should keep polling while true.
     pub fn busy(&self) -> bool {
+        let work = self.outstanding() + self.wants.len();
+        if self.write_streams == 0 {
+            return work > 0;
+        }
+        // Streamed writes waiting for the initiator's data are not work (looked for only
+        // while there are streamed writes: busy is asked every pass).
         let waiting_on_initiator = self
             .ops
             .iter()
             .filter(|o| matches!(o, Some(Op { job: Job::WriteStream(j), .. }) if j.idle()))
             .count();
-        self.outstanding() + self.wants.len() > waiting_on_initiator
+        work > waiting_on_initiator
     }
 
     /// Forgets a nexus whose session ended (frees the per-nexus cache entry).
@@ -645,6 +662,9 @@ impl LunChannel {
 
     /// Stores a new op and tries to start it.
     fn add_op(&mut self, opr: Op) {
+        if matches!(opr.job, Job::WriteStream(_)) {
+            self.write_streams += 1;
+        }
         let slot = match self.free.pop() {
             Some(s) => {
                 self.ops[s] = Some(opr);
@@ -850,6 +870,9 @@ impl LunChannel {
         let Some(mut o) = self.ops[slot].take() else {
             return;
         };
+        if matches!(o.job, Job::WriteStream(_)) {
+            self.write_streams -= 1;
+        }
         if let Job::Sanitize(j) = &o.job {
             self.sanitize_ended(j.ause, o.err.is_some());
             if o.err.is_some() {
