@@ -808,7 +808,12 @@ impl Ffp {
         };
         let edtl = t.cmd.expected_data_transfer_length;
         if !t.stream || t.want.is_some() || len == 0 || offset.checked_add(len).is_none_or(|end| end > edtl) {
-            log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have", itt.0);
+            // Not a want this layer can serve: the command fails rather than waits forever.
+            log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have: the command fails", itt.0);
+            let (lun, immediate) = (t.lun, t.cmd.immediate);
+            self.tasks.remove(&itt);
+            self.actions.push_back(Action::Abort { itt, lun });
+            self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, false);
             return;
         }
         t.want = Some((offset, len));

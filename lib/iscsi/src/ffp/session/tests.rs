@@ -759,13 +759,16 @@ fn a_large_write_is_fetched_piece_by_piece() {
     let a = drain(&mut f);
     let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
     assert_eq!((g.offset, g.len, g.base, g.more), (2 * MIB, 4096, 2 * MIB, false));
-    // A want beyond EDTL is refused.
-    f.on_scsi_want(Itt(1), 2 * MIB, 8192);
-    assert!(drain(&mut f).is_empty());
     // The Get_Data fails: CHECK CONDITION, and the SCSI layer's task is aborted.
     f.on_data_failed(Itt(1), "test");
     let a = drain(&mut f);
     assert!(matches!(a.as_slice(), [Action::Abort { itt: Itt(1), .. }, Action::Send(_)]));
+    // A want this layer cannot serve (beyond EDTL) fails the command the same way.
+    f.on_pdu(Pdu::with_data(Op::ScsiCommand(scsi_command(Itt(2), Sn(11), false, true, edtl, &cdb)), vec![5u8; 8192]), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
+    f.on_scsi_want(Itt(2), 2 * MIB, 8192);
+    let a = drain(&mut f);
+    assert!(matches!(a.as_slice(), [Action::Abort { itt: Itt(2), .. }, Action::Send(_)]), "{}", a.len());
 }
 
 /// A streamed write whose immediate data the datamover placed in its first piece's buffer:
