@@ -7,9 +7,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use riser_iscsi::framer::{Framer, FramerLimits};
-use riser_iscsi::pdu::{Bhs, Digests, Isid, LoginRequest, NopOut, Op, Pdu, ScsiCommand, Stage, TextRequest, BHS_LEN};
+use riser_iscsi::pdu::{Bhs, DataOut, Digests, Isid, LoginRequest, NopOut, Op, Pdu, ScsiCommand, Stage, TextRequest, BHS_LEN};
 use riser_iscsi::serial::{Itt, Sn};
-use riser_iscsi::testing::{nop_out, read10, scsi_command, text_request, write10};
+use riser_iscsi::testing::{data_out, nop_out, read10, scsi_command, text_request, write10};
 use riser_iscsi::text::{encode_pairs, parse_pairs, Pairs};
 
 pub const INITIATOR: &str = "iqn.2024-01.io.riser.test:initiator";
@@ -33,6 +33,11 @@ pub struct Client {
 impl Client {
     pub fn connect(port: u16) -> Client {
         let sock = TcpStream::connect(("127.0.0.1", port)).expect("connect to riser");
+        Client::over(sock)
+    }
+
+    /// A client on a connection made elsewhere (e.g. [`connect_from`], another source address).
+    pub fn over(sock: TcpStream) -> Client {
         sock.set_read_timeout(Some(Duration::from_secs(10))).ok();
         sock.set_nodelay(true).ok();
         let mut framer = Framer::with_limits(FramerLimits { max_recv_data_segment_length: 1 << 20, max_ahs_length: 1020 });
@@ -129,23 +134,58 @@ impl Client {
     /// A full login (security stage skipped) with extra operational keys; returns the keys
     /// the target answered, or the login status on failure.
     pub fn login(&mut self, target: &str, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
-        // Digests start after login (RFC 7143 §13.1).
-        let digests = std::mem::take(&mut self.digests);
-        let mut keys: Vec<(&str, &str)> = vec![
+        let keys: Vec<(&str, &str)> = vec![
             ("InitiatorName", INITIATOR),
             ("TargetName", target),
             ("SessionType", "Normal"),
             ("AuthMethod", "None"),
         ];
         let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, true, &keys);
-        self.send(&req).expect("send login");
+        let answered = self.login_step(&req)?.1;
+        self.operational(answered, extra)
+    }
+
+    /// Sends one Login Request and reads its response: (transit to the next stage, the keys
+    /// answered), or the failing status ((0xff, 0xff): the connection closed).
+    pub fn login_step(&mut self, req: &Pdu) -> Result<(bool, Pairs), (u8, u8)> {
+        self.send(req).map_err(|_| (0xff, 0xff))?;
         let resp = self.recv().ok_or((0xff, 0xff))?;
-        let Op::LoginResponse(r) = &resp.bhs.op else { panic!("expected a Login Response") };
+        let Op::LoginResponse(r) = &resp.bhs.op else { panic!("expected a Login Response, got {:?}", resp.bhs.op) };
         if r.status.class != 0 {
             return Err((r.status.class, r.status.detail));
         }
-        let mut answered = parse_pairs(&resp.data).unwrap_or_default();
-        keys = vec![
+        Ok((r.transit_bit, parse_pairs(&resp.data).unwrap_or_default()))
+    }
+
+    /// A login with CHAP as `user` with `secret` (one-way; AuthMethod=CHAP, then CHAP_A, then
+    /// CHAP_N / CHAP_R), as InitiatorName `initiator`; then the operational stage as
+    /// [`login`](Self::login) does.
+    pub fn login_chap(&mut self, initiator: &str, target: &str, user: &str, secret: &str) -> Result<Pairs, (u8, u8)> {
+        use riser_iscsi::chap::{ChapCredentials, ChapInitiator, ChapInitiatorConfig};
+        let mut chap = ChapInitiator::new(ChapInitiatorConfig::new(ChapCredentials::new(user, secret)));
+        let keys = [("InitiatorName", initiator), ("TargetName", target), ("SessionType", "Normal"), ("AuthMethod", "CHAP")];
+        let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, false, &keys);
+        let (_, mut answered) = self.login_step(&req)?;
+        let offer = chap.offer().map_err(|_| (0xfe, 0))?;
+        let offer: Vec<(&str, &str)> = offer.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, false, &offer);
+        let (_, challenge) = self.login_step(&req)?;
+        let answer = chap.respond(&challenge).map_err(|_| (0xfe, 1))?;
+        let answer: Vec<(&str, &str)> = answer.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, true, &answer);
+        let (transit, got) = self.login_step(&req)?;
+        if !transit {
+            return Err((0xfe, 2));
+        }
+        answered.extend(got);
+        self.operational(answered, &[])
+    }
+
+    /// The operational stage of a login, up to full-feature phase.
+    fn operational(&mut self, mut answered: Pairs, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
+        // Digests start after login (RFC 7143 §13.1).
+        let digests = std::mem::take(&mut self.digests);
+        let mut keys: Vec<(&str, &str)> = vec![
             ("HeaderDigest", if digests.header { "CRC32C" } else { "None" }),
             ("DataDigest", if digests.data { "CRC32C" } else { "None" }),
             ("ImmediateData", "Yes"),
@@ -195,6 +235,41 @@ impl Client {
         let pdu = self.scsi_command(&cdb, false, true, data.len() as u32, data.to_vec());
         self.send(&pdu).ok()?;
         self.wait_status()
+    }
+
+    /// WRITE(10) of `data` at `lba` with no immediate data: every R2T is answered with
+    /// Data-Out PDUs of at most 8 KiB; returns the SCSI status (None: the connection closed).
+    pub fn write10_solicited(&mut self, lba: u32, data: &[u8]) -> Option<u8> {
+        let blocks = (data.len() / 512) as u16;
+        let cdb = write10(lba, blocks);
+        let pdu = self.scsi_command(&cdb, false, true, data.len() as u32, Vec::new());
+        let Op::ScsiCommand(cmd) = &pdu.bhs.op else { return None };
+        let itt = cmd.itt;
+        self.send(&pdu).ok()?;
+        loop {
+            let p = self.recv()?;
+            match p.bhs.op {
+                Op::R2t(r) if r.itt == itt => {
+                    let end = (r.buffer_offset + r.desired_data_transfer_length).min(data.len() as u32);
+                    let mut off = r.buffer_offset;
+                    let mut data_sn = Sn(0);
+                    while off < end {
+                        let len = (end - off).min(8192);
+                        let d = DataOut {
+                            final_bit: off + len == end,
+                            exp_stat_sn: self.exp_stat_sn,
+                            ..data_out(itt, r.ttt, data_sn, off)
+                        };
+                        let seg = data[off as usize..(off + len) as usize].to_vec();
+                        self.send(&Pdu::with_data(Op::DataOut(d), seg)).ok()?;
+                        off += len;
+                        data_sn = data_sn.next();
+                    }
+                }
+                Op::ScsiResponse(r) if r.itt == itt => return Some(r.status),
+                _ => {}
+            }
+        }
     }
 
     /// PERSISTENT RESERVE OUT (10) with a 24-byte parameter list: `sa` the service action,
@@ -337,6 +412,50 @@ fn stat_sn_of(p: &Pdu) -> Option<Sn> {
         Op::DataIn(d) if d.status_present => d.stat_sn,
         _ => return None,
     })
+}
+
+/// A TCP connection to 127.0.0.1:`port` from `source` (every 127.x.y.z address is loopback
+/// on Linux, so a test can play several hosts), with a receive buffer of `rcvbuf` bytes if
+/// given (a small one plus never reading: a peer that advertises a zero window).
+pub fn connect_from(source: std::net::Ipv4Addr, port: u16, rcvbuf: Option<i32>) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; the addresses are valid
+    // sockaddr_in values on the stack for the duration of each call; on success the descriptor
+    // is handed to TcpStream, which closes it, and on failure it is closed here.
+    #[allow(unsafe_code)]
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fail = |fd: i32| {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            Err(e)
+        };
+        if let Some(size) = rcvbuf {
+            let v = &size as *const i32 as *const libc::c_void;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v, 4) != 0 {
+                return fail(fd);
+            }
+        }
+        let src = sockaddr(source, 0);
+        if libc::bind(fd, &src as *const libc::sockaddr_in as *const libc::sockaddr, len) != 0 {
+            return fail(fd);
+        }
+        let dst = sockaddr(std::net::Ipv4Addr::LOCALHOST, port);
+        if libc::connect(fd, &dst as *const libc::sockaddr_in as *const libc::sockaddr, len) != 0 {
+            return fail(fd);
+        }
+        Ok(TcpStream::from_raw_fd(fd))
+    }
 }
 
 /// An ISID no other client of this process has used (a collision would reinstate, and so

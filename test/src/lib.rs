@@ -170,6 +170,23 @@ impl Riser {
 
     /// Same as [`start`](Self::start) with more arguments (`--json FILE`, ...).
     pub fn start_with(extra: &[&str]) -> Riser {
+        Riser::start_bin(&bin("riser"), extra)
+    }
+
+    /// The release build of riser (`target/release/riser`, which `make test` builds), with
+    /// more arguments: for tests that judge what users run (memory, hostile peers).
+    pub fn start_release(extra: &[&str]) -> Riser {
+        let path = workspace_root().join("target").join("release").join("riser");
+        assert!(
+            path.exists(),
+            "{} is not built: `make test` builds it (or run `cargo build --release -p riser --bin riser`)",
+            path.display()
+        );
+        Riser::start_bin(&path, extra)
+    }
+
+    /// `path` (a riser binary) as [`start_with`](Self::start_with) runs it.
+    pub fn start_bin(path: &Path, extra: &[&str]) -> Riser {
         let dir = TempDir::new("t");
         let sock = dir.join("rpc.sock");
         let log = dir.join("riser.log");
@@ -177,7 +194,7 @@ impl Riser {
         let err = out.try_clone().unwrap_or_else(|e| panic!("cannot dup the log file: {e}"));
         // Adaptive polling and one core: tests share a 2-core machine with each other.
         let mask: &[&str] = if extra.contains(&"-m") { &[] } else { &["-m", "0x1"] };
-        let child = Command::new(bin("riser"))
+        let child = Command::new(path)
             .args(["--poll-mode", "adaptive"])
             .args(mask)
             .arg("-r")
