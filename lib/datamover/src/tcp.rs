@@ -247,6 +247,8 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     tx_limit: TxLimit,
     /// Receiving stopped for a full send queue: the initiator sends and does not read.
     rx_paused: bool,
+    /// How many times receiving stopped so (the first is logged at info).
+    rx_pauses: u32,
 }
 
 /// Whether the socket is in the reactor's wake set yet.
@@ -292,6 +294,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             tx_sent: 0,
             tx_limit: TxLimit::default(),
             rx_paused: false,
+            rx_pauses: 0,
         })
     }
 
@@ -410,11 +413,17 @@ impl<S: ByteStream> TcpDatamover<S> {
             self.rx_paused = over;
             let b = self.tx_backlog();
             if over {
-                log::debug!(
-                    "connection {:?}: {} bytes queued for sending ({} outside I/O buffers): receiving waits until the initiator reads",
+                // Said once per connection at info (a peer reading slowly would make it
+                // come and go), then at debug.
+                let level = if self.rx_pauses == 0 { log::Level::Info } else { log::Level::Debug };
+                self.rx_pauses += 1;
+                log::log!(
+                    level,
+                    "connection {:?}: {} bytes queued for sending ({} outside I/O buffers, limit {}): receiving waits until the initiator reads",
                     self.peer(),
                     b.total,
-                    b.unbudgeted
+                    b.unbudgeted,
+                    self.tx_limit.unbudgeted
                 );
             } else {
                 log::debug!("connection {:?}: send queue down to {} bytes: receiving goes on", self.peer(), b.total);
