@@ -247,7 +247,7 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     tx_limit: TxLimit,
     /// Receiving stopped for a full send queue: the initiator sends and does not read.
     rx_paused: bool,
-    /// How many times receiving stopped so (the first is logged at info).
+    /// How many times receiving stopped so far (the first is logged at info).
     rx_pauses: u32,
 }
 
@@ -416,7 +416,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                 // Said once per connection at info (a peer reading slowly would make it
                 // come and go), then at debug.
                 let level = if self.rx_pauses == 0 { log::Level::Info } else { log::Level::Debug };
-                self.rx_pauses += 1;
+                self.rx_pauses = self.rx_pauses.saturating_add(1);
                 log::log!(
                     level,
                     "connection {:?}: {} bytes queued for sending ({} outside I/O buffers, limit {}): receiving waits until the initiator reads",
