@@ -3,16 +3,18 @@
 //! moment: per-device operations, bytes, errors, queue depth and latency histograms; per-reactor
 //! busy and idle time; sessions and connections per target and transport; logins and login
 //! failures by reason; payload copies; the I/O buffer pool. A small HTTP/1.1 server on its
-//! own thread answers one request per connection (at most four at once); anything but `GET /metrics` gets 404, 405
-//! or 400.
+//! own thread answers one request per connection (at most [`MAX_ACTIVE`] at once, each
+//! within [`REQUEST_DEADLINE`] from accept to the last byte of the answer, a new connection
+//! cutting the oldest when all are taken, so slow clients cannot keep a scrape out);
+//! anything but `GET /metrics` gets 404, 405 or 400.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::Shutdown;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -26,10 +28,16 @@ use crate::App;
 
 /// The longest request head read (a scrape's is a few hundred bytes).
 const MAX_REQUEST: usize = 8192;
-/// Requests served at once; more connections are closed at once.
-const MAX_ACTIVE: usize = 4;
-/// How long a client may take to send its request or read the answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests served at once; a connection beyond them cuts the oldest request short.
+const MAX_ACTIVE: usize = 8;
+/// How long a request may take in all, from accept to the last byte of the answer: a
+/// client that sends its request a byte at a time, or never reads the answer, is cut off
+/// then (a deadline per read or write would let it go on for ever, a byte at a time). A
+/// scrape on the same host takes milliseconds; Prometheus' default scrape timeout is 10 s.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The requests being served: (id, accepted at, a handle on the connection to cut it).
+type Active = Arc<Mutex<Vec<(u64, Instant, TcpStream)>>>;
 
 /// Binds `addr` and serves `/metrics` on a thread of its own.
 pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
@@ -41,8 +49,8 @@ pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            let active = Arc::new(AtomicUsize::new(0));
-            for conn in listener.incoming() {
+            let active: Active = Arc::default();
+            for (id, conn) in (0u64..).zip(listener.incoming()) {
                 let s = match conn {
                     Ok(s) => s,
                     Err(e) => {
@@ -50,22 +58,24 @@ pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
                         continue;
                     }
                 };
-                // A few requests at a time, each on a thread of its own: a client that
-                // says nothing holds one up to IO_TIMEOUT, not the next scrape.
-                if active.fetch_add(1, Ordering::AcqRel) >= MAX_ACTIVE {
-                    active.fetch_sub(1, Ordering::AcqRel);
-                    log::debug!("metrics: {MAX_ACTIVE} requests in progress; closing a new connection");
-                    continue;
-                }
+                let accepted = Instant::now();
+                let handle = match s.try_clone() {
+                    Ok(h) => h,
+                    Err(e) => {
+                        log::warn!("metrics: {e}");
+                        continue;
+                    }
+                };
+                admit(&active, id, accepted, handle);
                 let (registry, done) = (registry.clone(), active.clone());
                 let spawned = std::thread::Builder::new().name("metrics-req".into()).spawn(move || {
-                    if let Err(e) = serve(s, &registry) {
+                    if let Err(e) = serve(s, &registry, accepted + REQUEST_DEADLINE) {
                         log::debug!("metrics: {e}");
                     }
-                    done.fetch_sub(1, Ordering::AcqRel);
+                    lock(&done).retain(|(i, _, _)| *i != id);
                 });
                 if let Err(e) = spawned {
-                    active.fetch_sub(1, Ordering::AcqRel);
+                    lock(&active).retain(|(i, _, _)| *i != id);
                     log::warn!("metrics: cannot start a request thread: {e}");
                 }
             }
@@ -73,6 +83,35 @@ pub fn start(addr: &str, app: Arc<App>) -> Result<SocketAddr, String> {
         .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
     log::info!("Prometheus metrics on http://{local}/metrics");
     Ok(local)
+}
+
+fn lock(active: &Active) -> std::sync::MutexGuard<'_, Vec<(u64, Instant, TcpStream)>> {
+    active.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts a new request in; when MAX_ACTIVE are in progress the oldest is cut short (its
+/// socket shut down, so its thread's read or write fails at once): clients that dawdle can
+/// delay a scrape by no more than it takes to serve it, and each goes at its deadline
+/// anyway.
+fn admit(active: &Active, id: u64, accepted: Instant, handle: TcpStream) {
+    let mut a = lock(active);
+    if a.len() >= MAX_ACTIVE {
+        if let Some(i) = a.iter().enumerate().min_by_key(|(_, (_, t, _))| *t).map(|(i, _)| i) {
+            let (_, t, old) = a.swap_remove(i);
+            log::debug!("metrics: {MAX_ACTIVE} requests in progress; cutting the oldest ({} ms old)", t.elapsed().as_millis());
+            let _ = old.shutdown(Shutdown::Both);
+        }
+    }
+    a.push((id, accepted, handle));
+}
+
+/// The time left before `deadline`, or a TimedOut error once it has passed.
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request deadline passed"));
+    }
+    Ok(left)
 }
 
 /// What a request head asks for.
@@ -110,9 +149,9 @@ fn parse_request(head: &[u8]) -> Request {
     }
 }
 
-fn serve(mut s: TcpStream, registry: &Registry) -> std::io::Result<()> {
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
+/// Reads one request and answers it, all before `deadline`: every read and write waits at
+/// most for the time left.
+fn serve(mut s: TcpStream, registry: &Registry, deadline: Instant) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     let complete = loop {
@@ -122,7 +161,15 @@ fn serve(mut s: TcpStream, registry: &Registry) -> std::io::Result<()> {
         if head.len() >= MAX_REQUEST {
             break false;
         }
-        let n = s.read(&mut buf)?;
+        s.set_read_timeout(Some(left(deadline)?))?;
+        let n = match s.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request not received within the deadline"))
+            }
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             break false;
         }
@@ -150,8 +197,20 @@ fn serve(mut s: TcpStream, registry: &Registry) -> std::io::Result<()> {
     if !head_only {
         out.push_str(&body);
     }
-    s.write_all(out.as_bytes())?;
-    s.flush()
+    let mut out = out.as_bytes();
+    while !out.is_empty() {
+        s.set_write_timeout(Some(left(deadline)?))?;
+        match s.write(out) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => out = &out[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "answer not taken within the deadline"))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads everything at scrape time.

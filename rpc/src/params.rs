@@ -105,6 +105,11 @@ pub struct IscsiSetOptions {
     pub immediate_data_pool_size: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_out_pool_size: Option<u32>,
+    /// riser's extension: bytes a connection may queue for sending outside the I/O buffer
+    /// budget (NOP-In echoes, Rejects, text responses, headers) before it stops reading the
+    /// initiator's PDUs until they are taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tx_queue_bytes: Option<u32>,
 }
 
 /// `iscsi_create_portal_group`.

@@ -207,3 +207,81 @@ fn prometheus_scrapes_riser_under_load_and_rate_matches_riser_perf() {
         assert!(optional || !found.is_empty(), "dashboard query {expr} found nothing");
     }
 }
+
+/// Whether the server has closed `s` (EOF or reset) within `within`; what it sent before
+/// is skipped.
+fn closed_by_server(s: &mut TcpStream, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        s.set_read_timeout(Some(left.min(Duration::from_millis(200)))).expect("timeout");
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Slow clients do not keep scrapes out (issue #22, item 12): a client that sends its
+/// request one byte a second is cut at the request deadline (5 s from accept, however
+/// often it sends), not kept for ever; while it dawdles, and while more such clients than
+/// the server serves at once hold it, a normal scrape is answered at once.
+#[test]
+fn slow_clients_are_cut_at_the_request_deadline_and_do_not_block_scrapes() {
+    let mport = free_port();
+    let maddr = format!("127.0.0.1:{mport}");
+    let riser = Riser::start_with(&["--metrics", &maddr]);
+    assert_eq!(get(mport, "/metrics").0, 200, "riser log:\n{}", riser.log());
+
+    // One slow-loris: a byte a second, a head that never ends.
+    let t0 = Instant::now();
+    let mut slow = TcpStream::connect(("127.0.0.1", mport)).expect("connect");
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").expect("send");
+    let slow_thread = thread::spawn(move || {
+        let t0 = Instant::now();
+        loop {
+            if slow.write_all(b"a").is_err() {
+                return Some(t0.elapsed());
+            }
+            if closed_by_server(&mut slow, Duration::from_secs(1)) {
+                return Some(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(15) {
+                return None;
+            }
+        }
+    });
+    thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    assert_eq!(get(mport, "/metrics").0, 200, "a scrape while a slow client dawdles");
+    assert!(t.elapsed() < Duration::from_secs(2), "scrape took {:?}", t.elapsed());
+    let cut = slow_thread.join().expect("slow client");
+    let cut = cut.unwrap_or_else(|| panic!("a client sending a byte a second was still connected after 15 s ({:?})", t0.elapsed()));
+    assert!(cut >= Duration::from_secs(3) && cut < Duration::from_secs(9), "the slow client was cut after {cut:?}, not at the 5 s deadline");
+
+    // More slow clients than requests served at once (each sent part of a head), then a
+    // scrape: answered at once, at the expense of the oldest slow one.
+    let mut lorises: Vec<TcpStream> = (0..12)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", mport)).expect("connect");
+            s.write_all(b"GET /metrics HTTP/1.1\r\n").expect("send");
+            s
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let (status, body) = get(mport, "/metrics");
+    assert_eq!(status, 200, "a scrape while 12 slow clients hold the server: {body}");
+    assert!(body.contains("# EOF") && t.elapsed() < Duration::from_secs(2), "scrape took {:?}", t.elapsed());
+    // And every slow one is gone by its deadline.
+    for (i, s) in lorises.iter_mut().enumerate() {
+        assert!(closed_by_server(s, Duration::from_secs(8)), "slow client {i} still connected after its deadline");
+    }
+    assert_eq!(get(mport, "/metrics").0, 200, "riser log:\n{}", riser.log());
+}

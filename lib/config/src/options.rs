@@ -31,6 +31,13 @@ pub const MAX_BURST_LENGTH: u32 = 262_144;
 pub const MAX_NOP_IN_INTERVAL: u32 = 60;
 /// DefaultTime2Wait and DefaultTime2Retain are 0..=3600 seconds (RFC 7143 §13.15, §13.16).
 pub const MAX_TIME2: u32 = 3600;
+/// Default of `max_tx_queue_bytes` (riser_iscsi's `DEFAULT_MAX_TX_QUEUE_BYTES`, which says
+/// why 1 MiB).
+pub const DEFAULT_MAX_TX_QUEUE_BYTES: u32 = 1 << 20;
+/// Range of `max_tx_queue_bytes`: below 64 KiB a healthy connection would stop reading
+/// for every few responses; above 1 GiB it is no bound.
+pub const MIN_TX_QUEUE_BYTES: u32 = 64 << 10;
+pub const MAX_TX_QUEUE_BYTES: u32 = 1 << 30;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +71,10 @@ pub struct Options {
     pub pdu_pool_size: u32,
     pub immediate_data_pool_size: u32,
     pub data_out_pool_size: u32,
+    /// riser's extension: bytes a connection may queue for sending outside the I/O buffer
+    /// budget before it stops reading the initiator until they are taken (a peer that sends
+    /// and never reads fills its own socket buffers, not riser's memory).
+    pub max_tx_queue_bytes: u32,
 }
 
 impl Default for Options {
@@ -92,6 +103,7 @@ impl Default for Options {
             pdu_pool_size: 36864,
             immediate_data_pool_size: 16384,
             data_out_pool_size: 2048,
+            max_tx_queue_bytes: DEFAULT_MAX_TX_QUEUE_BYTES,
         }
     }
 }
@@ -143,7 +155,8 @@ impl Options {
             chap_group, max_sessions, max_connections_per_session, max_queue_depth,
             default_time2wait, default_time2retain, first_burst_length, immediate_data,
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
-            max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size
+            max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
+            max_tx_queue_bytes
         );
         o.validate()?;
         Ok(o)
@@ -168,6 +181,7 @@ impl Options {
         in_range("pdu_pool_size", self.pdu_pool_size, 1, u32::MAX)?;
         in_range("immediate_data_pool_size", self.immediate_data_pool_size, 1, u32::MAX)?;
         in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
+        in_range("max_tx_queue_bytes", self.max_tx_queue_bytes, MIN_TX_QUEUE_BYTES, MAX_TX_QUEUE_BYTES)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -197,6 +211,7 @@ impl Options {
             "pdu_pool_size": self.pdu_pool_size,
             "immediate_data_pool_size": self.immediate_data_pool_size,
             "data_out_pool_size": self.data_out_pool_size,
+            "max_tx_queue_bytes": self.max_tx_queue_bytes,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -322,6 +337,8 @@ mod tests {
             (json!({"default_time2wait": 3601}), "default_time2wait"),
             (json!({"nop_in_interval": 61}), "nop_in_interval"),
             (json!({"max_r2t_per_connection": 0}), "max_r2t_per_connection"),
+            (json!({"max_tx_queue_bytes": 65535}), "max_tx_queue_bytes: 65535 is out of range (65536..=1073741824)"),
+            (json!({"max_tx_queue_bytes": 1073741825}), "max_tx_queue_bytes"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -333,9 +350,10 @@ mod tests {
         }
         // Nothing changed by the refused calls.
         assert_eq!(e.target.options(), crate::Options::default());
-        e.ok("iscsi_set_options", json!({"first_burst_length": 262144, "error_recovery_level": 2, "pdu_pool_size": 1024, "auth_file": "/x"}));
+        e.ok("iscsi_set_options", json!({"first_burst_length": 262144, "error_recovery_level": 2, "pdu_pool_size": 1024, "auth_file": "/x", "max_tx_queue_bytes": 65536}));
         let o = e.target.options();
-        assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size), (262144, 2, 1024));
+        assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size, o.max_tx_queue_bytes), (262144, 2, 1024, 65536));
+        assert_eq!(e.ok("iscsi_get_options", json!({}))["max_tx_queue_bytes"], 65536);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

@@ -26,7 +26,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use riser_bdev::IoBuf;
-use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, WriteBuffers};
+use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, TxBacklog, TxLimit, WriteBuffers};
 use riser_iscsi::framer::{ErrorAction, Framer, FramerLimits};
 use riser_iscsi::pdu::{Bhs, DataIn, DataOut, Digests, Lun, Op, Pdu, R2t, RejectReason, BHS_LEN, MAX_AHS_LENGTH};
 use riser_iscsi::serial::{Itt, Sn, TagMap, Ttt};
@@ -94,6 +94,15 @@ impl Chunk {
         let mut bytes = [0u8; SMALL];
         bytes[..b.len()].copy_from_slice(b);
         Chunk::Small { bytes, len: b.len() as u8 }
+    }
+
+    /// Its bytes, and whether they live in a budgeted I/O buffer (a held read buffer).
+    fn size(&self) -> (usize, bool) {
+        match self {
+            Chunk::Small { len, .. } => (*len as usize, false),
+            Chunk::Owned(v) => (v.len(), false),
+            Chunk::Held { len, .. } => (*len, true),
+        }
     }
 }
 
@@ -229,6 +238,17 @@ pub struct TcpDatamover<S: ByteStream = TcpStream> {
     settled: crate::Settled,
     /// The socket in its reactor's wake set (registered at the first poll, on the reactor).
     wake: Wake,
+    /// What `tx` holds: bytes outside budgeted buffers, bytes in all (counted whole until a
+    /// chunk is popped); and bytes written to the socket so far.
+    tx_unbudgeted: usize,
+    tx_total: usize,
+    tx_sent: u64,
+    /// Receiving stops while `tx` holds more than this ([`Datamover::limit_tx_queue`]).
+    tx_limit: TxLimit,
+    /// Receiving stopped for a full send queue: the initiator sends and does not read.
+    rx_paused: bool,
+    /// How many times receiving stopped so far (the first is logged at info).
+    rx_pauses: u32,
 }
 
 /// Whether the socket is in the reactor's wake set yet.
@@ -269,6 +289,12 @@ impl<S: ByteStream> TcpDatamover<S> {
             r2t_sns: TagMap::default(),
             settled: VecDeque::new(),
             wake: Wake::NotYet,
+            tx_unbudgeted: 0,
+            tx_total: 0,
+            tx_sent: 0,
+            tx_limit: TxLimit::default(),
+            rx_paused: false,
+            rx_pauses: 0,
         })
     }
 
@@ -305,7 +331,7 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
         let mut v = Vec::with_capacity(pdu.encoded_len(self.digests));
         match pdu.encode(self.digests, &mut v) {
-            Ok(()) => self.tx.push_back(Chunk::Owned(v)),
+            Ok(()) => self.enqueue(Chunk::Owned(v)),
             Err(e) => log::error!("cannot encode PDU {:?}: {e}", pdu.opcode()),
         }
     }
@@ -324,13 +350,13 @@ impl<S: ByteStream> TcpDatamover<S> {
             b[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
             n += 4;
         }
-        self.tx.push_back(Chunk::small(&b[..n]));
+        self.enqueue(Chunk::small(&b[..n]));
     }
 
     /// Data segment from held buffer `slot`, with padding and data digest.
     fn push_data(&mut self, slot: u32, off: usize, len: usize) {
         self.held.add_ref(slot);
-        self.tx.push_back(Chunk::Held { slot, off, len });
+        self.enqueue(Chunk::Held { slot, off, len });
         let pad = (4 - len % 4) % 4;
         let mut tail = [0u8; 7];
         let mut n = pad;
@@ -341,14 +367,31 @@ impl<S: ByteStream> TcpDatamover<S> {
             n += 4;
         }
         if n > 0 {
-            self.tx.push_back(Chunk::small(&tail[..n]));
+            self.enqueue(Chunk::small(&tail[..n]));
         }
+    }
+
+    /// Queues a chunk for sending, counted in the backlog.
+    fn enqueue(&mut self, c: Chunk) {
+        let (len, budgeted) = c.size();
+        self.tx_total += len;
+        if !budgeted {
+            self.tx_unbudgeted += len;
+        }
+        self.tx.push_back(c);
     }
 
     /// The front chunk is sent.
     fn pop_front(&mut self) {
-        if let Some(Chunk::Held { slot, .. }) = self.tx.pop_front() {
-            self.held.release(slot);
+        if let Some(c) = self.tx.pop_front() {
+            let (len, budgeted) = c.size();
+            self.tx_total -= len.min(self.tx_total);
+            if !budgeted {
+                self.tx_unbudgeted -= len.min(self.tx_unbudgeted);
+            }
+            if let Chunk::Held { slot, .. } = c {
+                self.held.release(slot);
+            }
         }
         self.tx_pos = 0;
     }
@@ -357,6 +400,44 @@ impl<S: ByteStream> TcpDatamover<S> {
         self.tx.clear();
         self.held.clear();
         self.tx_pos = 0;
+        self.tx_unbudgeted = 0;
+        self.tx_total = 0;
+    }
+
+    /// Whether receiving waits for the initiator to take what is queued for it (its send
+    /// queue is over [`TxLimit`]); while it waits the socket leaves the reactor's wake set
+    /// (data waiting in it would end every sleep) and comes back once receiving goes on.
+    fn rx_must_wait(&mut self) -> bool {
+        let over = self.tx_limit.exceeded_by(&self.tx_backlog());
+        if over != self.rx_paused {
+            self.rx_paused = over;
+            let b = self.tx_backlog();
+            if over {
+                // Said once per connection at info (a peer reading slowly would make it
+                // come and go), then at debug.
+                let level = if self.rx_pauses == 0 { log::Level::Info } else { log::Level::Debug };
+                self.rx_pauses = self.rx_pauses.saturating_add(1);
+                log::log!(
+                    level,
+                    "connection {:?}: {} bytes queued for sending ({} outside I/O buffers, limit {}): receiving waits until the initiator reads",
+                    self.peer(),
+                    b.total,
+                    b.unbudgeted,
+                    self.tx_limit.unbudgeted
+                );
+            } else {
+                log::debug!("connection {:?}: send queue down to {} bytes: receiving goes on", self.peer(), b.total);
+            }
+        }
+        if over {
+            if let Wake::In(id) = self.wake {
+                riser_reactor::remove_wake_fd(id);
+                self.wake = Wake::NotYet;
+            }
+        } else if matches!(self.wake, Wake::NotYet) {
+            self.join_wake_set();
+        }
+        over
     }
 
     /// Ends the Get_Data of `itt`: its buffer; its list of R2Ts is kept for the next one
@@ -630,6 +711,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                 Ok(0) => break,
                 Ok(mut n) => {
                     written += n;
+                    self.tx_sent += n as u64;
                     while n > 0 {
                         let Some(front) = self.tx.front() else { break };
                         let left = chunk_bytes(front, &self.held).len() - self.tx_pos;
@@ -850,9 +932,6 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     }
 
     fn poll(&mut self, events: &mut Vec<DmEvent>) -> usize {
-        if matches!(self.wake, Wake::NotYet) {
-            self.join_wake_set();
-        }
         let mut work = 0;
         while let Some((itt, buf, failed)) = self.settled.pop_front() {
             events.push(match failed {
@@ -861,7 +940,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             });
             work += 1;
         }
-        if !self.dead && !self.terminating {
+        if !self.dead && !self.terminating && !self.rx_must_wait() {
             let mut budget = MAX_READ_PER_POLL;
             loop {
                 let (n, more) = self.read_socket(events, &mut budget);
@@ -903,6 +982,14 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
 
     fn idle(&self) -> bool {
         self.tx.is_empty()
+    }
+
+    fn tx_backlog(&self) -> TxBacklog {
+        TxBacklog { unbudgeted: self.tx_unbudgeted, total: self.tx_total, sent: self.tx_sent }
+    }
+
+    fn limit_tx_queue(&mut self, limit: TxLimit) {
+        self.tx_limit = limit;
     }
 }
 
@@ -1046,6 +1133,89 @@ mod tests {
             dm.poll(&mut ev);
         }
         assert!(matches!(ev.as_slice(), [DmEvent::DataFailed { itt: Itt(10), .. }]));
+    }
+
+    /// An initiator that sends and does not read: once more than the limit is queued for
+    /// it outside the I/O buffers, the datamover stops reading its PDUs (they wait in the
+    /// socket, which leaves the reactor's wake set), and reads them again once the
+    /// initiator has taken enough; the backlog counts what is queued and what was sent.
+    #[test]
+    fn receiving_waits_while_the_send_queue_is_over_its_limit_and_resumes_when_drained() {
+        use riser_iscsi::pdu::NopIn;
+        use riser_iscsi::testing::nop_out;
+        let (mut dm, mut c) = pair();
+        let limit = TxLimit::new(1 << 20);
+        dm.limit_tx_queue(limit);
+        let mut ev = Vec::new();
+        let ping = |c: &mut TcpStream, itt: u32| {
+            let p = Pdu::new(Op::NopOut(nop_out(Itt(itt), Sn(itt))));
+            c.write_all(&p.to_bytes(Digests::default()).unwrap()).unwrap();
+        };
+        let wait_ping = |dm: &mut TcpDatamover, ev: &mut Vec<DmEvent>, within: Duration| {
+            let t0 = Instant::now();
+            while t0.elapsed() < within {
+                dm.poll(ev);
+                if let Some(i) = ev.iter().position(|e| matches!(e, DmEvent::Control(_))) {
+                    let DmEvent::Control(p) = ev.remove(i) else { unreachable!() };
+                    return Some(p);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            None
+        };
+        // Under the limit: read at once.
+        ping(&mut c, 1);
+        assert!(wait_ping(&mut dm, &mut ev, Duration::from_secs(5)).is_some(), "a ping is read while the queue is empty");
+
+        // 32 MiB of NOP-In echoes (outside the I/O buffers): more than the socket buffers
+        // take, so the queue stays over the limit while the initiator does not read.
+        let echo = || {
+            Pdu::with_data(
+                Op::NopIn(NopIn { lun: Lun(0), itt: Itt(1), ttt: Ttt::RESERVED, stat_sn: Sn(0), exp_cmd_sn: Sn(0), max_cmd_sn: Sn(0) }),
+                vec![7u8; 1 << 20],
+            )
+        };
+        let pdu_len = (BHS_LEN + (1 << 20)) as u64;
+        for _ in 0..32 {
+            dm.send_control(echo());
+        }
+        let b = dm.tx_backlog();
+        assert_eq!((b.total as u64, b.unbudgeted as u64, b.sent), (32 * pdu_len, 32 * pdu_len, 0));
+        ping(&mut c, 2);
+        assert!(wait_ping(&mut dm, &mut ev, Duration::from_millis(300)).is_none(), "receiving waits while the queue is over the limit");
+        let b = dm.tx_backlog();
+        // (A chunk partly written counts whole until it is all out.)
+        let accounted = b.sent + b.total as u64;
+        assert!(limit.exceeded_by(&b) && b.sent > 0 && accounted >= 32 * pdu_len && accounted < 33 * pdu_len, "{b:?}");
+        assert!(dm.rx_paused && !matches!(dm.wake, Wake::In(_)));
+
+        // The initiator reads everything: the queue drains and the ping is read.
+        let mut reader = c.try_clone().unwrap();
+        let drain = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0u64;
+            while got < 32 * pdu_len {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n as u64,
+                }
+            }
+            got
+        });
+        let p = wait_ping(&mut dm, &mut ev, Duration::from_secs(10)).expect("receiving goes on once the queue drains");
+        assert!(matches!(p.bhs.op, Op::NopOut(n) if n.itt == Itt(2)));
+        assert!(!dm.rx_paused);
+        let t0 = Instant::now();
+        while !dm.idle() && t0.elapsed() < Duration::from_secs(10) {
+            dm.poll(&mut ev);
+        }
+        assert_eq!(drain.join().unwrap(), 32 * pdu_len);
+        assert_eq!(dm.tx_backlog(), TxBacklog { unbudgeted: 0, total: 0, sent: 32 * pdu_len });
+
+        // Read data in held buffers counts in the total only.
+        dm.put_data(PutData { itt: Itt(5), lun: Lun(0), buf: riser_bdev::IoBuf::from(vec![1u8; 8192]), len: 8192, offset: 0, response: Some(response(0, false)), sn: SnState::default() });
+        let b = dm.tx_backlog();
+        assert_eq!((b.total - b.unbudgeted, b.unbudgeted), (8192, BHS_LEN), "{b:?}");
     }
 
     /// Polls the datamover until the initiator's end has a whole PDU, and returns it.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use riser_config::{Lun, TargetNode};
-use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest};
+use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest, TxLimit};
 use riser_iscsi::pdu::Lun as PduLun;
 use riser_reactor::{Ctx, PollStatus};
 use riser_scsi::{DataWant, DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
@@ -51,6 +51,11 @@ pub struct Connection<D: Datamover> {
     /// SCSI tasks submitted whose result has not come back (every submit yields exactly
     /// one result, aborted ones too); mirrored into `info.queue_depth`.
     in_flight: u32,
+    /// How long the send queue may sit without the initiator taking a byte of it before
+    /// the connection is closed (NOP-In timeout; zero: never).
+    tx_stall_timeout: Duration,
+    /// The datamover's bytes sent when last seen moving (or its queue empty), and when.
+    tx_progress: (u64, Instant),
 }
 
 impl<D: Datamover> Connection<D> {
@@ -93,7 +98,40 @@ impl<D: Datamover> Connection<D> {
             done: false,
             published: CopyStats::default(),
             in_flight: 0,
+            tx_stall_timeout: Duration::ZERO,
+            tx_progress: (0, now),
         }
+    }
+
+    /// Bounds what the datamover queues for the initiator: receiving stops while more than
+    /// `limit` is queued (a peer that sends and never reads fills its own socket buffers, not
+    /// riser's memory), and a queue the initiator has taken nothing of for `stall_timeout`
+    /// (the NOP-In timeout; zero: never) closes the connection, since a NOP-In ping could
+    /// neither reach such a peer nor its answer be read.
+    pub fn with_tx_limits(mut self, limit: TxLimit, stall_timeout: Duration) -> Self {
+        self.dm.limit_tx_queue(limit);
+        self.tx_stall_timeout = stall_timeout;
+        self
+    }
+
+    /// Whether the initiator has taken nothing of a non-empty send queue for the stall
+    /// timeout; keeps track of the progress.
+    fn tx_stalled(&mut self, now: Instant) -> Option<String> {
+        let b = self.dm.tx_backlog();
+        if b.total == 0 || b.sent != self.tx_progress.0 {
+            self.tx_progress = (b.sent, now);
+            return None;
+        }
+        let still = now.duration_since(self.tx_progress.1);
+        (!self.tx_stall_timeout.is_zero() && still >= self.tx_stall_timeout).then(|| {
+            format!(
+                "the initiator has read nothing for {} s ({} bytes queued for it, {} of them outside I/O buffers; nop_timeout {} s): closing a peer that stopped reading",
+                still.as_secs(),
+                b.total,
+                b.unbudgeted,
+                self.tx_stall_timeout.as_secs()
+            )
+        })
     }
 
     pub fn info(&self) -> &Arc<ConnInfo> {
@@ -228,6 +266,7 @@ impl<D: Datamover> Connection<D> {
         }
         let mut work = self.dm.poll(&mut self.events);
         let mut terminated = None;
+        let mut stalled = None;
         for ev in self.events.drain(..) {
             match ev {
                 DmEvent::Control(pdu) => {
@@ -268,6 +307,7 @@ impl<D: Datamover> Connection<D> {
                 self.closing_since = Some(now);
             }
             self.refresh_luns();
+            stalled = self.tx_stalled(now);
         }
         let (n, executed) = self.run_actions();
         work += n;
@@ -284,7 +324,10 @@ impl<D: Datamover> Connection<D> {
             work += self.dm.flush(&mut self.events);
         }
         let expired = self.closing_since.map_or(false, |t| now.duration_since(t) > CLOSE_GRACE);
-        if let Some(why) = terminated.or_else(|| expired.then(|| "close timed out".to_string())) {
+        if let Some(why) = &stalled {
+            log::warn!("connection {} ({} from {}): {why}", self.info.id, self.info.initiator_name, self.info.initiator_addr);
+        }
+        if let Some(why) = terminated.or(stalled).or_else(|| expired.then(|| "close timed out".to_string())) {
             self.teardown(&why);
             return PollStatus::Done;
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use riser_config::{IscsiTarget, SendTargets};
-use riser_iscsi::ffp::{connection_config, Ffp, TargetLimits, TextResponder};
+use riser_iscsi::ffp::{connection_config, Ffp, TargetLimits, TextResponder, TxLimit};
 use riser_iscsi::login::{LoginOutcome, LoginTransport, SessionDecision};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::params::SessionType;
@@ -44,6 +44,10 @@ impl IscsiServer {
             Duration::from_secs(opts.nop_timeout as u64),
         );
         let (ffp_cfg, dm_params) = connection_config(&o, kind, &limits);
+        // What the connection may queue for the initiator, and how long the initiator may
+        // leave it there untaken.
+        let tx_limit = TxLimit::new(opts.max_tx_queue_bytes as usize);
+        let tx_stall = Duration::from_secs(opts.nop_timeout as u64);
         let isid = isid_u64(&o.identity.isid.0);
         let target_name = s.target_name.clone().unwrap_or_default();
         let tsih = o.tsih();
@@ -155,7 +159,7 @@ impl IscsiServer {
                 ffp
             };
             ffp.set_responder(Box::new(responder));
-            Connection::new(info, registry, dm, ffp, node, nexus, now).start(ctx);
+            Connection::new(info, registry, dm, ffp, node, nexus, now).with_tx_limits(tx_limit, tx_stall).start(ctx);
         });
         if sent.is_err() {
             log::warn!("connection from {peer}: reactors are stopping");

@@ -868,6 +868,10 @@ struct IscsiSetOptions {
     /// Data-Out buffer pool size (accepted for SPDK compatibility)
     #[arg(short = 'z', long)]
     data_out_pool_size: Option<u32>,
+    /// Bytes a connection may queue for sending outside the I/O buffers before it stops
+    /// reading (riser's extension)
+    #[arg(long)]
+    max_tx_queue_bytes: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -899,6 +903,7 @@ impl IscsiSetOptions {
             pdu_pool_size: self.pdu_pool_size,
             immediate_data_pool_size: self.immediate_data_pool_size,
             data_out_pool_size: self.data_out_pool_size,
+            max_tx_queue_bytes: self.max_tx_queue_bytes,
         }
     }
 }

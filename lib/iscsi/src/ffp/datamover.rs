@@ -193,6 +193,63 @@ impl std::ops::AddAssign for CopyStats {
     }
 }
 
+/// What a datamover holds for the initiator that the transport has not taken yet
+/// ([`Datamover::tx_backlog`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxBacklog {
+    /// Queued bytes outside budgeted I/O buffers: headers, NOP-In echoes, Rejects, text
+    /// responses, sense data (read data in the tasks' buffers is counted by the buffer budget).
+    pub unbudgeted: usize,
+    /// All queued bytes, read data in the tasks' buffers included.
+    pub total: usize,
+    /// Bytes handed to the transport since the connection started: while something is
+    /// queued and this does not move, the initiator is taking nothing.
+    pub sent: u64,
+}
+
+/// How much a datamover may queue for sending before it stops receiving
+/// ([`Datamover::limit_tx_queue`]): an initiator that sends requests (NOP-Out pings, PDUs
+/// that earn a Reject) and never reads the answers fills the kernel's socket buffers, not
+/// riser's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxLimit {
+    /// Receiving stops while more than this many unbudgeted bytes are queued
+    /// ([`TxBacklog::unbudgeted`]).
+    pub unbudgeted: usize,
+    /// ... or more than this many bytes in all ([`TxBacklog::total`]): a backstop above
+    /// any connection's share of the buffer budget.
+    pub total: usize,
+}
+
+/// Default of `max_tx_queue_bytes` (`iscsi_set_options`): 1 MiB. That is 4 times the
+/// largest PDU an initiator can make riser answer outside the buffer budget (the NOP-In echo
+/// of a ping of riser's MaxRecvDataSegmentLength, 256 KiB); far more than a healthy
+/// connection queues besides read data (the Data-In headers of 32 MiB of read data, a
+/// connection's share of the default budget, are 192 KiB at a MaxRecvDataSegmentLength of
+/// 8 KiB; a SCSI Response is 48 bytes); and small enough that a thousand connections that
+/// stop reading hold about 1 GiB, not without bound.
+pub const DEFAULT_MAX_TX_QUEUE_BYTES: usize = 1 << 20;
+
+impl TxLimit {
+    /// The limits for an unbudgeted bound of `bytes`: the total bound is 64 times that
+    /// (64 MiB by default, above a connection's fair share of the default buffer budget, so
+    /// it binds only if budgeted data were queued outside the budget).
+    pub fn new(bytes: usize) -> TxLimit {
+        TxLimit { unbudgeted: bytes, total: bytes.saturating_mul(64) }
+    }
+
+    /// Whether `b` is over these limits (receiving should wait).
+    pub fn exceeded_by(&self, b: &TxBacklog) -> bool {
+        b.unbudgeted > self.unbudgeted || b.total > self.total
+    }
+}
+
+impl Default for TxLimit {
+    fn default() -> Self {
+        TxLimit::new(DEFAULT_MAX_TX_QUEUE_BYTES)
+    }
+}
+
 /// The RFC 5047 primitives riser uses. One instance per connection, owned by one reactor.
 pub trait Datamover {
     /// Send_Control: a control-type PDU.
@@ -234,6 +291,18 @@ pub trait Datamover {
     fn recycle(&mut self, segment: Vec<u8>) {
         drop(segment);
     }
+    /// What is queued for the initiator and not yet taken by the transport; the connection
+    /// closes one whose queue has not moved for NOP-In timeout. A datamover whose queue is
+    /// bounded otherwise reports nothing.
+    fn tx_backlog(&self) -> TxBacklog {
+        TxBacklog::default()
+    }
+    /// Stop receiving while more than `limit` is queued for sending, and go on once the
+    /// initiator has taken enough of it (see [`TxLimit`]). A datamover whose queue is bounded
+    /// otherwise ignores it.
+    fn limit_tx_queue(&mut self, limit: TxLimit) {
+        let _ = limit;
+    }
 }
 
 /// A boxed datamover (the server holds each transport's datamover as a trait object).
@@ -273,5 +342,11 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn recycle(&mut self, segment: Vec<u8>) {
         (**self).recycle(segment)
+    }
+    fn tx_backlog(&self) -> TxBacklog {
+        (**self).tx_backlog()
+    }
+    fn limit_tx_queue(&mut self, limit: TxLimit) {
+        (**self).limit_tx_queue(limit)
     }
 }

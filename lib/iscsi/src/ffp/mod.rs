@@ -6,7 +6,7 @@ pub mod datamover;
 pub mod session;
 
 pub use config::{connection_config, FfpConfig, TargetLimits, ISER_INITIATOR_RECV_DATA_SEGMENT, LARGEST_WRITE};
-pub use datamover::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, WriteBuffers};
+pub use datamover::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, TxBacklog, TxLimit, WriteBuffers, DEFAULT_MAX_TX_QUEUE_BYTES};
 pub use session::{
     Action, CmdWindow, Ffp, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder, STATUS_CHECK_CONDITION,
     STATUS_GOOD,
