@@ -28,6 +28,8 @@ use crate::text::{encode_pairs, Pairs, TextAssembler};
 /// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
 pub const STATUS_GOOD: u8 = Status::Good as u8;
 pub const STATUS_CHECK_CONDITION: u8 = Status::CheckCondition as u8;
+/// SCSI status TASK SET FULL (SAM-5 5.3.1): a command the task set has no room for.
+pub const STATUS_TASK_SET_FULL: u8 = Status::TaskSetFull as u8;
 
 /// The CmdSN window of a session (RFC 7143 §3.2.2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +100,12 @@ pub enum Action {
     /// `offset` (as asked for with [`Ffp::on_scsi_want`]).
     WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
-    /// datamover's resources for it (Deallocate_Task_Resources).
+    /// datamover's resources for it (Deallocate_Task_Resources). The driver carries it out
+    /// when it takes it from [`Ffp::poll_action`]: until then the aborted task's ITT stays in
+    /// use (a new command with it is rejected), and from then on neither the SCSI layer nor
+    /// the datamover reports anything of the aborted task under its ITT but an aborted
+    /// result, which the driver drops. So a completion of the old task can never be taken
+    /// for one of a new task that reuses the ITT.
     Abort { itt: Itt, lun: Lun },
     /// Reset a LUN for every session (LUN RESET) or the whole target (warm/cold reset).
     ResetLun(Lun),
@@ -194,6 +201,9 @@ pub struct Ffp {
     staged_bytes: u64,
     /// Data segments whose bytes were copied, for the datamover to reuse (`take_spare`).
     spare: Vec<Vec<u8>>,
+    /// ITTs of aborted tasks whose [`Action::Abort`] the driver has not taken yet: still in
+    /// use (a completion or data event of the old task may still come under them).
+    aborting: Vec<Itt>,
     /// Plain WRITEs with more solicited data than this stream: their data is asked for
     /// piece by piece by the SCSI layer (0: never).
     write_stream_chunk: u32,
@@ -233,6 +243,7 @@ impl Ffp {
             waiting_buf: VecDeque::new(),
             staged_bytes: 0,
             spare: Vec::new(),
+            aborting: Vec::new(),
             write_stream_chunk: 0,
         }
     }
@@ -376,13 +387,38 @@ impl Ffp {
         self.tasks.len()
     }
 
+    /// Unsolicited write data held in segments outside the buffer budget now: immediate
+    /// data and unsolicited Data-Out of tasks waiting for their buffer, and the immediate
+    /// data of commands held for a CmdSN gap. Bounded per connection by the task cap
+    /// (`queue_depth` tasks, see `on_scsi_command`) and the CmdSN window, each command
+    /// holding at most FirstBurstLength of unsolicited data (RFC 7143 §13.14).
+    pub fn staged_held_bytes(&self) -> usize {
+        let staged: usize = self.tasks.values().flat_map(|t| t.staged.iter()).map(Vec::len).sum();
+        let held: usize = self.held.values().map(|(p, _)| p.data.len()).sum();
+        staged + held
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing
     }
 
-    /// The next action for the driver.
+    /// The next action for the driver. Taking an [`Action::Abort`] frees its ITT for reuse
+    /// (the driver carries the abort out now).
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let a = self.actions.pop_front();
+        if let Some(Action::Abort { itt, .. }) = &a {
+            if let Some(i) = self.aborting.iter().position(|x| x == itt) {
+                self.aborting.swap_remove(i);
+            }
+        }
+        a
+    }
+
+    /// Asks the driver to abort task `itt` (out of the task table already); its ITT stays
+    /// in use until the driver takes the action (see [`Action::Abort`]).
+    fn abort_action(&mut self, itt: Itt, lun: Lun) {
+        self.aborting.push(itt);
+        self.actions.push_back(Action::Abort { itt, lun });
     }
 
     fn close(&mut self, reason: impl Into<String>, logout: bool) {
@@ -600,11 +636,33 @@ impl Ffp {
                 s.slot_freed()
             }
         };
-        if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() {
-            // A tag already in use, or the reserved tag: Reject, Invalid PDU field (RFC 7143
-            // §11.17.1 also has "Task in progress").
+        if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() || self.aborting.contains(&cmd.itt) {
+            // A tag already in use (by a live task, or by an aborted one whose abort has not
+            // reached the SCSI layer and the datamover yet: the old task's completion or data
+            // could still come under it), or the reserved tag: Reject, Invalid PDU field
+            // (RFC 7143 §11.17.1; an ITT is unique among the initiator's outstanding tasks).
+            // A reused tag never gets another command's completion.
+            log::warn!("task {:#x}: a command with a tag still in use: rejected", cmd.itt.0);
             release_slot(self);
             self.reject(header, RejectReason::InvalidPduField);
+            return;
+        }
+        if self.tasks.len() >= self.cfg.queue_depth.max(1) as usize {
+            // The connection holds as many tasks as the session's queue depth. The CmdSN
+            // window keeps non-immediate commands to that many a session, but immediate ones
+            // bypass it (RFC 7143 §3.2.2.1), and each may hold unsolicited data in segments
+            // outside the buffer budget: the cap bounds both.
+            if immediate {
+                // RFC 7143 §11.17.1: reason 0x06, "Immediate command reject - too many
+                // immediate commands"; a rejected command has no response and used no CmdSN.
+                log::warn!("task {:#x}: an immediate command beyond the connection's {} tasks: rejected", cmd.itt.0, self.tasks.len());
+                self.reject(header, RejectReason::ImmediateCommandReject);
+            } else {
+                // Within the window (it took a CmdSN, so it is answered): SCSI status TASK
+                // SET FULL (SAM-5 5.3.1), for a command the task set has no room for.
+                log::warn!("task {:#x}: a command beyond the connection's {} tasks: TASK SET FULL", cmd.itt.0, self.tasks.len());
+                self.respond_status(cmd.itt, immediate, STATUS_TASK_SET_FULL, cmd.expected_data_transfer_length);
+            }
             return;
         }
         let mut ext_cdb = Vec::new();
@@ -812,7 +870,7 @@ impl Ffp {
             log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have: the command fails", itt.0);
             let (lun, immediate) = (t.lun, t.cmd.immediate);
             self.tasks.remove(&itt);
-            self.actions.push_back(Action::Abort { itt, lun });
+            self.abort_action(itt, lun);
             self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, false);
             return;
         }
@@ -942,7 +1000,7 @@ impl Ffp {
             log::warn!("task {:#x}: write data failed: {reason}", itt.0);
             if t.stream {
                 // The command is in the SCSI layer already, waiting for this piece.
-                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+                self.abort_action(itt, t.lun);
             }
             self.respond_check(itt, t.cmd.immediate, SENSE_DATA_PHASE_ERROR, t.cmd.expected_data_transfer_length, false);
         }
@@ -981,7 +1039,7 @@ impl Ffp {
         if t.stream && t.want.is_some() {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
-            self.actions.push_back(Action::Abort { itt: done.itt, lun: t.lun });
+            self.abort_action(done.itt, t.lun);
         }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
@@ -1037,6 +1095,16 @@ impl Ffp {
             })),
             _ => self.actions.push_back(Action::Send(response)),
         }
+    }
+
+    /// A response without sense data (TASK SET FULL) for a command that never became a task.
+    fn respond_status(&mut self, itt: Itt, immediate: bool, status: u8, edtl: u32) {
+        if !immediate {
+            self.slot_freed();
+        }
+        let s = self.next_stat_sn();
+        let residual = if edtl > 0 { Residual::Underflow(edtl) } else { Residual::None };
+        self.actions.push_back(Action::Send(scsi_response(itt, status, &[], residual, s)));
     }
 
     /// A CHECK CONDITION response for a task that never reached the SCSI layer.
@@ -1150,7 +1218,7 @@ impl Ffp {
                 if !t.cmd.immediate {
                     self.slot_freed();
                 }
-                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+                self.abort_action(itt, t.lun);
             }
         }
     }
@@ -1165,7 +1233,7 @@ impl Ffp {
                         if !task.cmd.immediate {
                             self.slot_freed();
                         }
-                        self.actions.push_back(Action::Abort { itt, lun: task.lun });
+                        self.abort_action(itt, task.lun);
                         tmf::response::FUNCTION_COMPLETE
                     }
                     // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the
