@@ -170,6 +170,8 @@ struct Task {
     first_piece: Option<IoBuf>,
     /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
     staged_from: u32,
+    /// Handed to the SCSI layer ([`Action::Execute`]): an abort of it comes back as a result.
+    in_scsi: bool,
 }
 
 /// The full-feature phase of one connection.
@@ -204,6 +206,12 @@ pub struct Ffp {
     /// ITTs of aborted tasks whose [`Action::Abort`] the driver has not taken yet: still in
     /// use (a completion or data event of the old task may still come under them).
     aborting: Vec<Itt>,
+    /// Aborted tasks the SCSI layer has not given back yet (one entry each), when the driver
+    /// reports aborted results ([`Self::set_aborted_results`]): they keep their place under
+    /// the task cap, so aborting in a loop cannot pile up work in the SCSI layer.
+    aborted_in_scsi: Vec<Itt>,
+    /// The driver reports every aborted SCSI result ([`Self::on_scsi_aborted`]).
+    aborted_results: bool,
     /// Plain WRITEs with more solicited data than this stream: their data is asked for
     /// piece by piece by the SCSI layer (0: never).
     write_stream_chunk: u32,
@@ -244,6 +252,8 @@ impl Ffp {
             staged_bytes: 0,
             spare: Vec::new(),
             aborting: Vec::new(),
+            aborted_in_scsi: Vec::new(),
+            aborted_results: false,
             write_stream_chunk: 0,
         }
     }
@@ -415,10 +425,41 @@ impl Ffp {
     }
 
     /// Asks the driver to abort task `itt` (out of the task table already); its ITT stays
-    /// in use until the driver takes the action (see [`Action::Abort`]).
-    fn abort_action(&mut self, itt: Itt, lun: Lun) {
+    /// in use until the driver takes the action (see [`Action::Abort`]). `in_scsi`: the
+    /// task is in the SCSI layer, which gives it back with a result.
+    fn abort_action(&mut self, itt: Itt, lun: Lun, in_scsi: bool) {
         self.aborting.push(itt);
+        if in_scsi && self.aborted_results {
+            self.aborted_in_scsi.push(itt);
+        }
         self.actions.push_back(Action::Abort { itt, lun });
+    }
+
+    /// The driver promises to report every SCSI result of an aborted task with
+    /// [`Self::on_scsi_aborted`] (the ones it drops): an aborted task then counts against
+    /// the task cap until the SCSI layer gives it back, not only until the abort is sent.
+    pub fn set_aborted_results(&mut self, on: bool) {
+        self.aborted_results = on;
+        if !on {
+            self.aborted_in_scsi.clear();
+        }
+    }
+
+    /// The SCSI layer gave back aborted task `itt` (its result, dropped).
+    pub fn on_scsi_aborted(&mut self, itt: Itt) {
+        self.scsi_gave_back(itt);
+    }
+
+    /// An aborted task `itt` is out of the SCSI layer.
+    fn scsi_gave_back(&mut self, itt: Itt) {
+        if let Some(i) = self.aborted_in_scsi.iter().position(|x| *x == itt) {
+            self.aborted_in_scsi.swap_remove(i);
+        }
+    }
+
+    /// Tasks counted against the cap: live ones, and aborted ones still in the SCSI layer.
+    fn tasks_held(&self) -> usize {
+        self.tasks.len() + self.aborted_in_scsi.len()
     }
 
     fn close(&mut self, reason: impl Into<String>, logout: bool) {
@@ -647,7 +688,7 @@ impl Ffp {
             self.reject(header, RejectReason::InvalidPduField);
             return;
         }
-        if self.tasks.len() >= self.cfg.queue_depth.max(1) as usize {
+        if self.tasks_held() >= self.cfg.queue_depth.max(1) as usize {
             // The connection holds as many tasks as the session's queue depth. The CmdSN
             // window keeps non-immediate commands to that many a session, but immediate ones
             // bypass it (RFC 7143 §3.2.2.1), and each may hold unsolicited data in segments
@@ -655,12 +696,12 @@ impl Ffp {
             if immediate {
                 // RFC 7143 §11.17.1: reason 0x06, "Immediate command reject - too many
                 // immediate commands"; a rejected command has no response and used no CmdSN.
-                log::warn!("task {:#x}: an immediate command beyond the connection's {} tasks: rejected", cmd.itt.0, self.tasks.len());
+                log::warn!("task {:#x}: an immediate command beyond the connection's {} tasks: rejected", cmd.itt.0, self.tasks_held());
                 self.reject(header, RejectReason::ImmediateCommandReject);
             } else {
                 // Within the window (it took a CmdSN, so it is answered): SCSI status TASK
                 // SET FULL (SAM-5 5.3.1), for a command the task set has no room for.
-                log::warn!("task {:#x}: a command beyond the connection's {} tasks: TASK SET FULL", cmd.itt.0, self.tasks.len());
+                log::warn!("task {:#x}: a command beyond the connection's {} tasks: TASK SET FULL", cmd.itt.0, self.tasks_held());
                 self.respond_status(cmd.itt, immediate, STATUS_TASK_SET_FULL, cmd.expected_data_transfer_length);
             }
             return;
@@ -724,6 +765,7 @@ impl Ffp {
             want: None,
             first_piece: None,
             staged_from: 0,
+            in_scsi: false,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -841,6 +883,7 @@ impl Ffp {
     fn execute(&mut self, itt: Itt) {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         t.state = TaskState::Executing;
+        t.in_scsi = true;
         let data_out_len = if t.buf.is_some() { t.cmd.expected_data_transfer_length } else { 0 };
         self.actions.push_back(Action::Execute(ScsiRequest {
             itt,
@@ -870,7 +913,7 @@ impl Ffp {
             log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have: the command fails", itt.0);
             let (lun, immediate) = (t.lun, t.cmd.immediate);
             self.tasks.remove(&itt);
-            self.abort_action(itt, lun);
+            self.abort_action(itt, lun, true);
             self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, false);
             return;
         }
@@ -1000,7 +1043,7 @@ impl Ffp {
             log::warn!("task {:#x}: write data failed: {reason}", itt.0);
             if t.stream {
                 // The command is in the SCSI layer already, waiting for this piece.
-                self.abort_action(itt, t.lun);
+                self.abort_action(itt, t.lun, t.in_scsi);
             }
             self.respond_check(itt, t.cmd.immediate, SENSE_DATA_PHASE_ERROR, t.cmd.expected_data_transfer_length, false);
         }
@@ -1030,7 +1073,9 @@ impl Ffp {
     /// A SCSI completion.
     pub fn on_scsi_done(&mut self, done: ScsiDone) {
         let Some(t) = self.tasks.remove(&done.itt) else {
-            return; // aborted meanwhile
+            // Aborted meanwhile, and finished before the abort reached the SCSI layer.
+            self.scsi_gave_back(done.itt);
+            return;
         };
         let immediate = t.cmd.immediate;
         if !immediate {
@@ -1039,7 +1084,7 @@ impl Ffp {
         if t.stream && t.want.is_some() {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
-            self.abort_action(done.itt, t.lun);
+            self.abort_action(done.itt, t.lun, false);
         }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
@@ -1218,7 +1263,7 @@ impl Ffp {
                 if !t.cmd.immediate {
                     self.slot_freed();
                 }
-                self.abort_action(itt, t.lun);
+                self.abort_action(itt, t.lun, t.in_scsi);
             }
         }
     }
@@ -1233,7 +1278,7 @@ impl Ffp {
                         if !task.cmd.immediate {
                             self.slot_freed();
                         }
-                        self.abort_action(itt, task.lun);
+                        self.abort_action(itt, task.lun, task.in_scsi);
                         tmf::response::FUNCTION_COMPLETE
                     }
                     // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the

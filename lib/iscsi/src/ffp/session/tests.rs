@@ -919,3 +919,41 @@ fn a_write_tag_reused_before_its_abort_is_carried_out_never_takes_the_old_data()
     assert_eq!(reject_reason(&a[2]), RejectReason::InvalidPduField.code());
     assert_eq!(f.active_tasks(), 0);
 }
+
+#[test]
+fn an_aborted_task_keeps_its_place_under_the_cap_until_the_scsi_layer_gives_it_back() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 2, ..Default::default() });
+    f.set_aborted_results(true);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, true, false, 512))), now);
+    assert_eq!(drain(&mut f).len(), 2);
+    f.on_pdu(abort_task(9, 1, 12, 10), now);
+    drain(&mut f);
+    // The abort went to the SCSI layer, which has not given the task back: the set is full.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(3, 12, true, false, 512))), now);
+    let a = drain(&mut f);
+    let [Action::Send(p)] = &a[..] else { panic!("expected one response") };
+    assert!(matches!(&p.bhs.op, Op::ScsiResponse(r) if r.itt == Itt(3) && r.status == STATUS_TASK_SET_FULL));
+    // Its aborted result comes back (the driver drops it): room again.
+    f.on_scsi_aborted(Itt(1));
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(4, 13, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(4)));
+    // A task that finished before its abort reached the SCSI layer is given back by its
+    // (dropped) completion.
+    f.on_pdu(abort_task(10, 2, 14, 11), now);
+    drain(&mut f);
+    done(&mut f, 2);
+    assert!(drain(&mut f).is_empty(), "the aborted task's completion is dropped");
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(5, 14, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(5)));
+    // A task aborted before it reached the SCSI layer is not waited for.
+    f.set_pool(small_pool());
+    done(&mut f, 4);
+    drain(&mut f);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(6, 15, false, true, 4096))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::GetData(_)]));
+    f.on_pdu(abort_task(11, 6, 16, 15), now);
+    drain(&mut f);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 16, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(7)));
+}
