@@ -10,6 +10,9 @@
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use riser_iscsi::pdu::{tmf, DataOut, Digests, Lun, NopOut, Op, Pdu};
@@ -18,6 +21,47 @@ use riser_perf::scsi::{rw_cdb, Dir};
 use serde_json::json;
 
 use common::*;
+
+/// Counts the live heap bytes of the whole process (the server runs in it, on its reactor
+/// thread): what data held in segments outside the buffer budget costs.
+struct LiveBytes;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; the counter is a side effect.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for LiveBytes {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: LiveBytes = LiveBytes;
+
+/// One test at a time: the heap measured is the process's.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The target node's queue depth (see `Env`): the most tasks one connection may hold.
 const QUEUE_DEPTH: u32 = 32;
@@ -91,6 +135,7 @@ fn cmd_sn(p: &Pdu) -> Sn {
 
 #[test]
 fn immediate_commands_beyond_the_queue_depth_are_refused_and_the_session_goes_on() {
+    let _serial = serial();
     let env = Env::new();
     // ImmediateData=Yes, InitialR2T=Yes: each write carries FirstBurstLength of immediate
     // data and waits for an R2T for the rest, which this initiator never answers.
@@ -159,6 +204,7 @@ fn immediate_commands_beyond_the_queue_depth_are_refused_and_the_session_goes_on
 
 #[test]
 fn a_write_tag_reused_before_its_abort_is_answered_never_gets_good_for_data_not_written() {
+    let _serial = serial();
     let env = Env::new();
     // No immediate data, InitialR2T=Yes: all write data is solicited.
     let (mut c, neg) = Client::login(&env, 1, keys(false, true, 65536));
@@ -227,6 +273,7 @@ fn a_write_tag_reused_before_its_abort_is_answered_never_gets_good_for_data_not_
 
 #[test]
 fn a_read_tag_reused_before_its_abort_is_answered_never_gets_the_old_reads_completion() {
+    let _serial = serial();
     let env = Env::new();
     // LUN 1: 16 MiB, so that a READ of 5 MiB streams in pieces of 1 MiB (four read ahead,
     // the fifth read once the first is handed on, completing one poll later).
@@ -305,5 +352,51 @@ fn a_read_tag_reused_before_its_abort_is_answered_never_gets_the_old_reads_compl
     let r = c.read(8, 4096);
     good(&r);
     assert!(r.data == new_data);
+    c.logout();
+}
+
+#[test]
+fn immediate_writes_whose_data_waits_outside_the_budget_do_not_grow_the_heap() {
+    let _serial = serial();
+    let env = Env::new();
+    let (mut c, neg) = Client::login(&env, 1, keys(true, true, 65536));
+    let imm = neg.first_burst.min(neg.max_send_dsl);
+    // Writes of 1 MiB, each with FirstBurstLength of immediate data: the first ones take
+    // their buffers from the budget (the datamover puts the immediate data there); once the
+    // connection holds its share of the budget, the immediate data of the next ones waits in
+    // its segment, on the heap, until their buffers come.
+    let edtl = 1 << 20;
+    let cdb = rw_cdb(Dir::Write, 0, edtl / BLOCK as u32);
+    good(&c.write(8, &pattern(1, 4096)));
+    let before = LIVE.load(Ordering::Relaxed);
+    let n = 2048;
+    let mut rejected = 0;
+    for chunk in 0..n / 64 {
+        let pdus: Vec<Pdu> = (0..64).map(|i| immediate(&mut c, RAW + chunk * 64 + i, &cdb, edtl, vec![0x5a; imm as usize])).collect();
+        send_at_once(&mut c, &pdus);
+        // What the target answers (Rejects, R2Ts), so the pipes stay short.
+        rejected += drain(&mut c, Duration::from_millis(30)).iter().filter(|p| matches!(p.op(), Op::Reject(_))).count();
+    }
+    let grown = LIVE.load(Ordering::Relaxed) - before;
+    // Each write beyond the queue depth is rejected, its data dropped: what stays is at most
+    // the queue depth's worth of immediate data, however many writes come.
+    assert!(
+        grown < 4 << 20,
+        "the heap grew by {} KiB for {n} writes with {imm} bytes of immediate data each ({rejected} rejected)",
+        grown >> 10
+    );
+    rejected += drain(&mut c, Duration::from_millis(100)).iter().filter(|p| matches!(p.op(), Op::Reject(_))).count();
+    assert_eq!(rejected, (n - QUEUE_DEPTH) as usize);
+    let (tm, abort_all) = c.s.task_mgmt(tmf::ABORT_TASK_SET, Itt::RESERVED, Sn(0));
+    c.send([abort_all]);
+    loop {
+        match recv(&mut c).op() {
+            Op::TaskMgmtResponse(r) if r.itt == tm => break,
+            Op::R2t(_) | Op::Reject(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    drain(&mut c, Duration::from_millis(100));
+    good(&c.read(8, 4096));
     c.logout();
 }
