@@ -101,11 +101,13 @@ pub enum Action {
     WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
     /// datamover's resources for it (Deallocate_Task_Resources). The driver carries it out
-    /// when it takes it from [`Ffp::poll_action`]: until then the aborted task's ITT stays in
-    /// use (a new command with it is rejected), and from then on neither the SCSI layer nor
-    /// the datamover reports anything of the aborted task under its ITT but an aborted
-    /// result, which the driver drops. So a completion of the old task can never be taken
-    /// for one of a new task that reuses the ITT.
+    /// when it takes it from [`Ffp::poll_action`]; until then the aborted task's ITT stays in
+    /// use (a new command with it is rejected). From then on the datamover has forgotten the
+    /// task and the SCSI layer reports it only as aborted (which the driver drops), except a
+    /// result the SCSI layer finished before the abort, which the driver must hand over
+    /// before it hands over any new PDU (the connection glue does: a result made while it
+    /// carries out actions is collected in the same pass). So a completion of the old task
+    /// is never taken for one of a new task that reuses the ITT.
     Abort { itt: Itt, lun: Lun },
     /// Reset a LUN for every session (LUN RESET) or the whole target (warm/cold reset).
     ResetLun(Lun),
