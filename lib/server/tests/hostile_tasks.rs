@@ -380,11 +380,7 @@ fn immediate_writes_whose_data_waits_outside_the_budget_do_not_grow_the_heap() {
     let grown = LIVE.load(Ordering::Relaxed) - before;
     // Each write beyond the queue depth is rejected, its data dropped: what stays is at most
     // the queue depth's worth of immediate data, however many writes come.
-    assert!(
-        grown < 4 << 20,
-        "the heap grew by {} KiB for {n} writes with {imm} bytes of immediate data each ({rejected} rejected)",
-        grown >> 10
-    );
+    assert!(grown < 4 << 20, "the heap grew by {} KiB for {n} writes with {imm} bytes of immediate data each ({rejected} rejected)", grown >> 10);
     rejected += drain(&mut c, Duration::from_millis(100)).iter().filter(|p| matches!(p.op(), Op::Reject(_))).count();
     assert_eq!(rejected, (n - QUEUE_DEPTH) as usize);
     let (tm, abort_all) = c.s.task_mgmt(tmf::ABORT_TASK_SET, Itt::RESERVED, Sn(0));
