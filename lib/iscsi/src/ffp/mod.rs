@@ -9,5 +9,5 @@ pub use config::{connection_config, FfpConfig, TargetLimits, ISER_INITIATOR_RECV
 pub use datamover::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, SnState, TxBacklog, TxLimit, WriteBuffers, DEFAULT_MAX_TX_QUEUE_BYTES};
 pub use session::{
     Action, CmdWindow, Ffp, Residual, SharedWindow, ScsiDone, ScsiRequest, TextResponder, STATUS_CHECK_CONDITION,
-    STATUS_GOOD,
+    STATUS_GOOD, STATUS_TASK_SET_FULL,
 };

@@ -28,6 +28,8 @@ use crate::text::{encode_pairs, Pairs, TextAssembler};
 /// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
 pub const STATUS_GOOD: u8 = Status::Good as u8;
 pub const STATUS_CHECK_CONDITION: u8 = Status::CheckCondition as u8;
+/// SCSI status TASK SET FULL (SAM-5 5.3.1): a command the task set has no room for.
+pub const STATUS_TASK_SET_FULL: u8 = Status::TaskSetFull as u8;
 
 /// The CmdSN window of a session (RFC 7143 §3.2.2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +100,14 @@ pub enum Action {
     /// `offset` (as asked for with [`Ffp::on_scsi_want`]).
     WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
-    /// datamover's resources for it (Deallocate_Task_Resources).
+    /// datamover's resources for it (Deallocate_Task_Resources). The driver carries it out
+    /// when it takes it from [`Ffp::poll_action`]; until then the aborted task's ITT stays in
+    /// use (a new command with it is rejected). From then on the datamover has forgotten the
+    /// task and the SCSI layer reports it only as aborted (which the driver drops), except a
+    /// result the SCSI layer finished before the abort, which the driver must hand over
+    /// before it hands over any new PDU (the connection glue does: a result made while it
+    /// carries out actions is collected in the same pass). So a completion of the old task
+    /// is never taken for one of a new task that reuses the ITT.
     Abort { itt: Itt, lun: Lun },
     /// Reset a LUN for every session (LUN RESET) or the whole target (warm/cold reset).
     ResetLun(Lun),
@@ -163,6 +172,8 @@ struct Task {
     first_piece: Option<IoBuf>,
     /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
     staged_from: u32,
+    /// Handed to the SCSI layer ([`Action::Execute`]): an abort of it comes back as a result.
+    in_scsi: bool,
 }
 
 /// The full-feature phase of one connection.
@@ -194,6 +205,15 @@ pub struct Ffp {
     staged_bytes: u64,
     /// Data segments whose bytes were copied, for the datamover to reuse (`take_spare`).
     spare: Vec<Vec<u8>>,
+    /// ITTs of aborted tasks whose [`Action::Abort`] the driver has not taken yet: still in
+    /// use (a completion or data event of the old task may still come under them).
+    aborting: Vec<Itt>,
+    /// Aborted tasks the SCSI layer has not given back yet (one entry each), when the driver
+    /// reports aborted results ([`Self::set_aborted_results`]): they keep their place under
+    /// the task cap, so aborting in a loop cannot pile up work in the SCSI layer.
+    aborted_in_scsi: Vec<Itt>,
+    /// The driver reports every aborted SCSI result ([`Self::on_scsi_aborted`]).
+    aborted_results: bool,
     /// Plain WRITEs with more solicited data than this stream: their data is asked for
     /// piece by piece by the SCSI layer (0: never).
     write_stream_chunk: u32,
@@ -233,6 +253,9 @@ impl Ffp {
             waiting_buf: VecDeque::new(),
             staged_bytes: 0,
             spare: Vec::new(),
+            aborting: Vec::new(),
+            aborted_in_scsi: Vec::new(),
+            aborted_results: false,
             write_stream_chunk: 0,
         }
     }
@@ -376,13 +399,69 @@ impl Ffp {
         self.tasks.len()
     }
 
+    /// Unsolicited write data held in segments outside the buffer budget now: immediate
+    /// data and unsolicited Data-Out of tasks waiting for their buffer, and the immediate
+    /// data of commands held for a CmdSN gap. Bounded per connection by the task cap
+    /// (`queue_depth` tasks, see `on_scsi_command`) and the CmdSN window, each command
+    /// holding at most FirstBurstLength of unsolicited data (RFC 7143 §13.14).
+    pub fn staged_held_bytes(&self) -> usize {
+        let staged: usize = self.tasks.values().flat_map(|t| t.staged.iter()).map(Vec::len).sum();
+        let held: usize = self.held.values().map(|(p, _)| p.data.len()).sum();
+        staged + held
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing
     }
 
-    /// The next action for the driver.
+    /// The next action for the driver. Taking an [`Action::Abort`] frees its ITT for reuse
+    /// (the driver carries the abort out now).
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let a = self.actions.pop_front();
+        if let Some(Action::Abort { itt, .. }) = &a {
+            if let Some(i) = self.aborting.iter().position(|x| x == itt) {
+                self.aborting.swap_remove(i);
+            }
+        }
+        a
+    }
+
+    /// Asks the driver to abort task `itt` (out of the task table already); its ITT stays
+    /// in use until the driver takes the action (see [`Action::Abort`]). `in_scsi`: the
+    /// task is in the SCSI layer, which gives it back with a result.
+    fn abort_action(&mut self, itt: Itt, lun: Lun, in_scsi: bool) {
+        self.aborting.push(itt);
+        if in_scsi && self.aborted_results {
+            self.aborted_in_scsi.push(itt);
+        }
+        self.actions.push_back(Action::Abort { itt, lun });
+    }
+
+    /// The driver promises to report every SCSI result of an aborted task with
+    /// [`Self::on_scsi_aborted`] (the ones it drops): an aborted task then counts against
+    /// the task cap until the SCSI layer gives it back, not only until the abort is sent.
+    pub fn set_aborted_results(&mut self, on: bool) {
+        self.aborted_results = on;
+        if !on {
+            self.aborted_in_scsi.clear();
+        }
+    }
+
+    /// The SCSI layer gave back aborted task `itt` (its result, dropped).
+    pub fn on_scsi_aborted(&mut self, itt: Itt) {
+        self.scsi_gave_back(itt);
+    }
+
+    /// An aborted task `itt` is out of the SCSI layer.
+    fn scsi_gave_back(&mut self, itt: Itt) {
+        if let Some(i) = self.aborted_in_scsi.iter().position(|x| *x == itt) {
+            self.aborted_in_scsi.swap_remove(i);
+        }
+    }
+
+    /// Tasks counted against the cap: live ones, and aborted ones still in the SCSI layer.
+    fn tasks_held(&self) -> usize {
+        self.tasks.len() + self.aborted_in_scsi.len()
     }
 
     fn close(&mut self, reason: impl Into<String>, logout: bool) {
@@ -600,11 +679,33 @@ impl Ffp {
                 s.slot_freed()
             }
         };
-        if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() {
-            // A tag already in use, or the reserved tag: Reject, Invalid PDU field (RFC 7143
-            // §11.17.1 also has "Task in progress").
+        if self.tasks.contains_key(&cmd.itt) || cmd.itt.is_reserved() || self.aborting.contains(&cmd.itt) {
+            // A tag already in use (by a live task, or by an aborted one whose abort has not
+            // reached the SCSI layer and the datamover yet: the old task's completion or data
+            // could still come under it), or the reserved tag: Reject, Invalid PDU field
+            // (RFC 7143 §11.17.1; an ITT is unique among the initiator's outstanding tasks).
+            // A reused tag never gets another command's completion.
+            log::warn!("task {:#x}: a command with a tag still in use: rejected", cmd.itt.0);
             release_slot(self);
             self.reject(header, RejectReason::InvalidPduField);
+            return;
+        }
+        if self.tasks_held() >= self.cfg.queue_depth.max(1) as usize {
+            // The connection holds as many tasks as the session's queue depth. The CmdSN
+            // window keeps non-immediate commands to that many a session, but immediate ones
+            // bypass it (RFC 7143 §3.2.2.1), and each may hold unsolicited data in segments
+            // outside the buffer budget: the cap bounds both.
+            if immediate {
+                // RFC 7143 §11.17.1: reason 0x06, "Immediate command reject - too many
+                // immediate commands"; a rejected command has no response and used no CmdSN.
+                log::warn!("task {:#x}: an immediate command beyond the connection's {} tasks: rejected", cmd.itt.0, self.tasks_held());
+                self.reject(header, RejectReason::ImmediateCommandReject);
+            } else {
+                // Within the window (it took a CmdSN, so it is answered): SCSI status TASK
+                // SET FULL (SAM-5 5.3.1), for a command the task set has no room for.
+                log::warn!("task {:#x}: a command beyond the connection's {} tasks: TASK SET FULL", cmd.itt.0, self.tasks_held());
+                self.respond_status(cmd.itt, immediate, STATUS_TASK_SET_FULL, cmd.expected_data_transfer_length);
+            }
             return;
         }
         let mut ext_cdb = Vec::new();
@@ -666,6 +767,7 @@ impl Ffp {
             want: None,
             first_piece: None,
             staged_from: 0,
+            in_scsi: false,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -783,6 +885,7 @@ impl Ffp {
     fn execute(&mut self, itt: Itt) {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         t.state = TaskState::Executing;
+        t.in_scsi = true;
         let data_out_len = if t.buf.is_some() { t.cmd.expected_data_transfer_length } else { 0 };
         self.actions.push_back(Action::Execute(ScsiRequest {
             itt,
@@ -812,7 +915,7 @@ impl Ffp {
             log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have: the command fails", itt.0);
             let (lun, immediate) = (t.lun, t.cmd.immediate);
             self.tasks.remove(&itt);
-            self.actions.push_back(Action::Abort { itt, lun });
+            self.abort_action(itt, lun, true);
             self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, false);
             return;
         }
@@ -942,7 +1045,7 @@ impl Ffp {
             log::warn!("task {:#x}: write data failed: {reason}", itt.0);
             if t.stream {
                 // The command is in the SCSI layer already, waiting for this piece.
-                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+                self.abort_action(itt, t.lun, t.in_scsi);
             }
             self.respond_check(itt, t.cmd.immediate, SENSE_DATA_PHASE_ERROR, t.cmd.expected_data_transfer_length, false);
         }
@@ -972,7 +1075,9 @@ impl Ffp {
     /// A SCSI completion.
     pub fn on_scsi_done(&mut self, done: ScsiDone) {
         let Some(t) = self.tasks.remove(&done.itt) else {
-            return; // aborted meanwhile
+            // Aborted meanwhile, and finished before the abort reached the SCSI layer.
+            self.scsi_gave_back(done.itt);
+            return;
         };
         let immediate = t.cmd.immediate;
         if !immediate {
@@ -981,7 +1086,7 @@ impl Ffp {
         if t.stream && t.want.is_some() {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
-            self.actions.push_back(Action::Abort { itt: done.itt, lun: t.lun });
+            self.abort_action(done.itt, t.lun, false);
         }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
@@ -1037,6 +1142,16 @@ impl Ffp {
             })),
             _ => self.actions.push_back(Action::Send(response)),
         }
+    }
+
+    /// A response without sense data (TASK SET FULL) for a command that never became a task.
+    fn respond_status(&mut self, itt: Itt, immediate: bool, status: u8, edtl: u32) {
+        if !immediate {
+            self.slot_freed();
+        }
+        let s = self.next_stat_sn();
+        let residual = if edtl > 0 { Residual::Underflow(edtl) } else { Residual::None };
+        self.actions.push_back(Action::Send(scsi_response(itt, status, &[], residual, s)));
     }
 
     /// A CHECK CONDITION response for a task that never reached the SCSI layer.
@@ -1150,7 +1265,7 @@ impl Ffp {
                 if !t.cmd.immediate {
                     self.slot_freed();
                 }
-                self.actions.push_back(Action::Abort { itt, lun: t.lun });
+                self.abort_action(itt, t.lun, t.in_scsi);
             }
         }
     }
@@ -1165,7 +1280,7 @@ impl Ffp {
                         if !task.cmd.immediate {
                             self.slot_freed();
                         }
-                        self.actions.push_back(Action::Abort { itt, lun: task.lun });
+                        self.abort_action(itt, task.lun, task.in_scsi);
                         tmf::response::FUNCTION_COMPLETE
                     }
                     // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the

@@ -803,3 +803,157 @@ fn a_streamed_write_uses_its_placed_first_piece() {
     assert!(g.buf.as_slice()[..8192].iter().all(|&b| b == 9), "the placed immediate data");
     assert_eq!(f.staged_bytes(), 0, "no second copy");
 }
+
+// Hostile initiators (issue #22 items 6 and 8): the task cap and reused tags.
+
+/// A command with the I bit (immediate delivery: no CmdSN used, outside the window).
+fn immediate(itt: u32, cmd_sn: u32, read: bool, write: bool, edtl: u32) -> ScsiCommand {
+    ScsiCommand { immediate: true, ..cmd(itt, cmd_sn, read, write, edtl) }
+}
+
+fn reject_reason(a: &Action) -> u8 {
+    match &sent(a).bhs.op {
+        Op::Reject(r) => r.reason,
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn immediate_commands_beyond_the_queue_depth_are_rejected_and_in_window_ones_get_task_set_full() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    for itt in 1..=4 {
+        f.on_pdu(Pdu::new(Op::ScsiCommand(immediate(itt, 10, true, false, 512))), now);
+    }
+    assert_eq!(drain(&mut f).iter().filter(|a| matches!(a, Action::Execute(_))).count(), 4);
+    // The fifth immediate command: Reject, too many immediate commands (RFC 7143 §11.17.1).
+    f.on_pdu(Pdu::new(Op::ScsiCommand(immediate(5, 10, true, false, 512))), now);
+    let a = drain(&mut f);
+    assert_eq!(a.len(), 1);
+    assert_eq!(reject_reason(&a[0]), RejectReason::ImmediateCommandReject.code());
+    assert_eq!((f.active_tasks(), f.sn().exp_cmd_sn, f.sn().max_cmd_sn), (4, Sn(10), Sn(13)), "no CmdSN used");
+    // A command within the window finds the task set full: TASK SET FULL, its CmdSN used and
+    // its window slot given back.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(6, 10, true, false, 512))), now);
+    let a = drain(&mut f);
+    let [Action::Send(p)] = &a[..] else { panic!("expected one response") };
+    let Op::ScsiResponse(r) = &p.bhs.op else { panic!("expected a SCSI Response") };
+    assert_eq!((r.itt, r.status, r.residual_underflow, r.residual_count), (Itt(6), STATUS_TASK_SET_FULL, true, 512));
+    assert_eq!((r.exp_cmd_sn, r.max_cmd_sn), (Sn(11), Sn(14)));
+    assert_eq!(f.active_tasks(), 4);
+    // One task ends: there is room for one more, immediate or not.
+    done(&mut f, 1);
+    drain(&mut f);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(immediate(7, 11, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(7)));
+    assert!(!f.is_closing());
+}
+
+#[test]
+fn immediate_writes_with_their_data_staged_are_capped_at_the_queue_depth() {
+    // The budget is spent elsewhere: immediate data waits in its segment, outside the budget.
+    let (mut f, _pool, _held, now) = budget_held_elsewhere();
+    let qd = f.config().queue_depth as usize;
+    let first_burst = f.config().first_burst_length as usize;
+    let mut rejected = 0;
+    for itt in 2..2 + 10 * qd as u32 {
+        let mut c = immediate(itt, 10, false, true, 4 * first_burst as u32);
+        c.final_bit = true;
+        f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![0x5a; first_burst]), now);
+        for a in drain(&mut f) {
+            assert_eq!(reject_reason(&a), RejectReason::ImmediateCommandReject.code());
+            rejected += 1;
+        }
+    }
+    assert_eq!((f.active_tasks(), f.waiting_for_buffers(), rejected), (qd, qd, 9 * qd));
+    assert_eq!(f.staged_held_bytes(), qd * first_burst, "at most queue depth times FirstBurstLength");
+}
+
+/// The SCSI layer finishing READ `itt` with `len` bytes of `fill`.
+fn read_done(f: &mut Ffp, itt: u32, fill: u8, len: u32) {
+    let data = IoBuf::from(vec![fill; len as usize]);
+    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: Some(data), data_in_len: len, data_in_offset: 0, residual: Residual::None, data_out: None });
+}
+
+#[test]
+fn a_tag_reused_before_its_abort_is_carried_out_is_rejected_and_never_gets_the_old_completion() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, ..Default::default() });
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
+    // ABORT TASK and a new READ with the same tag in one read: both before the driver
+    // carries anything out.
+    f.on_pdu(abort_task(2, 1, 11, 10), now);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 11, true, false, 512))), now);
+    // The old READ's data comes back from the SCSI layer meanwhile.
+    read_done(&mut f, 1, 0xaa, 512);
+    let a = drain(&mut f);
+    assert!(matches!(a[0], Action::Abort { itt: Itt(1), .. }));
+    let Op::TaskMgmtResponse(r) = &sent(&a[1]).bhs.op else { panic!("expected the TMF response") };
+    assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
+    assert_eq!(reject_reason(&a[2]), RejectReason::InvalidPduField.code(), "the tag is still in use");
+    assert_eq!(a.len(), 3, "no Execute, no Data-In of the old READ");
+    assert_eq!(f.sn().exp_cmd_sn, Sn(12), "the rejected command's CmdSN is used");
+    // Once the abort is carried out (the driver took it), the tag is free again.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 12, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(1)));
+    read_done(&mut f, 1, 0xbb, 512);
+    let a = drain(&mut f);
+    let [Action::PutData(p)] = &a[..] else { panic!("expected the new READ's data") };
+    assert!(p.buf.as_slice().iter().all(|&b| b == 0xbb));
+}
+
+#[test]
+fn a_write_tag_reused_before_its_abort_is_carried_out_never_takes_the_old_data() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, ..Default::default() });
+    f.set_pool(small_pool());
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, false, true, 4096))), now);
+    let Some(Action::GetData(old)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
+    // ABORT TASK, a new WRITE with the same tag, then the old WRITE's last Data-Out (the
+    // datamover completes the old Get_Data): all in one read.
+    f.on_pdu(abort_task(2, 1, 11, 10), now);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 11, false, true, 4096))), now);
+    let mut old_buf = old.buf;
+    old_buf.as_mut_slice().fill(0xaa);
+    f.on_data_ready(Itt(1), old_buf);
+    let a = drain(&mut f);
+    assert!(a.iter().all(|a| !matches!(a, Action::Execute(_) | Action::GetData(_))), "nothing runs with the old data");
+    assert_eq!(reject_reason(&a[2]), RejectReason::InvalidPduField.code());
+    assert_eq!(f.active_tasks(), 0);
+}
+
+#[test]
+fn an_aborted_task_keeps_its_place_under_the_cap_until_the_scsi_layer_gives_it_back() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 2, ..Default::default() });
+    f.set_aborted_results(true);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 512))), now);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, true, false, 512))), now);
+    assert_eq!(drain(&mut f).len(), 2);
+    f.on_pdu(abort_task(9, 1, 12, 10), now);
+    drain(&mut f);
+    // The abort went to the SCSI layer, which has not given the task back: the set is full.
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(3, 12, true, false, 512))), now);
+    let a = drain(&mut f);
+    let [Action::Send(p)] = &a[..] else { panic!("expected one response") };
+    assert!(matches!(&p.bhs.op, Op::ScsiResponse(r) if r.itt == Itt(3) && r.status == STATUS_TASK_SET_FULL));
+    // Its aborted result comes back (the driver drops it): room again.
+    f.on_scsi_aborted(Itt(1));
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(4, 13, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(4)));
+    // A task that finished before its abort reached the SCSI layer is given back by its
+    // (dropped) completion.
+    f.on_pdu(abort_task(10, 2, 14, 11), now);
+    drain(&mut f);
+    done(&mut f, 2);
+    assert!(drain(&mut f).is_empty(), "the aborted task's completion is dropped");
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(5, 14, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(5)));
+    // A task aborted before it reached the SCSI layer is not waited for.
+    f.set_pool(small_pool());
+    done(&mut f, 4);
+    drain(&mut f);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(6, 15, false, true, 4096))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::GetData(_)]));
+    f.on_pdu(abort_task(11, 6, 16, 15), now);
+    drain(&mut f);
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 16, true, false, 512))), now);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(7)));
+}
