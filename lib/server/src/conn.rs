@@ -78,6 +78,9 @@ impl<D: Datamover> Connection<D> {
         scsi.set_stream_chunk(Some(STREAM_CHUNK));
         let mut ffp = ffp;
         ffp.set_write_stream_chunk(STREAM_CHUNK as u32);
+        // Every SCSI result comes back here, aborted ones too (see `complete`): an aborted
+        // task keeps its place under the task cap until the SCSI layer has given it back.
+        ffp.set_aborted_results(true);
         // Immediate data goes straight into write buffers from the same pool and account.
         let mut dm = dm;
         dm.set_write_buffers(ffp.write_buffers());
@@ -180,6 +183,7 @@ impl<D: Datamover> Connection<D> {
         }
         self.info.tasks_done.fetch_add(1, Ordering::Relaxed);
         if r.aborted {
+            self.ffp.on_scsi_aborted(itt);
             return;
         }
         self.ffp.on_scsi_done(ScsiDone {
