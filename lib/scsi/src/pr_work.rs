@@ -1,7 +1,8 @@
 //! The bounded pool PERSISTENT RESERVE OUT work runs on, off the reactors: the APTPL file's
 //! write (write, fsync, rename, fsync of the directory) and every change of a device's
 //! shared state (reads, compare-and-swap writes and notifies over the network). A reactor
-//! never waits for either; the executor polls the command's [`Deferred`] result.
+//! never waits for either; the executor polls the command's [`Deferred`] result. The
+//! announcements of resets to other gateways (`lu_events`) run here too.
 //!
 //! * **A fixed number of threads** ([`WORKERS`]), started at the first use and kept: a
 //!   flood of PR OUTs costs no more threads than one.
@@ -160,7 +161,7 @@ impl Pool {
             // The first, then every 1000th: a flood must not flood the log too.
             if n.is_multiple_of(1000) {
                 log::warn!(
-                    "{}: {cap} tasks already waiting for its {} worker thread(s); a PERSISTENT RESERVE OUT is answered BUSY ({} refused so far)",
+                    "{}: {cap} tasks already wait for its {} worker thread(s); refusing more ({} refused so far)",
                     self.name,
                     self.workers,
                     n + 1
