@@ -17,8 +17,7 @@
 //! undoing on failure would let others see, and act on, a state that never was, e.g. a
 //! preemption that took back its REGISTRATIONS PREEMPTED). Until then commands from other
 //! nexuses are checked against the state before it: they are ordered before the PR OUT,
-//! as any command that completes while another is in the task set may be (SAM-5 8.6,
-//! SIMPLE task attribute). PR OUTs of one LUN run one at a time in arrival order, so the
+//! as commands in the task set with the SIMPLE task attribute may be (SAM-5). PR OUTs of one LUN run one at a time in arrival order, so the
 //! second of two makes durable a state that includes the first.
 //!
 //! ALL_TG_PT (SPC-4 5.12.7): a registration made with it is one entry that covers every I_T
