@@ -124,7 +124,7 @@ fn an_aptpl_write_does_not_hold_up_the_reactor_and_completes_once_durable() {
         let _ = entered_tx.send(std::thread::current().id());
         // Bounded, so that a write on the polling thread (the old code) ends the test
         // with a failure instead of hanging it.
-        let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(5));
+        let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
     });
 
     let t1 = submit_prout(&mut e, &a, 0, 0, 0xA1, true);
