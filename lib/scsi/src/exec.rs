@@ -220,8 +220,9 @@ enum Job {
     Copy(CopyJob),
     /// SANITIZE: the whole medium, one chunk at a time.
     Sanitize(SanitizeJob),
-    /// Work running on another thread (PERSISTENT RESERVE OUT against a device's shared
-    /// state): counted as one I/O in flight until `poll` finds its result.
+    /// Work running on another thread (PERSISTENT RESERVE OUT on the `pr::work` pool: the
+    /// APTPL file's write, a device's shared state): counted as one I/O in flight until
+    /// `poll` finds its result.
     Deferred(Arc<crate::pr::shared::Deferred>),
 }
 

@@ -7,8 +7,9 @@
 //! ([`Lun::reset_local`]) before acknowledging. Devices without shared state (local ones)
 //! have none of this.
 //!
-//! The notify blocks on the network, so it runs on a thread of its own; the reactor that
-//! handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
+//! The notify blocks on the network, so it runs on a worker of the bounded pool of
+//! `pr::work` (no thread per reset; a full backlog leaves the reset on this gateway, logged);
+//! the reactor that handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
 //! task management response goes out after every gateway queued its unit attention, and a
 //! peer that is gone (its watch not yet expired) costs that much and no more. Tasks the
 //! other gateways are running are not aborted.
@@ -16,6 +17,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
+
+use crate::pr::work::{self, Serial};
 use std::time::Duration;
 
 use riser_bdev::SharedStateHandle;
@@ -82,6 +85,8 @@ fn decode(payload: &[u8], nonce: u64) -> Option<ResetKind> {
 pub(crate) struct LuEvents {
     shared: SharedStateHandle,
     lun: u64,
+    /// This LUN's announcements on the pool, in order.
+    serial: Arc<Serial>,
 }
 
 impl LuEvents {
@@ -98,7 +103,7 @@ impl LuEvents {
             }
         });
         match lun.bdev().shared_state("lu", on_notify)? {
-            Ok(shared) => Some(LuEvents { shared, lun: id }),
+            Ok(shared) => Some(LuEvents { shared, lun: id, serial: Arc::default() }),
             Err(e) => {
                 log::warn!("LUN {id}: resets will not reach other gateways: {e}");
                 None
@@ -112,20 +117,24 @@ impl LuEvents {
         let shared = self.shared.clone();
         let payload = encode(kind, self.lun, process_nonce());
         let lun = self.lun;
-        let spawned = std::thread::Builder::new().name("lu-reset-notify".into()).spawn(move || {
+        let task: work::Task = Box::new(move || {
             let r = shared.notify(&payload);
             if let Err(e) = &r {
                 log::warn!("LUN {lun}: a gateway did not acknowledge the reset ({}): {e}", shared.describe());
             }
             let _ = tx.send(());
         });
-        match spawned {
-            Ok(_) => {
+        let queued = {
+            let mut q = self.serial.lock();
+            work::pool().submit(&self.serial, &mut q, task)
+        };
+        match queued {
+            Ok(()) => {
                 if rx.recv_timeout(ANNOUNCE_WAIT).is_err() {
                     log::warn!("LUN {lun}: other gateways not told of the reset within {ANNOUNCE_WAIT:?}; not waiting longer");
                 }
             }
-            Err(e) => log::warn!("LUN {lun}: cannot tell other gateways of the reset: {e}"),
+            Err(why) => log::warn!("LUN {lun}: cannot tell other gateways of the reset ({why:?}: the worker pool is busy); it stays on this gateway"),
         }
     }
 }

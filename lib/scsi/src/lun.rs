@@ -213,9 +213,13 @@ pub struct Lun {
     pr_store: Option<PrStore>,
     /// Reservations kept with the device, shared by every gateway (see `pr::shared`).
     pr_shared: std::sync::OnceLock<crate::pr::shared::SharedPr>,
-    /// Serializes PERSISTENT RESERVE OUT across the state file's write (taken before
-    /// `state`, never while holding it).
+    /// Serializes PERSISTENT RESERVE OUT across the state file's write or the shared
+    /// state's update (taken on a `pr::work` worker only, before `state`, never while
+    /// holding it; a reactor never waits for it).
     pr_io: Mutex<()>,
+    /// PERSISTENT RESERVE OUT work of this LUN queued on the worker pool, in order (see
+    /// `pr::work`).
+    pr_serial: Arc<crate::pr::work::Serial>,
     pub(crate) ranges: RangeLock,
     /// A running sanitize operation lost the executor that drove it (its connection
     /// ended): the next executor to poll takes it over.
@@ -296,6 +300,7 @@ impl Lun {
             pr_store,
             pr_shared: std::sync::OnceLock::new(),
             pr_io: Mutex::new(()),
+            pr_serial: Arc::default(),
             ranges: RangeLock::default(),
             sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
@@ -401,6 +406,11 @@ impl Lun {
     /// Held by PERSISTENT RESERVE OUT around its change and the state file's write.
     pub(crate) fn pr_io_lock(&self) -> MutexGuard<'_, ()> {
         self.pr_io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The queue of this LUN's PERSISTENT RESERVE OUT work on the worker pool.
+    pub(crate) fn pr_serial(&self) -> &Arc<crate::pr::work::Serial> {
+        &self.pr_serial
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LunState> {

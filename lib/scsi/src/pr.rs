@@ -4,8 +4,21 @@
 //! Where the state lives: in the LUN (memory, and the APTPL file of [`crate::pr_store`]
 //! when there is a state directory), or, for a device shared by several gateways (an RBD
 //! image), with the device, see [`shared`]. Either way every command is checked against
-//! the LUN's in-memory copy ([`conflicts`]); only PERSISTENT RESERVE OUT differs: on a
-//! shared device it runs on a worker thread against the shared copy and completes later.
+//! the LUN's in-memory copy ([`conflicts`]); only PERSISTENT RESERVE OUT differs: when
+//! its change must be made durable (the APTPL file, or a device's shared state) it runs on
+//! the bounded worker pool of [`work`] and completes later, the reactor polling meanwhile.
+//!
+//! When the in-memory state changes, for a PR OUT that must be durable: only once the
+//! change is (after the file's write, fsync, rename and the directory's fsync, or the
+//! shared object's write), in the same step the command's status is decided. SPC-4
+//! 5.12.5 requires that registrations made under APTPL survive a power loss; a command
+//! that ends in GOOD is durable, and one that fails (the write failed) changed nothing,
+//! neither on disk nor in what other I_T nexuses saw meanwhile (applying at once and
+//! undoing on failure would let others see, and act on, a state that never was, e.g. a
+//! preemption that took back its REGISTRATIONS PREEMPTED). Until then commands from other
+//! nexuses are checked against the state before it: they are ordered before the PR OUT,
+//! as commands in the task set with the SIMPLE task attribute may be (SAM-5). PR OUTs of one LUN run one at a time in arrival order, so the
+//! second of two makes durable a state that includes the first.
 //!
 //! ALL_TG_PT (SPC-4 5.12.7): a registration made with it is one entry that covers every I_T
 //! nexus of its initiator port (through any target port, so through any gateway); without
@@ -21,6 +34,8 @@ use crate::task::Nexus;
 
 #[path = "pr_shared.rs"]
 pub(crate) mod shared;
+#[path = "pr_work.rs"]
+pub(crate) mod work;
 
 /// Persistent reservation types (SPC-4 table 170).
 pub mod pr_type {
@@ -315,71 +330,126 @@ pub(crate) fn apply_pr_out(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> 
 pub(crate) enum PrOutcome {
     /// Done: GOOD.
     Done,
-    /// Running on a worker thread against the device's shared state; the executor polls it.
-    Deferred(Arc<shared::Deferred>),
+    /// Running on the worker pool (the APTPL file's write, or the device's shared state);
+    /// the executor polls it.
+    Deferred(Arc<work::Deferred>),
 }
 
 /// PERSISTENT RESERVE OUT (SPC-4 6.16) with its parameter list `param`.
 pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutcome> {
     let req = parse_pr_out(lun, cdb, param)?;
-    if lun.pr_shared().is_some() {
+    let shared = lun.pr_shared().is_some();
+    if !shared && lun.pr_store().is_none() {
+        // Memory only: nothing to wait for.
+        return pr_out_memory(lun, nexus, &req).map(|()| PrOutcome::Done);
+    }
+    // Held to look at the LUN's queue and to queue; never across I/O.
+    let serial = lun.pr_serial();
+    let mut q = serial.lock();
+    if shared {
+        // SPC-2 reservations stay per gateway: checked here, against this one's.
         if let Some(h) = &lun.lock().spc2_holder {
             if h != nexus.key() {
                 return Err(CmdError::reservation_conflict());
             }
         }
-        return Ok(PrOutcome::Deferred(shared::start(lun.clone(), nexus.clone(), req)));
+    } else if q.idle() && !(req.aptpl || lun.lock().pr.aptpl) {
+        // APTPL neither in force nor asked for: nothing to write. Done here, in order:
+        // nothing is queued before it, and nothing can be while the queue's lock is held.
+        return pr_out_memory(lun, nexus, &req).map(|()| PrOutcome::Done);
     }
-    pr_out_local(lun, nexus, req).map(|()| PrOutcome::Done)
+    let (d, done) = work::Deferred::new();
+    let (l, n) = (lun.clone(), nexus.clone());
+    let task: work::Task = if shared {
+        Box::new(move || done.finish(shared::run(&l, &n, &req)))
+    } else {
+        Box::new(move || done.finish(pr_out_durable(&l, &n, &req)))
+    };
+    if let Err(why) = work::pool().submit(serial, &mut q, task) {
+        log::warn!(
+            "LUN {}: PERSISTENT RESERVE OUT (service action {:#x}) from {} not started: {why:?}",
+            lun.id(),
+            req.sa,
+            nexus.initiator_port()
+        );
+        return Err(why.to_error());
+    }
+    Ok(PrOutcome::Deferred(d))
 }
 
-/// PERSISTENT RESERVE OUT on a LUN that keeps its own state (memory, APTPL file).
-fn pr_out_local(lun: &Lun, nexus: &Nexus, req: PrOutReq) -> CmdResult<()> {
-    let me = nexus.key();
-    // One PR OUT at a time per LUN, held across the state file's write: the LUN's lock is
-    // not (the data path takes it while a reservation exists), so readers and writers on
-    // other reactors do not wait for the fsync; only other PR OUTs do.
-    let _persisting = lun.pr_io_lock();
-    let mut guard = lun.lock();
-    let st = &mut *guard;
+/// PERSISTENT RESERVE OUT on a LUN's in-memory state, nothing to persist (on the caller's
+/// thread).
+fn pr_out_memory(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
+    let mut st = lun.lock();
     if let Some(h) = &st.spc2_holder {
-        if h != me {
+        if h != nexus.key() {
             return Err(CmdError::reservation_conflict());
         }
     }
-    let before = st.pr.clone();
-    let r = apply_pr_out(st, nexus, &req);
-    lun.refresh_attn(st);
-    r?;
+    let r = apply_pr_out(&mut st, nexus, req);
+    lun.refresh_attn(&st);
+    r
+}
+
+/// The unit attentions a PR OUT queued in a scratch state (POWER ON aside: every nexus is
+/// new there).
+pub(crate) fn raised(scratch: &LunState) -> Vec<(Arc<str>, Asc)> {
+    let mut v = Vec::new();
+    for (k, n) in &scratch.nexuses {
+        for a in &n.ua {
+            if *a != Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET {
+                v.push((k.clone(), *a));
+            }
+        }
+    }
+    v
+}
+
+/// PERSISTENT RESERVE OUT on a LUN with an APTPL file, on a worker of [`work`]: the change
+/// is made on a copy of the state, the copy written to the file while APTPL is in force
+/// (APTPL=0 removes the file, SPC-4 5.12.5), and only then made the LUN's state, with its
+/// unit attentions. A failed write changes nothing. No lock a reactor takes is held across
+/// the write (the LUN's is taken twice, briefly: to copy, then to install).
+fn pr_out_durable(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
     let Some(store) = lun.pr_store() else {
-        return Ok(());
+        return Err(CmdError::internal());
     };
-    if st.pr == before || !(st.pr.aptpl || before.aptpl) {
-        return Ok(());
-    }
-    // Persist while APTPL is in force; APTPL=0 removes the file (SPC-4 5.12.5). The write
-    // runs on the caller's thread (a reactor): PR OUT is rare, and its status must say
-    // whether the state is on disk.
-    let snapshot = st.pr.aptpl.then(|| st.pr.clone());
-    drop(guard);
-    let written = match &snapshot {
-        Some(s) => store.save(s),
-        None => store.remove(),
+    // The LUN's work runs one task at a time already (its Serial); this keeps it so for
+    // anything else that may one day change the state off the queue.
+    let _one = lun.pr_io_lock();
+    let mut scratch = {
+        let st = lun.lock();
+        if let Some(h) = &st.spc2_holder {
+            if h != nexus.key() {
+                return Err(CmdError::reservation_conflict());
+            }
+        }
+        LunState { pr: st.pr.clone(), ..LunState::default() }
     };
-    if let Err(e) = written {
-        log::error!(
-            "LUN {}: cannot {} persistent reservation state {}: {e}; PERSISTENT RESERVE OUT from {} fails, the reservation state is unchanged",
-            lun.id(),
-            if snapshot.is_some() { "write" } else { "remove" },
-            store.path().display(),
-            nexus.initiator_port()
-        );
-        // Undo the change: initiators must not believe something survives that will not.
-        let mut st = lun.lock();
-        st.pr = before;
-        lun.refresh_attn(&st);
-        return Err(CmdError::illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+    let before = scratch.pr.clone();
+    apply_pr_out(&mut scratch, nexus, req)?;
+    if scratch.pr != before && (scratch.pr.aptpl || before.aptpl) {
+        #[cfg(test)]
+        crate::pr_store::tests::before_write(store);
+        let written = if scratch.pr.aptpl { store.save(&scratch.pr) } else { store.remove() };
+        if let Err(e) = written {
+            log::error!(
+                "LUN {}: cannot {} persistent reservation state {}: {e}; PERSISTENT RESERVE OUT from {} fails, the reservation state is unchanged",
+                lun.id(),
+                if scratch.pr.aptpl { "write" } else { "remove" },
+                store.path().display(),
+                nexus.initiator_port()
+            );
+            return Err(CmdError::illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+        }
     }
+    let uas = raised(&scratch);
+    let mut st = lun.lock();
+    st.pr = scratch.pr;
+    for (n, a) in &uas {
+        st.add_ua(n, *a);
+    }
+    lun.refresh_attn(&st);
     Ok(())
 }
 
@@ -569,6 +639,13 @@ pub(crate) fn reserve(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
     if cdb.opcode() == crate::cdb::op::RESERVE6 && cdb.u8(1) & 0x01 != 0 {
         // EXTENT
         return Err(CmdError::invalid_cdb(1, Some(0)));
+    }
+    // A PERSISTENT RESERVE OUT queued or running on the worker pool may be about to make
+    // a registration: RESERVE waits for it (BUSY: the initiator retries), and none is
+    // queued while this one looks (the queue's lock is held).
+    let q = lun.pr_serial().lock();
+    if !q.idle() {
+        return Err(work::busy());
     }
     let mut st = lun.lock();
     // With persistent reservations in use RESERVE conflicts (SPC-4 5.12.3).

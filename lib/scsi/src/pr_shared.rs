@@ -9,8 +9,8 @@
 //!   copy is replaced, under the LUN's lock for the time of an assignment, when the object
 //!   changes: the device's watch thread calls [`on_notify`], which re-reads the object and
 //!   only then lets the device acknowledge the notify.
-//! * **PERSISTENT RESERVE OUT runs on a worker thread** ([`start`]; the executor polls the
-//!   [`Deferred`] result): it reads the object and its version, applies the service action
+//! * **PERSISTENT RESERVE OUT runs on a worker of the bounded pool** ([`super::work`]; the
+//!   executor polls the [`Deferred`] result; a full backlog answers BUSY): it reads the object and its version, applies the service action
 //!   to that copy with the same code as a local LUN ([`apply_pr_out`]), writes the result
 //!   back only if the object is still at that version (compare-and-swap; another
 //!   gateway's change in between: read again and redo), takes the new state itself, then
@@ -41,7 +41,7 @@
 //! replaces it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use riser_bdev::{Bdev, SharedError, SharedStateHandle};
 use serde::{Deserialize, Serialize};
@@ -51,6 +51,8 @@ use super::{apply_pr_out, PrOutReq, PrState};
 use crate::lun::{Lun, LunState};
 use crate::pr_store::{decode_as, encode_as};
 use crate::sense::{Asc, CmdError, CmdResult, SenseKey};
+/// The result the executor polls (exec names it here).
+pub(crate) use super::work::Deferred;
 use crate::task::Nexus;
 
 /// The `format` field of the shared object.
@@ -182,51 +184,13 @@ fn queue_uas(lun: &Lun, uas: &[(String, u16)]) {
     lun.refresh_attn(&g);
 }
 
-/// The unit attentions a PR OUT queued in a scratch state (POWER ON aside: every nexus is
-/// new there).
+/// The unit attentions a PR OUT queued in a scratch state, for the notice.
 fn raised(scratch: &LunState) -> Vec<(String, u16)> {
-    let mut v = Vec::new();
-    for (k, n) in &scratch.nexuses {
-        for a in &n.ua {
-            if *a != Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET {
-                v.push((k.to_string(), a.0));
-            }
-        }
-    }
-    v
+    super::raised(scratch).into_iter().map(|(k, a)| (k.to_string(), a.0)).collect()
 }
 
-/// The result of a PR OUT running on a worker thread.
-#[derive(Default)]
-pub(crate) struct Deferred {
-    result: Mutex<Option<CmdResult<()>>>,
-}
-
-impl Deferred {
-    fn set(&self, r: CmdResult<()>) {
-        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-    }
-
-    /// The result once the worker is done (once).
-    pub fn take(&self) -> Option<CmdResult<()>> {
-        self.result.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
-
-/// Starts `req` from `nexus` on a worker thread.
-pub(crate) fn start(lun: Arc<Lun>, nexus: Arc<Nexus>, req: PrOutReq) -> Arc<Deferred> {
-    let d = Arc::new(Deferred::default());
-    let out = d.clone();
-    let spawned = std::thread::Builder::new().name("pr-out".into()).spawn(move || out.set(run(&lun, &nexus, &req)));
-    if let Err(e) = spawned {
-        log::error!("cannot start a PERSISTENT RESERVE OUT worker: {e}");
-        d.set(Err(CmdError::internal()));
-    }
-    d
-}
-
-/// PR OUT against the shared state (on a worker thread; one at a time per LUN).
-fn run(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
+/// PR OUT against the shared state (on a worker of the pool; one at a time per LUN).
+pub(super) fn run(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
     let Some(sh) = lun.pr_shared() else {
         return Err(CmdError::internal());
     };

@@ -339,8 +339,39 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::sync::Mutex;
+
     use super::*;
     use crate::Nexus;
+
+    type Hook = Arc<dyn Fn() + Send + Sync>;
+
+    /// Hooks run before a PR OUT writes the state file of a store in the given directory
+    /// (tests run in parallel, each in its own directory).
+    static HOOKS: Mutex<Vec<(PathBuf, Hook)>> = Mutex::new(Vec::new());
+
+    /// Runs `hook` before each write or removal of a state file in `dir`, until the guard
+    /// drops.
+    pub(crate) fn on_write(dir: &Path, hook: impl Fn() + Send + Sync + 'static) -> HookGuard {
+        HOOKS.lock().unwrap().push((dir.to_path_buf(), Arc::new(hook)));
+        HookGuard(dir.to_path_buf())
+    }
+
+    pub(crate) struct HookGuard(PathBuf);
+
+    impl Drop for HookGuard {
+        fn drop(&mut self) {
+            HOOKS.lock().unwrap_or_else(|p| p.into_inner()).retain(|(d, _)| *d != self.0);
+        }
+    }
+
+    /// Called by the PR OUT about to write `store`.
+    pub(crate) fn before_write(store: &PrStore) {
+        let hooks: Vec<Hook> = HOOKS.lock().unwrap().iter().filter(|(d, _)| *d == store.dir).map(|(_, h)| h.clone()).collect();
+        for h in hooks {
+            h();
+        }
+    }
 
     /// A directory under the temp dir, removed on drop.
     pub(crate) struct Dir(pub PathBuf);

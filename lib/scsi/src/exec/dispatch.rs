@@ -135,7 +135,7 @@ impl LunChannel {
                 let p = param(&data_out, len, ctx.edtl);
                 match pr::pr_out(&lun, ctx.nexus, &cdb, p)? {
                     pr::PrOutcome::Done => Ok(Action::Good),
-                    // Shared state (several gateways): finishes on a worker, polled.
+                    // APTPL file or shared state: finishes on a pool worker, polled.
                     pr::PrOutcome::Deferred(d) => Ok(Action::Job(Need::None, Job::Deferred(d))),
                 }
             }

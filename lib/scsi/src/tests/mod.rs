@@ -7,6 +7,7 @@ mod medium;
 mod mode;
 mod multi_step;
 mod opcodes;
+mod pr_offload;
 mod read_write;
 mod reservations;
 mod robustness;
