@@ -1203,7 +1203,13 @@ fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError>
         let missing = |key: &str| UsageError(format!("--secrets item {n}: no {key}:"));
         let user = user.ok_or_else(|| missing("user"))?;
         let secret = secret.ok_or_else(|| missing("secret"))?;
-        out.push(params::AuthSecretParam { user, secret, muser, msecret });
+        out.push(params::AuthSecretParam {
+            user,
+            secret: secret.into(),
+            muser,
+            msecret: msecret.map(Into::into),
+            initiator_group: None,
+        });
     }
     Ok(out)
 }
@@ -1242,9 +1248,10 @@ impl IscsiAuthGroupAddSecret {
         params::IscsiAuthGroupAddSecret {
             tag: self.tag,
             user: self.user,
-            secret: self.secret,
+            secret: self.secret.into(),
             muser: self.muser,
-            msecret: self.msecret,
+            msecret: self.msecret.map(Into::into),
+            initiator_group: None,
         }
     }
 }
