@@ -16,11 +16,13 @@
 //! one answers on: that is what a riser that died leaves, and it is removed, with a log line.
 //!
 //! Secrets in requests (`iscsi_create_auth_group`, ...) and replies (`iscsi_get_auth_groups`,
-//! save_config): a client's read buffer, the text of each request and each reply are
-//! zeroized when dropped, and the decoded parameters hold them in `Zeroizing` strings. Not
-//! covered: the copies jsonrpc-core's parser and serde_json's `Value`s make on the way
-//! (freed without being overwritten), a read buffer's old allocation when it grows, and the
-//! kernel's socket buffers.
+//! save_config): a client's read buffer, the text of each request and each reply, the JSON
+//! value each request was parsed into and each method's result are overwritten once used
+//! ([`zeroize_value`], `Zeroizing`), and the decoded parameters hold secrets in `Zeroizing`
+//! strings (the strings jsonrpc-core parsed, moved, not copied). Not covered: the old
+//! allocation of a buffer or string that grew (the read buffer, serde_json's output while it
+//! writes a reply), a JSON value a method builds and drops on its own, and the kernel's
+//! socket buffers.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -171,25 +173,41 @@ impl RpcRegistry {
                 Some(jsonrpc_core::Version::V2),
             )),
         };
-        response.map(|r| {
-            serde_json::to_string(&r).unwrap_or_else(|e| error_reply(Value::Null, -32603, &format!("Internal error: {e}")))
+        response.map(|mut r| {
+            let text =
+                serde_json::to_string(&r).unwrap_or_else(|e| error_reply(Value::Null, -32603, &format!("Internal error: {e}")));
+            // Results may hold secrets (iscsi_get_auth_groups, save_config).
+            let outputs = match &mut r {
+                jsonrpc_core::Response::Single(o) => std::slice::from_mut(o),
+                jsonrpc_core::Response::Batch(v) => v.as_mut_slice(),
+            };
+            for o in outputs {
+                if let jsonrpc_core::Output::Success(s) = o {
+                    zeroize_value(&mut s.result);
+                }
+            }
+            text
         })
     }
 
-    /// Calls a method in-process (used to replay `--json` config files).
+    /// Calls a method in-process (used to replay `--json` config files). Requests and
+    /// replies may hold secrets: the texts and the JSON made here are overwritten once used
+    /// (the result returned is the caller's).
     pub fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
-        let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        // Requests and replies may hold secrets: their texts are overwritten when dropped.
+        let mut req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let text = Zeroizing::new(req.to_string());
+        zeroize_value(&mut req);
         let reply = Zeroizing::new(self.handle(&text).ok_or_else(|| RpcError::internal("no reply"))?);
-        let reply: Value = serde_json::from_str(&reply).map_err(|e| RpcError::internal(e.to_string()))?;
-        if let Some(err) = reply.get("error") {
-            return Err(RpcError::new(
+        let mut reply: Value = serde_json::from_str(&reply).map_err(|e| RpcError::internal(e.to_string()))?;
+        let out = match reply.get("error") {
+            Some(err) => Err(RpcError::new(
                 err.get("code").and_then(Value::as_i64).unwrap_or(-32603),
                 err.get("message").and_then(Value::as_str).unwrap_or("unknown error"),
-            ));
-        }
-        Ok(reply.get("result").cloned().unwrap_or(Value::Null))
+            )),
+            None => Ok(reply.get("result").cloned().unwrap_or(Value::Null)),
+        };
+        zeroize_value(&mut reply);
+        out
     }
 }
 
@@ -493,9 +511,22 @@ fn serve_client(mut stream: UnixStream, reg: &RpcRegistry, stop: &AtomicBool) ->
     }
 }
 
+/// Overwrites every string in `v` (values, not object keys): JSON that held secrets, before
+/// it is dropped. Keys stay (serde_json's maps do not lend them mutably); riser's keys are
+/// field names, never secrets.
+pub fn zeroize_value(v: &mut Value) {
+    use zeroize::Zeroize;
+    match v {
+        Value::String(s) => s.zeroize(),
+        Value::Array(a) => a.iter_mut().for_each(zeroize_value),
+        Value::Object(m) => m.values_mut().for_each(zeroize_value),
+        _ => {}
+    }
+}
+
 /// The reply to one request (zeroized when dropped: it may hold secrets, as may the
-/// request's text made here).
-fn answer(reg: &RpcRegistry, v: Value) -> Option<Zeroizing<String>> {
+/// request's text made here and the parsed request, overwritten once answered).
+fn answer(reg: &RpcRegistry, mut v: Value) -> Option<Zeroizing<String>> {
     if let Some(m) = v.get("method").and_then(Value::as_str) {
         log::debug!("rpc call {m}");
     }
@@ -504,6 +535,7 @@ fn answer(reg: &RpcRegistry, v: Value) -> Option<Zeroizing<String>> {
         Value::Array(ref a) if a.is_empty() => Some(error_reply(Value::Null, -32600, "Invalid Request: empty batch").into()),
         Value::Object(_) | Value::Array(_) => {
             let request = Zeroizing::new(v.to_string());
+            zeroize_value(&mut v);
             reg.handle(&request).map(Zeroizing::new)
         }
         _ => Some(error_reply(Value::Null, -32600, "Invalid request: expected a JSON object or array").into()),
@@ -640,6 +672,13 @@ mod tests {
                 return v["result"].clone();
             }
         }
+    }
+
+    #[test]
+    fn zeroize_value_overwrites_every_string() {
+        let mut v = serde_json::json!({"a": "SECRET", "b": [1, "SECRET", {"c": "SECRET"}], "d": null, "e": true});
+        zeroize_value(&mut v);
+        assert_eq!(v, serde_json::json!({"a": "", "b": [1, "", {"c": ""}], "d": null, "e": true}));
     }
 
     fn mode_of(path: &Path) -> u32 {
