@@ -50,8 +50,7 @@ use crate::{InitiatorGroup, Inner, IscsiTarget, TargetError};
 pub const MAX_CHAP_USER_LEN: usize = 255;
 /// Longest CHAP secret, one-way or mutual (SPDK's ISCSI_CHAP_MAX_SECRET_LEN).
 pub const MAX_CHAP_SECRET_LEN: usize = 255;
-/// Shortest CHAP secret, one-way or mutual: RFC 7143 §12.1.3's 96 bits (SPDK takes 1 byte;
-/// the Linux initiator warns below 12).
+/// Shortest CHAP secret, one-way or mutual: RFC 7143 §12.1.3's 96 bits (SPDK takes 1 byte).
 pub const MIN_CHAP_SECRET_LEN: usize = 12;
 /// Most secrets in one group: SPDK's `iscsi_create_auth_group` takes at most 64, so a larger
 /// group would not replay from save_config.
