@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use riser_bdev::BdevRegistry;
 use riser_reactor::{parse_core_mask, PollMode, ReactorConfig, ReactorHandle, ReactorSet};
+use riser_rpc::server::{group_id, SocketAccess};
 use riser_rpc::{RpcRegistry, RpcServer};
 use riser_config::IscsiTarget;
 use riser_datamover::{IserPortal, TcpPortal};
@@ -31,9 +32,13 @@ struct Args {
     #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
     cpumask: String,
 
-    /// Path of the JSON-RPC Unix socket.
+    /// Path of the JSON-RPC Unix socket: created mode 0600 (riser's user only). An existing path is refused, except a stale socket a dead riser left (replaced).
     #[arg(short = 'r', long = "rpc-socket", default_value = riser_rpc::DEFAULT_SOCKET)]
     rpc_socket: PathBuf,
+
+    /// Let this group (a name from /etc/group, or a number) use the JSON-RPC socket too: mode 0660, owned by that group.
+    #[arg(long = "rpc-group", value_name = "GROUP")]
+    rpc_group: Option<String>,
 
     /// Start from this config file (the format `riser-rpc save_config` prints).
     #[arg(long = "json", value_name = "FILE", conflicts_with = "default_config")]
@@ -122,6 +127,10 @@ fn exit_on_reactor_panic() {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    // Checked before anything starts: a wrong group is a wrong command line.
+    let rpc_access = SocketAccess {
+        group: args.rpc_group.as_deref().map(group_id).transpose().map_err(|e| format!("--rpc-group: {e}"))?,
+    };
     let cores = parse_core_mask(&args.cpumask).map_err(|e| format!("-m {}: {e}", args.cpumask))?;
     let reactors = ReactorSet::start(ReactorConfig {
         cores,
@@ -150,8 +159,10 @@ fn run(args: Args) -> Result<(), String> {
     let registry = framework::finish(registry);
 
     if let Some(path) = &args.json {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        // It may hold CHAP secrets: overwritten once loaded.
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?,
+        );
         config::load(&registry, &text).map_err(|e| format!("config {}: {e}", path.display()))?;
         log::info!("loaded config {}", path.display());
     } else if args.default_config {
@@ -166,7 +177,7 @@ fn run(args: Args) -> Result<(), String> {
 
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     let mut signals = signals.map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let server = RpcServer::start(&args.rpc_socket, registry)
+    let server = RpcServer::start_with(&args.rpc_socket, registry, rpc_access)
         .map_err(|e| format!("cannot listen on {}: {e}", args.rpc_socket.display()))?;
     log::info!("riser {} ready", env!("CARGO_PKG_VERSION"));
     service::notify("READY=1");

@@ -13,6 +13,12 @@
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+pub use zeroize::Zeroizing;
+
+/// A CHAP secret as the auth group methods carry it: overwritten when dropped (the decoded
+/// request's copy; the request text and JSON values it was parsed from are the server's,
+/// see [`crate::server`]).
+pub type Secret = Zeroizing<String>;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -313,16 +319,21 @@ pub struct IscsiSetDiscoveryAuth {
 #[serde(deny_unknown_fields)]
 pub struct AuthSecretParam {
     pub user: String,
-    pub secret: String,
+    pub secret: Secret,
     #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
     pub muser: Option<String>,
     #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
-    pub msecret: Option<String>,
+    pub msecret: Option<Secret>,
+    /// riser's extension: the user may log in only as one of the initiator names this
+    /// initiator group admits (as LIO binds credentials to an ACL). Absent: any name.
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiator_group: Option<u32>,
 }
 
 impl std::fmt::Debug for AuthSecretParam {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_secret(f, "AuthSecretParam", None, &self.user, self.muser.as_deref(), self.msecret.is_some())
+        let (m, ms, ig) = (self.muser.as_deref(), self.msecret.is_some(), self.initiator_group);
+        debug_secret(f, "AuthSecretParam", None, &self.user, m, ms, ig)
     }
 }
 
@@ -334,6 +345,7 @@ fn debug_secret(
     user: &str,
     muser: Option<&str>,
     msecret: bool,
+    initiator_group: Option<u32>,
 ) -> std::fmt::Result {
     let mut d = f.debug_struct(ty);
     if let Some(t) = tag {
@@ -342,6 +354,9 @@ fn debug_secret(
     d.field("user", &user).field("secret", &"<redacted>").field("muser", &muser);
     if msecret {
         d.field("msecret", &"<redacted>");
+    }
+    if let Some(ig) = initiator_group {
+        d.field("initiator_group", &ig);
     }
     d.finish()
 }
@@ -362,24 +377,33 @@ pub struct IscsiCreateAuthGroup {
 pub struct IscsiAuthGroupAddSecret {
     pub tag: u32,
     pub user: String,
-    pub secret: String,
+    pub secret: Secret,
     #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
     pub muser: Option<String>,
     #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
-    pub msecret: Option<String>,
+    pub msecret: Option<Secret>,
+    /// riser's extension: see [`AuthSecretParam::initiator_group`].
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiator_group: Option<u32>,
 }
 
 impl IscsiAuthGroupAddSecret {
     /// The secret without its group tag.
     pub fn secret_param(self) -> AuthSecretParam {
-        AuthSecretParam { user: self.user, secret: self.secret, muser: self.muser, msecret: self.msecret }
+        AuthSecretParam {
+            user: self.user,
+            secret: self.secret,
+            muser: self.muser,
+            msecret: self.msecret,
+            initiator_group: self.initiator_group,
+        }
     }
 }
 
 impl std::fmt::Debug for IscsiAuthGroupAddSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (m, ms) = (self.muser.as_deref(), self.msecret.is_some());
-        debug_secret(f, "IscsiAuthGroupAddSecret", Some(self.tag), &self.user, m, ms)
+        let (m, ms, ig) = (self.muser.as_deref(), self.msecret.is_some(), self.initiator_group);
+        debug_secret(f, "IscsiAuthGroupAddSecret", Some(self.tag), &self.user, m, ms, ig)
     }
 }
 
@@ -620,14 +644,23 @@ mod tests {
         let group = IscsiCreateAuthGroup {
             tag: 1,
             secrets: vec![
-                AuthSecretParam { user: "u".into(), secret: "s".into(), ..Default::default() },
-                AuthSecretParam { user: "u2".into(), secret: "s2".into(), muser: Some("mu".into()), msecret: Some("ms".into()) },
+                AuthSecretParam { user: "u".into(), secret: sec("s"), ..Default::default() },
+                AuthSecretParam {
+                    user: "u2".into(),
+                    secret: sec("s2"),
+                    muser: Some("mu".into()),
+                    msecret: Some(sec("ms")),
+                    initiator_group: Some(3),
+                },
             ],
         };
         let v = encode(&group);
         assert_eq!(
             v,
-            json!({"tag": 1, "secrets": [{"user": "u", "secret": "s"}, {"user": "u2", "secret": "s2", "muser": "mu", "msecret": "ms"}]})
+            json!({"tag": 1, "secrets": [
+                {"user": "u", "secret": "s"},
+                {"user": "u2", "secret": "s2", "muser": "mu", "msecret": "ms", "initiator_group": 3}
+            ]})
         );
         assert_eq!(decode_params::<IscsiCreateAuthGroup>(v), Ok(group));
         assert_eq!(encode(&IscsiCreateAuthGroup { tag: 3, secrets: vec![] }), json!({"tag": 3}));
@@ -636,6 +669,8 @@ mod tests {
             (json!({"tag": 1, "secrets": null}), "secrets"),
             (json!({"tag": 1, "secrets": [{"user": "u"}]}), "secret"),
             (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "muser": null}]}), "muser"),
+            (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "initiator_group": null}]}), "initiator_group"),
+            (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "initiator_group": -1}]}), "initiator_group"),
             (json!({"tag": 1, "secrets": [{"user": "u", "secret": "s", "x": 1}]}), "x"),
             (json!({"tag": -1}), "tag"),
         ] {
@@ -643,10 +678,18 @@ mod tests {
             assert!(e.message.contains(field), "{bad}: {e}");
         }
 
-        let add = IscsiAuthGroupAddSecret { tag: 2, user: "u".into(), secret: "s".into(), muser: Some("m".into()), msecret: None };
-        assert_eq!(encode(&add), json!({"tag": 2, "user": "u", "secret": "s", "muser": "m"}));
+        let add = IscsiAuthGroupAddSecret {
+            tag: 2,
+            user: "u".into(),
+            secret: sec("s"),
+            muser: Some("m".into()),
+            msecret: None,
+            initiator_group: Some(4),
+        };
+        assert_eq!(encode(&add), json!({"tag": 2, "user": "u", "secret": "s", "muser": "m", "initiator_group": 4}));
         assert_eq!(decode_params::<IscsiAuthGroupAddSecret>(encode(&add)), Ok(add.clone()));
-        assert_eq!(add.secret_param().muser.as_deref(), Some("m"));
+        let p = add.secret_param();
+        assert_eq!((p.muser.as_deref(), p.initiator_group), (Some("m"), Some(4)));
         assert!(decode_params::<IscsiAuthGroupAddSecret>(json!({"tag": 2, "user": "u"})).is_err());
         let rm = IscsiAuthGroupRemoveSecret { tag: 2, user: "u".into() };
         assert_eq!(decode_params::<IscsiAuthGroupRemoveSecret>(encode(&rm)), Ok(rm));
@@ -669,17 +712,23 @@ mod tests {
             tag: 1,
             secrets: vec![AuthSecretParam {
                 user: "alice".into(),
-                secret: "TOPSECRET1".into(),
+                secret: sec("TOPSECRET1"),
                 muser: Some("tgt".into()),
-                msecret: Some("TOPSECRET2".into()),
+                msecret: Some(sec("TOPSECRET2")),
+                initiator_group: Some(2),
             }],
         };
-        let add = IscsiAuthGroupAddSecret { tag: 1, user: "bob".into(), secret: "TOPSECRET3".into(), ..Default::default() };
+        let add = IscsiAuthGroupAddSecret { tag: 1, user: "bob".into(), secret: sec("TOPSECRET3"), ..Default::default() };
         for text in [format!("{group:?}"), format!("{group:#?}"), format!("{add:?}")] {
             assert!(!text.contains("TOPSECRET"), "{text}");
             assert!(text.contains("<redacted>"), "{text}");
         }
         assert!(format!("{group:?}").contains("alice") && format!("{group:?}").contains("tgt"));
         assert!(format!("{add:?}").contains("bob"));
+        assert!(format!("{group:?}").contains("initiator_group: 2"));
+    }
+
+    fn sec(s: &str) -> Secret {
+        Zeroizing::new(s.to_string())
     }
 }

@@ -358,7 +358,7 @@ fn sigterm_exits_cleanly_and_removes_the_socket() {
 #[test]
 fn chap_configuration_saves_privately_and_replays_without_logging_secrets() {
     use std::os::unix::fs::PermissionsExt;
-    const SECRETS: [&str; 5] = ["AliceSecret-1", "RiserSecret-1", "BobSecret-1", "CarolSecret-1", "DiscSecret-1"];
+    const SECRETS: [&str; 5] = ["AliceSecret-1", "RiserSecret-1", "BobSecret-123", "CarolSecret-1", "DiscSecret-1"];
     let dir = TempDir::new("chap");
     let cfg = dir.join("config.json");
     let port = free_port().to_string();
@@ -371,7 +371,7 @@ fn chap_configuration_saves_privately_and_replays_without_logging_secrets() {
             &["bdev_malloc_create", "-b", "Malloc1", "8", "512"],
             &["iscsi_create_portal_group", "1", &portal, "-w"],
             &["iscsi_create_initiator_group", "1", "ANY", "ANY"],
-            &["iscsi_create_auth_group", "1", "-c", "user:alice secret:AliceSecret-1 muser:riser msecret:RiserSecret-1,user:bob secret:BobSecret-1"],
+            &["iscsi_create_auth_group", "1", "-c", "user:alice secret:AliceSecret-1 muser:riser msecret:RiserSecret-1,user:bob secret:BobSecret-123"],
             &["iscsi_auth_group_add_secret", "1", "-u", "carol", "-s", "CarolSecret-1"],
             &["iscsi_auth_group_remove_secret", "1", "-u", "bob"],
             &["iscsi_create_auth_group", "2", "-c", "user:disc secret:DiscSecret-1"],
@@ -386,9 +386,9 @@ fn chap_configuration_saves_privately_and_replays_without_logging_secrets() {
         // Refusals carry the crate's codes, and no secret.
         for (args, code) in [
             (&["iscsi_create_auth_group", "1", "-c", "user:x secret:AliceSecret-1"][..], "(code -17)"),
-            (&["iscsi_auth_group_add_secret", "1", "-u", "alice", "-s", "BobSecret-1"], "(code -17)"),
-            (&["iscsi_auth_group_add_secret", "9", "-u", "dan", "-s", "BobSecret-1"], "(code -19)"),
-            (&["iscsi_auth_group_add_secret", "1", "-u", "dan", "-s", "BobSecret-1", "-m", "m", "-r", "BobSecret-1"], "(code -32602)"),
+            (&["iscsi_auth_group_add_secret", "1", "-u", "alice", "-s", "BobSecret-123"], "(code -17)"),
+            (&["iscsi_auth_group_add_secret", "9", "-u", "dan", "-s", "BobSecret-123"], "(code -19)"),
+            (&["iscsi_auth_group_add_secret", "1", "-u", "dan", "-s", "BobSecret-123", "-m", "m", "-r", "BobSecret-123"], "(code -32602)"),
             (&["iscsi_target_node_set_auth", "disk2", "-m"], "(code -32602)"),
             (&["iscsi_target_node_set_auth", "nope", "-r"], "(code -19)"),
         ] {

@@ -15,7 +15,23 @@
 //!
 //! Secrets never reach a log line or an error message; [`AuthSecret`] and [`AuthGroup`] have
 //! a Debug that leaves them out. `iscsi_get_auth_groups` and save_config show them, as SPDK
-//! does: they are what recreates the group.
+//! does: they are what recreates the group. They are held in [`Zeroizing`] strings: moved
+//! from the decoded RPC parameters without a copy, overwritten when dropped (the snapshots
+//! login code takes included).
+//!
+//! Beyond SPDK's checks (riser's, RFC 7143 §12.1.3):
+//! - every secret, one-way or mutual, is at least [`MIN_CHAP_SECRET_LEN`] bytes (96 bits);
+//! - no secret that authenticates initiators (`secret`) is a secret the target answers with
+//!   (`msecret`), in any entry of any auth group. Every group counts, not only the one an
+//!   entry is in: the reflection the RFC guards against takes two logins, each of which may go
+//!   to any target node or to discovery, and any node may be pointed at any group (even one
+//!   not created yet) by `iscsi_target_node_set_auth`. Checking all groups whenever a secret
+//!   is added keeps that true of the whole configuration, whatever is named later;
+//! - an entry may name an initiator group (`initiator_group`, riser's extension): its user
+//!   may then log in only with an InitiatorName that group admits by name (its netmasks are
+//!   not looked at; the node's own ACL checks addresses), as LIO binds CHAP credentials to an
+//!   ACL. Checked at login once CHAP succeeded ([`AuthDecision::authorize`]); a refusal is an
+//!   Authorization Failure (0x0202).
 
 use std::sync::Arc;
 
@@ -24,37 +40,36 @@ use riser_rpc::params::{
 };
 use riser_rpc::RpcRegistry;
 use serde_json::{json, Value};
+use zeroize::Zeroizing;
 
 use crate::rpc::ok;
 use crate::target_node::{Chap, TargetNode};
-use crate::{Inner, IscsiTarget, TargetError};
+use crate::{InitiatorGroup, Inner, IscsiTarget, TargetError};
 
 /// Longest CHAP user name (CHAP_N) and mutual user name (SPDK's ISCSI_CHAP_MAX_USER_LEN).
 pub const MAX_CHAP_USER_LEN: usize = 255;
 /// Longest CHAP secret, one-way or mutual (SPDK's ISCSI_CHAP_MAX_SECRET_LEN).
 pub const MAX_CHAP_SECRET_LEN: usize = 255;
+/// Shortest CHAP secret, one-way or mutual: RFC 7143 §12.1.3's 96 bits (SPDK takes 1 byte).
+pub const MIN_CHAP_SECRET_LEN: usize = 12;
 /// Most secrets in one group: SPDK's `iscsi_create_auth_group` takes at most 64, so a larger
 /// group would not replay from save_config.
 pub const MAX_SECRETS: usize = 64;
 
 /// One CHAP secret: the initiator named `user` proves it knows `secret`; with mutual CHAP the
-/// target answers as `muser` with `msecret` (both or neither). Debug shows the names only.
+/// target answers as `muser` with `msecret` (both or neither). `initiator_group`: the user may
+/// log in only with an InitiatorName that initiator group admits (riser's extension).
+///
+/// The secrets do not outlive the group in freed memory: they are overwritten when dropped
+/// (the copies a hash makes of them live on the stack of the exchange, briefly). Debug shows
+/// the names only.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AuthSecret {
     pub user: String,
-    pub secret: String,
+    pub secret: Zeroizing<String>,
     pub muser: Option<String>,
-    pub msecret: Option<String>,
-}
-
-/// The secrets do not outlive the group in freed memory: they are overwritten when it drops
-/// (the copies a hash makes of them live on the stack of the exchange, briefly).
-impl Drop for AuthSecret {
-    fn drop(&mut self) {
-        use zeroize::Zeroize;
-        self.secret.zeroize();
-        self.msecret.zeroize();
-    }
+    pub msecret: Option<Zeroizing<String>>,
+    pub initiator_group: Option<u32>,
 }
 
 impl std::fmt::Debug for AuthSecret {
@@ -64,15 +79,19 @@ impl std::fmt::Debug for AuthSecret {
         if self.msecret.is_some() {
             d.field("msecret", &"<redacted>");
         }
+        if let Some(ig) = self.initiator_group {
+            d.field("initiator_group", &ig);
+        }
         d.finish()
     }
 }
 
-/// Checks a user name or secret: 1..=`max` bytes, no control characters. The value itself is
-/// never put in the message.
-fn check_text(field: &str, v: &str, max: usize) -> Result<(), TargetError> {
-    if v.is_empty() || v.len() > max {
-        return Err(TargetError::Invalid(format!("{field}: must be 1..={max} bytes")));
+/// Checks a user name or secret: `min..=max` bytes, no control characters. The value itself
+/// is never put in the message.
+fn check_text(field: &str, v: &str, min: usize, max: usize) -> Result<(), TargetError> {
+    if v.len() < min || v.len() > max {
+        let why = if min == MIN_CHAP_SECRET_LEN { " (RFC 7143 §12.1.3: at least 96 bits)" } else { "" };
+        return Err(TargetError::Invalid(format!("{field}: must be {min}..={max} bytes{why}")));
     }
     if v.chars().any(char::is_control) {
         return Err(TargetError::Invalid(format!("{field}: must not contain control characters")));
@@ -85,16 +104,19 @@ impl AuthSecret {
     /// `at` (e.g. `secrets[0].`) prefixes the field names of error messages.
     ///
     /// SPDK's rules (lengths, muser needs msecret) and riser's: nothing empty or with control
-    /// characters, msecret needs muser (SPDK drops it silently), and the mutual secret differs
-    /// from the one-way one (RFC 7143 §12.1.3: a CHAP secret authenticates one direction only;
-    /// a compliant peer refuses a login where both are the same).
+    /// characters, secrets of at least [`MIN_CHAP_SECRET_LEN`] bytes, msecret needs muser
+    /// (SPDK drops it silently), and the mutual secret differs from the one-way one (RFC 7143
+    /// §12.1.3: a CHAP secret authenticates one direction only; a compliant peer refuses a
+    /// login where both are the same). An `initiator_group` is a tag (1..); whether that group
+    /// exists, and secrets shared with other entries, are checked against the whole
+    /// configuration by [`IscsiTarget`]'s methods.
     pub fn from_param(p: AuthSecretParam, at: &str) -> Result<AuthSecret, TargetError> {
-        check_text(&format!("{at}user"), &p.user, MAX_CHAP_USER_LEN)?;
-        check_text(&format!("{at}secret"), &p.secret, MAX_CHAP_SECRET_LEN)?;
+        check_text(&format!("{at}user"), &p.user, 1, MAX_CHAP_USER_LEN)?;
+        check_text(&format!("{at}secret"), &p.secret, MIN_CHAP_SECRET_LEN, MAX_CHAP_SECRET_LEN)?;
         match (&p.muser, &p.msecret) {
             (Some(mu), Some(ms)) => {
-                check_text(&format!("{at}muser"), mu, MAX_CHAP_USER_LEN)?;
-                check_text(&format!("{at}msecret"), ms, MAX_CHAP_SECRET_LEN)?;
+                check_text(&format!("{at}muser"), mu, 1, MAX_CHAP_USER_LEN)?;
+                check_text(&format!("{at}msecret"), ms, MIN_CHAP_SECRET_LEN, MAX_CHAP_SECRET_LEN)?;
                 if *ms == p.secret {
                     return Err(TargetError::Invalid(format!(
                         "{at}msecret: must differ from secret (RFC 7143 §12.1.3: one secret per direction)"
@@ -109,7 +131,16 @@ impl AuthSecret {
             }
             (None, None) => {}
         }
-        Ok(AuthSecret { user: p.user, secret: p.secret, muser: p.muser, msecret: p.msecret })
+        if p.initiator_group == Some(0) {
+            return Err(TargetError::Invalid(format!("{at}initiator_group: 0 is out of range (1..)")));
+        }
+        Ok(AuthSecret {
+            user: p.user,
+            secret: p.secret,
+            muser: p.muser,
+            msecret: p.msecret,
+            initiator_group: p.initiator_group,
+        })
     }
 
     /// Whether this secret can answer mutual CHAP (it has muser and msecret).
@@ -117,12 +148,18 @@ impl AuthSecret {
         self.muser.is_some() && self.msecret.is_some()
     }
 
-    /// As `iscsi_get_auth_groups` shows it (SPDK: muser and msecret only when set).
+    /// As `iscsi_get_auth_groups` shows it (SPDK: muser and msecret only when set; riser's
+    /// initiator_group only when set).
     fn info_json(&self) -> Value {
-        let mut v = json!({"user": self.user, "secret": self.secret});
-        if let (Some(mu), Some(ms), Some(m)) = (&self.muser, &self.msecret, v.as_object_mut()) {
-            m.insert("muser".into(), json!(mu));
-            m.insert("msecret".into(), json!(ms));
+        let mut v = json!({"user": self.user, "secret": self.secret.as_str()});
+        if let Some(m) = v.as_object_mut() {
+            if let (Some(mu), Some(ms)) = (&self.muser, &self.msecret) {
+                m.insert("muser".into(), json!(mu));
+                m.insert("msecret".into(), json!(ms.as_str()));
+            }
+            if let Some(ig) = self.initiator_group {
+                m.insert("initiator_group".into(), json!(ig));
+            }
         }
         v
     }
@@ -157,17 +194,37 @@ impl AuthMode {
 /// lock held. `secrets` are those of the policy's auth group (empty for [`AuthMode::None`],
 /// for chap_group 0, or when the group does not exist: then no CHAP login succeeds).
 /// `mutual`: the initiator must also authenticate the target (only with [`AuthMode::Required`]).
+/// `initiator_groups`: the initiator groups the secrets are bound to (those that exist), for
+/// [`AuthDecision::authorize`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthDecision {
     pub mode: AuthMode,
     pub mutual: bool,
     pub secrets: Vec<AuthSecret>,
+    pub initiator_groups: Vec<InitiatorGroup>,
 }
 
 impl AuthDecision {
     /// The secret of the CHAP user `user` (CHAP_N), compared exactly as SPDK does.
     pub fn secret_for(&self, user: &str) -> Option<&AuthSecret> {
         self.secrets.iter().find(|s| s.user == user)
+    }
+
+    /// Once `user` proved its secret: may it log in as `initiator_name`? Yes unless its
+    /// entry is bound to an initiator group (`initiator_group`) that does not admit that name
+    /// (a `!` entry denies it, or no entry lists it), or that no longer exists (fails
+    /// closed). Err: why, for the login's log line (names and tags, never a secret).
+    pub fn authorize(&self, user: &str, initiator_name: &str) -> Result<(), String> {
+        let Some(tag) = self.secret_for(user).and_then(|s| s.initiator_group) else {
+            return Ok(());
+        };
+        match self.initiator_groups.iter().find(|g| g.tag == tag) {
+            None => Err(format!("CHAP user {user} is bound to initiator group {tag}, which does not exist")),
+            Some(g) if g.name_verdict(initiator_name) == Some(true) => Ok(()),
+            Some(_) => Err(format!(
+                "CHAP user {user} is bound to initiator group {tag}, which does not admit InitiatorName {initiator_name}"
+            )),
+        }
     }
 }
 
@@ -197,7 +254,8 @@ impl AuthGroup {
 
     /// Adds secrets, all or none. `at(i)` names the i-th in error messages (`secrets[0].` for
     /// a create, empty for add_secret). A user already in the group (or given twice) is
-    /// refused with Exists, as SPDK does; user names compare exactly.
+    /// refused with Exists, as SPDK does; user names compare exactly. Only this group is
+    /// looked at: [`IscsiTarget`]'s methods also check the new secrets against the others.
     pub fn add(&mut self, new: Vec<AuthSecretParam>, at: impl Fn(usize) -> String) -> Result<(), TargetError> {
         let mut all = self.secrets.clone();
         for (i, p) in new.into_iter().enumerate() {
@@ -247,14 +305,70 @@ impl Inner {
         self.auth_groups.iter().find(|g| g.tag == tag)
     }
 
-    /// The decision of a CHAP policy: its mode and the secrets of its group.
+    /// The decision of a CHAP policy: its mode, the secrets of its group and the initiator
+    /// groups they are bound to.
     fn decision(&self, chap: &Chap) -> AuthDecision {
         let mode = AuthMode::of(chap);
-        let secrets = match mode {
+        let secrets: Vec<AuthSecret> = match mode {
             AuthMode::None => Vec::new(),
             _ => self.ag(chap.chap_group).map(|g| g.secrets.clone()).unwrap_or_default(),
         };
-        AuthDecision { mode, mutual: chap.mutual_chap && mode == AuthMode::Required, secrets }
+        let mut initiator_groups: Vec<InitiatorGroup> = Vec::new();
+        for tag in secrets.iter().filter_map(|s| s.initiator_group) {
+            if let (None, Some(g)) = (initiator_groups.iter().find(|g| g.tag == tag), self.ig(tag)) {
+                initiator_groups.push(g.clone());
+            }
+        }
+        AuthDecision { mode, mutual: chap.mutual_chap && mode == AuthMode::Required, secrets, initiator_groups }
+    }
+
+    /// Checks the secrets of `candidate` from index `first_new` on (those being added; `at(i)`
+    /// names the i-th of them in messages) against the whole configuration, with `candidate`
+    /// in place of the group of the same tag:
+    /// - none's `secret` is any entry's `msecret`, nor its `msecret` any entry's `secret`, in
+    ///   any group (RFC 7143 §12.1.3: a secret that authenticates initiators must not be one
+    ///   the target answers with; see the module's comment for why every group counts);
+    /// - an `initiator_group` names an initiator group that exists (save_config writes the
+    ///   initiator groups before the auth groups, so a replay finds them).
+    ///
+    /// Messages name fields, users and tags, never a secret.
+    fn check_new_secrets(
+        &self,
+        candidate: &AuthGroup,
+        first_new: usize,
+        at: impl Fn(usize) -> String,
+    ) -> Result<(), TargetError> {
+        let all: Vec<(u32, &AuthSecret)> = self
+            .auth_groups
+            .iter()
+            .filter(|g| g.tag != candidate.tag)
+            .chain(std::iter::once(candidate))
+            .flat_map(|g| g.secrets.iter().map(move |s| (g.tag, s)))
+            .collect();
+        let rfc = "a secret that authenticates initiators must not be one the target answers with (RFC 7143 §12.1.3)";
+        for (i, new) in candidate.secrets.iter().enumerate().skip(first_new) {
+            let at = at(i - first_new);
+            for (tag, other) in &all {
+                if other.msecret.as_ref().is_some_and(|ms| ms.as_str() == new.secret.as_str()) {
+                    return Err(TargetError::Invalid(format!(
+                        "{at}secret: is the msecret of user {} in auth group {tag}: {rfc}",
+                        other.user
+                    )));
+                }
+                if new.msecret.as_ref().is_some_and(|ms| ms.as_str() == other.secret.as_str()) {
+                    return Err(TargetError::Invalid(format!(
+                        "{at}msecret: is the secret of user {} in auth group {tag}: {rfc}",
+                        other.user
+                    )));
+                }
+            }
+            if let Some(ig) = new.initiator_group {
+                if self.ig(ig).is_none() {
+                    return Err(TargetError::NotFound(format!("{at}initiator_group: initiator group {ig} not found")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Logs why a CHAP policy about to be set cannot let anyone in by CHAP: its group does
@@ -313,33 +427,38 @@ impl IscsiTarget {
             return Err(TargetError::Exists(format!("auth group {tag} already exists")));
         }
         let mut g = AuthGroup::new(tag);
-        g.add(secrets, |i| format!("secrets[{i}]."))?;
+        let at = |i: usize| format!("secrets[{i}].");
+        g.add(secrets, at)?;
+        inner.check_new_secrets(&g, 0, at)?;
         log::info!("iSCSI auth group {tag} created with {} secret(s)", g.secrets.len());
         inner.auth_groups.push(g);
         Ok(())
     }
 
-    fn with_ag(&self, tag: u32, f: impl FnOnce(&mut AuthGroup) -> Result<(), TargetError>) -> Result<(), TargetError> {
-        let mut inner = self.lock();
-        let g = inner
-            .auth_groups
-            .iter_mut()
-            .find(|g| g.tag == tag)
-            .ok_or_else(|| TargetError::NotFound(format!("auth group {tag} not found")))?;
-        f(g)
-    }
-
     /// `iscsi_auth_group_add_secret`. Applies to the next logins.
     pub fn auth_group_add_secret(&self, tag: u32, secret: AuthSecretParam) -> Result<(), TargetError> {
         let user = secret.user.clone();
-        self.with_ag(tag, |g| g.add(vec![secret], |_| String::new()))?;
+        let mut inner = self.lock();
+        let mut g = inner.ag(tag).cloned().ok_or_else(|| TargetError::NotFound(format!("auth group {tag} not found")))?;
+        let first_new = g.secrets.len();
+        g.add(vec![secret], |_| String::new())?;
+        inner.check_new_secrets(&g, first_new, |_| String::new())?;
+        if let Some(slot) = inner.auth_groups.iter_mut().find(|x| x.tag == tag) {
+            *slot = g;
+        }
         log::info!("iSCSI auth group {tag}: secret of user {user} added");
         Ok(())
     }
 
     /// `iscsi_auth_group_remove_secret`. Sessions already logged in stay.
     pub fn auth_group_remove_secret(&self, tag: u32, user: &str) -> Result<(), TargetError> {
-        self.with_ag(tag, |g| g.remove(user))?;
+        let mut inner = self.lock();
+        let g = inner
+            .auth_groups
+            .iter_mut()
+            .find(|g| g.tag == tag)
+            .ok_or_else(|| TargetError::NotFound(format!("auth group {tag} not found")))?;
+        g.remove(user)?;
         log::info!("iSCSI auth group {tag}: secret of user {user} removed");
         Ok(())
     }

@@ -102,12 +102,12 @@ pub(crate) fn populate(e: &Env) {
     e.ok("iscsi_create_initiator_group", json!({"tag": 2, "initiators": ["iqn.1994-05.com.redhat:a", "!iqn.1994-05.com.redhat:b"], "netmasks": ["ANY"]}));
     e.ok("iscsi_initiator_group_add_initiators", json!({"tag": 2, "initiators": ["iqn.1994-05.com.redhat:c"], "netmasks": ["10.0.0.0/8"]}));
     e.ok("iscsi_initiator_group_remove_initiators", json!({"tag": 2, "netmasks": ["ANY"]}));
-    e.ok("iscsi_create_auth_group", json!({"tag": 1, "secrets": [{"user": "disc", "secret": "disc-secret"}]}));
+    e.ok("iscsi_create_auth_group", json!({"tag": 1, "secrets": [{"user": "disc", "secret": "disc-secret-1"}]}));
     e.ok("iscsi_create_auth_group", json!({"tag": 2, "secrets": [
-        {"user": "alice", "secret": "alice-secret", "muser": "tgt", "msecret": "tgt-secret"},
-        {"user": "bob", "secret": "bob-secret"}
+        {"user": "alice", "secret": "alice-secret-1", "muser": "tgt", "msecret": "tgt-secret-1"},
+        {"user": "bob", "secret": "bob-secret-1"}
     ]}));
-    e.ok("iscsi_auth_group_add_secret", json!({"tag": 2, "user": "carol", "secret": "carol-secret", "muser": "t2", "msecret": "t2-secret"}));
+    e.ok("iscsi_auth_group_add_secret", json!({"tag": 2, "user": "carol", "secret": "carol-secret-1", "muser": "t2", "msecret": "t2-secret-123", "initiator_group": 2}));
     e.ok("iscsi_auth_group_remove_secret", json!({"tag": 2, "user": "bob"}));
     e.ok("iscsi_set_discovery_auth", json!({"require_chap": true, "chap_group": 1}));
     e.ok("iscsi_create_target_node", json!({

@@ -43,6 +43,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::login::{AuthStep, Authenticator};
+use crate::pdu::LoginStatus;
 use crate::text::{parse_number, Pairs};
 
 /// Longest CHAP_C or CHAP_R, decoded (RFC 7143 §12.1.3).
@@ -289,6 +290,10 @@ pub enum ChapError {
     SecretReuse,
     #[error("reflected challenge: the peer sent back our own CHAP_C")]
     ReflectedChallenge,
+    /// The response was right but this user may not log in from here (its authorizer said
+    /// why): Authorization Failure (0x0202), not Authentication Failure.
+    #[error("authenticated but not authorized: {0}")]
+    NotAuthorized(String),
     #[error("mutual CHAP required but the initiator sent no CHAP_I and CHAP_C")]
     MutualRequired,
     #[error("mutual CHAP asked for but user \"{0}\" has no mutual secret")]
@@ -346,6 +351,9 @@ impl Drop for ChapSecret {
         self.msecret.zeroize();
     }
 }
+
+/// The `Drop` above: its secrets are zeroized when it drops.
+impl zeroize::ZeroizeOnDrop for ChapSecret {}
 
 /// Stands for a secret in `Debug` output.
 struct Redacted;
@@ -449,6 +457,8 @@ enum TargetState {
 pub struct ChapTarget {
     secrets: Vec<ChapSecret>,
     mutual_required: bool,
+    /// Asked once a user proved its secret: may it log in here? (see [`Self::with_authorizer`])
+    authorize: Option<Authorizer>,
     algorithms: Vec<ChapAlgorithm>,
     random: Box<dyn RandomSource>,
     state: TargetState,
@@ -480,6 +490,9 @@ impl fmt::Debug for ChapTarget {
     }
 }
 
+/// Decides whether an authenticated CHAP user (its CHAP_N) may log in; Err says why.
+pub type Authorizer = Box<dyn Fn(&str) -> Result<(), String> + Send>;
+
 impl ChapTarget {
     /// CHAP for one login with these secrets (the first secret whose `user` is the
     /// initiator's CHAP_N is used), every algorithm allowed, challenges from the OS CSPRNG.
@@ -493,6 +506,7 @@ impl ChapTarget {
         ChapTarget {
             secrets,
             mutual_required,
+            authorize: None,
             algorithms: ChapAlgorithm::ALL.to_vec(),
             random,
             state: TargetState::Algorithm,
@@ -506,6 +520,15 @@ impl ChapTarget {
     /// so only the set matters.
     pub fn with_algorithms(mut self, algorithms: Vec<ChapAlgorithm>) -> ChapTarget {
         self.algorithms = algorithms;
+        self
+    }
+
+    /// Once a user's response is right (and before the target answers mutual CHAP), ask
+    /// `authorize` whether that user may log in: e.g. whether it is bound to initiator names
+    /// this login's InitiatorName is not among. A refusal fails the exchange with
+    /// [`ChapError::NotAuthorized`], an Authorization Failure (0x0202).
+    pub fn with_authorizer(mut self, authorize: Authorizer) -> ChapTarget {
+        self.authorize = Some(authorize);
         self
     }
 
@@ -642,6 +665,9 @@ impl ChapTarget {
                 return Err(ChapError::SecretReuse);
             }
         }
+        if let Some(authorize) = &self.authorize {
+            authorize(&entry.user).map_err(ChapError::NotAuthorized)?;
+        }
         if let Some((their_id, their_challenge, encoding)) = mutual {
             let (Some(muser), Some(msecret)) = (&entry.muser, &entry.msecret) else {
                 return Err(ChapError::NoMutualSecret(user));
@@ -688,6 +714,13 @@ impl Authenticator for ChapTarget {
 
     fn failure_reason(&self) -> Option<String> {
         self.failure.as_ref().map(ToString::to_string)
+    }
+
+    fn failure_status(&self) -> LoginStatus {
+        match self.failure {
+            Some(ChapError::NotAuthorized(_)) => LoginStatus::AUTHORIZATION_FAILURE,
+            _ => LoginStatus::AUTHENTICATION_FAILURE,
+        }
     }
 }
 

@@ -118,6 +118,13 @@ pub trait Authenticator: Send {
     fn failure_reason(&self) -> Option<String> {
         None
     }
+
+    /// After [`AuthStep::Failure`]: the Login Response status. Authentication Failure
+    /// (0x0201) unless the method knows better (e.g. Authorization Failure, 0x0202, for a
+    /// user that proved its secret but may not log in as this initiator).
+    fn failure_status(&self) -> LoginStatus {
+        LoginStatus::AUTHENTICATION_FAILURE
+    }
 }
 
 /// Progress of an [`Authenticator`].
@@ -779,7 +786,7 @@ impl Login {
                             Some(why) => format!("{m} failed: {why}"),
                             None => format!("{m} failed"),
                         };
-                        return fail(LoginStatus::AUTHENTICATION_FAILURE, reason);
+                        return fail(auth.failure_status(), reason);
                     }
                 }
             }

@@ -235,7 +235,7 @@ impl LoginPolicy for Policy<'_> {
             name: node.name().to_string(),
             alias: node.alias_name().map(str::to_string),
             config: self.target_config(Some(&node)),
-            auth: auth_policy(self.server.target.node_auth(&node)),
+            auth: auth_policy(self.server.target.node_auth(&node), &who.initiator_name),
         })
     }
 
@@ -243,7 +243,7 @@ impl LoginPolicy for Policy<'_> {
         self.saw(who);
         let mut info = TargetInfo::discovery();
         info.config = self.target_config(None);
-        info.auth = auth_policy(self.server.target.discovery_auth());
+        info.auth = auth_policy(self.server.target.discovery_auth(), &who.initiator_name);
         TargetLookup::Found(info)
     }
 
@@ -254,19 +254,31 @@ impl LoginPolicy for Policy<'_> {
 
 /// The login's authentication from the configuration's CHAP policy (SPDK's semantics:
 /// disable_chap → AuthMethod=None only; require_chap → CHAP only; neither → either; mutual
-/// implies require) and the secrets of the policy's auth group.
-fn auth_policy(d: AuthDecision) -> AuthPolicy {
-    let chap = || {
+/// implies require) and the secrets of the policy's auth group. A user bound to an initiator
+/// group (riser's `initiator_group`) that does not admit `initiator_name` fails once its
+/// response checked out, with Authorization Failure (0x0202), and the login's log line says
+/// why ([`AuthDecision::authorize`]).
+fn auth_policy(d: AuthDecision, initiator_name: &str) -> AuthPolicy {
+    let mode = d.mode;
+    let chap = |d: AuthDecision| {
         let secrets = d
             .secrets
             .iter()
-            .map(|s| ChapSecret { user: s.user.clone(), secret: s.secret.clone(), muser: s.muser.clone(), msecret: s.msecret.clone() })
+            .map(|s| ChapSecret {
+                user: s.user.clone(),
+                secret: s.secret.to_string(),
+                muser: s.muser.clone(),
+                msecret: s.msecret.as_ref().map(|m| m.to_string()),
+            })
             .collect();
-        Box::new(ChapTarget::new(secrets, d.mutual))
+        let mutual = d.mutual;
+        let initiator_name = initiator_name.to_string();
+        let authorize = move |user: &str| d.authorize(user, &initiator_name);
+        Box::new(ChapTarget::new(secrets, mutual).with_authorizer(Box::new(authorize)))
     };
-    match d.mode {
+    match mode {
         AuthMode::None => AuthPolicy::None,
-        AuthMode::Optional => AuthPolicy::Optional(chap()),
-        AuthMode::Required => AuthPolicy::Required(chap()),
+        AuthMode::Optional => AuthPolicy::Optional(chap(d)),
+        AuthMode::Required => AuthPolicy::Required(chap(d)),
     }
 }

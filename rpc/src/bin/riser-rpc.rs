@@ -141,13 +141,13 @@ enum Cmd {
     IscsiDeleteInitiatorGroup(IscsiTag),
     /// List the initiator groups
     IscsiGetInitiatorGroups,
-    /// Create a CHAP auth group: TAG [-c 'user:U secret:S muser:MU msecret:MS,user:U2 secret:S2']
+    /// Create a CHAP auth group: TAG [-c 'user:U secret:S muser:MU msecret:MS initiator_group:IG,user:U2 secret:S2']
     IscsiCreateAuthGroup(IscsiCreateAuthGroup),
     /// Delete an auth group
     IscsiDeleteAuthGroup(IscsiTag),
     /// List the auth groups (secrets included)
     IscsiGetAuthGroups,
-    /// Add a CHAP secret to an auth group: TAG -u USER -s SECRET [-m MUSER -r MSECRET]
+    /// Add a CHAP secret to an auth group: TAG -u USER -s SECRET [-m MUSER -r MSECRET] [-i INITIATOR_GROUP]
     IscsiAuthGroupAddSecret(IscsiAuthGroupAddSecret),
     /// Remove a user's CHAP secret from an auth group: TAG -u USER
     IscsiAuthGroupRemoveSecret(IscsiAuthGroupRemoveSecret),
@@ -1162,7 +1162,8 @@ struct IscsiCreateAuthGroup {
     #[arg(value_parser = parse_tag)]
     tag: u32,
     /// CHAP secrets, rpc.py's form: 'user:U1 secret:S1 muser:MU1 msecret:MS1,user:U2 secret:S2'
-    /// (comma-separated; muser/msecret for mutual CHAP). A secret may hold ':', not a space or ','
+    /// (comma-separated; muser/msecret for mutual CHAP; riser's initiator_group:IG binds the user
+    /// to that initiator group's names). A secret may hold ':', not a space or ','
     #[arg(short = 'c', long, value_name = "SECRETS")]
     secrets: Option<String>,
 }
@@ -1181,7 +1182,8 @@ impl IscsiCreateAuthGroup {
 }
 
 /// rpc.py's `-c` secrets: items separated by commas, each `KEY:VALUE` words separated by
-/// whitespace, keys `user`, `secret` (both required), `muser`, `msecret`; a value runs from
+/// whitespace, keys `user`, `secret` (both required), `muser`, `msecret`, and riser's
+/// `initiator_group` (a tag); a value runs from
 /// the first ':' (rpc.py refuses a ':' in it). An empty text is no secrets. Errors name the
 /// item and word, never a value.
 fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError> {
@@ -1189,17 +1191,19 @@ fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError>
     let mut out = Vec::new();
     for (n, item) in items.enumerate() {
         let n = n + 1;
-        let (mut user, mut secret, mut muser, mut msecret) = (None, None, None, None);
+        let (mut user, mut secret, mut muser, mut msecret, mut ig) = (None, None, None, None, None);
         for (w, word) in item.split_whitespace().enumerate() {
             let w = w + 1;
             let bad = |what: &str| UsageError(format!("--secrets item {n}, word {w}: {what}"));
-            let (key, value) = word.split_once(':').ok_or_else(|| bad("not KEY:VALUE (user:, secret:, muser:, msecret:)"))?;
+            let (key, value) =
+                word.split_once(':').ok_or_else(|| bad("not KEY:VALUE (user:, secret:, muser:, msecret:, initiator_group:)"))?;
             let slot = match key {
                 "user" => &mut user,
                 "secret" => &mut secret,
                 "muser" => &mut muser,
                 "msecret" => &mut msecret,
-                _ => return Err(bad("unknown key (user, secret, muser or msecret)")),
+                "initiator_group" => &mut ig,
+                _ => return Err(bad("unknown key (user, secret, muser, msecret or initiator_group)")),
             };
             if slot.replace(value.to_string()).is_some() {
                 return Err(bad(&format!("{key} given twice")));
@@ -1208,7 +1212,17 @@ fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError>
         let missing = |key: &str| UsageError(format!("--secrets item {n}: no {key}:"));
         let user = user.ok_or_else(|| missing("user"))?;
         let secret = secret.ok_or_else(|| missing("secret"))?;
-        out.push(params::AuthSecretParam { user, secret, muser, msecret });
+        let initiator_group = match ig {
+            None => None,
+            Some(t) => Some(parse_tag(&t).map_err(|_| UsageError(format!("--secrets item {n}: initiator_group: not a tag")))?),
+        };
+        out.push(params::AuthSecretParam {
+            user,
+            secret: secret.into(),
+            muser,
+            msecret: msecret.map(Into::into),
+            initiator_group,
+        });
     }
     Ok(out)
 }
@@ -1230,6 +1244,9 @@ struct IscsiAuthGroupAddSecret {
     /// Secret the target answers mutual CHAP with (needs --muser)
     #[arg(short = 'r', long)]
     msecret: Option<String>,
+    /// riser's extension: the user may log in only as an initiator name this initiator group admits
+    #[arg(short = 'i', long, value_parser = parse_tag)]
+    initiator_group: Option<u32>,
 }
 
 impl std::fmt::Debug for IscsiAuthGroupAddSecret {
@@ -1247,9 +1264,10 @@ impl IscsiAuthGroupAddSecret {
         params::IscsiAuthGroupAddSecret {
             tag: self.tag,
             user: self.user,
-            secret: self.secret,
+            secret: self.secret.into(),
             muser: self.muser,
-            msecret: self.msecret,
+            msecret: self.msecret.map(Into::into),
+            initiator_group: self.initiator_group,
         }
     }
 }
@@ -1914,6 +1932,10 @@ mod tests {
             json!({"tag": 2, "secrets": [{"user": "x", "secret": "a:b"}]})
         );
         assert_eq!(params(&["iscsi_create_auth_group", "3", "-c", ""]), json!({"tag": 3}));
+        assert_eq!(
+            params(&["iscsi_create_auth_group", "4", "-c", "user:u secret:s initiator_group:2"]),
+            json!({"tag": 4, "secrets": [{"user": "u", "secret": "s", "initiator_group": 2}]})
+        );
         for (bad, needle) in [
             ("user:u secret:SECRETX extra", "--secrets item 1, word 3: not KEY:VALUE"),
             ("user:u secret:SECRETX,user:v", "--secrets item 2: no secret:"),
@@ -1922,6 +1944,7 @@ mod tests {
             ("user:u secret:SECRETX pass:SECRETY", "--secrets item 1, word 3: unknown key"),
             // A secret with a space: its second half looks like a word of its own.
             ("user:u secret:SECRET X:SECRETY", "--secrets item 1, word 3: unknown key"),
+            ("user:u secret:SECRETX initiator_group:x", "--secrets item 1: initiator_group: not a tag"),
         ] {
             let (msg, code) = sent(&["iscsi_create_auth_group", "1", "-c", bad]).expect_err(bad);
             assert_eq!(code, 2, "{bad}: {msg}");
@@ -1939,6 +1962,10 @@ mod tests {
         assert_eq!(
             params(&["iscsi_auth_group_add_secret", "--user", "u", "--secret", "s", "-m", "mu", "-r", "ms", "1"]),
             json!({"tag": 1, "user": "u", "secret": "s", "muser": "mu", "msecret": "ms"})
+        );
+        assert_eq!(
+            params(&["iscsi_auth_group_add_secret", "1", "-u", "u", "-s", "s", "-i", "3"]),
+            json!({"tag": 1, "user": "u", "secret": "s", "initiator_group": 3})
         );
         refused(&["iscsi_auth_group_add_secret", "1", "-u", "u"], "--secret");
         refused(&["iscsi_auth_group_add_secret", "1", "-s", "s"], "--user");

@@ -727,3 +727,38 @@ fn garbage_never_panics() {
         }
     }
 }
+
+/// A user whose response is right but whose authorizer refuses fails with Authorization
+/// Failure, before the target answers mutual CHAP; others are let through.
+#[test]
+fn an_authorizer_refuses_after_the_secret_checked_out() {
+    let authorizer = || -> Authorizer {
+        Box::new(|user: &str| match user {
+            USER => Err(format!("{user} may not log in as this initiator")),
+            _ => Ok(()),
+        })
+    };
+    for mutual in [false, true] {
+        let mut t = target(false).with_authorizer(authorizer());
+        let mut i = initiator(&[ChapAlgorithm::Sha256], mutual);
+        let err = exchange(&mut t, &mut i).expect_err("refused");
+        assert_eq!(err, format!("authenticated but not authorized: {USER} may not log in as this initiator"));
+        assert_eq!(t.failure(), Some(&ChapError::NotAuthorized(format!("{USER} may not log in as this initiator"))));
+        assert_eq!(t.failure_status(), LoginStatus::AUTHORIZATION_FAILURE);
+        assert!(t.authenticated_user().is_none());
+    }
+    // The authorizer is asked only once the response is right: a wrong secret stays an
+    // authentication failure.
+    let mut t = target(false).with_authorizer(authorizer());
+    let mut i = ChapInitiator::with_random(
+        ChapInitiatorConfig::new(ChapCredentials::new(USER, "not-the-secret")),
+        counter(200),
+    );
+    assert!(exchange(&mut t, &mut i).unwrap_err().starts_with("wrong CHAP response"));
+    assert_eq!(t.failure_status(), LoginStatus::AUTHENTICATION_FAILURE);
+    // Allowed: the exchange completes as without one.
+    let mut t = target(true).with_authorizer(Box::new(|_: &str| Ok(())));
+    let mut i = initiator(&[ChapAlgorithm::Md5], true);
+    exchange(&mut t, &mut i).unwrap();
+    assert_eq!(t.authenticated_user(), Some(USER));
+}
