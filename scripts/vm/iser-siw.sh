@@ -207,11 +207,12 @@ reg=$(grep -o 'iSER: I/O buffer 0x[0-9a-f]*+[0-9]* registered: lkey 0x[0-9a-f]*'
 pool_addr=$(sed 's/.*buffer \(0x[0-9a-f]*\)+.*/\1/' <<<"$reg")
 pool_key=$(sed 's/.*lkey \(0x[0-9a-f]*\).*/\1/' <<<"$reg")
 # The registration must still be live (else a refusal proves nothing): rdma's resource
-# tracking lists riser's MRs with their keys.
+# tracking lists the device's MRs with their keys (and the registering thread's id, not
+# riser's pid; a key is unique on the device).
 rdma resource show mr >"$logs/rdma-mr.log" 2>&1 || true
-if grep -q "pid $riser_pid " "$logs/rdma-mr.log"; then
-  grep "pid $riser_pid " "$logs/rdma-mr.log" | grep -q "rkey $pool_key " || fail "attack: the pool registration $pool_key is no longer live: $(grep "pid $riser_pid " "$logs/rdma-mr.log" | head -n 5)"
-  echo "iser-siw: the pool registration $pool_key at $pool_addr is live (rdma resource show mr)"
+if grep -q ' rkey 0x' "$logs/rdma-mr.log"; then
+  grep -q " rkey $pool_key " "$logs/rdma-mr.log" || fail "attack: the pool registration $pool_key is no longer live: $(head -n 5 "$logs/rdma-mr.log")"
+  echo "iser-siw: the pool registration $pool_key at $pool_addr is live (rdma resource show mr: $(grep " rkey $pool_key " "$logs/rdma-mr.log" | grep -o 'mrlen [0-9]*'))"
 fi
 attack pool "a pooled I/O buffer" "$pool_key" "$pool_addr"
 sink=$(grep -o 'iSER: RDMA Read sink 0x[0-9a-f]*+[0-9]*: STag 0x[0-9a-f]* revoked' "$logs/riser.log" | tail -n 1 || true)

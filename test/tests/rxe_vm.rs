@@ -231,8 +231,15 @@ fn rxe_vm_iser_soft_iwarp() {
     assert!(out.contains("iser-siw: memlock refusal logged once: registering "), "{out}");
     // Item 11: no key of riser's open to a peer's RDMA Write outside the transfer it was made for.
     for what in ["a pooled I/O buffer", "a finished RDMA Read's sink"] {
-        assert!(out.contains(&format!("iser-siw: hostile peer: RDMA Write to {what} (STag 0x")), "{what}:\n{out}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("iser-siw: hostile peer: RDMA Write to {what} (STag 0x")))
+            .unwrap_or_else(|| panic!("{what}: no verdict:\n{out}"));
+        // siw refused the tagged write (DDP layer 1, tagged buffer type 1) and told the attacker.
+        assert!(line.contains(") refused; siw TERMINATEs (DDP tagged buffer) to the attacker: "), "{line}");
+        assert!(!line.contains("to the attacker: 0;"), "refused, but not by a DDP tagged buffer error: {line}");
     }
+    assert!(out.contains("iser-siw: the pool registration 0x"), "the attacked key was not shown live:\n{out}");
     assert!(!out.contains("attack: ACCEPTED"), "{out}");
     assert!(out.contains("linux-iser-after-attack: 4 MiB verified on /dev/"), "{out}");
 }

@@ -7,7 +7,11 @@
 //! receive ring and the send buffers. Data never passes through them: the task's own
 //! [`IoBuf`] is registered with the QP's protection domain ([`IserQp::register`]; once per
 //! pooled mapping, which keeps its registration from one I/O to the next) and the RDMA
-//! operations name it directly: zero copies of read and solicited write data.
+//! operations name it directly: zero copies of read and solicited write data. Those lasting
+//! registrations allow local access only: the protection domain is shared by every
+//! connection of the device, so no peer may name them. On iWARP an RDMA Read's sink STag
+//! goes on the wire and needs remote write: there each Get_Data's sink gets a registration of
+//! its own ([`IserQp::register_read_sink`]), dropped once its reads have completed.
 //!
 //! * Put_Data: RDMA Writes from the task's buffer to the initiator's Read STag, chained with
 //!   the SCSI Response SEND; only the SEND is signaled (RC completes in order, so its

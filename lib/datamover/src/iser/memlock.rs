@@ -33,7 +33,7 @@ pub struct MemlockFacts {
 }
 
 fn mib(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 {
+    if bytes & ((1 << 20) - 1) == 0 {
         format!("{} MiB", bytes >> 20)
     } else if bytes >= 1 << 20 {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
