@@ -40,7 +40,10 @@ pub use cm::{CmEvent, CmEventType, CmId, CmIdKey, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH};
 pub use device::{devices, mtu_bytes, refresh_cm_devices, Context, DeviceAttr, LinkLayer, PortAttr, PortState, ProtectionDomain};
 pub use error::{RdmaError, Result};
-pub use mr::{iobuf_domain, register_iobuf, release_idle_iobuf_registrations, Access, MemoryRegion, Sge};
+pub use mr::{
+    iobuf_domain, memlock_limit, register_iobuf, register_iobuf_range, release_idle_iobuf_registrations, Access, MemoryRegion, Sge,
+    TransferRegistration,
+};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue, WrData, MAX_CHAIN};
 
 /// The raw bindings, for calls this crate does not wrap (each use is `unsafe`).

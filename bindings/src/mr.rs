@@ -326,6 +326,117 @@ pub fn register_iobuf(pd: &Arc<ProtectionDomain>, buf: &mut riser_buf::IoBuf, ac
     Ok(lkey)
 }
 
+/// A registration of part of an I/O buffer for one transfer, not kept with the mapping:
+/// dropping it deregisters (`ibv_dereg_mr`), which revokes its key in the device, so a peer
+/// that learns the key can use it only while the transfer it was made for runs. riser's iSER
+/// datamover registers the sink of each RDMA Read on iWARP this way (the sink must allow
+/// remote write there; see [`register_iobuf_range`]).
+pub struct TransferRegistration {
+    mr: NonNull<sys::ibv_mr>,
+    addr: u64,
+    len: usize,
+    /// The PD outlives the MR (ibv_dealloc_pd fails while MRs exist).
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the registration only holds the MR to read its keys and deregister it once, from
+// whichever thread drops it; verbs objects are thread safe.
+unsafe impl Send for TransferRegistration {}
+// SAFETY: `&self` methods only read the keys, set at registration and never changed.
+unsafe impl Sync for TransferRegistration {}
+
+impl TransferRegistration {
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live MR; lkey is set at registration and never changes.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The key a peer would name (on iWARP the same STag as the lkey).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as for lkey.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// The first registered byte's address (the registration's base VA).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for TransferRegistration {
+    fn drop(&mut self) {
+        // SAFETY: a live MR, deregistered exactly once. Should deregistration fail, the pages
+        // stay pinned by the kernel for the MR, so the device never reaches memory reused by
+        // anyone else (as for IoBufRegistration).
+        let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if ret != 0 {
+            log::error!("ibv_dereg_mr of a transfer registration failed (errno {ret}); its key stays valid and its pages pinned");
+        }
+    }
+}
+
+impl std::fmt::Debug for TransferRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferRegistration")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .finish()
+    }
+}
+
+/// Registers `len` bytes of `buf` from `offset` (within its length) with `pd` under `access`,
+/// for one transfer: the registration is returned, not recorded in the buffer, and ends when
+/// it is dropped. Drop it once the work requests naming it have completed, before the buffer
+/// goes back to its pool.
+///
+/// Memory safety does not depend on that order: the kernel pins the pages for the MR, so
+/// should the buffer be unmapped first, the device still reaches only those pinned pages
+/// (freed at deregistration), never memory the process or anyone else reuses.
+pub fn register_iobuf_range(
+    pd: &Arc<ProtectionDomain>,
+    buf: &mut riser_buf::IoBuf,
+    offset: usize,
+    len: usize,
+    access: Access,
+) -> Result<TransferRegistration> {
+    check_range("register_iobuf_range", buf.len(), offset, len)?;
+    if len == 0 {
+        return Err(RdmaError::invalid("ibv_reg_mr", "cannot register an empty range"));
+    }
+    let base = buf.mapping_ptr();
+    if base.is_null() {
+        return Err(RdmaError::invalid("ibv_reg_mr", "the buffer is not a pooled mapping"));
+    }
+    // SAFETY: `base + offset .. + len` lies inside the buffer's mapping (checked against its
+    // length, which is at most its capacity); `pd` is a live PD. The kernel pins the pages
+    // for the MR's life (see above).
+    let ptr = unsafe { base.add(offset) };
+    // SAFETY: as above.
+    let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), ptr as *mut libc::c_void, len, access.bits() as libc::c_int) };
+    let mr = NonNull::new(mr).ok_or_else(|| RdmaError::last("ibv_reg_mr"))?;
+    Ok(TransferRegistration { mr, addr: ptr as u64, len, _pd: pd.clone() })
+}
+
+/// The process's soft `RLIMIT_MEMLOCK` in bytes; None when unlimited (or unreadable).
+/// Memory registered with an RDMA device is pinned against it: always on soft-iWARP (siw
+/// checks the limit whatever the process's capabilities), otherwise unless the process has
+/// `CAP_IPC_LOCK`.
+pub fn memlock_limit() -> Option<u64> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass and nothing else.
+    let ret = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
+    (ret == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
+}
+
 /// Unmaps the I/O buffers riser-buf keeps for reuse ([`riser_buf::Pool::trim`] of the
 /// global pool), dropping the registrations they carry and the PDs those hold. After a
 /// device removal that is what lets the device go: a PD kept by an idle buffer keeps the
@@ -384,6 +495,35 @@ mod tests {
         assert_eq!(std::mem::size_of::<Sge>(), std::mem::size_of::<sys::ibv_sge>());
         let s = Sge::new(0x1000, 512, 0x42);
         assert_eq!((s.addr(), s.length(), s.lkey()), (0x1000, 512, 0x42));
+    }
+
+    #[test]
+    fn memlock_limit_reads_the_soft_limit() {
+        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the struct we pass.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) }, 0);
+        let want = (rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur);
+        assert_eq!(memlock_limit(), want);
+    }
+
+    /// A transfer registration covers the range asked for, in the buffer's own memory, and
+    /// ends when dropped (on a machine with an RDMA device; without one there is nothing to
+    /// register with, but the range is still checked first).
+    #[test]
+    fn transfer_registration_covers_its_range_and_ends_when_dropped() {
+        let pool: &'static riser_buf::Pool = Box::leak(Box::new(riser_buf::Pool::new(riser_buf::MIN_MAX_BYTES)));
+        let Ok(names) = crate::devices() else { return };
+        let Some(name) = names.first() else { return };
+        let ctx = crate::Context::open(name).expect("open the device");
+        let pd = ProtectionDomain::new(&ctx).expect("a PD");
+        let mut b = pool.alloc(3 * 4096);
+        assert!(register_iobuf_range(&pd, &mut b, 4096, 3 * 4096, Access::LOCAL_WRITE).is_err(), "beyond the buffer");
+        let r = register_iobuf_range(&pd, &mut b, 4096, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE).expect("ibv_reg_mr");
+        assert_eq!((r.addr(), r.len()), (b.as_ptr() as u64 + 4096, 8192));
+        assert_eq!(b.reg_key(iobuf_domain(&pd)), None, "not kept with the mapping");
+        assert_eq!(Arc::strong_count(&pd), 2);
+        drop(r);
+        assert_eq!(Arc::strong_count(&pd), 1, "deregistered");
     }
 
     #[test]

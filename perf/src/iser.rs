@@ -143,7 +143,13 @@ pub struct IserOptions {
     /// Hidden (tests): log in as a new connection (CID 1) of the existing session with this
     /// TSIH and ISID instead of a new session (multiple connections per session).
     pub join: Option<(u16, [u8; 6])>,
+    /// Hidden (tests), a hostile peer: before logging in, RDMA-Write [`ATTACK_LEN`] bytes to
+    /// this (STag, address) of the target's; then the login tells whether the target took it.
+    pub attack_write: Option<(u32, u64)>,
 }
+
+/// The bytes `--iser-attack-write` writes.
+const ATTACK_LEN: usize = 512;
 
 static OPTIONS: std::sync::OnceLock<IserOptions> = std::sync::OnceLock::new();
 
@@ -361,8 +367,40 @@ impl IserConn {
             deadline,
             "the RDMA connection",
         )?;
+        if let Some((stag, addr)) = options().attack_write {
+            return Err(c.attack_write(url, opts, stag, addr));
+        }
         c.do_login(url, opts)?;
         Ok(c)
+    }
+
+    /// `--iser-attack-write`: an RDMA Write of [`ATTACK_LEN`] bytes (0xa5) to `stag` at
+    /// `addr` on the connection, before any login, then a login. RC delivers in order: the
+    /// target handles the write before the Login Request, so a login that completes means the
+    /// write landed, and a refused write (iWARP: the target's RNIC answers a TERMINATE and the
+    /// connection fails) means no Login Response ever comes. The outcome, as an error.
+    fn attack_write(&mut self, url: &TargetUrl, opts: &LoginOptions, stag: u32, addr: u64) -> String {
+        let what = format!("RDMA Write of {ATTACK_LEN} bytes to STag {stag:#x} at {addr:#x}");
+        let posted = (|| -> Result<(), String> {
+            self.mgmt_mr.write_at(0, &[0xa5; ATTACK_LEN]).map_err(|e| e.to_string())?;
+            let sge = self.mgmt_mr.sge(0, ATTACK_LEN).map_err(|e| e.to_string())?;
+            let wr = SendWr::new(
+                WR_CTRL | 0xffff,
+                SendOp::RdmaWrite { remote_addr: addr, rkey: stag },
+                WrData::Sges(std::slice::from_ref(&sge)),
+            )
+            .signaled();
+            self.id.qp().ok_or("no queue pair")?.post_send(&[wr]).map_err(|e| e.to_string())?;
+            self.sends_outstanding += 1;
+            Ok(())
+        })();
+        if let Err(e) = posted {
+            return format!("{}: attack: cannot post the {what}: {e}", self.label);
+        }
+        match self.do_login(url, opts) {
+            Ok(()) => format!("{}: attack: ACCEPTED: the target took the {what} (the login after it completed)", self.label),
+            Err(e) => format!("{}: attack: REFUSED: the {what} failed the connection before the login completed ({e})", self.label),
+        }
     }
 
     fn deadline(&self) -> Instant {

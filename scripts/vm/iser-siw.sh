@@ -11,7 +11,17 @@
 # then iscsi_get_stats: no read or solicited write byte copied by riser's CPU (RDMA Write
 # from and RDMA Read into riser's I/O buffers, zero copy, on iWARP too); riser-perf logs out
 # and riser frees the connection. Then the Linux initiator (ib_iser) over the same portal:
-# login, 4 MiB of random data written and read back identical, logout, no connection left.
+# login, 4 MiB of random data written and read back identical; then, with that session
+# logged in, a hostile iWARP peer (riser-perf --iser-attack-write: its own connection to the
+# portal, no login) RDMA-Writes to keys riser used for that session's data: a pooled I/O
+# buffer's registration and the sink of a finished RDMA Read (taken from riser's debug log).
+# Both writes must be refused (siw answers a TERMINATE and the attacker's connection fails
+# before its login), and the session's next 4 MiB still verify (issue #22, item 11); logout,
+# no connection left.
+#
+# First, riser under siw's default 8 MiB RLIMIT_MEMLOCK: it must say at the portal's start
+# that the limit is below the I/O buffer budget and how to raise it, and again (once) at the
+# first registration refused for it (issue #22, item 13).
 #
 # On iWARP the iSER portal must not share its address and port with a TCP portal: iWARP's
 # connection manager listens on the kernel's TCP port itself (siw: a kernel socket), so the
@@ -62,18 +72,40 @@ echo "iser-siw: $SIW_DEV on $SIW_NETDEV ($SIW_IP) is ACTIVE, $(grep -o 'transpor
 # limit without looking at CAP_IPC_LOCK, unlike ib_umem_get for rxe and hardware): with the
 # default 8 MiB, riser's pooled, registered I/O buffers (up to its 48 MiB budget) hit
 # ENOMEM in ibv_reg_mr at the first 1 MiB I/Os. riser and riser-perf inherit this.
-ulimit -l unlimited || fail "cannot lift RLIMIT_MEMLOCK (siw counts every registration against it)"
 ncpu=$(nproc)
 core=$((ncpu - 1))
-step "riser: malloc LUN ${lun_mib} MiB, iSER portal $SIW_IP:$port, reactor on vCPU $core"
 cat >/tmp/riser.json <<JSON
 {"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":$((lun_mib * 2048)),"block_size":512}}]},
 {"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"$SIW_IP","port":"$port","iser":true}]}},
 {"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
 {"method":"iscsi_create_target_node","params":{"name":"siw","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Malloc0","lun_id":0}],"queue_depth":64}}]}]}
 JSON
-RISER_LOG=${RISER_LOG:-info} riser_start /tmp/riser.json --poll-mode adaptive -m "[$core]"
 url="iser://$SIW_IP:$port/$iqn/0"
+
+# ---- RLIMIT_MEMLOCK too low: riser says why and how to fix it -------------------------------
+step "riser under the default 8 MiB RLIMIT_MEMLOCK: the limit, the budget and the fix in its log"
+ulimit -l 8192 || fail "cannot set RLIMIT_MEMLOCK to 8 MiB"
+RISER_LOG=info riser_start /tmp/riser.json --poll-mode adaptive -m "[$core]"
+for _ in $(seq 50); do grep -q "iSER portal $SIW_IP:$port (portal group 1): listening" "$logs/riser.log" && break; sleep 0.2; done
+grep -q "iSER portal $SIW_IP:$port: RLIMIT_MEMLOCK is 8 MiB (siw counts it even with CAP_IPC_LOCK), below what iSER registers with the RDMA device: the I/O buffer budget (48 MiB) plus about .* Fix: raise it above the budget: .ulimit -l unlimited.* LimitMEMLOCK=infinity" "$logs/riser.log" \
+  || fail "memlock: riser did not warn at the portal's start: $(grep -i memlock "$logs/riser.log" | head -n 3)"
+echo "iser-siw: memlock at start: $(grep -o 'RLIMIT_MEMLOCK is 8 MiB.*per connection' "$logs/riser.log" | head -n 1)"
+# 1 MiB writes at QD 16 need more registered memory than 8 MiB: riser-perf (not limited)
+# fails, riser logs the first refusal once, with the fix.
+rc=0
+timeout 120 prlimit --memlock=unlimited "$bin/riser-perf" --login-timeout 30 --qd 16 --bs 1048576 --rw write --time 2 --ramp 0 "$url" \
+  >"$logs/perf-memlock.log" 2>&1 || rc=$?
+n=$(grep -c 'iSER: registering .* with the RDMA device was refused (ENOMEM) under RLIMIT_MEMLOCK 8 MiB (siw counts it even with CAP_IPC_LOCK); .*Fix: raise it' "$logs/riser.log" || true)
+[ "$n" = 1 ] || fail "memlock: riser logged the refused registration $n times, not once (riser-perf exited $rc): $(grep -i 'memlock\|register' "$logs/riser.log" | head -n 5)"
+echo "iser-siw: memlock refusal logged once: $(grep -o 'registering .* was refused (ENOMEM) under RLIMIT_MEMLOCK 8 MiB' "$logs/riser.log")"
+riser_stop
+: >"$logs/riser.log"
+
+ulimit -l unlimited || fail "cannot lift RLIMIT_MEMLOCK (siw counts every registration against it)"
+step "riser: malloc LUN ${lun_mib} MiB, iSER portal $SIW_IP:$port, reactor on vCPU $core"
+# The iSER verbs glue at debug level: it logs the keys riser registers (the hostile peer
+# below takes them from there).
+RISER_LOG=${RISER_LOG:-info,riser_datamover::iser::verbs=debug} riser_start /tmp/riser.json --poll-mode adaptive -m "[$core]"
 
 # LABEL BS [FLAGS...]: riser-perf --verify, PASSED, blocks checked, none mismatched, over iSER,
 # logged out without a complaint.
@@ -146,6 +178,50 @@ sid=$(login "$iqn" iser0)
 [ "$(transport_of "$sid")" = iser ] || fail "session $sid runs over $(transport_of "$sid"), not iser"
 disk=$(disk_of "$sid" 0)
 raw_verify "$disk" 4 linux-iser
+
+# ---- a hostile iWARP peer (issue #22, item 11) -----------------------------------------------
+# Every connection of the device shares riser's protection domain, and a connection has a QP
+# before any login: a key valid for remote write on that PD is open to every peer. The keys
+# riser used for the session above, from its debug log: the lasting registration of a pooled
+# I/O buffer (what the session's READs were RDMA-Written from) and the sink of an RDMA Read
+# (a WRITE's data) after it completed. An attacker connects on its own and RDMA-Writes to each
+# before logging in; riser's RNIC must refuse both (TERMINATE, the attacker's connection
+# fails), and the session's I/O goes on, verified.
+step "hostile iWARP peer: RDMA Writes to the keys of another connection's buffers"
+# attack TAG WHAT STAG ADDR
+attack() {
+  local tag=$1 what=$2 stag=$3 addr=$4 out rc=0 before
+  before=$(dmesg | grep -c 'siw: got TERMINATE. layer 1, type 1' || true)
+  out=$(timeout 60 "$bin/riser-perf" --login-timeout 10 --time 1 --ramp 0 --qd 1 --iser-attack-write "$stag:$addr" "$url" 2>&1) || rc=$?
+  echo "$out" >"$logs/attack-$tag.log"
+  [ "$rc" != 0 ] || fail "attack $what: riser-perf --iser-attack-write exited 0: $(tail -n 3 <<<"$out")"
+  grep -q 'attack: ACCEPTED' <<<"$out" && fail "attack $what: riser took an RDMA Write to STag $stag at $addr from a peer that never logged in: $(grep -o 'attack: .*' <<<"$out")"
+  grep -q 'attack: REFUSED' <<<"$out" || fail "attack $what: no verdict from riser-perf: $(tail -n 3 <<<"$out")"
+  grep -q 'timed out' <<<"$out" && fail "attack $what: the connection timed out instead of failing: $(grep -o 'attack: .*' <<<"$out")"
+  local terms
+  terms=$(( $(dmesg | grep -c 'siw: got TERMINATE. layer 1, type 1' || true) - before ))
+  echo "iser-siw: hostile peer: RDMA Write to $what (STag $stag at $addr) refused; siw TERMINATEs (DDP tagged buffer) to the attacker: $terms; $(grep -o 'failed the connection before the login completed.*' <<<"$out" | head -n 1)"
+}
+reg=$(grep -o 'iSER: I/O buffer 0x[0-9a-f]*+[0-9]* registered: lkey 0x[0-9a-f]*' "$logs/riser.log" | tail -n 1 || true)
+[ -n "$reg" ] || fail "attack: riser logged no I/O buffer registration at debug level"
+pool_addr=$(sed 's/.*buffer \(0x[0-9a-f]*\)+.*/\1/' <<<"$reg")
+pool_key=$(sed 's/.*lkey \(0x[0-9a-f]*\).*/\1/' <<<"$reg")
+# The registration must still be live (else a refusal proves nothing): rdma's resource
+# tracking lists the device's MRs with their keys (and the registering thread's id, not
+# riser's pid; a key is unique on the device).
+rdma resource show mr >"$logs/rdma-mr.log" 2>&1 || true
+if grep -q ' rkey 0x' "$logs/rdma-mr.log"; then
+  grep -q " rkey $pool_key " "$logs/rdma-mr.log" || fail "attack: the pool registration $pool_key is no longer live: $(head -n 5 "$logs/rdma-mr.log")"
+  echo "iser-siw: the pool registration $pool_key at $pool_addr is live (rdma resource show mr: $(grep " rkey $pool_key " "$logs/rdma-mr.log" | grep -o 'mrlen [0-9]*'))"
+fi
+attack pool "a pooled I/O buffer" "$pool_key" "$pool_addr"
+sink=$(grep -o 'iSER: RDMA Read sink 0x[0-9a-f]*+[0-9]*: STag 0x[0-9a-f]* revoked' "$logs/riser.log" | tail -n 1 || true)
+[ -n "$sink" ] || fail "attack: riser logged no revoked RDMA Read sink at debug level"
+sink_addr=$(sed 's/.*sink \(0x[0-9a-f]*\)+.*/\1/' <<<"$sink")
+sink_key=$(sed 's/.*STag \(0x[0-9a-f]*\) revoked.*/\1/' <<<"$sink")
+attack sink "a finished RDMA Read's sink" "$sink_key" "$sink_addr"
+[ "$(transport_of "$sid")" = iser ] || fail "the Linux session $sid is gone after the attacks"
+raw_verify "$disk" 4 linux-iser-after-attack
 logout_sid "$sid"
 wait_no_connections 30
 

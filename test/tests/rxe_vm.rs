@@ -206,6 +206,13 @@ fn rxe_vm_iser_limits_before_login() {
 /// --verify over iser:// with 4 KiB, 256 KiB and 1 MiB I/Os, none copied by riser's CPU
 /// (RDMA Write / RDMA Read straight from / into its I/O buffers), logged out; then the Linux
 /// initiator (ib_iser) over iWARP, 4 MiB verified, logged out, no connection left.
+///
+/// Issue #22, item 11: with that session logged in, a hostile peer connects on its own and,
+/// without logging in, RDMA-Writes to keys riser used for the session's data (a pooled I/O
+/// buffer's registration, a finished RDMA Read's sink); riser refuses both (its RNIC ends the
+/// attacker's connection) and the session's next 4 MiB verify. Item 13: under siw's default
+/// 8 MiB RLIMIT_MEMLOCK riser logs the limit, the budget and the fix when the portal starts,
+/// and once at the first refused registration.
 #[test]
 fn rxe_vm_iser_soft_iwarp() {
     let out = vm_run("scripts/vm/iser-siw.sh", ISER_SMP, &["riser", "riser-rpc", "riser-perf"]).expect_ok("ISER SIW OK");
@@ -218,4 +225,21 @@ fn rxe_vm_iser_soft_iwarp() {
     }
     assert!(out.contains("iser-siw: payload copies after iSER on siw traffic: read 0, solicited 0, "), "{out}");
     assert!(out.contains("linux-iser: 4 MiB verified on /dev/"), "{out}");
+    // Item 13: the memory lock limit explained, at start and at the first refusal.
+    assert!(out.contains("iser-siw: memlock at start: RLIMIT_MEMLOCK is 8 MiB (siw counts it even with CAP_IPC_LOCK), below"), "{out}");
+    assert!(out.contains("the I/O buffer budget (48 MiB) plus about"), "{out}");
+    assert!(out.contains("iser-siw: memlock refusal logged once: registering "), "{out}");
+    // Item 11: no key of riser's open to a peer's RDMA Write outside the transfer it was made for.
+    for what in ["a pooled I/O buffer", "a finished RDMA Read's sink"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("iser-siw: hostile peer: RDMA Write to {what} (STag 0x")))
+            .unwrap_or_else(|| panic!("{what}: no verdict:\n{out}"));
+        // siw refused the tagged write (DDP layer 1, tagged buffer type 1) and told the attacker.
+        assert!(line.contains(") refused; siw TERMINATEs (DDP tagged buffer) to the attacker: "), "{line}");
+        assert!(!line.contains("to the attacker: 0;"), "refused, but not by a DDP tagged buffer error: {line}");
+    }
+    assert!(out.contains("iser-siw: the pool registration 0x"), "the attacked key was not shown live:\n{out}");
+    assert!(!out.contains("attack: ACCEPTED"), "{out}");
+    assert!(out.contains("linux-iser-after-attack: 4 MiB verified on /dev/"), "{out}");
 }

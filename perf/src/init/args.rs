@@ -211,6 +211,13 @@ pub struct InitArgs {
     #[arg(long = "join-session", value_name = "TSIH:ISID", hide = true, value_parser = parse_join)]
     pub join_session: Option<(u16, [u8; 6])>,
 
+    /// Tests (iser://), a hostile peer: once connected and before logging in, RDMA-Write
+    /// 512 bytes to STAG:ADDR (both hex) in the target's memory, then try to log in. Exits
+    /// non-zero either way, saying whether the target accepted the write (the login after
+    /// it went through) or refused it (the connection failed first).
+    #[arg(long = "iser-attack-write", value_name = "STAG:ADDR", hide = true, value_parser = parse_attack)]
+    pub iser_attack_write: Option<(u32, u64)>,
+
     /// Tests: an ABORT TASK right after every Nth command of the benchmark (not with
     /// --verify); prints what the target answered (`aborts: ...`) and fails on a protocol
     /// violation (a response for an aborted task, an unexpected TMF response code).
@@ -223,6 +230,15 @@ fn parse_versions(s: &str) -> Result<(u8, u8), String> {
     let (a, b) = s.split_once(':').ok_or("expected MAX:MIN")?;
     let v = |x: &str| x.trim().parse::<u8>().ok().filter(|v| *v < 16).ok_or(format!("{x}: not 0-15"));
     Ok((v(a)?, v(b)?))
+}
+
+/// `STAG:ADDR`, both hex (with or without 0x).
+fn parse_attack(s: &str) -> Result<(u32, u64), String> {
+    let (t, a) = s.split_once(':').ok_or("expected STAG:ADDR")?;
+    let hex = |x: &str| x.trim().trim_start_matches("0x").to_string();
+    let stag = u32::from_str_radix(&hex(t), 16).map_err(|e| format!("STag {t}: {e}"))?;
+    let addr = u64::from_str_radix(&hex(a), 16).map_err(|e| format!("address {a}: {e}"))?;
+    Ok((stag, addr))
 }
 
 /// `TSIH:ISID`: TSIH decimal or 0x hex, ISID 12 hex digits.
@@ -330,6 +346,7 @@ impl InitArgs {
             }),
             text_sendtargets: self.text_sendtargets,
             join: self.join_session,
+            attack_write: self.iser_attack_write,
         });
         if self.urls.is_empty() {
             return Err("no target URL given: riser-perf [flags] iscsi://host[:port]/IQN/LUN ... (or riser-perf bdev ...)".into());

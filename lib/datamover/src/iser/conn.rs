@@ -7,7 +7,11 @@
 //! receive ring and the send buffers. Data never passes through them: the task's own
 //! [`IoBuf`] is registered with the QP's protection domain ([`IserQp::register`]; once per
 //! pooled mapping, which keeps its registration from one I/O to the next) and the RDMA
-//! operations name it directly: zero copies of read and solicited write data.
+//! operations name it directly: zero copies of read and solicited write data. Those lasting
+//! registrations allow local access only: the protection domain is shared by every
+//! connection of the device, so no peer may name them. On iWARP an RDMA Read's sink STag
+//! goes on the wire and needs remote write: there each Get_Data's sink gets a registration of
+//! its own ([`IserQp::register_read_sink`]), dropped once its reads have completed.
 //!
 //! * Put_Data: RDMA Writes from the task's buffer to the initiator's Read STag, chained with
 //!   the SCSI Response SEND; only the SEND is signaled (RC completes in order, so its
@@ -103,6 +107,24 @@ pub trait IserQp {
     /// its lkey. Registration stays with the buffer's pooled mapping: a buffer registered
     /// before costs a lookup.
     fn register(&mut self, buf: &mut IoBuf) -> Result<u32, IserError>;
+    /// Makes `len` bytes of `buf` from `offset` the sink of RDMA Reads on this QP. Where the
+    /// sink needs nothing the peer could use (InfiniBand, RoCE: local write), that is the
+    /// buffer's lasting registration ([`Self::register`]). On iWARP the sink's STag goes on
+    /// the wire and must allow remote write: there the range gets a registration of its own
+    /// for this transfer, which the datamover drops once the reads into it have completed,
+    /// so no buffer is open to remote write outside the RDMA Read that fills it.
+    fn register_read_sink(&mut self, buf: &mut IoBuf, offset: usize, len: usize) -> Result<ReadSink, IserError> {
+        let _ = (offset, len);
+        Ok(ReadSink { lkey: self.register(buf)?, transfer: None })
+    }
+}
+
+/// The sink of a Get_Data's RDMA Reads ([`IserQp::register_read_sink`]): the key its work
+/// requests name and, when the sink was registered for this transfer alone, that
+/// registration, which ends when dropped.
+pub struct ReadSink {
+    pub lkey: u32,
+    pub transfer: Option<Box<dyn Send>>,
 }
 
 /// Memory registered with the device (or plain memory in tests). Access is by copy: the
@@ -382,9 +404,12 @@ enum Pending {
 struct Fetch {
     gen: u32,
     buf: IoBuf,
-    /// The buffer's first byte as the device sees it, and its lkey.
+    /// The buffer's first byte as the device sees it, and the lkey of the reads' sink.
     addr: u64,
     lkey: u32,
+    /// The sink's registration for this transfer alone (iWARP), dropped once no RDMA Read
+    /// can land in it any more: before the buffer is handed on.
+    transfer: Option<Box<dyn Send>>,
     /// RDMA Reads still to complete (queued or in flight).
     outstanding: usize,
     /// The send-queue sequence number of the last RDMA Read posted into the buffer.
@@ -427,6 +452,9 @@ pub struct IserDatamover<Q: IserQp> {
     /// Buffers the device may still read or write: released once the send queue has
     /// retired the sequence number they are paired with.
     held: Vec<(u64, IoBuf)>,
+    /// Transfer registrations of RDMA Read sinks whose task went away with reads in flight:
+    /// dropped (deregistered) once the send queue has retired the sequence number.
+    held_transfers: Vec<(u64, Box<dyn Send>)>,
     pending: VecDeque<Pending>,
     fetches: TagMap<Itt, Fetch>,
     /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
@@ -477,6 +505,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             sq_retired: 0,
             signaled: VecDeque::new(),
             held: Vec::new(),
+            held_transfers: Vec::new(),
             pending: VecDeque::new(),
             fetches: TagMap::default(),
             settled: VecDeque::new(),
@@ -620,6 +649,15 @@ impl<Q: IserQp> IserDatamover<Q> {
         }
     }
 
+    /// Keeps a read sink's transfer registration until the send queue has retired `fence`
+    /// (None: no read names it; it is dropped, deregistered, at once).
+    fn hold_transfer(&mut self, fence: Option<u64>, transfer: Option<Box<dyn Send>>) {
+        match (fence, transfer) {
+            (Some(f), Some(t)) if f > self.sq_retired => self.held_transfers.push((f, t)),
+            _ => {}
+        }
+    }
+
     /// A signaled send-queue work request completed: it and everything posted before it
     /// are done; the buffers they named go back.
     fn retire_signaled(&mut self) {
@@ -627,6 +665,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             self.sq_retired = seq;
             let retired = self.sq_retired;
             self.held.retain(|(f, _)| *f > retired);
+            self.held_transfers.retain(|(f, _)| *f > retired);
         }
     }
 
@@ -1048,7 +1087,9 @@ impl<Q: IserQp> IserDatamover<Q> {
         }
         f.outstanding = f.outstanding.saturating_sub(1);
         if f.outstanding == 0 {
-            if let Some(f) = self.fetches.remove(&job.itt) {
+            if let Some(mut f) = self.fetches.remove(&job.itt) {
+                // Every read into the buffer is done: its sink closes before it is handed on.
+                drop(f.transfer.take());
                 match f.failed {
                     Some(reason) => events.push(DmEvent::DataFailed { itt: job.itt, buf: f.buf, reason }),
                     None => events.push(DmEvent::DataReady { itt: job.itt, buf: f.buf }),
@@ -1120,20 +1161,21 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             self.settled.push_back((itt, buf, None));
             return;
         }
-        let lkey = match self.qp.register(&mut buf) {
-            Ok(k) => k,
+        let ReadSink { lkey, transfer } = match self.qp.register_read_sink(&mut buf, at, total) {
+            Ok(s) => s,
             Err(e) => {
                 log::warn!("iSER: cannot register the buffer of task {:#x}: {e}", itt.0);
                 return self.fail_fetch(itt, buf, "cannot register the task's buffer for RDMA");
             }
         };
         let addr = buf.as_ptr() as u64;
-        let fetch = Fetch { gen, buf, addr, lkey, outstanding: n, failed: None, fence: None };
+        let fetch = Fetch { gen, buf, addr, lkey, transfer, outstanding: n, failed: None, fence: None };
         if let Some(old) = self.fetches.insert(itt, fetch) {
             // Not how the iSCSI layer asks (one Get_Data per task at a time); should it, the
             // older one's reads may still be landing in its buffer.
             log::warn!("iSER: a second Get_Data for task {:#x}; the first is dropped", itt.0);
             self.read_queue.retain(|j| j.itt != itt);
+            self.hold_transfer(old.fence, old.transfer);
             self.hold(old.fence, old.buf);
         }
         let mut done = 0;
@@ -1169,7 +1211,10 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         self.read_queue.retain(|j| j.itt != itt);
         // In-flight reads finish into the void (their generation is no live task's), but
         // into this buffer: it is kept until they have completed.
-        let mut buf = self.fetches.remove(&itt).and_then(|f| self.hold(f.fence, f.buf));
+        let mut buf = self.fetches.remove(&itt).and_then(|f| {
+            self.hold_transfer(f.fence, f.transfer);
+            self.hold(f.fence, f.buf)
+        });
         if let Some(b) = crate::take_settled(&mut self.settled, itt) {
             buf.get_or_insert(b);
         }
@@ -1304,6 +1349,19 @@ mod tests {
         chains: Vec<usize>,
         disconnected: bool,
         registrations: usize,
+        /// Plays iWARP: RDMA Read sinks get a registration of their own per transfer
+        /// ([`IserQp::register_read_sink`]); the ranges asked for, and how many are live.
+        per_transfer_sinks: bool,
+        sink_ranges: Vec<(usize, usize)>,
+        live_sinks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    /// A transfer registration of FakeQp: counted live until dropped.
+    struct FakeSink(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for FakeSink {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// The lkey FakeQp gives every task buffer: SGEs under it name an IoBuf the datamover
@@ -1338,6 +1396,19 @@ mod tests {
             self.registrations += 1;
             Ok(IOBUF_LKEY)
         }
+        fn register_read_sink(&mut self, buf: &mut IoBuf, offset: usize, len: usize) -> Result<ReadSink, IserError> {
+            if !self.per_transfer_sinks {
+                return Ok(ReadSink { lkey: self.register(buf)?, transfer: None });
+            }
+            assert!(len > 0 && offset + len <= buf.len(), "sink {offset}+{len} outside the {}-byte buffer", buf.len());
+            self.sink_ranges.push((offset, len));
+            self.live_sinks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(ReadSink { lkey: IOBUF_LKEY, transfer: Some(Box::new(FakeSink(self.live_sinks.clone()))) })
+        }
+    }
+
+    fn live_sinks(d: &IserDatamover<FakeQp>) -> usize {
+        d.qp.live_sinks.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The pool and offset an SGE names.
@@ -1995,6 +2066,74 @@ mod tests {
         assert_eq!(d.sq_posted, d.sq_retired);
         assert_eq!(d.qp.registrations, 1);
         assert_eq!(d.copies(), CopyStats::default(), "no byte copied");
+    }
+
+    /// iWARP (issue #22, item 11): the sink of a Get_Data's RDMA Reads is registered for that
+    /// transfer alone, over exactly the solicited range, never as the buffer's lasting
+    /// registration, and the registration ends (its STag revoked) once the last read has
+    /// completed, before the buffer is handed on.
+    #[test]
+    fn an_iwarp_read_sink_is_registered_for_its_transfer_alone() {
+        let mut d = dm(IserConfig { max_rdma_len: 16 * 1024, max_rdma_reads: 2, ..Default::default() });
+        d.qp.per_transfer_sinks = true;
+        deliver(&mut d, &command(7, false, true, 64 * 1024, vec![0xee; 8192]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        ev.clear();
+        let buf = IoBuf::zeroed(64 * 1024);
+        d.get_data(GetData { itt: Itt(7), lun: Lun(0), buf, offset: 8192, len: 56 * 1024, base: 0, more: false, sn: SnState::default() });
+        assert_eq!(d.qp.sink_ranges, [(8192, 56 * 1024)], "the solicited range only");
+        let mut rounds = 0;
+        while !ev.iter().any(|e| matches!(e, DmEvent::DataReady { .. })) {
+            assert_eq!(live_sinks(&d), 1, "open while its reads run");
+            d.poll(&mut ev);
+            wire(&mut d);
+            rounds += 1;
+            assert!(rounds < 20);
+        }
+        assert_eq!(live_sinks(&d), 0, "closed before the buffer was handed on");
+        assert_eq!(d.qp.registrations, 0, "no lasting registration of the sink");
+        let (ready, _) = data_events(&ev);
+        let pattern: Vec<u8> = (0..56 * 1024usize).map(|i| (i * 7) as u8).collect();
+        assert_eq!(&ready[0].1[8192..], &pattern[..]);
+    }
+
+    /// iWARP: a task aborted with RDMA Reads in flight keeps its sink's registration, like its
+    /// buffer, until those reads have completed, then it ends; a failed read ends it too.
+    #[test]
+    fn an_iwarp_read_sink_of_an_aborted_task_ends_when_its_reads_do() {
+        let mut d = dm(IserConfig { max_rdma_len: 4096, ..Default::default() });
+        d.qp.per_transfer_sinks = true;
+        deliver(&mut d, &command(5, false, true, 8192, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        d.get_data(get(5, 8192, 0, 8192));
+        d.poll(&mut ev);
+        assert_eq!(d.qp.queued.len(), 2, "two RDMA Reads in flight");
+        assert!(d.deallocate_task_resources(Itt(5)).is_none(), "reads are landing in it: kept");
+        assert_eq!(live_sinks(&d), 1, "the sink stays open while reads may land");
+        wire(&mut d);
+        d.poll(&mut ev);
+        assert_eq!(live_sinks(&d), 0, "closed once they completed");
+        assert!(d.held.is_empty() && d.held_transfers.is_empty());
+        // Not yet posted when the task goes: closed at once.
+        deliver(&mut d, &command(6, false, true, 8192, vec![]));
+        d.poll(&mut ev);
+        d.get_data(get(6, 8192, 0, 8192));
+        assert_eq!(live_sinks(&d), 1);
+        assert!(d.deallocate_task_resources(Itt(6)).is_some(), "no read posted: the buffer comes back");
+        assert_eq!(live_sinks(&d), 0);
+        // A failed read: the Get_Data fails and its sink closes.
+        deliver(&mut d, &command(8, false, true, 4096, vec![]));
+        d.poll(&mut ev);
+        d.get_data(get(8, 4096, 0, 4096));
+        d.poll(&mut ev);
+        let wr = d.qp.queued.pop().expect("the read");
+        d.qp.done.push_back(Completion { wr_id: wr.wr_id, error: Some(false), byte_len: 0 });
+        ev.clear();
+        d.poll(&mut ev);
+        assert_eq!(live_sinks(&d), 0);
+        assert!(ev.iter().any(|e| matches!(e, DmEvent::DataFailed { .. })));
     }
 
     /// Get_Data lands straight in the task's buffer at the solicited offset: RDMA Reads of

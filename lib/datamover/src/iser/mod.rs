@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod error;
 pub mod header;
+pub mod memlock;
 pub mod portal;
 pub mod shared_cq;
 pub mod verbs;

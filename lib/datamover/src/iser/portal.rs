@@ -18,7 +18,9 @@
 //! 3. Allocate_Connection_Resources (when the login reaches operational negotiation, after any
 //!    security stage: the rule against denial of service): receive ring and send buffers,
 //!    registered once (data moves between the tasks' own buffers and the initiator's, each
-//!    registered with the PD on first use and for the life of its pooled mapping); the whole
+//!    registered with the PD on first use and for the life of its pooled mapping, local
+//!    access only; on iWARP an RDMA Read's sink is also registered with remote write for
+//!    that transfer alone, see [`super::conn`]); the whole
 //!    receive ring is posted before the final Login Response goes out through the datamover.
 //! 4. Enable_Datamover: the datamover moves to the session's reactor: the one chosen at
 //!    connect for a new session (the reactor that polls its CQ), the session's own for a
@@ -64,8 +66,9 @@ use riser_rdma::{
 use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
 use super::error::IserError;
 use super::header::{cm, IserHeader, ISER_HDR_LEN};
+use super::memlock;
 use super::shared_cq::{CqSet, PollerPass};
-use super::verbs::{registered_pool, supports_send_with_invalidate, VerbsCq, VerbsQp};
+use super::verbs::{is_siw, registered_pool, supports_send_with_invalidate, VerbsCq, VerbsQp};
 
 const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
 const WR_LOGIN_RECV: u64 = 0xA1 << 56;
@@ -100,6 +103,14 @@ struct CmState {
 /// enough), so connects beyond this are rejected until logins finish or time out.
 const MAX_PENDING_LOGINS: usize = 64;
 
+/// The memory a connection registers beside the I/O buffers, at most: its login buffer and
+/// its control pools at the deepest queue depth.
+pub fn per_connection_bytes() -> usize {
+    let pools: usize =
+        IserDatamover::<VerbsQp>::pool_sizes(&IserConfig::for_queue_depth(MAX_QUEUE_DEPTH, 0)).iter().map(|(count, slot)| count * slot).sum();
+    2 * LOGIN_SLOT + pools
+}
+
 /// iSER portals: one rdma_cm listener thread per portal.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IserPortal;
@@ -113,6 +124,10 @@ impl PortalTransport for IserPortal {
         let addr = portal.addr;
         let channel = EventChannel::new().map_err(|e| format!("rdma_cm event channel: {e}"))?;
         let listener = listen(&channel, addr).map_err(|e| e.to_string())?;
+        // Registrations count against RLIMIT_MEMLOCK: say now, once, if it cannot hold the
+        // I/O buffer budget, rather than leave initiators with refused connections.
+        let siw = listener.context().ok().flatten().is_some_and(|c| is_siw(&c));
+        memlock::check_at_start(addr, &memlock::facts(per_connection_bytes() as u64, siw));
         thread::Builder::new()
             .name(format!("iser-{}", addr.port()))
             .spawn(move || run(channel, listener, portal, sink, stop))

@@ -10,7 +10,7 @@ use riser_rdma::{
     SendWr as RSendWr, WorkCompletion, WrData,
 };
 
-use super::conn::{Completion, IserQp, Pool, RegisteredMemory, SendOp, SendWr, Sge};
+use super::conn::{Completion, IserQp, Pool, ReadSink, RegisteredMemory, SendOp, SendWr, Sge};
 use super::error::IserError;
 use super::shared_cq::{CqMember, CqSource, ROUTE_MASK};
 
@@ -55,13 +55,30 @@ pub fn supports_send_with_invalidate(attr: &DeviceAttr) -> bool {
         && attr.vendor_id != SIW_VENDOR_ID
 }
 
-/// A pool over freshly registered memory: `count` slots of `slot` bytes, local write and
-/// remote read/write (the initiator never sees these keys; RDMA Read needs local write).
+/// A pool over freshly registered memory: `count` slots of `slot` bytes, local write only
+/// (receives land here, SENDs go out from here; no peer may name it).
 pub fn registered_pool(pd: &Arc<ProtectionDomain>, count: usize, slot: usize) -> Result<Pool, IserError> {
     let bytes = count * slot;
-    let mr = MemoryRegion::zeroed(pd, bytes, Access::LOCAL_WRITE)
-        .map_err(|source| IserError::Registration { bytes, source })?;
+    let mr = MemoryRegion::zeroed(pd, bytes, Access::LOCAL_WRITE).map_err(|source| {
+        note_refused(pd, bytes, &source);
+        IserError::Registration { bytes, source }
+    })?;
     Ok(Pool::new(Box::new(mr), count, slot))
+}
+
+/// Whether `ctx` is soft-iWARP, which counts registrations against RLIMIT_MEMLOCK whatever
+/// the process's capabilities.
+pub fn is_siw(ctx: &riser_rdma::Context) -> bool {
+    ctx.query_device().is_ok_and(|a| a.vendor_id == SIW_VENDOR_ID)
+}
+
+/// A registration was refused: the first time in the process that RLIMIT_MEMLOCK can be the
+/// cause, say so with the fix ([`super::memlock`]).
+fn note_refused(pd: &ProtectionDomain, bytes: usize, e: &riser_rdma::RdmaError) {
+    if e.errno() == Some(12) {
+        let facts = super::memlock::facts(super::portal::per_connection_bytes() as u64, is_siw(pd.context()));
+        super::memlock::note_refused(&facts, bytes, e.errno());
+    }
 }
 
 fn completion(wc: &WorkCompletion) -> Completion {
@@ -143,12 +160,16 @@ pub struct VerbsQp {
     id: CmId,
     member: VerbsCqMember,
     disconnected: bool,
+    /// The device is iWARP: an RDMA Read's sink STag goes on the wire and must allow remote
+    /// write (see [`IserQp::register_read_sink`]).
+    iwarp: bool,
 }
 
 impl VerbsQp {
     /// `id` must already own its QP, created on `member`'s shared CQ.
     pub fn shared(id: CmId, member: VerbsCqMember) -> VerbsQp {
-        VerbsQp { id, member, disconnected: false }
+        let iwarp = id.context().ok().flatten().is_some_and(|c| c.is_iwarp());
+        VerbsQp { id, member, disconnected: false, iwarp }
     }
 
     pub fn cm_id(&self) -> &CmId {
@@ -158,6 +179,15 @@ impl VerbsQp {
     fn routed(&self, wr_id: u64) -> u64 {
         debug_assert_eq!(wr_id & ROUTE_MASK, 0, "the low bits of a wr_id are the route");
         (wr_id & !ROUTE_MASK) | self.member.route()
+    }
+}
+
+/// An RDMA Read sink's registration for one transfer: dropping it revokes its STag.
+struct SinkRegistration(riser_rdma::TransferRegistration);
+
+impl Drop for SinkRegistration {
+    fn drop(&mut self) {
+        log::debug!("iSER: RDMA Read sink {:#x}+{}: STag {:#x} revoked", self.0.addr(), self.0.len(), self.0.rkey());
     }
 }
 
@@ -208,21 +238,61 @@ impl IserQp for VerbsQp {
 
     fn register(&mut self, buf: &mut IoBuf) -> Result<u32, IserError> {
         let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
-        // The initiator never sees these keys (RDMA Read lands here, RDMA Write is sourced
-        // here): local write, and on iWARP remote write too, which an RDMA Read sink needs
-        // there (InfiniBand and RoCE do not; the buffer stays closed to remote access).
-        let iwarp = self.id.context().ok().flatten().is_some_and(|c| c.is_iwarp());
-        let access = if iwarp { Access::LOCAL_WRITE | Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
+        // Local access only, on every transport: these registrations last as long as the
+        // pooled mapping and live on the PD every connection of the device shares, so no
+        // peer may name them (RDMA Writes are sourced here; RDMA Read sinks on iWARP get a
+        // registration of their own per transfer, register_read_sink). InfiniBand and RoCE
+        // sinks need only local write.
+        let access = Access::LOCAL_WRITE;
+        let known = buf.reg_key(riser_rdma::iobuf_domain(qp.pd())).is_some();
         // Registrations stay with pooled mappings, so locked memory grows with the pool; when
         // the device (or RLIMIT_MEMLOCK) refuses one, the idle mappings and their
         // registrations are let go and it is tried once more.
-        riser_rdma::register_iobuf(qp.pd(), buf, access)
+        let lkey = riser_rdma::register_iobuf(qp.pd(), buf, access)
             .or_else(|e| {
                 log::warn!("iSER: registering a {} byte I/O buffer failed ({e}); releasing idle registered buffers and retrying", buf.capacity());
                 riser_rdma::release_idle_iobuf_registrations();
                 riser_rdma::register_iobuf(qp.pd(), buf, access)
             })
-            .map_err(|source| IserError::Registration { bytes: buf.capacity(), source })
+            .map_err(|source| {
+                note_refused(qp.pd(), buf.capacity(), &source);
+                IserError::Registration { bytes: buf.capacity(), source }
+            })?;
+        if !known {
+            log::debug!(
+                "iSER: I/O buffer {:#x}+{} registered: lkey {lkey:#x}, local access only",
+                buf.mapping_ptr() as usize,
+                buf.capacity()
+            );
+        }
+        Ok(lkey)
+    }
+
+    fn register_read_sink(&mut self, buf: &mut IoBuf, offset: usize, len: usize) -> Result<ReadSink, IserError> {
+        if !self.iwarp {
+            return Ok(ReadSink { lkey: self.register(buf)?, transfer: None });
+        }
+        // iWARP: the sink STag travels in the RDMA Read Request and the responses land on it
+        // as tagged (remotely written) data, so the sink must allow remote write (hardware
+        // iWARP enforces it; Linux's rdma_rw does the same). A registration with remote write
+        // for this transfer alone, over the solicited range only, revoked once the reads are
+        // done (the datamover drops it): the key is worth nothing to a peer before or after,
+        // as with Linux isert's fast registration, where user-space verbs on siw offer no
+        // memory windows (siw: max_mw 0).
+        let qp = self.id.qp().ok_or(IserError::NoQueuePair)?;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let reg = riser_rdma::register_iobuf_range(qp.pd(), buf, offset, len, access)
+            .or_else(|e| {
+                log::warn!("iSER: registering a {len} byte RDMA Read sink failed ({e}); releasing idle registered buffers and retrying");
+                riser_rdma::release_idle_iobuf_registrations();
+                riser_rdma::register_iobuf_range(qp.pd(), buf, offset, len, access)
+            })
+            .map_err(|source| {
+                note_refused(qp.pd(), len, &source);
+                IserError::Registration { bytes: len, source }
+            })?;
+        log::debug!("iSER: RDMA Read sink {:#x}+{len}: STag {:#x}, open for this transfer only", reg.addr(), reg.rkey());
+        Ok(ReadSink { lkey: reg.lkey(), transfer: Some(Box::new(SinkRegistration(reg))) })
     }
 
     fn disconnect(&mut self) {
