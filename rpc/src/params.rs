@@ -105,6 +105,9 @@ pub struct IscsiSetOptions {
     pub immediate_data_pool_size: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_out_pool_size: Option<u32>,
+    /// riser's extension: seconds before overdue write data fails its command.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_out_timeout: Option<u32>,
 }
 
 /// `iscsi_create_portal_group`.

@@ -31,6 +31,8 @@ pub const MAX_BURST_LENGTH: u32 = 262_144;
 pub const MAX_NOP_IN_INTERVAL: u32 = 60;
 /// DefaultTime2Wait and DefaultTime2Retain are 0..=3600 seconds (RFC 7143 §13.15, §13.16).
 pub const MAX_TIME2: u32 = 3600;
+/// Most seconds `data_out_timeout` may be.
+pub const MAX_DATA_OUT_TIMEOUT: u32 = 3600;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +66,10 @@ pub struct Options {
     pub pdu_pool_size: u32,
     pub immediate_data_pool_size: u32,
     pub data_out_pool_size: u32,
+    /// riser's extension: seconds a write's data may be overdue (R2Ts or RDMA Reads
+    /// unanswered, unsolicited Data-Out not sent) before its command fails with CHECK
+    /// CONDITION and its buffers go back to the budget.
+    pub data_out_timeout: u32,
 }
 
 impl Default for Options {
@@ -92,6 +98,7 @@ impl Default for Options {
             pdu_pool_size: 36864,
             immediate_data_pool_size: 16384,
             data_out_pool_size: 2048,
+            data_out_timeout: 20,
         }
     }
 }
@@ -145,6 +152,7 @@ impl Options {
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
             max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size
         );
+        take!(data_out_timeout);
         o.validate()?;
         Ok(o)
     }
@@ -168,6 +176,7 @@ impl Options {
         in_range("pdu_pool_size", self.pdu_pool_size, 1, u32::MAX)?;
         in_range("immediate_data_pool_size", self.immediate_data_pool_size, 1, u32::MAX)?;
         in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
+        in_range("data_out_timeout", self.data_out_timeout, 1, MAX_DATA_OUT_TIMEOUT)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -197,6 +206,7 @@ impl Options {
             "pdu_pool_size": self.pdu_pool_size,
             "immediate_data_pool_size": self.immediate_data_pool_size,
             "data_out_pool_size": self.data_out_pool_size,
+            "data_out_timeout": self.data_out_timeout,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -322,6 +332,8 @@ mod tests {
             (json!({"default_time2wait": 3601}), "default_time2wait"),
             (json!({"nop_in_interval": 61}), "nop_in_interval"),
             (json!({"max_r2t_per_connection": 0}), "max_r2t_per_connection"),
+            (json!({"data_out_timeout": 0}), "data_out_timeout: 0 is out of range (1..=3600)"),
+            (json!({"data_out_timeout": 3601}), "data_out_timeout"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -336,6 +348,10 @@ mod tests {
         e.ok("iscsi_set_options", json!({"first_burst_length": 262144, "error_recovery_level": 2, "pdu_pool_size": 1024, "auth_file": "/x"}));
         let o = e.target.options();
         assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size), (262144, 2, 1024));
+        assert_eq!(o.data_out_timeout, 20, "the default");
+        e.ok("iscsi_set_options", json!({"data_out_timeout": 5}));
+        assert_eq!(e.target.options().data_out_timeout, 5);
+        assert_eq!(e.target.options_json()["data_out_timeout"], 5);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

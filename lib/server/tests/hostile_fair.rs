@@ -154,3 +154,57 @@ fn two_silent_32_mib_write_and_verify_leave_room_for_a_fifth_session() {
     env.wait_connections(0);
     wait_pool("the silent writers' buffers come back", |s| s.in_use_bytes < 4 * MIB && s.waiting == 0);
 }
+
+/// The SCSI Responses of `itts`, read raw (the client's task table does not know them),
+/// R2Ts and anything else skipped: (ITT, status, fixed-format sense bytes).
+fn raw_responses(c: &mut Client, itts: &[Itt], limit: Duration) -> Vec<(Itt, u8, Vec<u8>)> {
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    while out.len() < itts.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let pdu = match c.c.recv(left) {
+            Ok(Some(p)) => p,
+            Ok(None) => panic!("the target closed the connection; responses so far {out:?}"),
+            Err(e) => panic!("no response for {itts:?} in {limit:?} ({e}); so far {out:?}; {:?}", Pool::global().stats()),
+        };
+        if let Op::ScsiResponse(r) = pdu.op() {
+            let s = c.s.state_mut();
+            s.saw_stat_sn(r.stat_sn);
+            s.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+            if itts.contains(&r.itt) {
+                out.push((r.itt, r.status, pdu.data.get(2..).unwrap_or_default().to_vec()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_silent_writers_commands_fail_after_the_data_out_timeout_and_give_their_buffers_back() {
+    let _one = serial();
+    let env = env_with_big_lun();
+    env.call("iscsi_set_options", json!({"data_out_timeout": 1}));
+    assert_eq!(env.call("iscsi_get_options", json!({}))["data_out_timeout"], 1);
+    // One unstreamed 32 MiB WRITE AND VERIFY, then a streamed 16 MiB WRITE(16): the second's
+    // first piece waits for the first's buffer (the connection is over its share), then
+    // its own R2T goes unanswered too.
+    let writes = [(WRITE_AND_VERIFY_16, BIG_BLOCKS), (WRITE_16, (16 * MIB / BLOCK) as u32)];
+    let (mut c, itts) = silent_writer(&env, 1, &writes);
+    wait_pool("the write takes 32 MiB", |s| s.in_use_bytes >= 32 * MIB);
+    let started = Instant::now();
+    let responses = raw_responses(&mut c, &itts, Duration::from_secs(15));
+    assert!(started.elapsed() >= Duration::from_millis(900), "failed before the timeout: {:?}", started.elapsed());
+    for (itt, status, sense) in &responses {
+        // CHECK CONDITION, ABORTED COMMAND, INITIATOR RESPONSE TIMEOUT (4Bh/06h).
+        assert_eq!(*status, 2, "{itt:?}");
+        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (0x0b, 0x4b, 0x06), "{itt:?}: sense {sense:02x?}");
+    }
+    // Its budget is back (what a reactor thread keeps for its next small I/O aside).
+    wait_pool("the buffers come back", |s| s.in_use_bytes < 4 * MIB && s.waiting == 0 && s.reserve_in_use_bytes == 0);
+    // The connection lives on: a write answering its R2Ts completes.
+    let data = pattern(9, 8192);
+    let (itt, pdus) = c.s.write(&rw_cdb(Dir::Write, 0, 16), &data).expect("write");
+    c.send(pdus);
+    good(&completion_by(&mut c, itt, Instant::now() + LIVENESS));
+    c.logout();
+}

@@ -163,6 +163,8 @@ struct Task {
     first_piece: Option<IoBuf>,
     /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
     staged_from: u32,
+    /// When the Data-Out timeout's clock started for the data now due (see `timeouts`).
+    data_out_since: Option<Instant>,
 }
 
 /// The full-feature phase of one connection.
@@ -666,6 +668,7 @@ impl Ffp {
             want: None,
             first_piece: None,
             staged_from: 0,
+            data_out_since: None,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -768,6 +771,7 @@ impl Ffp {
         let edtl = t.cmd.expected_data_transfer_length;
         let Some(buf) = t.buf.take() else { return };
         t.state = TaskState::Fetching;
+        t.data_out_since = None;
         self.actions.push_back(Action::GetData(GetData {
             itt,
             lun: t.lun,
@@ -864,6 +868,7 @@ impl Ffp {
         }
         let from = offset.max(t.received);
         t.state = TaskState::Fetching;
+        t.data_out_since = None;
         self.actions.push_back(Action::GetData(GetData { itt, lun: t.lun, buf, offset: from, len: end - from, base: offset, more: end < edtl, sn }));
     }
 
@@ -1229,9 +1234,14 @@ impl Ffp {
         }
     }
 
-    /// Timers: NOP-In pings on a silent connection and their timeout.
+    /// Timers: the Data-Out timeout (see `timeouts`), NOP-In pings on a silent connection
+    /// and their timeout.
     pub fn on_timer(&mut self, now: Instant) {
-        if self.closing || self.cfg.nop_in_interval.is_zero() {
+        if self.closing {
+            return;
+        }
+        self.check_data_out(now);
+        if self.cfg.nop_in_interval.is_zero() {
             return;
         }
         if let Some((_, sent)) = self.ping {
@@ -1370,6 +1380,8 @@ const SENSE_WRITE_TOO_LARGE: Sense = Sense::new(SenseKey::IllegalRequest, Asc::I
 /// A broken Data-Out sequence or failed solicited data under ERL 0: ABORTED COMMAND, DATA PHASE
 /// ERROR, as iSCSI targets report it.
 const SENSE_DATA_PHASE_ERROR: Sense = Sense::new(SenseKey::AbortedCommand, Asc::DATA_PHASE_ERROR);
+
+mod timeouts;
 
 #[cfg(test)]
 mod tests;
