@@ -51,6 +51,7 @@ fn cdb16(opcode: u8, lba: u64, blocks: u32) -> [u8; 16] {
     c
 }
 
+const READ_16: u8 = 0x88;
 const WRITE_16: u8 = 0x8a;
 const WRITE_AND_VERIFY_16: u8 = 0x8e;
 
@@ -88,7 +89,7 @@ fn wait_pool(what: &str, cond: impl Fn(&riser_buf::Stats) -> bool) {
 }
 
 /// Task `itt`'s completion, answering R2Ts and pings, by `deadline`.
-fn completion_by(c: &mut Client, itt: Itt, deadline: Instant) -> Completed {
+fn completion_by<W: Wire>(c: &mut Client<W>, itt: Itt, deadline: Instant) -> Completed {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let pdu = match c.c.recv(left) {
@@ -109,7 +110,12 @@ fn completion_by(c: &mut Client, itt: Itt, deadline: Instant) -> Completed {
 /// rest solicited) and reads it back, within [`LIVENESS`].
 fn healthy_session_is_served(env: &Env, n: u8) {
     let deadline = Instant::now() + LIVENESS;
-    let (mut c, _) = Client::login(env, n, keys(true, false, 65536));
+    let (c, _) = Client::login(env, n, keys(true, false, 65536));
+    healthy_io(c, n, deadline);
+}
+
+/// A healthy session's 64 KiB write and read-back, by `deadline`; then it logs out.
+fn healthy_io<W: Wire>(mut c: Client<W>, n: u8, deadline: Instant) {
     let data = pattern(n, 65536);
     let (itt, pdus) = c.s.write(&rw_cdb(Dir::Write, 64, 128), &data).expect("write");
     c.send(pdus);
@@ -153,6 +159,48 @@ fn two_silent_32_mib_write_and_verify_leave_room_for_a_fifth_session() {
     drop((first, second));
     env.wait_connections(0);
     wait_pool("the silent writers' buffers come back", |s| s.in_use_bytes < 4 * MIB && s.waiting == 0);
+}
+
+#[test]
+fn four_sessions_that_never_read_their_data_in_pin_at_most_their_shares() {
+    let _one = serial();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let env = Env::tcp(&addr);
+    env.call("bdev_malloc_create", json!({"name": "Big", "num_blocks": BIG_BLOCKS, "block_size": BLOCK}));
+    env.call("iscsi_target_node_add_lun", json!({"name": "disk1", "bdev_name": "Big", "lun_id": BIG_LUN}));
+    let connect = || TcpWire::connect(addr.parse().expect("address"));
+    // Over real sockets, so that what a session does not read backs up: 32 streamed
+    // 16 MiB READs each, never read. Once the kernel's socket buffers are full, the pieces
+    // wait in the datamover's transmit queue, charged to their connection.
+    let silent: Vec<Client<TcpWire>> = (1..=4)
+        .map(|n| {
+            let (mut c, _) = Client::login_over(connect(), n, keys(false, true, 65536));
+            c.s.state_mut().lun = Lun(lun_field(BIG_LUN));
+            c.clear_unit_attention();
+            let blocks = (16 * MIB / BLOCK) as u32;
+            for i in 0..32 {
+                let cmd = c.s.state_mut().command(Itt(0x4000_0000 + i), true, false, blocks * BLOCK as u32, cdb16(READ_16, 0, blocks), true);
+                c.send([Pdu::new(Op::ScsiCommand(cmd))]);
+            }
+            c
+        })
+        .collect();
+    wait_pool("the unread pieces pile up", |s| s.in_use_bytes >= 36 * MIB);
+    std::thread::sleep(Duration::from_millis(200));
+    let pool = Pool::global();
+    let s = pool.stats();
+    // Each holds at most its share (12 MiB), and together they leave the reserve alone
+    // (what reactor threads keep for their next small I/O aside).
+    assert!(s.in_use_bytes <= 4 * pool.share_bytes() + 2 * MIB, "{s:?}");
+    assert!(s.in_use_bytes <= pool.max_bytes() - pool.reserve_bytes() + 2 * MIB, "{s:?}");
+    // A fifth session is served (riser before: the four held the whole budget).
+    let deadline = Instant::now() + LIVENESS;
+    let (c, _) = Client::login_over(connect(), 5, keys(true, false, 65536));
+    healthy_io(c, 5, deadline);
+    drop(silent);
+    env.wait_connections(0);
+    wait_pool("the unread pieces come back", |s| s.in_use_bytes < 4 * MIB && s.waiting == 0);
 }
 
 /// The SCSI Responses of `itts`, read raw (the client's task table does not know them),
