@@ -299,8 +299,10 @@ impl Ffp {
     /// poll; cheap when none waits. Returns how many were served.
     ///
     /// Fairness: the buffers are charged to the connection's [`Account`] (its reads' too),
-    /// and a connection that already holds budgeted memory takes no more than a quarter of
-    /// the budget ([`Pool::try_alloc_for`]), so one slow initiator cannot hold all of it.
+    /// and a connection that already holds budgeted memory takes no more than its share of
+    /// the budget ([`Pool::try_alloc_for`]), so one slow initiator cannot hold all of it; a
+    /// connection holding little passes others' big waits (the reserve). What a silent
+    /// initiator holds comes back at the Data-Out timeout (`timeouts`).
     pub fn grant_buffers(&mut self) -> usize {
         let mut served = 0;
         while let Some(&itt) = self.waiting_buf.front() {

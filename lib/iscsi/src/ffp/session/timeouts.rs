@@ -125,7 +125,13 @@ mod tests {
 
     #[test]
     fn an_unanswered_get_data_fails_its_command_after_the_timeout_and_the_buffer_comes_back() {
-        let cfg = FfpConfig { data_out_timeout: TIMEOUT, nop_in_interval: Duration::ZERO, largest_write: 32 << 20, initiator_name: "iqn.x:silent".into(), ..Default::default() };
+        let cfg = FfpConfig {
+            data_out_timeout: TIMEOUT,
+            nop_in_interval: Duration::ZERO,
+            largest_write: 32 << 20,
+            initiator_name: "iqn.x:silent".into(),
+            ..Default::default()
+        };
         let (mut f, now, pool) = ffp(cfg);
         f.on_pdu(write_cmd(1, 10, 1 << 20, true), now);
         let Some(Action::GetData(g)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
