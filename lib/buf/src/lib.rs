@@ -107,9 +107,10 @@ fn mapped_size(len: usize) -> usize {
     class_of(len).map_or_else(|| len.div_ceil(PAGE) * PAGE, class_size)
 }
 
-/// `pct` percent of `bytes`, rounded down.
+/// `pct` (at most 100) percent of `bytes`, rounded down; without overflow, and without a
+/// 128-bit division (it runs on every budgeted allocation).
 fn percent_of(bytes: usize, pct: usize) -> usize {
-    (bytes as u128 * pct as u128 / 100) as usize
+    bytes / 100 * pct + bytes % 100 * pct / 100
 }
 
 /// How many free buffers a class keeps at most (beyond that they are unmapped).
@@ -1259,6 +1260,15 @@ mod tests {
         assert!(w.is_none());
         drop((wr, rd, held, waiters));
         assert_eq!(p.stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn percentages_are_exact() {
+        for bytes in [0, 1, 99, 100, 12345, DEFAULT_MAX_BYTES, 64 * MIB + 7, usize::MAX] {
+            for pct in [0, 1, 15, 25, 50, 99, 100] {
+                assert_eq!(percent_of(bytes, pct) as u128, bytes as u128 * pct as u128 / 100, "{pct}% of {bytes}");
+            }
+        }
     }
 
     #[test]
