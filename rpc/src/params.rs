@@ -116,6 +116,9 @@ pub struct IscsiSetOptions {
     /// initiator's PDUs until they are taken.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tx_queue_bytes: Option<u32>,
+    /// riser's extension: seconds before overdue write data fails its command.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_out_timeout: Option<u32>,
 }
 
 /// `iscsi_create_portal_group`.

@@ -25,6 +25,25 @@
 //!   its own schedule (read data the device is filling, control data). Always succeeds; it
 //!   counts towards the budget, so budgeted requests see less room while it is held.
 //!
+//! # Fair shares
+//!
+//! Budgeted requests are charged to an [`Account`] (one per connection) with
+//! [`Pool::try_alloc_for`], and two rules keep one initiator, or a few, from taking the
+//! budget from everyone else (an initiator that never answers its R2Ts pins what it was
+//! given until the Data-Out timeout fails its command):
+//!
+//! * **The share** (`max_buffer_share_percent`, 25 % by default): an account holding
+//!   budgeted memory takes no more than this part of the budget; beyond it, it waits outside
+//!   the queue until its own buffers come back. An account holding nothing may take one
+//!   request of any size (up to the largest transfer), so that every command can run.
+//! * **The reserve** (`buffer_reserve_percent`, 15 % by default, at most what leaves the
+//!   largest transfer room): the last part of the budget, kept for accounts that hold little
+//!   (at most a quarter of the reserve, this request included). Everyone else's requests see
+//!   a budget without the part of the reserve not in use; an account holding little takes
+//!   from the reserve when the rest is spent, or others wait, passing the queue: a big
+//!   waiter at its head (a 32 MiB write) does not stop the small I/O of other connections,
+//!   and its own place is not taken, since the reserve is never its room.
+//!
 //! Size classes: powers of two from 4 KiB to 1 MiB, then whole MiB up to 32 MiB (the
 //! largest transfer riser takes). Larger buffers are mapped for each use.
 
@@ -48,6 +67,13 @@ pub const MAX_POOLED: usize = 32 * MIB;
 pub const DEFAULT_MAX_BYTES: usize = 48 * MIB;
 /// The smallest budget `set_max_bytes` accepts: one largest transfer must always fit.
 pub const MIN_MAX_BYTES: usize = MAX_POOLED;
+/// The default share: an account holding budgeted memory takes at most this percentage of
+/// the budget (see the crate docs, "Fair shares").
+pub const DEFAULT_SHARE_PERCENT: u32 = 25;
+/// The default reserve: this percentage of the budget is kept for accounts holding little.
+pub const DEFAULT_RESERVE_PERCENT: u32 = 15;
+/// The largest reserve `set_shares` accepts, in percent of the budget.
+pub const MAX_RESERVE_PERCENT: u32 = 50;
 
 /// 4 KiB, 8 KiB, ... 1 MiB.
 const SMALL_CLASSES: usize = 9;
@@ -79,6 +105,12 @@ fn class_size(c: usize) -> usize {
 /// What a buffer of `len` bytes maps: its class size, or `len` rounded up to pages.
 fn mapped_size(len: usize) -> usize {
     class_of(len).map_or_else(|| len.div_ceil(PAGE) * PAGE, class_size)
+}
+
+/// `pct` (at most 100) percent of `bytes`, rounded down; without overflow, and without a
+/// 128-bit division (it runs on every budgeted allocation).
+fn percent_of(bytes: usize, pct: usize) -> usize {
+    bytes / 100 * pct + bytes % 100 * pct / 100
 }
 
 /// How many free buffers a class keeps at most (beyond that they are unmapped).
@@ -134,6 +166,13 @@ pub struct Pool {
     unmaps: AtomicU64,
     reuses: AtomicU64,
     waits: AtomicU64,
+    /// The fair share of one account, in percent of the budget.
+    share_pct: AtomicUsize,
+    /// The reserve for accounts holding little, in percent of the budget.
+    reserve_pct: AtomicUsize,
+    /// Bytes of buffers in use that were taken from the reserve.
+    reserved_in_use: AtomicUsize,
+    reserve_grants: AtomicU64,
     /// Whether threads keep a few small buffers of this pool for themselves ([`LocalCache`]):
     /// the global pool does, so that a reactor's 4 KiB I/O takes and gives back its buffer
     /// without touching shared counters or queues.
@@ -202,6 +241,12 @@ pub struct Stats {
     pub waiting: usize,
     /// Requests that had to wait for budget, since start.
     pub waits: u64,
+    /// The reserve for connections holding little (see the crate docs), and what of it is in
+    /// use now.
+    pub reserve_bytes: usize,
+    pub reserve_in_use_bytes: usize,
+    /// Requests served from the reserve, since start.
+    pub reserve_grants: u64,
     /// Buffers mapped, reused from the pool, and unmapped, since start.
     pub maps: u64,
     pub reuses: u64,
@@ -264,6 +309,10 @@ impl Pool {
             unmaps: AtomicU64::new(0),
             reuses: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            share_pct: AtomicUsize::new(DEFAULT_SHARE_PERCENT as usize),
+            reserve_pct: AtomicUsize::new(DEFAULT_RESERVE_PERCENT as usize),
+            reserved_in_use: AtomicUsize::new(0),
+            reserve_grants: AtomicU64::new(0),
             thread_cache: false,
             trim_gen: AtomicU64::new(0),
         }
@@ -292,6 +341,57 @@ impl Pool {
         Ok(())
     }
 
+    /// Sets the fair-share rules (see the crate docs): an account holding budgeted memory
+    /// takes at most `share_percent` (1..=100) of the budget; `reserve_percent`
+    /// (0..=[`MAX_RESERVE_PERCENT`]) of it is kept for accounts holding little.
+    pub fn set_shares(&self, share_percent: u32, reserve_percent: u32) -> Result<(), String> {
+        if !(1..=100).contains(&share_percent) {
+            return Err(format!("max_buffer_share_percent {share_percent} is out of range (1..=100)"));
+        }
+        if reserve_percent > MAX_RESERVE_PERCENT {
+            return Err(format!("buffer_reserve_percent {reserve_percent} is out of range (0..={MAX_RESERVE_PERCENT})"));
+        }
+        self.share_pct.store(share_percent as usize, Ordering::Relaxed);
+        self.reserve_pct.store(reserve_percent as usize, Ordering::Relaxed);
+        log::info!(
+            "I/O buffer shares: a connection holds at most {share_percent}% of the budget ({} KiB), {} KiB are kept for connections holding little",
+            self.share_bytes() / 1024,
+            self.reserve_bytes() / 1024
+        );
+        Ok(())
+    }
+
+    /// `(share, reserve)` in percent of the budget.
+    pub fn shares(&self) -> (u32, u32) {
+        (self.share_pct.load(Ordering::Relaxed) as u32, self.reserve_pct.load(Ordering::Relaxed) as u32)
+    }
+
+    /// The most an account holding budgeted memory may hold.
+    pub fn share_bytes(&self) -> usize {
+        percent_of(self.max_bytes(), self.share_pct.load(Ordering::Relaxed))
+    }
+
+    /// The reserve: its percentage of the budget, but never so much that the largest
+    /// transfer would not fit in the rest (a budget of 32 MiB has none).
+    pub fn reserve_bytes(&self) -> usize {
+        let max = self.max_bytes();
+        percent_of(max, self.reserve_pct.load(Ordering::Relaxed)).min(max.saturating_sub(MAX_POOLED))
+    }
+
+    /// An account "holds little", and may use the reserve, while it holds at most this
+    /// (the request included): a quarter of the reserve, so that several such connections
+    /// are served from it at once.
+    fn little_bytes(&self) -> usize {
+        self.reserve_bytes() / 4
+    }
+
+    /// What requests not taken from the reserve may fill: the budget less the part of the
+    /// reserve not in use.
+    fn general_limit(&self) -> usize {
+        let r = self.reserve_bytes();
+        self.max_bytes() - r.saturating_sub(self.reserved_in_use.load(Ordering::Relaxed))
+    }
+
     /// `size` more bytes in use (and the peak).
     fn note_in_use(&self, size: usize) {
         let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
@@ -307,6 +407,9 @@ impl Pool {
             cached_bytes: self.cached.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
+            reserve_bytes: self.reserve_bytes(),
+            reserve_in_use_bytes: self.reserved_in_use.load(Ordering::Relaxed),
+            reserve_grants: self.reserve_grants.load(Ordering::Relaxed),
             maps: self.maps.load(Ordering::Relaxed),
             reuses: self.reuses.load(Ordering::Relaxed),
             unmaps: self.unmaps.load(Ordering::Relaxed),
@@ -327,11 +430,13 @@ impl Pool {
 
     /// A budgeted buffer of `len` bytes, or `None` (the budget is spent): then `waiter`
     /// holds the caller's place in the queue and the caller retries later with the same
-    /// `waiter`. Served in order: while others wait, a newcomer waits behind them.
+    /// `waiter`. Served in order: while others wait, a newcomer waits behind them. It does
+    /// not take the reserve (see the crate docs): that is [`try_alloc_for`](Self::try_alloc_for)'s,
+    /// for accounts holding little.
     pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
         if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
-            if let Some(map) = self.take(len, true) {
-                return Some(IoBuf { map, heap: None, len, pool: self, account: None });
+            if let Some(map) = self.take(len, Some(self.general_limit())) {
+                return Some(self.buf(map, len));
             }
         }
         let mut q = self.queue();
@@ -349,7 +454,7 @@ impl Pool {
         if q.front() != Some(&id) {
             return None;
         }
-        let map = self.take(len, true)?;
+        let map = self.take(len, Some(self.general_limit()))?;
         q.pop_front();
         self.waiting.store(q.len(), Ordering::Release);
         drop(q);
@@ -357,65 +462,129 @@ impl Pool {
         if let Some(w) = waiter.take() {
             std::mem::forget(w);
         }
-        Some(IoBuf { map, heap: None, len, pool: self, account: None })
+        Some(self.buf(map, len))
+    }
+
+    fn buf(&'static self, map: Option<Mapping>, len: usize) -> IoBuf {
+        IoBuf { map, heap: None, len, pool: self, account: None, reserved: 0 }
+    }
+
+    /// A buffer from the reserve, or `None` when the reserve (or the budget) has no room
+    /// for it. The caller checked that its account holds little.
+    fn take_reserved(&'static self, len: usize) -> Option<IoBuf> {
+        let size = mapped_size(len);
+        let r = self.reserve_bytes();
+        let mut cur = self.reserved_in_use.load(Ordering::Relaxed);
+        loop {
+            if cur + size > r {
+                return None;
+            }
+            match self.reserved_in_use.compare_exchange_weak(cur, cur + size, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        match self.take(len, Some(self.max_bytes())) {
+            Some(map) => {
+                self.reserve_grants.fetch_add(1, Ordering::Relaxed);
+                let mut b = self.buf(map, len);
+                b.reserved = size;
+                Some(b)
+            }
+            None => {
+                self.reserved_in_use.fetch_sub(size, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Charges `b` to `account` until it is dropped.
+    fn charge(b: IoBuf, account: &Account) -> IoBuf {
+        let mut b = b;
+        let charge = b.capacity();
+        account.0.fetch_add(charge, Ordering::Relaxed);
+        b.account = Some((account.clone(), charge));
+        b
     }
 
     /// Like [`try_alloc`](Self::try_alloc), charging the buffer to `account` until it is
-    /// dropped; and fair: an account that already holds budgeted memory takes no more than a
-    /// quarter of the budget (it waits, outside the queue, until its own buffers come back),
-    /// so one slow initiator cannot hold all of it. A request larger than that goes when its
-    /// account holds nothing.
+    /// dropped; and fair (see the crate docs, "Fair shares"): an account that already holds
+    /// budgeted memory takes no more than its share of the budget (it waits, outside the
+    /// queue, until its own buffers come back), so one slow initiator cannot hold all of it;
+    /// a request larger than that goes when its account holds nothing. An account holding
+    /// little takes from the reserve when the rest of the budget is spent or others wait
+    /// before it: past the queue, so a big request waiting at its head does not hold up the
+    /// small I/O of other connections.
     pub fn try_alloc_for(&'static self, len: usize, waiter: &mut Option<Waiter>, account: &Account) -> Option<IoBuf> {
         let held = account.held();
-        if held > 0 && held + mapped_size(len) > self.max_bytes() / 4 {
+        let size = mapped_size(len);
+        if held > 0 && held + size > self.share_bytes() {
             *waiter = None;
             return None;
         }
-        let mut b = self.try_alloc(len, waiter)?;
-        let charge = b.capacity();
-        account.0.fetch_add(charge, Ordering::Relaxed);
-        b.account = Some((account.clone(), charge));
-        Some(b)
+        let queued = waiter.is_some() || self.waiting.load(Ordering::Acquire) != 0;
+        if queued && held + size <= self.little_bytes() {
+            if let Some(b) = self.take_reserved(len) {
+                *waiter = None;
+                return Some(Self::charge(b, account));
+            }
+        }
+        if let Some(b) = self.try_alloc(len, waiter) {
+            return Some(Self::charge(b, account));
+        }
+        if !queued && held + size <= self.little_bytes() {
+            if let Some(b) = self.take_reserved(len) {
+                // Leaves the queue it just joined.
+                *waiter = None;
+                return Some(Self::charge(b, account));
+            }
+        }
+        None
     }
 
     /// Like [`try_alloc_for`](Self::try_alloc_for), but now or never: `None`, without
-    /// taking a place in the queue, when others already wait, the budget has no room or the
-    /// account's fair share is spent. For data that has arrived already and can wait
-    /// elsewhere (immediate data: copied straight into its task's buffer when there is room
-    /// for it, else kept in its segment while the task queues with `try_alloc_for`).
+    /// taking a place in the queue, when the account's fair share is spent, or the budget
+    /// has no room or others already wait (and the account does not hold little enough for
+    /// the reserve). For data that has arrived already and can wait elsewhere (immediate
+    /// data: copied straight into its task's buffer when there is room for it, else kept in
+    /// its segment while the task queues with `try_alloc_for`).
     pub fn try_alloc_now_for(&'static self, len: usize, account: &Account) -> Option<IoBuf> {
         let held = account.held();
-        if held > 0 && held + mapped_size(len) > self.max_bytes() / 4 {
+        let size = mapped_size(len);
+        if held > 0 && held + size > self.share_bytes() {
             return None;
         }
-        if self.waiting.load(Ordering::Acquire) != 0 {
-            return None;
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(map) = self.take(len, Some(self.general_limit())) {
+                return Some(Self::charge(self.buf(map, len), account));
+            }
         }
-        let map = self.take(len, true)?;
-        let mut b = IoBuf { map, heap: None, len, pool: self, account: None };
-        let charge = b.capacity();
-        account.0.fetch_add(charge, Ordering::Relaxed);
-        b.account = Some((account.clone(), charge));
-        Some(b)
+        if held + size <= self.little_bytes() {
+            return self.take_reserved(len).map(|b| Self::charge(b, account));
+        }
+        None
     }
 
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
-        match self.take(len, false) {
-            Some(map) => IoBuf { map, heap: None, len, pool: self, account: None },
+        match self.take(len, None) {
+            Some(map) => self.buf(map, len),
             // Out of address space or memory: what a failed heap allocation does too.
             None => panic!("cannot map an I/O buffer of {len} bytes"),
         }
     }
 
-    /// A mapping for `len` bytes: a kept one of its class, or a new one if the budget
-    /// allows (trimming kept buffers of other classes to make room), or `None`.
-    fn take(&self, len: usize, budgeted: bool) -> Option<Option<Mapping>> {
+    /// A mapping for `len` bytes: a kept one of its class, or a new one (trimming kept
+    /// buffers of other classes to make room), or `None`. `limit`: a budgeted request, which
+    /// gets nothing when the bytes in use would go over `limit` (a buffer this thread keeps
+    /// for itself is in use already, and taken whatever the limit); `None`: unbudgeted.
+    fn take(&self, len: usize, limit: Option<usize>) -> Option<Option<Mapping>> {
         if len == 0 {
             return Some(None);
         }
         let size = mapped_size(len);
-        if let Some(c) = class_of(len) {
+        let class = class_of(len);
+        if let Some(c) = class {
             if self.thread_cache && c < LOCAL_CLASSES {
                 let local = LOCAL.try_with(|l| {
                     let mut l = l.borrow_mut();
@@ -427,6 +596,17 @@ impl Pool {
                     return Some(Some(m));
                 }
             }
+        }
+        let max = self.max_bytes();
+        if let Some(limit) = limit {
+            let in_use = self.in_use.load(Ordering::Relaxed);
+            // A buffer larger than the whole budget is let through when nothing is in use,
+            // so that it cannot wait forever.
+            if in_use + size > limit && !(size > max && in_use == 0) {
+                return None;
+            }
+        }
+        if let Some(c) = class {
             if let Some(m) = self.free[c].pop() {
                 self.cached.fetch_sub(size, Ordering::Relaxed);
                 self.note_in_use(size);
@@ -436,11 +616,8 @@ impl Pool {
         }
         loop {
             let m = self.mapped.load(Ordering::Relaxed);
-            let max = self.max_bytes();
-            // A buffer larger than the whole budget is let through when nothing is in use,
-            // so that it cannot wait forever.
             let fits = m + size <= max || (size > max && self.in_use.load(Ordering::Relaxed) == 0);
-            if !budgeted || fits {
+            if limit.is_none() || fits {
                 if self.mapped.compare_exchange(m, m + size, Ordering::Relaxed, Ordering::Relaxed).is_err() {
                     continue;
                 }
@@ -555,6 +732,8 @@ pub struct IoBuf {
     pool: &'static Pool,
     /// The account this buffer is charged to, and how much ([`Pool::try_alloc_for`]).
     account: Option<(Account, usize)>,
+    /// Bytes of the pool's reserve this buffer holds (0: none), given back when dropped.
+    reserved: usize,
 }
 
 /// Most vectors a thread keeps for [`take_vec`].
@@ -619,7 +798,7 @@ impl IoBuf {
 
     /// An empty buffer (maps nothing).
     pub fn empty() -> IoBuf {
-        IoBuf { map: None, heap: None, len: 0, pool: Pool::global(), account: None }
+        IoBuf { map: None, heap: None, len: 0, pool: Pool::global(), account: None, reserved: 0 }
     }
 
     /// Adopts `v` as an I/O buffer without copying it (a received data segment that is the
@@ -627,7 +806,7 @@ impl IoBuf {
     /// ([`mapping_ptr`](Self::mapping_ptr) is null); when dropped, its vector goes to this
     /// thread's spares ([`take_vec`]).
     pub fn from_vec(v: Vec<u8>) -> IoBuf {
-        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global(), account: None }
+        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global(), account: None, reserved: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -714,6 +893,9 @@ impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some((a, charge)) = self.account.take() {
             a.0.fetch_sub(charge, Ordering::Relaxed);
+        }
+        if self.reserved > 0 {
+            self.pool.reserved_in_use.fetch_sub(self.reserved, Ordering::Relaxed);
         }
         if let Some(map) = self.map.take() {
             self.pool.give_back(map);
@@ -1016,6 +1198,105 @@ mod tests {
         drop((y, z));
         assert_eq!(p.try_alloc_now_for(4096, &a).map(|b| b.len()), Some(4096));
         assert_eq!(a.held(), 0, "the charge went back with the buffer");
+    }
+
+    #[test]
+    fn the_reserve_is_kept_for_accounts_holding_little_and_passes_a_big_waiter() {
+        let p = pool(DEFAULT_MAX_BYTES); // 48 MiB: share 12 MiB, reserve 7.2 MiB, "little" 1.8 MiB
+        assert_eq!(p.reserve_bytes(), percent_of(DEFAULT_MAX_BYTES, 15));
+        let (a, b, c, d) = (Account::new(), Account::new(), Account::new(), Account::new());
+        let (mut wa, mut wb, mut wc) = (None, None, None);
+        let big_a = p.try_alloc_for(32 * MIB, &mut wa, &a).expect("holds nothing: one request of any size");
+        // 32 + 16 MiB would fit the budget, not the budget less the unused reserve.
+        assert!(p.try_alloc_for(16 * MIB, &mut wb, &b).is_none(), "the reserve is not a big request's room");
+        assert!(wb.is_some() && p.stats().waiting == 1, "b waits in the queue");
+        // A small request of another connection passes the waiter, from the reserve.
+        let c1 = p.try_alloc_for(64 * 1024, &mut wc, &c).expect("holds little: the reserve");
+        let c2 = p.try_alloc_for(MIB, &mut wc, &c).expect("still little (1.06 MiB of 1.8)");
+        assert!(wc.is_none(), "took no place in the queue");
+        assert_eq!(p.stats().reserve_grants, 2);
+        assert!(p.try_alloc_for(MIB, &mut wc, &c).is_none(), "2.06 MiB is not little: c queues behind b");
+        assert!(wc.is_some() && p.stats().waiting == 2);
+        let d1 = p.try_alloc_now_for(64 * 1024, &d).expect("now or never: the reserve too");
+        assert_eq!(p.stats().reserve_in_use_bytes, 64 * 1024 + MIB + 64 * 1024);
+        assert!(p.try_alloc_for(16 * MIB, &mut wb, &b).is_none(), "b still waits for a's memory");
+        drop(big_a);
+        let big_b = p.try_alloc_for(16 * MIB, &mut wb, &b).expect("the head of the queue, once a's memory came back");
+        let c3 = p.try_alloc_for(MIB, &mut wc, &c).expect("then c");
+        assert_eq!((p.stats().waiting, p.stats().reserve_grants), (0, 3));
+        drop((c1, c2, c3, d1, big_b));
+        assert_eq!(p.stats().reserve_in_use_bytes, 0, "the reserve came back with the buffers");
+        assert_eq!((a.held(), b.held(), c.held(), d.held()), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn silent_holders_at_their_share_leave_the_rest_to_others() {
+        let p = pool(DEFAULT_MAX_BYTES);
+        let share = p.share_bytes();
+        assert_eq!(share, DEFAULT_MAX_BYTES / 4);
+        // Four connections take 1 MiB pieces until they are refused (their writes' R2Ts
+        // never answered: nothing comes back).
+        let hogs: Vec<Account> = (0..4).map(|_| Account::new()).collect();
+        let mut held = Vec::new();
+        let mut waiters: Vec<Option<Waiter>> = (0..4).map(|_| None).collect();
+        for _ in 0..64 {
+            for (h, w) in hogs.iter().zip(waiters.iter_mut()) {
+                if let Some(b) = p.try_alloc_for(MIB, w, h) {
+                    held.push(b);
+                }
+            }
+        }
+        for h in &hogs {
+            assert!(h.held() <= share, "{} over the share {share}", h.held());
+        }
+        let total: usize = hogs.iter().map(Account::held).sum();
+        assert!(total <= DEFAULT_MAX_BYTES - p.reserve_bytes(), "{total}: the hogs reached into the reserve");
+        assert_eq!(p.stats().reserve_grants, 0, "none of them holds little");
+        // A fifth connection's write and read go on.
+        let fifth = Account::new();
+        let mut w = None;
+        let wr = p.try_alloc_for(64 * 1024, &mut w, &fifth).expect("the fifth connection's write");
+        let rd = p.try_alloc_for(64 * 1024, &mut w, &fifth).expect("and its read");
+        assert!(w.is_none());
+        drop((wr, rd, held, waiters));
+        assert_eq!(p.stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn percentages_are_exact() {
+        for bytes in [0, 1, 99, 100, 12345, DEFAULT_MAX_BYTES, 64 * MIB + 7, usize::MAX] {
+            for pct in [0, 1, 15, 25, 50, 99, 100] {
+                assert_eq!(percent_of(bytes, pct) as u128, bytes as u128 * pct as u128 / 100, "{pct}% of {bytes}");
+            }
+        }
+    }
+
+    #[test]
+    fn shares_are_settable_and_the_reserve_leaves_the_largest_transfer_room() {
+        let p = pool(DEFAULT_MAX_BYTES);
+        assert_eq!(p.shares(), (DEFAULT_SHARE_PERCENT, DEFAULT_RESERVE_PERCENT));
+        assert!(p.set_shares(0, 10).is_err());
+        assert!(p.set_shares(101, 10).is_err());
+        assert!(p.set_shares(50, MAX_RESERVE_PERCENT + 1).unwrap_err().contains("buffer_reserve_percent"));
+        assert_eq!(p.shares(), (DEFAULT_SHARE_PERCENT, DEFAULT_RESERVE_PERCENT), "unchanged by refused values");
+        p.set_shares(50, 50).unwrap();
+        assert_eq!(p.share_bytes(), 24 * MIB);
+        // Half of 48 MiB would leave 24 MiB: the reserve stops where 32 MiB still fit.
+        assert_eq!(p.reserve_bytes(), 16 * MIB);
+        let a = Account::new();
+        let mut w = None;
+        let x = p.try_alloc_for(16 * MIB, &mut w, &a).unwrap();
+        let y = p.try_alloc_for(8 * MIB, &mut w, &a).expect("24 MiB: half");
+        assert!(p.try_alloc_for(PAGE, &mut w, &a).is_none());
+        drop((x, y));
+        // The smallest budget has no reserve: every request may use all of it.
+        let small = pool(MIN_MAX_BYTES);
+        assert_eq!(small.reserve_bytes(), 0);
+        let all = small.try_alloc_for(MIN_MAX_BYTES, &mut None, &Account::new()).expect("all of it");
+        assert!(small.try_alloc_now_for(PAGE, &Account::new()).is_none(), "and no reserve to take from");
+        drop(all);
+        p.set_shares(25, 0).unwrap();
+        assert_eq!(p.reserve_bytes(), 0);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub const DEFAULT_MAX_TX_QUEUE_BYTES: u32 = 1 << 20;
 /// for every few responses; above 1 GiB it is no bound.
 pub const MIN_TX_QUEUE_BYTES: u32 = 64 << 10;
 pub const MAX_TX_QUEUE_BYTES: u32 = 1 << 30;
+/// Most seconds `data_out_timeout` may be.
+pub const MAX_DATA_OUT_TIMEOUT: u32 = 3600;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +77,10 @@ pub struct Options {
     /// budget before it stops reading the initiator until they are taken (a peer that sends
     /// and never reads fills its own socket buffers, not riser's memory).
     pub max_tx_queue_bytes: u32,
+    /// riser's extension: seconds a write's data may be overdue (R2Ts or RDMA Reads
+    /// unanswered, unsolicited Data-Out not sent) before its command fails with CHECK
+    /// CONDITION and its buffers go back to the budget.
+    pub data_out_timeout: u32,
 }
 
 impl Default for Options {
@@ -104,6 +110,7 @@ impl Default for Options {
             immediate_data_pool_size: 16384,
             data_out_pool_size: 2048,
             max_tx_queue_bytes: DEFAULT_MAX_TX_QUEUE_BYTES,
+            data_out_timeout: 20,
         }
     }
 }
@@ -158,6 +165,7 @@ impl Options {
             max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
             max_tx_queue_bytes
         );
+        take!(data_out_timeout);
         o.validate()?;
         Ok(o)
     }
@@ -182,6 +190,7 @@ impl Options {
         in_range("immediate_data_pool_size", self.immediate_data_pool_size, 1, u32::MAX)?;
         in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
         in_range("max_tx_queue_bytes", self.max_tx_queue_bytes, MIN_TX_QUEUE_BYTES, MAX_TX_QUEUE_BYTES)?;
+        in_range("data_out_timeout", self.data_out_timeout, 1, MAX_DATA_OUT_TIMEOUT)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -212,6 +221,7 @@ impl Options {
             "immediate_data_pool_size": self.immediate_data_pool_size,
             "data_out_pool_size": self.data_out_pool_size,
             "max_tx_queue_bytes": self.max_tx_queue_bytes,
+            "data_out_timeout": self.data_out_timeout,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -339,6 +349,8 @@ mod tests {
             (json!({"max_r2t_per_connection": 0}), "max_r2t_per_connection"),
             (json!({"max_tx_queue_bytes": 65535}), "max_tx_queue_bytes: 65535 is out of range (65536..=1073741824)"),
             (json!({"max_tx_queue_bytes": 1073741825}), "max_tx_queue_bytes"),
+            (json!({"data_out_timeout": 0}), "data_out_timeout: 0 is out of range (1..=3600)"),
+            (json!({"data_out_timeout": 3601}), "data_out_timeout"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -354,6 +366,11 @@ mod tests {
         let o = e.target.options();
         assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size, o.max_tx_queue_bytes), (262144, 2, 1024, 65536));
         assert_eq!(e.ok("iscsi_get_options", json!({}))["max_tx_queue_bytes"], 65536);
+        assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size), (262144, 2, 1024));
+        assert_eq!(o.data_out_timeout, 20, "the default");
+        e.ok("iscsi_set_options", json!({"data_out_timeout": 5}));
+        assert_eq!(e.target.options().data_out_timeout, 5);
+        assert_eq!(e.target.options_json()["data_out_timeout"], 5);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

@@ -67,7 +67,7 @@ mod tests {
         assert_eq!(o["first_burst_length"], 16384);
         assert_eq!(o["max_sessions"], 128);
         assert_eq!(o["immediate_data"], true);
-        assert_eq!(o.as_object().map(|m| m.len()), Some(22));
+        assert_eq!(o.as_object().map(|m| m.len()), Some(23));
         assert_eq!(e.claimed_by("Malloc1").as_deref(), Some("iqn.2024-01.com.example:disk1:lun1"));
     }
 

@@ -416,7 +416,8 @@ impl LunChannel {
     }
 
     /// Charges read buffers to `account` (the connection's): a connection that holds
-    /// budgeted memory takes at most a quarter of the budget.
+    /// budgeted memory takes at most its share of the budget (riser-buf, "Fair shares"), so
+    /// a streamed read's pieces the initiator does not take pin no more than that.
     pub fn set_account(&mut self, account: Account) {
         self.account = account;
     }

@@ -38,11 +38,12 @@ impl IscsiServer {
         }
         let queue_depth = node.as_ref().map_or(DISCOVERY_QUEUE_DEPTH, |n| n.queue_depth());
         let iser = kind == Transport::Iser;
-        let limits = TargetLimits::new(
+        let mut limits = TargetLimits::new(
             queue_depth,
             Duration::from_secs(opts.nop_in_interval as u64),
             Duration::from_secs(opts.nop_timeout as u64),
         );
+        limits.data_out_timeout = Duration::from_secs(opts.data_out_timeout as u64);
         let (ffp_cfg, dm_params) = connection_config(&o, kind, &limits);
         // What the connection may queue for the initiator, and how long the initiator may
         // leave it there untaken.

@@ -408,6 +408,14 @@ struct IobufSetOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     large_bufsize: Option<u64>,
+    /// The most of the budget one connection holds while it holds any (percent)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_buffer_share_percent: Option<u32>,
+    /// The part of the budget kept for connections holding little (percent)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buffer_reserve_percent: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -872,6 +880,9 @@ struct IscsiSetOptions {
     /// reading (riser's extension)
     #[arg(long)]
     max_tx_queue_bytes: Option<u32>,
+    /// Seconds a write's data may be overdue before its command fails (riser's extension)
+    #[arg(long)]
+    data_out_timeout: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -904,6 +915,7 @@ impl IscsiSetOptions {
             immediate_data_pool_size: self.immediate_data_pool_size,
             data_out_pool_size: self.data_out_pool_size,
             max_tx_queue_bytes: self.max_tx_queue_bytes,
+            data_out_timeout: self.data_out_timeout,
         }
     }
 }
@@ -1891,6 +1903,11 @@ mod tests {
         );
         assert_eq!(params(&["iscsi_set_options", "--no-immediate-data", "-d"]), json!({"disable_chap": true, "immediate_data": false}));
         assert_eq!(params(&["iscsi_set_options", "--first-burst-length", "4096"]), json!({"first_burst_length": 4096}));
+        assert_eq!(params(&["iscsi_set_options", "--data-out-timeout", "5"]), json!({"data_out_timeout": 5}));
+        assert_eq!(
+            params(&["iobuf_set_options", "--max-buffer-share-percent", "20", "--buffer-reserve-percent", "10"]),
+            json!({"max_buffer_share_percent": 20, "buffer_reserve_percent": 10})
+        );
         refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
         refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");
         refused(&["iscsi_set_options", "-q", "many"], "invalid value");

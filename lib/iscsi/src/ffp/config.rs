@@ -32,7 +32,17 @@ pub struct FfpConfig {
     pub discovery: bool,
     /// Largest write (EDTL) accepted; larger ones get CHECK CONDITION.
     pub largest_write: u32,
+    /// A Get_Data (R2Ts, RDMA Reads) not completed in this long fails its command: the
+    /// buffer it pins goes back to the budget (see [`super::Ffp::on_timer`]). Zero: never.
+    pub data_out_timeout: Duration,
+    /// The initiator's name, for log lines.
+    pub initiator_name: String,
 }
+
+/// The default Data-Out timeout (`iscsi_set_options`' `data_out_timeout`, seconds): longer
+/// than a healthy initiator needs for the largest burst on a slow link, shorter than the
+/// 30 s Linux's SCSI layer waits before it aborts the command itself.
+pub const DEFAULT_DATA_OUT_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for FfpConfig {
     fn default() -> Self {
@@ -49,6 +59,8 @@ impl Default for FfpConfig {
             nop_timeout: Duration::from_secs(60),
             discovery: false,
             largest_write: 16 << 20,
+            data_out_timeout: DEFAULT_DATA_OUT_TIMEOUT,
+            initiator_name: String::new(),
         }
     }
 }
@@ -83,12 +95,15 @@ pub struct TargetLimits {
     pub nop_timeout: Duration,
     /// Largest write (EDTL) accepted: normally [`LARGEST_WRITE`].
     pub largest_write: u32,
+    /// Fail a command whose solicited data has not all come in this long (zero: never).
+    pub data_out_timeout: Duration,
 }
 
 impl TargetLimits {
-    /// Limits with the usual largest write ([`LARGEST_WRITE`]).
+    /// Limits with the usual largest write ([`LARGEST_WRITE`]) and Data-Out timeout
+    /// ([`DEFAULT_DATA_OUT_TIMEOUT`]).
     pub fn new(queue_depth: u32, nop_in_interval: Duration, nop_timeout: Duration) -> TargetLimits {
-        TargetLimits { queue_depth, nop_in_interval, nop_timeout, largest_write: LARGEST_WRITE }
+        TargetLimits { queue_depth, nop_in_interval, nop_timeout, largest_write: LARGEST_WRITE, data_out_timeout: DEFAULT_DATA_OUT_TIMEOUT }
     }
 }
 
@@ -115,6 +130,8 @@ pub fn connection_config(outcome: &LoginOutcome, transport: Transport, limits: &
         nop_timeout: limits.nop_timeout,
         discovery: s.session_type == SessionType::Discovery,
         largest_write: limits.largest_write,
+        data_out_timeout: limits.data_out_timeout,
+        initiator_name: outcome.identity.initiator_name.clone(),
     };
     let dm = DatamoverParams {
         initiator_max_recv_data_segment_length: c.send_limit(iser),
@@ -194,6 +211,7 @@ mod tests {
         assert_eq!((f.initiator_mrdsl, f.target_mrdsl), (65536, 262144));
         assert_eq!((f.nop_in_interval, f.nop_timeout), (Duration::from_secs(30), Duration::from_secs(60)));
         assert_eq!(f.largest_write, riser_scsi::MAX_TRANSFER_BYTES as u32);
+        assert_eq!((f.data_out_timeout, f.initiator_name.as_str()), (DEFAULT_DATA_OUT_TIMEOUT, "iqn.2024-01.io.riser:init"));
         assert_eq!(
             d,
             DatamoverParams {

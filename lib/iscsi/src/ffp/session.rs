@@ -174,6 +174,8 @@ struct Task {
     staged_from: u32,
     /// Handed to the SCSI layer ([`Action::Execute`]): an abort of it comes back as a result.
     in_scsi: bool,
+    /// When the Data-Out timeout's clock started for the data now due (see `timeouts`).
+    data_out_since: Option<Instant>,
 }
 
 /// The full-feature phase of one connection.
@@ -320,8 +322,10 @@ impl Ffp {
     /// poll; cheap when none waits. Returns how many were served.
     ///
     /// Fairness: the buffers are charged to the connection's [`Account`] (its reads' too),
-    /// and a connection that already holds budgeted memory takes no more than a quarter of
-    /// the budget ([`Pool::try_alloc_for`]), so one slow initiator cannot hold all of it.
+    /// and a connection that already holds budgeted memory takes no more than its share of
+    /// the budget ([`Pool::try_alloc_for`]), so one slow initiator cannot hold all of it; a
+    /// connection holding little passes others' big waits (the reserve). What a silent
+    /// initiator holds comes back at the Data-Out timeout (`timeouts`).
     pub fn grant_buffers(&mut self) -> usize {
         let mut served = 0;
         while let Some(&itt) = self.waiting_buf.front() {
@@ -768,6 +772,7 @@ impl Ffp {
             first_piece: None,
             staged_from: 0,
             in_scsi: false,
+            data_out_since: None,
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -870,6 +875,7 @@ impl Ffp {
         let edtl = t.cmd.expected_data_transfer_length;
         let Some(buf) = t.buf.take() else { return };
         t.state = TaskState::Fetching;
+        t.data_out_since = None;
         self.actions.push_back(Action::GetData(GetData {
             itt,
             lun: t.lun,
@@ -967,6 +973,7 @@ impl Ffp {
         }
         let from = offset.max(t.received);
         t.state = TaskState::Fetching;
+        t.data_out_since = None;
         self.actions.push_back(Action::GetData(GetData { itt, lun: t.lun, buf, offset: from, len: end - from, base: offset, more: end < edtl, sn }));
     }
 
@@ -1344,9 +1351,14 @@ impl Ffp {
         }
     }
 
-    /// Timers: NOP-In pings on a silent connection and their timeout.
+    /// Timers: the Data-Out timeout (see `timeouts`), NOP-In pings on a silent connection
+    /// and their timeout.
     pub fn on_timer(&mut self, now: Instant) {
-        if self.closing || self.cfg.nop_in_interval.is_zero() {
+        if self.closing {
+            return;
+        }
+        self.check_data_out(now);
+        if self.cfg.nop_in_interval.is_zero() {
             return;
         }
         if let Some((_, sent)) = self.ping {
@@ -1485,6 +1497,8 @@ const SENSE_WRITE_TOO_LARGE: Sense = Sense::new(SenseKey::IllegalRequest, Asc::I
 /// A broken Data-Out sequence or failed solicited data under ERL 0: ABORTED COMMAND, DATA PHASE
 /// ERROR, as iSCSI targets report it.
 const SENSE_DATA_PHASE_ERROR: Sense = Sense::new(SenseKey::AbortedCommand, Asc::DATA_PHASE_ERROR);
+
+mod timeouts;
 
 #[cfg(test)]
 mod tests;
