@@ -31,6 +31,11 @@ pub const MAX_BURST_LENGTH: u32 = 262_144;
 pub const MAX_NOP_IN_INTERVAL: u32 = 60;
 /// DefaultTime2Wait and DefaultTime2Retain are 0..=3600 seconds (RFC 7143 §13.15, §13.16).
 pub const MAX_TIME2: u32 = 3600;
+/// Most seconds `login_timeout` may be: a login holds a thread that long.
+pub const MAX_LOGIN_TIMEOUT: u32 = 300;
+/// Upper bound of `max_logins` and `max_logins_per_source`: each login in progress is a
+/// thread.
+pub const MAX_LOGINS_LIMIT: u32 = 65536;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +69,16 @@ pub struct Options {
     pub pdu_pool_size: u32,
     pub immediate_data_pool_size: u32,
     pub data_out_pool_size: u32,
+    /// riser: seconds a login may take, sending included; then its connection is dropped.
+    pub login_timeout: u32,
+    /// riser: most logins in progress at once (each has a thread); more connections are
+    /// refused at once.
+    pub max_logins: u32,
+    /// riser: most logins in progress from one source address, so that a few hosts cannot
+    /// take every login slot.
+    pub max_logins_per_source: u32,
+    /// riser: most discovery sessions at once (they do not count against `max_sessions`).
+    pub max_discovery_sessions: u32,
 }
 
 impl Default for Options {
@@ -92,6 +107,10 @@ impl Default for Options {
             pdu_pool_size: 36864,
             immediate_data_pool_size: 16384,
             data_out_pool_size: 2048,
+            login_timeout: 15,
+            max_logins: 1024,
+            max_logins_per_source: 32,
+            max_discovery_sessions: 64,
         }
     }
 }
@@ -143,7 +162,8 @@ impl Options {
             chap_group, max_sessions, max_connections_per_session, max_queue_depth,
             default_time2wait, default_time2retain, first_burst_length, immediate_data,
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
-            max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size
+            max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
+            login_timeout, max_logins, max_logins_per_source, max_discovery_sessions
         );
         o.validate()?;
         Ok(o)
@@ -168,6 +188,11 @@ impl Options {
         in_range("pdu_pool_size", self.pdu_pool_size, 1, u32::MAX)?;
         in_range("immediate_data_pool_size", self.immediate_data_pool_size, 1, u32::MAX)?;
         in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
+        in_range("login_timeout", self.login_timeout, 1, MAX_LOGIN_TIMEOUT)?;
+        in_range("max_logins", self.max_logins, 1, MAX_LOGINS_LIMIT)?;
+        in_range("max_logins_per_source", self.max_logins_per_source, 1, MAX_LOGINS_LIMIT)?;
+        // Normal and discovery sessions share the 65535 TSIHs.
+        in_range("max_discovery_sessions", self.max_discovery_sessions, 1, 65535)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -197,6 +222,10 @@ impl Options {
             "pdu_pool_size": self.pdu_pool_size,
             "immediate_data_pool_size": self.immediate_data_pool_size,
             "data_out_pool_size": self.data_out_pool_size,
+            "login_timeout": self.login_timeout,
+            "max_logins": self.max_logins,
+            "max_logins_per_source": self.max_logins_per_source,
+            "max_discovery_sessions": self.max_discovery_sessions,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -322,6 +351,10 @@ mod tests {
             (json!({"default_time2wait": 3601}), "default_time2wait"),
             (json!({"nop_in_interval": 61}), "nop_in_interval"),
             (json!({"max_r2t_per_connection": 0}), "max_r2t_per_connection"),
+            (json!({"login_timeout": 0}), "login_timeout: 0 is out of range (1..=300)"),
+            (json!({"max_logins": 0}), "max_logins: 0"),
+            (json!({"max_logins_per_source": 65537}), "max_logins_per_source"),
+            (json!({"max_discovery_sessions": 0}), "max_discovery_sessions"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -336,6 +369,10 @@ mod tests {
         e.ok("iscsi_set_options", json!({"first_burst_length": 262144, "error_recovery_level": 2, "pdu_pool_size": 1024, "auth_file": "/x"}));
         let o = e.target.options();
         assert_eq!((o.first_burst_length, o.error_recovery_level, o.pdu_pool_size), (262144, 2, 1024));
+        e.ok("iscsi_set_options", json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8}));
+        let o = e.target.options();
+        assert_eq!((o.login_timeout, o.max_logins, o.max_logins_per_source, o.max_discovery_sessions), (5, 64, 4, 8));
+        assert_eq!(o.info_json()["max_logins_per_source"], 4);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

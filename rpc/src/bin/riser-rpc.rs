@@ -868,6 +868,18 @@ struct IscsiSetOptions {
     /// Data-Out buffer pool size (accepted for SPDK compatibility)
     #[arg(short = 'z', long)]
     data_out_pool_size: Option<u32>,
+    /// Seconds a login may take (riser)
+    #[arg(long)]
+    login_timeout: Option<u32>,
+    /// Most logins in progress (riser)
+    #[arg(long)]
+    max_logins: Option<u32>,
+    /// Most logins in progress from one source address (riser)
+    #[arg(long)]
+    max_logins_per_source: Option<u32>,
+    /// Most discovery sessions (riser)
+    #[arg(long)]
+    max_discovery_sessions: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -899,6 +911,10 @@ impl IscsiSetOptions {
             pdu_pool_size: self.pdu_pool_size,
             immediate_data_pool_size: self.immediate_data_pool_size,
             data_out_pool_size: self.data_out_pool_size,
+            login_timeout: self.login_timeout,
+            max_logins: self.max_logins,
+            max_logins_per_source: self.max_logins_per_source,
+            max_discovery_sessions: self.max_discovery_sessions,
         }
     }
 }
@@ -1868,6 +1884,10 @@ mod tests {
         );
         assert_eq!(params(&["iscsi_set_options", "--no-immediate-data", "-d"]), json!({"disable_chap": true, "immediate_data": false}));
         assert_eq!(params(&["iscsi_set_options", "--first-burst-length", "4096"]), json!({"first_burst_length": 4096}));
+        assert_eq!(
+            params(&["iscsi_set_options", "--login-timeout", "5", "--max-logins", "64", "--max-logins-per-source", "4", "--max-discovery-sessions", "8"]),
+            json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8})
+        );
         refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
         refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");
         refused(&["iscsi_set_options", "-q", "many"], "invalid value");

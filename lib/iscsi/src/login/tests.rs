@@ -17,6 +17,11 @@ struct Policy {
     decision: Option<SessionDecision>,
     config: TargetConfig,
     lookups: usize,
+    /// Calls of check_session and of commit_session.
+    checks: usize,
+    commits: usize,
+    /// commit_session refuses with this status (things changed since the check).
+    refuse_commit: Option<LoginStatus>,
 }
 
 impl LoginPolicy for Policy {
@@ -44,11 +49,29 @@ impl LoginPolicy for Policy {
         })
     }
 
-    fn session(
+    fn check_session(
+        &mut self,
+        _who: &LoginIdentity,
+        _t: &TargetInfo,
+    ) -> Result<SessionCheck, LoginStatus> {
+        self.checks += 1;
+        Ok(match &self.decision {
+            Some(SessionDecision::AddConnection { session, .. }) => SessionCheck::Join {
+                session: session.clone(),
+            },
+            _ => SessionCheck::Leading,
+        })
+    }
+
+    fn commit_session(
         &mut self,
         _who: &LoginIdentity,
         _t: &TargetInfo,
     ) -> Result<SessionDecision, LoginStatus> {
+        self.commits += 1;
+        if let Some(status) = self.refuse_commit {
+            return Err(status);
+        }
         Ok(self
             .decision
             .clone()
