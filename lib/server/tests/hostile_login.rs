@@ -298,6 +298,7 @@ fn discovery_sessions_count_against_their_own_limit() {
     tsihs.dedup();
     assert_eq!(tsihs.len(), 3, "one TSIH per session");
     assert_eq!(env.server.session_counts(), (1, 2));
+    assert_eq!(stats(&env)["refused"]["max_discovery_sessions"], 1);
     // A discovery session that ends makes room.
     d1.logout();
     env.wait_connections(2);
@@ -458,6 +459,8 @@ fn stalled_logins_from_one_address_leave_room_for_others() {
         }
     }
     assert_eq!(closed, 36);
+    let st = stats(&env);
+    assert_eq!((&st["refused"]["max_logins_per_source"], &st["logins_in_progress"]), (&json!(36), &json!(4)), "{st}");
     // Another address logs in, and does I/O.
     let wire = TcpWire::connect("127.0.0.1:43262".parse().expect("addr"));
     let (mut c, _) = Client::login_over(wire, 1, keys(true, false, 65536));
