@@ -7,7 +7,10 @@
 //! bits, assembles keys that span PDUs, negotiates them ([`crate::negotiate`]) and asks the
 //! caller, through [`LoginPolicy`], for what it cannot know: which target the name means
 //! for this initiator, and whether the connection starts a new session, joins one or
-//! reinstates one. Authentication plugs in through [`Authenticator`] (AuthMethod=None
+//! reinstates one. The session is only checked at the first key list
+//! ([`LoginPolicy::check_session`]) and committed when the final Login Response is built
+//! ([`LoginPolicy::commit_session`]): a login that has not passed its security stage changes
+//! no session. Authentication plugs in through [`Authenticator`] (AuthMethod=None
 //! needs none; [`crate::chap::ChapTarget`] is CHAP).
 //!
 //! Events (RFC 5047 / RFC 7145 datamover rules):
@@ -926,11 +929,11 @@ impl Login {
                 return;
             }
         };
-        let consistent = match (&check, &decision) {
-            (SessionCheck::Leading, SessionDecision::New { .. } | SessionDecision::Reinstate { .. }) => true,
-            (SessionCheck::Join { .. }, SessionDecision::AddConnection { .. }) => true,
-            _ => false,
-        };
+        let consistent = matches!(
+            (&check, &decision),
+            (SessionCheck::Leading, SessionDecision::New { .. } | SessionDecision::Reinstate { .. })
+                | (SessionCheck::Join { .. }, SessionDecision::AddConnection { .. })
+        );
         if !consistent {
             let reason = format!("session decision {decision:?} does not match the check at the first key list");
             self.fail(req.itt, Some(req), Fail(LoginStatus::TARGET_ERROR, reason));
