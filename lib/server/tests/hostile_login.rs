@@ -411,8 +411,10 @@ fn a_login_whose_initiator_never_reads_ends_at_its_deadline() {
         pdus.push(login_request(i + 1 < chunks.len(), itt, c.to_vec()));
         itt += 1;
     }
-    // Then empty requests, each fetching the next piece of the target's answer.
-    while pdus.len() < 64 {
+    // Then empty requests, each fetching the next piece of the target's answer, and more
+    // than a login may have (64): a target that is not blocked sending fails the login at
+    // once (checked below), one that is blocked never gets to them.
+    while pdus.len() < 70 {
         pdus.push(login_request(false, itt, Vec::new()));
         itt += 1;
     }
@@ -424,7 +426,11 @@ fn a_login_whose_initiator_never_reads_ends_at_its_deadline() {
     }
     wait_until("the login thread started", WAIT, || env.server.logins_in_progress() == 1);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(env.server.logins_in_progress(), 1, "the login is blocked sending (the test's premise)");
+    assert_eq!(
+        env.server.logins_in_progress(),
+        1,
+        "the login is blocked sending (the test's premise: the target's send buffer, small for a 536-byte MSS, is full)"
+    );
     wait_until("the login thread ended", Duration::from_secs(20), || env.server.logins_in_progress() == 0);
     assert!(started.elapsed() < Duration::from_secs(10), "ended by its deadline: {:?}", started.elapsed());
     assert_eq!(stats(&env)["logins"]["failed"]["timeout"], 1, "counted as a timeout");
