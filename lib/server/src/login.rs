@@ -410,3 +410,33 @@ fn auth_policy(d: AuthDecision) -> AuthPolicy {
         AuthMode::Required => AuthPolicy::Required(chap()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source address gets at most its share of the slots, the others the rest up to the
+    /// total; a slot comes back when its login ends (the guard is dropped).
+    #[test]
+    fn login_slots_are_bounded_per_source_and_in_all() {
+        let slots = Arc::new(LoginSlots::default());
+        let a: IpAddr = "10.0.0.1".parse().expect("addr");
+        let b: IpAddr = "10.0.0.2".parse().expect("addr");
+        let c: IpAddr = "10.0.0.3".parse().expect("addr");
+        let a1 = slots.take(a, 4, 2).ok().expect("a 1");
+        let _a2 = slots.take(a, 4, 2).ok().expect("a 2");
+        assert!(matches!(slots.take(a, 4, 2), Err(NoSlot::Source(2))));
+        let _b1 = slots.take(b, 4, 2).ok().expect("b 1");
+        let _b2 = slots.take(b, 4, 2).ok().expect("b 2");
+        assert!(matches!(slots.take(c, 4, 2), Err(NoSlot::Total(4))));
+        assert_eq!(slots.in_progress(), 4);
+        drop(a1);
+        assert_eq!(slots.in_progress(), 3);
+        let c1 = slots.take(c, 4, 2).ok().expect("c after a's slot came back");
+        let a3 = slots.take(a, 5, 2).ok().expect("a again, below its share");
+        assert_eq!(slots.lock().by_source.len(), 3);
+        drop((_a2, _b1, _b2, c1, a3));
+        assert_eq!(slots.in_progress(), 0);
+        assert!(slots.lock().by_source.is_empty(), "no entry left for an address with no login");
+    }
+}
