@@ -119,6 +119,18 @@ pub struct IscsiSetOptions {
     /// riser's extension: seconds before overdue write data fails its command.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_out_timeout: Option<u32>,
+    /// riser extension: seconds a login may take (default 15).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login_timeout: Option<u32>,
+    /// riser extension: most logins in progress (default 1024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_logins: Option<u32>,
+    /// riser extension: most logins in progress from one source address (default 32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_logins_per_source: Option<u32>,
+    /// riser extension: most discovery sessions (default 64).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_discovery_sessions: Option<u32>,
 }
 
 /// `iscsi_create_portal_group`.

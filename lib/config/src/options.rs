@@ -40,6 +40,11 @@ pub const MIN_TX_QUEUE_BYTES: u32 = 64 << 10;
 pub const MAX_TX_QUEUE_BYTES: u32 = 1 << 30;
 /// Most seconds `data_out_timeout` may be.
 pub const MAX_DATA_OUT_TIMEOUT: u32 = 3600;
+/// Most seconds `login_timeout` may be: a login holds a thread that long.
+pub const MAX_LOGIN_TIMEOUT: u32 = 300;
+/// Upper bound of `max_logins` and `max_logins_per_source`: each login in progress is a
+/// thread.
+pub const MAX_LOGINS_LIMIT: u32 = 65536;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +86,16 @@ pub struct Options {
     /// unanswered, unsolicited Data-Out not sent) before its command fails with CHECK
     /// CONDITION and its buffers go back to the budget.
     pub data_out_timeout: u32,
+    /// riser: seconds a login may take, sending included; then its connection is dropped.
+    pub login_timeout: u32,
+    /// riser: most logins in progress at once (each has a thread); more connections are
+    /// refused at once.
+    pub max_logins: u32,
+    /// riser: most logins in progress from one source address, so that a few hosts cannot
+    /// take every login slot.
+    pub max_logins_per_source: u32,
+    /// riser: most discovery sessions at once (they do not count against `max_sessions`).
+    pub max_discovery_sessions: u32,
 }
 
 impl Default for Options {
@@ -111,6 +126,10 @@ impl Default for Options {
             data_out_pool_size: 2048,
             max_tx_queue_bytes: DEFAULT_MAX_TX_QUEUE_BYTES,
             data_out_timeout: 20,
+            login_timeout: 15,
+            max_logins: 1024,
+            max_logins_per_source: 32,
+            max_discovery_sessions: 64,
         }
     }
 }
@@ -163,7 +182,7 @@ impl Options {
             default_time2wait, default_time2retain, first_burst_length, immediate_data,
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
             max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
-            max_tx_queue_bytes
+            max_tx_queue_bytes, login_timeout, max_logins, max_logins_per_source, max_discovery_sessions
         );
         take!(data_out_timeout);
         o.validate()?;
@@ -191,6 +210,11 @@ impl Options {
         in_range("data_out_pool_size", self.data_out_pool_size, 1, u32::MAX)?;
         in_range("max_tx_queue_bytes", self.max_tx_queue_bytes, MIN_TX_QUEUE_BYTES, MAX_TX_QUEUE_BYTES)?;
         in_range("data_out_timeout", self.data_out_timeout, 1, MAX_DATA_OUT_TIMEOUT)?;
+        in_range("login_timeout", self.login_timeout, 1, MAX_LOGIN_TIMEOUT)?;
+        in_range("max_logins", self.max_logins, 1, MAX_LOGINS_LIMIT)?;
+        in_range("max_logins_per_source", self.max_logins_per_source, 1, MAX_LOGINS_LIMIT)?;
+        // Normal and discovery sessions share the 65535 TSIHs.
+        in_range("max_discovery_sessions", self.max_discovery_sessions, 1, 65535)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -222,6 +246,10 @@ impl Options {
             "data_out_pool_size": self.data_out_pool_size,
             "max_tx_queue_bytes": self.max_tx_queue_bytes,
             "data_out_timeout": self.data_out_timeout,
+            "login_timeout": self.login_timeout,
+            "max_logins": self.max_logins,
+            "max_logins_per_source": self.max_logins_per_source,
+            "max_discovery_sessions": self.max_discovery_sessions,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -351,6 +379,10 @@ mod tests {
             (json!({"max_tx_queue_bytes": 1073741825}), "max_tx_queue_bytes"),
             (json!({"data_out_timeout": 0}), "data_out_timeout: 0 is out of range (1..=3600)"),
             (json!({"data_out_timeout": 3601}), "data_out_timeout"),
+            (json!({"login_timeout": 0}), "login_timeout: 0 is out of range (1..=300)"),
+            (json!({"max_logins": 0}), "max_logins: 0"),
+            (json!({"max_logins_per_source": 65537}), "max_logins_per_source"),
+            (json!({"max_discovery_sessions": 0}), "max_discovery_sessions"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -371,6 +403,10 @@ mod tests {
         e.ok("iscsi_set_options", json!({"data_out_timeout": 5}));
         assert_eq!(e.target.options().data_out_timeout, 5);
         assert_eq!(e.target.options_json()["data_out_timeout"], 5);
+        e.ok("iscsi_set_options", json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8}));
+        let o = e.target.options();
+        assert_eq!((o.login_timeout, o.max_logins, o.max_logins_per_source, o.max_discovery_sessions), (5, 64, 4, 8));
+        assert_eq!(o.info_json()["max_logins_per_source"], 4);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

@@ -67,7 +67,9 @@ mod tests {
         assert_eq!(o["first_burst_length"], 16384);
         assert_eq!(o["max_sessions"], 128);
         assert_eq!(o["immediate_data"], true);
-        assert_eq!(o.as_object().map(|m| m.len()), Some(23));
+        // SPDK's 21, and riser's max_tx_queue_bytes, data_out_timeout, login_timeout,
+        // max_logins, max_logins_per_source and max_discovery_sessions.
+        assert_eq!(o.as_object().map(|m| m.len()), Some(27));
         assert_eq!(e.claimed_by("Malloc1").as_deref(), Some("iqn.2024-01.com.example:disk1:lun1"));
     }
 

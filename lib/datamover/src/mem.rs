@@ -19,7 +19,7 @@ use riser_iscsi::login::{LoginSink, PortalSpec, PortalTransport};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{Digests, Pdu};
 
-use crate::tcp::portal::TcpLogin;
+use crate::tcp::portal::{LoginStream, TcpLogin};
 use crate::tcp::ByteStream;
 
 /// One direction of a pipe.
@@ -122,6 +122,13 @@ impl ByteStream for MemStream {
 
     fn peer_addr(&self) -> Option<SocketAddr> {
         Some(self.peer)
+    }
+}
+
+impl LoginStream for MemStream {
+    /// Writes to a pipe never block (it has no bound), so there is nothing to give up on.
+    fn set_write_timeout(&mut self, _timeout: Duration) -> io::Result<()> {
+        Ok(())
     }
 }
 

@@ -7,7 +7,10 @@
 //! bits, assembles keys that span PDUs, negotiates them ([`crate::negotiate`]) and asks the
 //! caller, through [`LoginPolicy`], for what it cannot know: which target the name means
 //! for this initiator, and whether the connection starts a new session, joins one or
-//! reinstates one. Authentication plugs in through [`Authenticator`] (AuthMethod=None
+//! reinstates one. The session is only checked at the first key list
+//! ([`LoginPolicy::check_session`]) and committed when the final Login Response is built
+//! ([`LoginPolicy::commit_session`]): a login that has not passed its security stage changes
+//! no session. Authentication plugs in through [`Authenticator`] (AuthMethod=None
 //! needs none; [`crate::chap::ChapTarget`] is CHAP).
 //!
 //! Events (RFC 5047 / RFC 7145 datamover rules):
@@ -222,7 +225,26 @@ impl SessionDecision {
     }
 }
 
+/// What the first key list may lead to, as [`LoginPolicy::check_session`] sees it before any
+/// authentication: the negotiation needs to know whether the connection leads a session or
+/// joins one (and then that session's parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionCheck {
+    /// TSIH=0: the connection leads a new session (or one that will reinstate an old one).
+    Leading,
+    /// TSIH≠0: the connection joins this existing session, with its parameters.
+    Join { session: SessionParams },
+}
+
 /// What the caller decides during login.
+///
+/// The session is decided in two steps, so that a login that has not passed its security
+/// stage changes nothing (LIO's rule; RFC 7143 §6.3.5 leaves the moment open): at the first
+/// key list [`Self::check_session`] only looks (target found, session to join exists,
+/// limits: a login that cannot succeed fails early), and when the final Login Response is
+/// built (security and operational stages passed) [`Self::commit_session`] acts: it creates,
+/// reinstates (closing the old session's connections) or joins (closing a connection with the
+/// same CID).
 pub trait LoginPolicy {
     /// A normal session names a target: find it and check this initiator (name, address,
     /// portal group) may reach it.
@@ -233,9 +255,21 @@ pub trait LoginPolicy {
         TargetLookup::Found(TargetInfo::discovery())
     }
 
-    /// New session, added connection or reinstatement (0x0206 too many connections,
-    /// 0x0208 can't include in session, 0x020a session does not exist).
-    fn session(
+    /// At the first key list, before authentication: could this login lead or join a session
+    /// (0x0206 too many connections, 0x0208 can't include in session, 0x020a session does
+    /// not exist, 0x0302 out of resources)? MUST have no side effect: the peer is not
+    /// authenticated yet.
+    fn check_session(
+        &mut self,
+        who: &LoginIdentity,
+        target: &TargetInfo,
+    ) -> Result<SessionCheck, LoginStatus>;
+
+    /// The login completes (its final Login Response is being built): new session, session
+    /// reinstatement or added connection, now; the same statuses as `check_session` when
+    /// things changed since. The decision must be of the kind the check announced
+    /// ([`SessionCheck::Leading`]: New or Reinstate; [`SessionCheck::Join`]: AddConnection).
+    fn commit_session(
         &mut self,
         who: &LoginIdentity,
         target: &TargetInfo,
@@ -314,7 +348,9 @@ pub struct Login {
     deferred_transit: Option<Stage>,
     identity: Option<LoginIdentity>,
     target: Option<TargetInfo>,
-    decision: Option<SessionDecision>,
+    /// What `check_session` said at the first key list; the decision itself comes at
+    /// completion (`commit_session`).
+    check: Option<SessionCheck>,
     negotiator: Option<Negotiator>,
     auth_done: bool,
     resources_announced: bool,
@@ -357,7 +393,7 @@ impl Login {
             deferred_transit: None,
             identity: None,
             target: None,
-            decision: None,
+            check: None,
             negotiator: None,
             auth_done: false,
             resources_announced: false,
@@ -471,7 +507,7 @@ impl Login {
             let transit = self
                 .deferred_transit
                 .filter(|nsg| req.transit_bit && req.nsg == *nsg);
-            self.send_text(req, transit);
+            self.send_text(req, transit, policy);
             return Ok(());
         }
 
@@ -480,7 +516,7 @@ impl Login {
         let pairs = match self.text.push(data, req.continue_bit) {
             Ok(Some(pairs)) => pairs,
             Ok(None) => {
-                self.respond_with(req, None, Vec::new());
+                self.respond_with(req, None, Vec::new(), policy);
                 return Ok(());
             }
             Err(e) => return fail(LoginStatus::INITIATOR_ERROR, format!("login text: {e}")),
@@ -531,7 +567,7 @@ impl Login {
         }
         self.outbox = TextOutbox::new(encode_pairs(&out));
         self.deferred_transit = transit;
-        self.send_text(req, transit);
+        self.send_text(req, transit, policy);
         Ok(())
     }
 
@@ -683,12 +719,13 @@ impl Login {
                 return Err(Fail(status, "redirected".into()));
             }
         };
-        let decision = policy
-            .session(&identity, &target)
+        // Only a look at the session table: nothing changes before the login completes.
+        let check = policy
+            .check_session(&identity, &target)
             .map_err(|s| Fail(s, "session refused".into()))?;
-        let (leading, existing) = match &decision {
-            SessionDecision::AddConnection { session, .. } => (false, Some(session.clone())),
-            _ => (true, None),
+        let (leading, existing) = match &check {
+            SessionCheck::Join { session } => (false, Some(session.clone())),
+            SessionCheck::Leading => (true, None),
         };
         if matches!(target.auth, AuthPolicy::Required(_))
             && self.stage != Stage::SecurityNegotiation
@@ -724,7 +761,7 @@ impl Login {
         }
         self.identity = Some(identity);
         self.target = Some(target);
-        self.decision = Some(decision);
+        self.check = Some(check);
         self.negotiator = Some(neg);
         if self.stage == Stage::LoginOperationalNegotiation {
             // No security stage: the login has reached operational negotiation now.
@@ -844,7 +881,7 @@ impl Login {
     }
 
     /// Send the next piece of the outbox; transit only with its last piece.
-    fn send_text(&mut self, req: &LoginRequest, transit: Option<Stage>) {
+    fn send_text(&mut self, req: &LoginRequest, transit: Option<Stage>, policy: &mut dyn LoginPolicy) {
         let (data, more) = self.outbox.next_segment(LOGIN_MAX_DATA_SEGMENT_LENGTH);
         if more {
             let pdu = self.response(req, None, true, data, LoginStatus::SUCCESS);
@@ -852,10 +889,10 @@ impl Login {
             return;
         }
         self.deferred_transit = None;
-        self.respond_with(req, transit, data);
+        self.respond_with(req, transit, data, policy);
     }
 
-    fn respond_with(&mut self, req: &LoginRequest, transit: Option<Stage>, data: Vec<u8>) {
+    fn respond_with(&mut self, req: &LoginRequest, transit: Option<Stage>, data: Vec<u8>, policy: &mut dyn LoginPolicy) {
         if let Some(nsg) = transit {
             if self.stage == Stage::SecurityNegotiation {
                 // Leaving the security stage: now, and not before, the datamover may
@@ -863,7 +900,7 @@ impl Login {
                 self.announce_resources();
             }
             if nsg == Stage::FullFeaturePhase {
-                self.complete(req, data);
+                self.complete(req, data, policy);
                 return;
             }
         }
@@ -874,13 +911,16 @@ impl Login {
         self.output.push_back(LoginOutput::Transmit(pdu));
     }
 
-    /// The final Login Response and the outcome.
-    fn complete(&mut self, req: &LoginRequest, data: Vec<u8>) {
-        let (Some(identity), Some(decision), Some(negotiator), Some(first)) = (
+    /// The final Login Response and the outcome. The session is committed here, and not
+    /// before: the login has passed its security stage and negotiated everything, so a peer
+    /// that has not authenticated never creates, reinstates or joins a session.
+    fn complete(&mut self, req: &LoginRequest, data: Vec<u8>, policy: &mut dyn LoginPolicy) {
+        let (Some(identity), Some(check), Some(negotiator), Some(first), Some(target)) = (
             self.identity.clone(),
-            self.decision.clone(),
+            self.check.clone(),
             self.negotiator.clone(),
             self.first,
+            self.target.as_ref(),
         ) else {
             self.fail(
                 req.itt,
@@ -889,6 +929,23 @@ impl Login {
             );
             return;
         };
+        let decision = match policy.commit_session(&identity, target) {
+            Ok(d) => d,
+            Err(status) => {
+                self.fail(req.itt, Some(req), Fail(status, "session refused".into()));
+                return;
+            }
+        };
+        let consistent = matches!(
+            (&check, &decision),
+            (SessionCheck::Leading, SessionDecision::New { .. } | SessionDecision::Reinstate { .. })
+                | (SessionCheck::Join { .. }, SessionDecision::AddConnection { .. })
+        );
+        if !consistent {
+            let reason = format!("session decision {decision:?} does not match the check at the first key list");
+            self.fail(req.itt, Some(req), Fail(LoginStatus::TARGET_ERROR, reason));
+            return;
+        }
         let (exp_cmd_sn, max_cmd_sn) = match &decision {
             SessionDecision::AddConnection {
                 exp_cmd_sn,

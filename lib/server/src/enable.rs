@@ -122,6 +122,13 @@ impl IscsiServer {
             local_addr: local.map(|l| l.ip()).unwrap_or(peer.ip()),
         };
         let registry = self.conns.clone();
+        // A connection that never starts on its reactor leaves no session behind.
+        let server = Arc::downgrade(self);
+        let never_started = move || {
+            if let Some(s) = server.upgrade() {
+                s.connection_gone(tsih);
+            }
+        };
         let conn_id = info.id;
         let (exp_cmd_sn, stat_sn) = (o.exp_cmd_sn, o.stat_sn);
         self.reactors.add_load(reactor, 1);
@@ -139,6 +146,7 @@ impl IscsiServer {
                 Err(e) => {
                     log::error!("connection {}: cannot switch to full-feature phase: {e}", info.id);
                     ctx.handle().add_load(reactor, -1);
+                    never_started();
                     return;
                 }
             };
@@ -151,6 +159,7 @@ impl IscsiServer {
                     None => {
                         log::warn!("connection {}: session {tsih} ended during login", info.id);
                         ctx.handle().add_load(reactor, -1);
+                        never_started();
                         return;
                     }
                 }

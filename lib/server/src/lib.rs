@@ -8,13 +8,13 @@
 //! - [`listeners`]: one listener per configured portal, started and stopped as portal groups
 //!   change.
 //! - [`login`]: the login driver (timeouts, policy and ACLs, reinstatement, RFC 5047's events
-//!   in order), a thread per login.
+//!   in order), a thread per login, bounded in all and per source address.
 //! - [`sessions`]: the session table (TSIH, reinstatement, connections joining a session).
 //! - [`enable`]: Enable_Datamover: keys to parameters, reactor placement, the connection
 //!   moves to its reactor.
 //! - [`conn`]: a connection in full-feature phase on its reactor.
 //! - [`registry`]: every live connection, for listing and for closing.
-//! - [`stats`]: login outcomes by reason.
+//! - [`stats`]: login outcomes by reason; refusals by limit (counted, logged rate-limited).
 //! - [`rpc`]: `iscsi_get_connections`, `iscsi_get_stats`.
 
 pub mod conn;
@@ -28,7 +28,7 @@ pub mod stats;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -41,8 +41,9 @@ use riser_reactor::ReactorHandle;
 pub use conn::Connection;
 pub use registry::{ConnInfo, ConnRegistry};
 
+use login::LoginSlots;
 use sessions::Sessions;
-use stats::LoginStats;
+use stats::{LoginStats, Refusals};
 
 /// Everything the listeners and login threads share.
 pub struct IscsiServer {
@@ -54,10 +55,12 @@ pub struct IscsiServer {
     transports: Vec<Arc<dyn PortalTransport>>,
     /// Running listeners by (address, transport).
     listeners: Mutex<HashMap<(SocketAddr, Transport), Arc<AtomicBool>>>,
-    /// Logins in progress.
-    logins: AtomicUsize,
+    /// Logins in progress, in all and by source address.
+    logins: Arc<LoginSlots>,
     /// Login outcomes by reason.
     login_stats: LoginStats,
+    /// Connections and sessions refused by a limit.
+    refusals: Refusals,
     stopping: AtomicBool,
 }
 
@@ -73,8 +76,9 @@ impl IscsiServer {
             sessions: Sessions::default(),
             transports,
             listeners: Mutex::new(HashMap::new()),
-            logins: AtomicUsize::new(0),
+            logins: Arc::new(LoginSlots::default()),
             login_stats: LoginStats::default(),
+            refusals: Refusals::default(),
             stopping: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&server);
@@ -105,6 +109,16 @@ impl IscsiServer {
     /// Login outcomes by reason.
     pub fn login_stats(&self) -> &LoginStats {
         &self.login_stats
+    }
+
+    /// Connections and sessions refused by a limit, by the option that sets it.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// Logins in progress (each on a thread of its own).
+    pub fn logins_in_progress(&self) -> usize {
+        self.logins.in_progress()
     }
 
     pub fn target(&self) -> &Arc<IscsiTarget> {
@@ -141,6 +155,7 @@ impl IscsiServer {
         }
     }
 
+    /// Sessions in the table, normal and discovery.
     pub fn sessions_count(&self) -> usize {
         self.sessions.len()
     }

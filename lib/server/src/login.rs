@@ -5,69 +5,163 @@
 //! [`LoginTransport`]; Allocate_Connection_Resources once the login got past any security
 //! stage; the final Login Response; Enable_Datamover ([`IscsiServer::enable`]). Policy (target
 //! lookup, ACLs, session decisions with reinstatement) comes from the configuration and the
-//! session table through [`Policy`].
+//! session table through [`Policy`]: the session is only checked at the first key list and
+//! committed when the login completes, and a committed session whose connection is never
+//! enabled is removed again (the policy's drop).
+//!
+//! What a peer that has not logged in can hold is bounded: `max_logins` logins in progress,
+//! `max_logins_per_source` of them from one address, each for at most `login_timeout`
+//! seconds, sending included (options of `iscsi_set_options`).
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use riser_config::{AuthDecision, AuthMode, Denied, TargetNode};
 use riser_iscsi::chap::{ChapSecret, ChapTarget};
 use riser_iscsi::login::{
-    AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, LoginRx,
-    LoginTransport, PortalSpec, ResourceKeys, SessionDecision, TargetInfo, TargetLookup, TransportError,
+    AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, LoginRx, LoginTransport,
+    PortalSpec, ResourceKeys, SessionCheck, SessionDecision, TargetInfo, TargetLookup, TransportError,
 };
 use riser_iscsi::negotiate::{iser_max_outstanding_unexpected_pdus, DigestPolicy, TargetConfig, Transport};
 use riser_iscsi::pdu::{LoginStatus, Op};
 use riser_iscsi::serial::Itt;
 
-use crate::stats::LoginFailure;
+use crate::stats::{LoginFailure, Refusal};
 use crate::IscsiServer;
 
-/// A login that has not finished in this time is dropped (a stalled login must not hold
-/// resources forever). The same for every transport.
-pub const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
-/// Most logins in progress at once; more connections are closed at once.
-pub const MAX_LOGINS_IN_PROGRESS: usize = 1024;
 /// Stack of a login thread: it only parses text.
 const LOGIN_STACK: usize = 256 * 1024;
 
-impl IscsiServer {
-    /// Starts the login of a new connection on a thread of its own. False: too many logins
-    /// are in progress (the caller drops the connection).
-    pub fn start_login(self: &Arc<Self>, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool {
-        if self.logins.load(Ordering::Acquire) >= MAX_LOGINS_IN_PROGRESS {
-            return false;
+/// Logins in progress, in all and by source address: each holds a thread until its deadline,
+/// so both are bounded (options `max_logins`, `max_logins_per_source`), and a few hosts
+/// cannot take every slot.
+#[derive(Debug, Default)]
+pub(crate) struct LoginSlots {
+    inner: Mutex<SlotCounts>,
+}
+
+#[derive(Debug, Default)]
+struct SlotCounts {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// Why no slot was given: the limit that is full, and how many hold it.
+enum NoSlot {
+    Total(usize),
+    Source(usize),
+}
+
+/// A login's slot; given back when dropped (the login ended, however).
+pub(crate) struct LoginSlot {
+    slots: Arc<LoginSlots>,
+    source: IpAddr,
+}
+
+impl LoginSlots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotCounts> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a login from `source`, if both limits allow.
+    fn take(self: &Arc<Self>, source: IpAddr, max: usize, per_source: usize) -> Result<LoginSlot, NoSlot> {
+        let mut c = self.lock();
+        if c.total >= max {
+            return Err(NoSlot::Total(c.total));
         }
-        self.logins.fetch_add(1, Ordering::AcqRel);
+        let mine = c.by_source.get(&source).copied().unwrap_or(0);
+        if mine >= per_source {
+            return Err(NoSlot::Source(mine));
+        }
+        c.total += 1;
+        *c.by_source.entry(source).or_insert(0) += 1;
+        Ok(LoginSlot { slots: self.clone(), source })
+    }
+
+    pub(crate) fn in_progress(&self) -> usize {
+        self.lock().total
+    }
+}
+
+impl Drop for LoginSlot {
+    fn drop(&mut self) {
+        let mut c = self.slots.lock();
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.by_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+impl IscsiServer {
+    /// Starts the login of a new connection on a thread of its own. False: refused, because
+    /// `max_logins` logins are in progress, or `max_logins_per_source` from the connection's
+    /// source address (the caller drops the connection; the refusal is logged here,
+    /// rate-limited).
+    pub fn start_login(self: &Arc<Self>, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool {
+        let o = self.target.options();
+        let peer = conn.peer();
+        let source = peer.ip().to_canonical();
+        let slot = match self.logins.take(source, o.max_logins as usize, o.max_logins_per_source as usize) {
+            Ok(slot) => slot,
+            Err(NoSlot::Total(n)) => {
+                self.refusals.refused(Refusal::Logins, || {
+                    format!(
+                        "connection from {peer} refused: {n} logins in progress, the limit (max_logins {}); \
+                         raise it with iscsi_set_options {{\"max_logins\": N}}",
+                        o.max_logins
+                    )
+                });
+                return false;
+            }
+            Err(NoSlot::Source(n)) => {
+                self.refusals.refused(Refusal::LoginsPerSource, || {
+                    format!(
+                        "connection from {peer} refused: {n} logins in progress from {source}, the limit per source \
+                         address (max_logins_per_source {}); raise it with iscsi_set_options \
+                         {{\"max_logins_per_source\": N}}",
+                        o.max_logins_per_source
+                    )
+                });
+                return false;
+            }
+        };
         let me = self.clone();
+        let timeout = Duration::from_secs(o.login_timeout as u64);
         let spawned = thread::Builder::new().name("login".into()).stack_size(LOGIN_STACK).spawn(move || {
-            me.run_login(portal, conn);
-            me.logins.fetch_sub(1, Ordering::AcqRel);
+            // Given back when the login ends, however it ends.
+            let _slot = slot;
+            me.run_login(portal, conn, timeout);
         });
         if let Err(e) = spawned {
+            // The closure, and the slot with it, is dropped.
             log::error!("cannot start a login thread: {e}");
-            self.logins.fetch_sub(1, Ordering::AcqRel);
         }
         true
     }
 
-    /// Runs one login to completion, then hands the connection to a reactor.
-    pub fn run_login(self: &Arc<Self>, portal: PortalSpec, mut t: Box<dyn LoginTransport>) {
+    /// Runs one login to completion, then hands the connection to a reactor. The login ends
+    /// at `timeout` from now whatever it waits for, receiving or sending.
+    pub fn run_login(self: &Arc<Self>, portal: PortalSpec, mut t: Box<dyn LoginTransport>, timeout: Duration) {
         let peer = t.peer();
         let what = match t.kind() {
             Transport::Tcp => "login",
             Transport::Iser => "iSER login",
         };
-        let deadline = Instant::now() + LOGIN_TIMEOUT;
+        let deadline = Instant::now() + timeout;
         let mut login = Login::new(LoginContext {
             initiator_address: Some(peer.ip()),
             portal_group_tag: portal.portal_group_tag,
             transport: t.kind(),
             ..Default::default()
         });
+        // Removes the session the login committed, on every path but a connection enabled.
         let mut policy = Policy::new(self, peer.ip(), portal.portal_group_tag as u32, t.reactor_hint(), t.kind());
         // The ITT of the last Login Request, for a response the driver itself causes.
         let mut last_itt = Itt(0);
@@ -75,13 +169,22 @@ impl IscsiServer {
             // Answer what is pending.
             while let Some(out) = login.poll_output() {
                 match out {
-                    LoginOutput::Transmit(pdu) => {
-                        if let Err(e) = t.send_login(pdu) {
+                    LoginOutput::Transmit(pdu) => match t.send_login(pdu, deadline) {
+                        Ok(()) => {}
+                        Err(TransportError::TimedOut) => {
+                            log::warn!(
+                                "{what} from {peer}{}: timed out after {timeout:?} sending (the initiator does not read)",
+                                policy.who()
+                            );
+                            self.login_stats.failure(LoginFailure::Timeout);
+                            return;
+                        }
+                        Err(e) => {
                             log::info!("{what} from {peer}{}: {e}", policy.who());
                             self.login_stats.failure(LoginFailure::Transport);
                             return;
                         }
-                    }
+                    },
                     LoginOutput::Event(LoginEvent::AllocateDatamoverResources) => {
                         let keys = ResourceKeys { queue_depth: policy.queue_depth };
                         if let Err(e) = t.allocate_connection_resources(&keys) {
@@ -108,6 +211,9 @@ impl IscsiServer {
                             log::warn!("{what} from {peer}{}: could not enable the datamover", policy.who());
                             self.login_stats.failure(LoginFailure::TargetError);
                         } else {
+                            // The connection owns the session now (it is forgotten with its
+                            // last connection).
+                            policy.committed = None;
                             self.login_stats.success();
                         }
                         return;
@@ -131,7 +237,7 @@ impl IscsiServer {
                     }
                 }
                 Err(TransportError::TimedOut) => {
-                    log::warn!("{what} from {peer}{}: timed out after {LOGIN_TIMEOUT:?}", policy.who());
+                    log::warn!("{what} from {peer}{}: timed out after {timeout:?}", policy.who());
                     self.login_stats.failure(LoginFailure::Timeout);
                     return;
                 }
@@ -165,6 +271,10 @@ pub(crate) struct Policy<'a> {
     /// Who is logging in to what, once the first key list told (for log lines).
     initiator: Option<String>,
     target: Option<String>,
+    /// The session this login created (new or reinstating) when it completed: removed from
+    /// the table when the policy is dropped, unless the driver cleared it because the
+    /// connection reached full-feature phase (then the session ends with its connections).
+    committed: Option<u16>,
 }
 
 impl<'a> Policy<'a> {
@@ -175,7 +285,17 @@ impl<'a> Policy<'a> {
         reactor: Option<usize>,
         transport: Transport,
     ) -> Self {
-        Policy { server, peer, pg_tag, reactor, transport, queue_depth: DISCOVERY_QUEUE_DEPTH, initiator: None, target: None }
+        Policy {
+            server,
+            peer,
+            pg_tag,
+            reactor,
+            transport,
+            queue_depth: DISCOVERY_QUEUE_DEPTH,
+            initiator: None,
+            target: None,
+            committed: None,
+        }
     }
 
     fn saw(&mut self, who: &LoginIdentity) {
@@ -247,8 +367,28 @@ impl LoginPolicy for Policy<'_> {
         TargetLookup::Found(info)
     }
 
-    fn session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
-        self.server.decide_session(who, &target.name, self.reactor, self.transport)
+    fn check_session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionCheck, LoginStatus> {
+        self.server.check_session(who, &target.name, self.transport)
+    }
+
+    fn commit_session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
+        let d = self.server.commit_session(who, &target.name, self.reactor, self.transport)?;
+        if !matches!(d, SessionDecision::AddConnection { .. }) {
+            self.committed = Some(d.tsih());
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for Policy<'_> {
+    /// A login that committed its session but did not reach full-feature phase (the final
+    /// response could not be sent, the datamover not enabled, the thread panicked) leaves
+    /// nothing in the table.
+    fn drop(&mut self) {
+        if let Some(tsih) = self.committed.take() {
+            log::debug!("login from {}{}: session {tsih:#x} forgotten (never enabled)", self.peer, self.who());
+            self.server.sessions.forget(tsih);
+        }
     }
 }
 
@@ -280,5 +420,35 @@ fn auth_policy(d: AuthDecision, initiator_name: &str) -> AuthPolicy {
         AuthMode::None => AuthPolicy::None,
         AuthMode::Optional => AuthPolicy::Optional(chap(d)),
         AuthMode::Required => AuthPolicy::Required(chap(d)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source address gets at most its share of the slots, the others the rest up to the
+    /// total; a slot comes back when its login ends (the guard is dropped).
+    #[test]
+    fn login_slots_are_bounded_per_source_and_in_all() {
+        let slots = Arc::new(LoginSlots::default());
+        let a: IpAddr = "10.0.0.1".parse().expect("addr");
+        let b: IpAddr = "10.0.0.2".parse().expect("addr");
+        let c: IpAddr = "10.0.0.3".parse().expect("addr");
+        let a1 = slots.take(a, 4, 2).ok().expect("a 1");
+        let _a2 = slots.take(a, 4, 2).ok().expect("a 2");
+        assert!(matches!(slots.take(a, 4, 2), Err(NoSlot::Source(2))));
+        let _b1 = slots.take(b, 4, 2).ok().expect("b 1");
+        let _b2 = slots.take(b, 4, 2).ok().expect("b 2");
+        assert!(matches!(slots.take(c, 4, 2), Err(NoSlot::Total(4))));
+        assert_eq!(slots.in_progress(), 4);
+        drop(a1);
+        assert_eq!(slots.in_progress(), 3);
+        let c1 = slots.take(c, 4, 2).ok().expect("c after a's slot came back");
+        let a3 = slots.take(a, 5, 2).ok().expect("a again, below its share");
+        assert_eq!(slots.lock().by_source.len(), 3);
+        drop((_a2, _b1, _b2, c1, a3));
+        assert_eq!(slots.in_progress(), 0);
+        assert!(slots.lock().by_source.is_empty(), "no entry left for an address with no login");
     }
 }

@@ -23,11 +23,17 @@ pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {
         // SPDK's shape: connections by state (riser's are running until they are gone).
         // riser's extensions: logins by outcome, failures by reason; payload bytes the CPU
         // copied between I/O buffers and the wire, by direction, since start; staged_bytes:
-        // unsolicited data copied a second time, having waited in its segment for its buffer.
+        // unsolicited data copied a second time, having waited in its segment for its buffer;
+        // logins in progress, sessions by type, and connections or sessions refused by a limit
+        // (by the option that sets it).
         let running = s.connections().list().len();
+        let (normal, discovery) = s.session_counts();
         Ok(json!({
             "invalid": 0, "running": running, "exiting": 0, "idle": 0,
             "logins": s.login_stats().to_json(),
+            "logins_in_progress": s.logins_in_progress(),
+            "sessions": {"normal": normal, "discovery": discovery},
+            "refused": s.refusals().to_json(),
             "payload_copies": crate::registry::copies_json(s.connections().copies()),
         }))
     });

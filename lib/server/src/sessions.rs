@@ -1,5 +1,11 @@
 //! The session table: TSIH allocation, new sessions, session reinstatement (RFC 7143
 //! §6.3.5), connections joining a session (§6.3.3) and connection reinstatement (§6.3.4).
+//!
+//! A login only looks at the table until it completes ([`IscsiServer::check_session`]); the
+//! session is created, reinstated or joined when the final Login Response is built
+//! ([`IscsiServer::commit_session`]), so a peer that has not passed the security stage leaves
+//! nothing behind and ends no one else's session or connection. The login driver removes a
+//! committed session again if the connection never reaches full-feature phase.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -7,17 +13,23 @@ use std::rc::Weak;
 use std::sync::{Mutex, MutexGuard};
 
 use riser_iscsi::ffp::CmdWindow;
-use riser_iscsi::login::{LoginIdentity, SessionDecision};
+use riser_config::Options;
+use riser_iscsi::login::{LoginIdentity, SessionCheck, SessionDecision};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::params::{SessionParams, SessionType};
 use riser_iscsi::pdu::LoginStatus;
 
+use crate::stats::Refusal;
 use crate::IscsiServer;
 
 pub(crate) struct Session {
     pub tsih: u16,
+    /// Discovery sessions are in the table too (their TSIH is unique and they count against
+    /// `max_discovery_sessions`), but are never reinstated or joined.
+    pub session_type: SessionType,
     pub initiator_name: String,
     pub isid: u64,
+    /// Empty for a discovery session.
     pub target_name: String,
     /// Every connection of a session runs on this reactor (they share its CmdSN window).
     pub reactor: usize,
@@ -25,7 +37,9 @@ pub(crate) struct Session {
     pub params: Option<SessionParams>,
 }
 
-/// Every session with a connection logged in or logging in.
+/// Every session with a connection logged in, or whose leading connection's login has just
+/// completed (a session enters the table only when its login completes: see
+/// [`IscsiServer::commit_session`]).
 #[derive(Default)]
 pub(crate) struct Sessions {
     list: Mutex<Vec<Session>>,
@@ -49,15 +63,21 @@ impl Sessions {
         self.lock().retain(|s| s.target_name != name);
     }
 
-    /// A TSIH no session in `sessions` has (never 0).
-    fn new_tsih(&self, sessions: &[Session]) -> u16 {
+    /// A TSIH no session in `sessions` has (never 0); None when all 65535 are taken. One
+    /// pass over the table and at most one over the TSIH space, whatever the table holds.
+    fn new_tsih(&self, sessions: &[Session]) -> Option<u16> {
+        let mut used = vec![0u64; 1 << 10];
+        for s in sessions {
+            used[s.tsih as usize >> 6] |= 1 << (s.tsih & 63);
+        }
         let mut next = self.next_tsih.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
+        for _ in 0..=u16::MAX as u32 {
             *next = next.wrapping_add(1);
-            if *next != 0 && !sessions.iter().any(|s| s.tsih == *next) {
-                break *next;
+            if *next != 0 && used[*next as usize >> 6] & (1 << (*next & 63)) == 0 {
+                return Some(*next);
             }
         }
+        None
     }
 }
 
@@ -69,10 +89,50 @@ pub(crate) fn isid_u64(b: &[u8; 6]) -> u64 {
     b.iter().fold(0u64, |acc, x| (acc << 8) | *x as u64)
 }
 
+/// Counts of the table's sessions by type.
+fn counts(sessions: &[Session]) -> (usize, usize) {
+    let discovery = sessions.iter().filter(|s| s.session_type == SessionType::Discovery).count();
+    (sessions.len() - discovery, discovery)
+}
+
 impl IscsiServer {
-    /// The session a login creates, reinstates or joins. `reactor`: where a new session goes
-    /// (None: the least loaded reactor); `transport`: the connection's.
-    pub(crate) fn decide_session(
+    /// At the first key list, before authentication: could `who` lead or join a session of
+    /// `target_name`? Looks only: the peer is not authenticated yet, so nothing changes (no
+    /// session entry, no reinstatement, no connection closed). A login that cannot succeed
+    /// (limits, no session to join) fails here, early.
+    pub(crate) fn check_session(
+        &self,
+        who: &LoginIdentity,
+        target_name: &str,
+        transport: Transport,
+    ) -> Result<SessionCheck, LoginStatus> {
+        let isid = isid_u64(&who.isid.0);
+        let opts = self.target.options();
+        if who.session_type == SessionType::Discovery {
+            if who.tsih != 0 {
+                // A discovery session takes one connection; none is ever joined.
+                return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            }
+            self.session_room(&self.sessions.lock(), who, &opts, false)?;
+            return Ok(SessionCheck::Leading);
+        }
+        if who.tsih != 0 {
+            let iser = transport == Transport::Iser;
+            let (_, session) =
+                self.joinable(who, isid, target_name, opts.max_connections_per_session as usize, iser)?;
+            return Ok(SessionCheck::Join { session });
+        }
+        let sessions = self.sessions.lock();
+        let reinstates = sessions.iter().any(|s| s.is_instance(who, isid, target_name));
+        self.session_room(&sessions, who, &opts, reinstates)?;
+        Ok(SessionCheck::Leading)
+    }
+
+    /// The login completed (its security stage passed): the session it creates, reinstates
+    /// or joins, now. `reactor`: where a new session goes (None: the least loaded reactor);
+    /// `transport`: the connection's. The limits are checked again (the table may have
+    /// changed since [`Self::check_session`]).
+    pub(crate) fn commit_session(
         &self,
         who: &LoginIdentity,
         target_name: &str,
@@ -81,21 +141,28 @@ impl IscsiServer {
     ) -> Result<SessionDecision, LoginStatus> {
         let isid = isid_u64(&who.isid.0);
         let opts = self.target.options();
-        if who.tsih != 0 {
+        if who.tsih != 0 && who.session_type == SessionType::Normal {
             let iser = transport == Transport::Iser;
             return self.add_connection(who, isid, target_name, opts.max_connections_per_session as usize, iser);
         }
-        let mut sessions = self.sessions.lock();
-        let old = sessions
-            .iter()
-            .position(|s| s.isid == isid && s.initiator_name == who.initiator_name && s.target_name == target_name);
-        if old.is_none() && who.session_type == SessionType::Normal && sessions.len() >= opts.max_sessions as usize {
-            return Err(LoginStatus::OUT_OF_RESOURCES);
+        if who.tsih != 0 {
+            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
         }
-        let tsih = self.sessions.new_tsih(&sessions);
+        let mut sessions = self.sessions.lock();
+        let old = sessions.iter().position(|s| s.is_instance(who, isid, target_name));
+        self.session_room(&sessions, who, &opts, old.is_some())?;
+        let Some(tsih) = self.sessions.new_tsih(&sessions) else {
+            log::warn!(
+                "login of {} refused: all 65535 TSIHs are in use ({} sessions in the table)",
+                who.initiator_name,
+                sessions.len()
+            );
+            return Err(LoginStatus::OUT_OF_RESOURCES);
+        };
         let decision = match old {
             Some(i) => {
-                // Session reinstatement (RFC 7143 §6.3.5): the old session's connections end.
+                // Session reinstatement (RFC 7143 §6.3.5): the old session's connections end,
+                // now that the new login has authenticated and completed.
                 let old = sessions.remove(i);
                 let killed = self.conns.kill_where(|c| c.tsih == old.tsih);
                 log::info!("session {:#x} of {} reinstated: closing {killed} old connection(s)", isid, who.initiator_name);
@@ -103,21 +170,48 @@ impl IscsiServer {
             }
             None => SessionDecision::New { tsih },
         };
-        if who.session_type == SessionType::Normal {
-            sessions.push(Session {
-                tsih,
-                initiator_name: who.initiator_name.clone(),
-                isid,
-                target_name: target_name.to_string(),
-                reactor: reactor.unwrap_or_else(|| self.reactors.least_loaded()),
-                params: None,
-            });
-        }
+        sessions.push(Session {
+            tsih,
+            session_type: who.session_type,
+            initiator_name: who.initiator_name.clone(),
+            isid,
+            target_name: target_name.to_string(),
+            reactor: reactor.unwrap_or_else(|| self.reactors.least_loaded()),
+            params: None,
+        });
         Ok(decision)
     }
 
-    /// A connection joins session `tsih` (RFC 7143 §6.3.3), or replaces the connection with
-    /// the same CID (connection reinstatement, §6.3.4).
+    /// Whether the table has room for the session `who` leads (`reinstates`: it replaces one,
+    /// so the count does not grow). A refusal says why in the log (rate-limited).
+    fn session_room(&self, sessions: &[Session], who: &LoginIdentity, opts: &Options, reinstates: bool) -> Result<(), LoginStatus> {
+        if reinstates {
+            return Ok(());
+        }
+        let (normal, discovery) = counts(sessions);
+        let (refusal, n, limit, option) = match who.session_type {
+            SessionType::Normal => (Refusal::Sessions, normal, opts.max_sessions, "max_sessions"),
+            SessionType::Discovery => {
+                (Refusal::DiscoverySessions, discovery, opts.max_discovery_sessions, "max_discovery_sessions")
+            }
+        };
+        if n < limit as usize {
+            return Ok(());
+        }
+        let kind = if who.session_type == SessionType::Discovery { "discovery session" } else { "session" };
+        self.refusals.refused(refusal, || {
+            format!(
+                "login of {} refused with Out of resources: {n} {kind}s, the limit ({option} {limit}); \
+                 raise it with iscsi_set_options {{\"{option}\": N}}",
+                who.initiator_name
+            )
+        });
+        Err(LoginStatus::OUT_OF_RESOURCES)
+    }
+
+    /// Whether a connection may join session `tsih` (RFC 7143 §6.3.3), or replace the
+    /// connection with the same CID (connection reinstatement, §6.3.4): the session's reactor
+    /// and parameters. Looks only.
     ///
     /// No mixing of transports in a session (MC/S over TCP and iSER): RFC 7145 §6.3 makes
     /// RDMAExtensions a LeadingOnly key, so the leading connection's value holds for the whole
@@ -128,17 +222,17 @@ impl IscsiServer {
     /// RDMAExtensions, or TCP with the iSER data segment limits), so it is refused with
     /// Can't include in session (0x0208, RFC 7143 §11.13.5) before it disturbs the session (no
     /// reinstatement of a connection with its CID).
-    fn add_connection(
+    fn joinable(
         &self,
         who: &LoginIdentity,
         isid: u64,
         target: &str,
         max: usize,
         iser: bool,
-    ) -> Result<SessionDecision, LoginStatus> {
+    ) -> Result<(usize, SessionParams), LoginStatus> {
         let (reactor, params) = {
             let sessions = self.sessions.lock();
-            let Some(s) = sessions.iter().find(|s| s.tsih == who.tsih) else {
+            let Some(s) = sessions.iter().find(|s| s.tsih == who.tsih && s.session_type == SessionType::Normal) else {
                 return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
             };
             if s.isid != isid || s.initiator_name != who.initiator_name || s.target_name != target {
@@ -162,11 +256,27 @@ impl IscsiServer {
         let conns = self.conns.list();
         let same_cid = conns.iter().any(|c| c.tsih == who.tsih && c.cid == who.cid);
         let live = conns.iter().filter(|c| c.tsih == who.tsih).count();
-        if same_cid {
-            let n = self.conns.kill_where(|c| c.tsih == who.tsih && c.cid == who.cid);
-            log::info!("session {:#x}: connection {} reinstated ({n} closed)", who.tsih, who.cid);
-        } else if live >= max.max(1) {
+        if !same_cid && live >= max.max(1) {
             return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+        }
+        Ok((reactor, params))
+    }
+
+    /// The login of a connection joining session `tsih` completed: it replaces the connection
+    /// with the same CID, if any (connection reinstatement, closed now and not before), and
+    /// takes the session's CmdSN window as it is now.
+    fn add_connection(
+        &self,
+        who: &LoginIdentity,
+        isid: u64,
+        target: &str,
+        max: usize,
+        iser: bool,
+    ) -> Result<SessionDecision, LoginStatus> {
+        let (reactor, params) = self.joinable(who, isid, target, max, iser)?;
+        let n = self.conns.kill_where(|c| c.tsih == who.tsih && c.cid == who.cid);
+        if n > 0 {
+            log::info!("session {:#x}: connection {} reinstated ({n} closed)", who.tsih, who.cid);
         }
         // The window lives on the session's reactor: ask it.
         let tsih = who.tsih;
@@ -180,7 +290,7 @@ impl IscsiServer {
     }
 
     /// The reactor of session `tsih`, recording the leading connection's parameters when it
-    /// reaches full-feature phase (`leading`). None: not in the table (discovery sessions).
+    /// reaches full-feature phase (`leading`). None: not in the table.
     pub(crate) fn session_reactor(&self, tsih: u16, leading: Option<&SessionParams>) -> Option<usize> {
         let mut sessions = self.sessions.lock();
         let s = sessions.iter_mut().find(|s| s.tsih == tsih)?;
@@ -188,5 +298,63 @@ impl IscsiServer {
             s.params = Some(p.clone());
         }
         Some(s.reactor)
+    }
+
+    /// Sessions in the table: (normal, discovery).
+    pub fn session_counts(&self) -> (usize, usize) {
+        counts(&self.sessions.lock())
+    }
+}
+
+impl Session {
+    /// Whether this is the normal session `who` (TSIH 0) would reinstate: the same
+    /// InitiatorName, ISID and target (RFC 7143 §6.3.5).
+    fn is_instance(&self, who: &LoginIdentity, isid: u64, target_name: &str) -> bool {
+        who.session_type == SessionType::Normal
+            && self.session_type == SessionType::Normal
+            && self.isid == isid
+            && self.initiator_name == who.initiator_name
+            && self.target_name == target_name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(tsih: u16) -> Session {
+        Session {
+            tsih,
+            session_type: SessionType::Normal,
+            initiator_name: "iqn.x".into(),
+            isid: tsih as u64,
+            target_name: "iqn.t".into(),
+            reactor: 0,
+            params: None,
+        }
+    }
+
+    /// With every TSIH taken the allocation says so (the login gets Out of resources)
+    /// instead of looping forever with the lock held; one freed TSIH is found wherever the
+    /// counter stands.
+    #[test]
+    fn new_tsih_with_a_full_table_returns_none() {
+        let sessions = Sessions::default();
+        let mut list: Vec<Session> = (1..=u16::MAX).map(session).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let table = std::sync::Arc::new(sessions);
+        let t = table.clone();
+        let full: Vec<Session> = std::mem::take(&mut list);
+        std::thread::spawn(move || {
+            let _ = tx.send((t.new_tsih(&full), full));
+        });
+        let (got, mut full) = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("new_tsih returns");
+        assert_eq!(got, None);
+        full.retain(|s| s.tsih != 40000);
+        assert_eq!(table.new_tsih(&full), Some(40000));
+        full.push(session(40000));
+        full.retain(|s| s.tsih != 7);
+        assert_eq!(table.new_tsih(&full), Some(7), "found after the counter wrapped");
+        assert_eq!(Sessions::default().new_tsih(&[]), Some(1), "never 0");
     }
 }

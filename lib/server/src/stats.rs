@@ -1,7 +1,11 @@
 //! Login failures by reason, for `iscsi_get_stats`: a refused or broken login is one counter
-//! step and one log line, never more.
+//! step and one log line, never more. Connections refused by a limit before or during their
+//! login ([`Refusals`]) are counted too, and logged at most once a second per limit, so that
+//! a flood does not flood the log.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use riser_iscsi::pdu::LoginStatus;
 use serde_json::{json, Value};
@@ -91,9 +95,122 @@ impl LoginStats {
     }
 }
 
+/// A limit that refused a connection or a session. Each is an option of `iscsi_set_options`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_logins`: logins in progress (each has a thread).
+    Logins,
+    /// `max_logins_per_source`: logins in progress from one source address.
+    LoginsPerSource,
+    /// `max_sessions`: normal sessions.
+    Sessions,
+    /// `max_discovery_sessions`: discovery sessions.
+    DiscoverySessions,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 4] = [Refusal::Logins, Refusal::LoginsPerSource, Refusal::Sessions, Refusal::DiscoverySessions];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The option that sets the limit.
+    pub fn option(self) -> &'static str {
+        match self {
+            Refusal::Logins => "max_logins",
+            Refusal::LoginsPerSource => "max_logins_per_source",
+            Refusal::Sessions => "max_sessions",
+            Refusal::DiscoverySessions => "max_discovery_sessions",
+        }
+    }
+}
+
+/// At most one log line per this interval and reason.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+struct LogSlot {
+    last: Option<Instant>,
+    /// Refusals not logged since the last line.
+    suppressed: u64,
+}
+
+/// Refusals by limit: counted, and logged rate-limited (a line says the limit, its option and
+/// how to raise it; the next line after a quiet second also says how many were not logged).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    counts: [AtomicU64; 4],
+    slots: [Mutex<LogSlot>; 4],
+}
+
+impl Refusals {
+    /// One refusal for `why`; `line` (called only when logged) says who and what limit.
+    pub fn refused(&self, why: Refusal, line: impl FnOnce() -> String) {
+        if let Some(l) = self.refused_at(why, Instant::now(), line) {
+            log::warn!("{l}");
+        }
+    }
+
+    /// As [`Self::refused`] at `now`: the line to log, if any.
+    fn refused_at(&self, why: Refusal, now: Instant, line: impl FnOnce() -> String) -> Option<String> {
+        self.counts[why.index()].fetch_add(1, Ordering::Relaxed);
+        let mut slot = self.slots[why.index()].lock().unwrap_or_else(|p| p.into_inner());
+        if slot.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
+            slot.suppressed += 1;
+            return None;
+        }
+        slot.last = Some(now);
+        let suppressed = std::mem::take(&mut slot.suppressed);
+        drop(slot);
+        let line = line();
+        Some(if suppressed > 0 {
+            format!("{line} ({suppressed} more refused by {} since the last such line)", why.option())
+        } else {
+            line
+        })
+    }
+
+    /// How many were refused for `why` since start.
+    pub fn count(&self, why: Refusal) -> u64 {
+        self.counts[why.index()].load(Ordering::Relaxed)
+    }
+
+    /// `{"max_logins": n, "max_logins_per_source": n, ...}`: refusals by the option that
+    /// refused.
+    pub fn to_json(&self) -> Value {
+        let m: serde_json::Map<String, Value> =
+            Refusal::ALL.iter().map(|r| (r.option().to_string(), json!(self.count(*r)))).collect();
+        Value::Object(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flood of refusals makes one line a second per limit, the next one counting those
+    /// not logged; each limit has its own pace.
+    #[test]
+    fn refusals_are_logged_at_most_once_a_second_per_limit() {
+        let r = Refusals::default();
+        let t0 = Instant::now();
+        let line = || "refused".to_string();
+        assert_eq!(r.refused_at(Refusal::Sessions, t0, line).as_deref(), Some("refused"));
+        for i in 0..100 {
+            assert_eq!(r.refused_at(Refusal::Sessions, t0 + Duration::from_millis(i * 9), line), None);
+        }
+        assert_eq!(r.refused_at(Refusal::Logins, t0, line).as_deref(), Some("refused"), "another limit's own pace");
+        assert_eq!(
+            r.refused_at(Refusal::Sessions, t0 + Duration::from_secs(1), line).as_deref(),
+            Some("refused (100 more refused by max_sessions since the last such line)")
+        );
+        assert_eq!(r.count(Refusal::Sessions), 102);
+        assert_eq!(
+            r.to_json(),
+            json!({"max_logins": 1, "max_logins_per_source": 0, "max_sessions": 102, "max_discovery_sessions": 0})
+        );
+    }
 
     #[test]
     fn statuses_map_to_reasons_and_count() {

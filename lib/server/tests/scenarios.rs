@@ -280,8 +280,8 @@ impl<T: LoginTransport> LoginTransport for NoResources<T> {
     fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError> {
         self.0.recv_login(deadline)
     }
-    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
-        self.0.send_login(pdu)
+    fn send_login(&mut self, pdu: Pdu, deadline: Instant) -> Result<(), TransportError> {
+        self.0.send_login(pdu, deadline)
     }
     fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError> {
         *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(*keys);

@@ -883,6 +883,18 @@ struct IscsiSetOptions {
     /// Seconds a write's data may be overdue before its command fails (riser's extension)
     #[arg(long)]
     data_out_timeout: Option<u32>,
+    /// Seconds a login may take (riser)
+    #[arg(long)]
+    login_timeout: Option<u32>,
+    /// Most logins in progress (riser)
+    #[arg(long)]
+    max_logins: Option<u32>,
+    /// Most logins in progress from one source address (riser)
+    #[arg(long)]
+    max_logins_per_source: Option<u32>,
+    /// Most discovery sessions (riser)
+    #[arg(long)]
+    max_discovery_sessions: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -916,6 +928,10 @@ impl IscsiSetOptions {
             data_out_pool_size: self.data_out_pool_size,
             max_tx_queue_bytes: self.max_tx_queue_bytes,
             data_out_timeout: self.data_out_timeout,
+            login_timeout: self.login_timeout,
+            max_logins: self.max_logins,
+            max_logins_per_source: self.max_logins_per_source,
+            max_discovery_sessions: self.max_discovery_sessions,
         }
     }
 }
@@ -1907,6 +1923,10 @@ mod tests {
         assert_eq!(
             params(&["iobuf_set_options", "--max-buffer-share-percent", "20", "--buffer-reserve-percent", "10"]),
             json!({"max_buffer_share_percent": 20, "buffer_reserve_percent": 10})
+        );
+        assert_eq!(
+            params(&["iscsi_set_options", "--login-timeout", "5", "--max-logins", "64", "--max-logins-per-source", "4", "--max-discovery-sessions", "8"]),
+            json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8})
         );
         refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
         refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");

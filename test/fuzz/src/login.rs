@@ -6,7 +6,8 @@
 //! or anything else), without digests.
 //! - `mode` bits 0-1: the target's authentication: 0 CHAP required, 1 CHAP required with
 //!   mutual CHAP, 2 CHAP optional, 3 none; bit 2: discovery requires CHAP too; bits 3-4:
-//!   the session decision (new, reinstatement, added connection, refused); bit 5: iSER;
+//!   the session decision (new, reinstatement, added connection, refused: at the first key
+//!   list, or at completion when bit 0x10 of the ISID's last byte is set); bit 5: iSER;
 //!   bit 6: digests required; bit 7: CHAP with MD5 only.
 //!
 //! The fuzzer cannot compute a CHAP response, so the harness does it for these values
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use riser_iscsi::chap::{encode_binary, ChapAlgorithm, ChapSecret, ChapTarget, Encoding};
-use riser_iscsi::login::LOGIN_MAX_DATA_SEGMENT_LENGTH;
+use riser_iscsi::login::{SessionCheck, LOGIN_MAX_DATA_SEGMENT_LENGTH};
 use riser_iscsi::negotiate::{DigestPolicy, TargetConfig, Transport};
 use riser_iscsi::params::{SessionParams, SessionType};
 use riser_iscsi::pdu::Op;
@@ -174,7 +175,27 @@ impl LoginPolicy for Policy {
         })
     }
 
-    fn session(
+    fn check_session(
+        &mut self,
+        who: &LoginIdentity,
+        _target: &TargetInfo,
+    ) -> Result<SessionCheck, LoginStatus> {
+        match (self.mode >> 3) & 3 {
+            2 => Ok(SessionCheck::Join {
+                session: SessionParams {
+                    session_type: who.session_type,
+                    initiator_name: who.initiator_name.clone(),
+                    target_name: who.target_name.clone(),
+                    ..SessionParams::default()
+                },
+            }),
+            // Refused early or, with bit 0x10 of the ISID's last byte, only at completion.
+            3 if who.isid.0[5] & 0x10 == 0 => Err(LoginStatus::TOO_MANY_CONNECTIONS),
+            _ => Ok(SessionCheck::Leading),
+        }
+    }
+
+    fn commit_session(
         &mut self,
         who: &LoginIdentity,
         _target: &TargetInfo,

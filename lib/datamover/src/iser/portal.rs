@@ -210,7 +210,8 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
                                         let peer = login.peer;
                                         conns.insert(key, state);
                                         if !sink.accept(portal, Box::new(login)) {
-                                            log::warn!("iSER portal {addr}: too many logins in progress; refusing {peer}");
+                                            // The server logged why (rate-limited).
+                                            log::debug!("iSER portal {addr}: login refused; dropping {peer}");
                                             conns.remove(&key);
                                         }
                                     }
@@ -489,7 +490,8 @@ impl LoginTransport for IserLogin {
         }
     }
 
-    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
+    /// Posting never blocks (a full send queue is an error), so the deadline holds as it is.
+    fn send_login(&mut self, pdu: Pdu, _deadline: Instant) -> Result<(), TransportError> {
         let last = matches!(&pdu.bhs.op, Op::LoginResponse(r) if r.status.class != 0 || (r.transit_bit && r.nsg == Stage::FullFeaturePhase));
         if let Some(dm) = self.dm.as_mut() {
             dm.send_control(pdu);

@@ -1,9 +1,11 @@
 //! iSCSI over TCP during login: the portal's accept loop and the [`LoginTransport`] of one
 //! accepted socket. Login PDUs are read exactly as far as the next PDU needs, so nothing of
 //! full-feature phase is read here and lost; Enable_Datamover turns the socket into a
-//! [`TcpDatamover`].
+//! [`TcpDatamover`]. Reads and writes both give up at the login's deadline: an initiator that
+//! stops reading (a zero window) cannot hold its login thread longer than one that stops
+//! sending.
 
-use std::io::ErrorKind;
+use std::io::{self, ErrorKind};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,7 +55,8 @@ fn accept_loop(l: TcpListener, portal: PortalSpec, sink: Arc<dyn LoginSink>, sto
                 let _ = sock.set_nodelay(true);
                 let conn = TcpLogin::new(sock, peer, local);
                 if !sink.accept(portal, Box::new(conn)) {
-                    log::warn!("iSCSI portal {addr}: too many logins in progress; refusing {peer}");
+                    // The server logged why (rate-limited); the socket closes here.
+                    log::debug!("iSCSI portal {addr}: login refused; dropping {peer}");
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(ACCEPT_IDLE),
@@ -65,9 +68,22 @@ fn accept_loop(l: TcpListener, portal: PortalSpec, sink: Arc<dyn LoginSink>, sto
     }
 }
 
-/// One TCP connection during login (blocking reads with the login's deadline); over any
-/// [`ByteStream`] (the in-memory one of `crate::mem` in tests).
-pub struct TcpLogin<S: ByteStream = TcpStream> {
+/// What a login needs of its byte stream beyond [`ByteStream`]: blocking writes that give up,
+/// so that the login's deadline holds for sending too.
+pub trait LoginStream: ByteStream {
+    /// Blocking writes that give up after `timeout` (login phase).
+    fn set_write_timeout(&mut self, timeout: Duration) -> io::Result<()>;
+}
+
+impl LoginStream for TcpStream {
+    fn set_write_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, Some(timeout))
+    }
+}
+
+/// One TCP connection during login (blocking reads and writes with the login's deadline); over
+/// any [`LoginStream`] (the in-memory one of `crate::mem` in tests).
+pub struct TcpLogin<S: LoginStream = TcpStream> {
     sock: S,
     peer: SocketAddr,
     local: Option<SocketAddr>,
@@ -75,13 +91,13 @@ pub struct TcpLogin<S: ByteStream = TcpStream> {
     buf: Vec<u8>,
 }
 
-impl<S: ByteStream> TcpLogin<S> {
+impl<S: LoginStream> TcpLogin<S> {
     pub fn new(sock: S, peer: SocketAddr, local: Option<SocketAddr>) -> TcpLogin<S> {
         TcpLogin { sock, peer, local, framer: Framer::with_limits(FramerLimits::LOGIN), buf: vec![0u8; 16 * 1024] }
     }
 }
 
-impl<S: ByteStream> LoginTransport for TcpLogin<S> {
+impl<S: LoginStream> LoginTransport for TcpLogin<S> {
     fn kind(&self) -> Transport {
         Transport::Tcp
     }
@@ -127,11 +143,32 @@ impl<S: ByteStream> LoginTransport for TcpLogin<S> {
         }
     }
 
-    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError> {
+    fn send_login(&mut self, pdu: Pdu, deadline: Instant) -> Result<(), TransportError> {
         let bytes = pdu
             .to_bytes(Digests::default())
             .map_err(|e| TransportError::Failed(format!("cannot encode response: {e}")))?;
-        self.sock.write_all(&bytes).map_err(|e| TransportError::Failed(format!("send failed: {e}")))
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TransportError::TimedOut);
+            }
+            // Each write gives up at the deadline (a peer advertising a zero window never
+            // takes the bytes); a partial write comes back and the loop checks again.
+            self.sock
+                .set_write_timeout(deadline - now)
+                .map_err(|e| TransportError::Failed(format!("cannot set the send timeout: {e}")))?;
+            match self.sock.write(&bytes[sent..]) {
+                Ok(0) => return Err(TransportError::Closed),
+                Ok(n) => sent += n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(TransportError::TimedOut)
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::Failed(format!("send failed: {e}"))),
+            }
+        }
+        Ok(())
     }
 
     fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {

@@ -17,6 +17,11 @@ struct Policy {
     decision: Option<SessionDecision>,
     config: TargetConfig,
     lookups: usize,
+    /// Calls of check_session and of commit_session.
+    checks: usize,
+    commits: usize,
+    /// commit_session refuses with this status (things changed since the check).
+    refuse_commit: Option<LoginStatus>,
 }
 
 impl LoginPolicy for Policy {
@@ -44,11 +49,29 @@ impl LoginPolicy for Policy {
         })
     }
 
-    fn session(
+    fn check_session(
+        &mut self,
+        _who: &LoginIdentity,
+        _t: &TargetInfo,
+    ) -> Result<SessionCheck, LoginStatus> {
+        self.checks += 1;
+        Ok(match &self.decision {
+            Some(SessionDecision::AddConnection { session, .. }) => SessionCheck::Join {
+                session: session.clone(),
+            },
+            _ => SessionCheck::Leading,
+        })
+    }
+
+    fn commit_session(
         &mut self,
         _who: &LoginIdentity,
         _t: &TargetInfo,
     ) -> Result<SessionDecision, LoginStatus> {
+        self.commits += 1;
+        if let Some(status) = self.refuse_commit {
+            return Err(status);
+        }
         Ok(self
             .decision
             .clone()
@@ -1293,6 +1316,104 @@ fn reinstatement_is_passed_through() {
         }
     );
     assert!(!c.negotiator.awaiting_answers());
+}
+
+/// The session is only looked at before authentication: committed (created, reinstated or
+/// joined) once, when the final Login Response is built, never for a login that fails its
+/// security stage (a peer without the secret must not end the session it names).
+#[test]
+fn the_session_is_committed_only_when_the_login_completes() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy {
+        auth: Some((true, toy)),
+        decision: Some(SessionDecision::Reinstate { tsih: 9, old_tsih: 4 }),
+        ..Policy::default()
+    };
+    let first = &[("InitiatorName", INITIATOR), ("TargetName", TARGET), ("AuthMethod", "CHAP")];
+    run(&mut login, &mut policy, pdu(req(false, SEC, SEC, first)));
+    assert_eq!((policy.checks, policy.commits), (1, 0), "checked at the first key list, nothing committed");
+    run(&mut login, &mut policy, pdu(req(false, SEC, SEC, &[("CHAP_A", "5")])));
+    let out = run(&mut login, &mut policy, pdu(req(true, SEC, OP, &[("CHAP_N", "ok")])));
+    assert_eq!(out.order, "AR");
+    assert_eq!(policy.commits, 0, "authenticated, but the login goes on");
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[])));
+    assert_eq!(out.order, "RC");
+    assert_eq!((policy.checks, policy.commits), (1, 1));
+    assert_eq!(only_response(&out).0.tsih, 9, "the committed TSIH in the final response");
+    assert_eq!(out.complete.unwrap().decision, SessionDecision::Reinstate { tsih: 9, old_tsih: 4 });
+
+    // A wrong response: nothing committed.
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy { auth: Some((true, toy)), ..Policy::default() };
+    run(&mut login, &mut policy, pdu(req(false, SEC, SEC, first)));
+    run(&mut login, &mut policy, pdu(req(false, SEC, SEC, &[("CHAP_A", "5")])));
+    let out = run(&mut login, &mut policy, pdu(req(true, SEC, FFP, &[("CHAP_N", "bad")])));
+    assert_eq!(out.failed, Some(LoginStatus::AUTHENTICATION_FAILURE));
+    assert_eq!((policy.checks, policy.commits), (1, 0));
+    // Nor for one that skips the required security stage, nor one that stops early.
+    let mut login = Login::new(LoginContext::default());
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET)])));
+    assert_eq!(out.failed, Some(LoginStatus::AUTHENTICATION_FAILURE));
+    let mut login = Login::new(LoginContext::default());
+    run(&mut login, &mut policy, pdu(req(false, SEC, SEC, first)));
+    assert_eq!((policy.checks, policy.commits), (3, 0));
+
+    // Without a security stage: committed with the final response, in the same step.
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy::default();
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET)])));
+    assert_eq!(out.order, "ARC");
+    assert_eq!((policy.checks, policy.commits), (1, 1));
+}
+
+/// The table changed between the check and the completion (the session limit was reached,
+/// the session to join ended): the login fails with the commit's status, answering the last
+/// request, and no TSIH is given.
+#[test]
+fn a_session_refused_at_completion_fails_the_login() {
+    let mut login = Login::new(LoginContext::default());
+    let mut policy = Policy { refuse_commit: Some(LoginStatus::OUT_OF_RESOURCES), ..Policy::default() };
+    let out = run(
+        &mut login,
+        &mut policy,
+        pdu(req(true, SEC, OP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET), ("AuthMethod", "None")])),
+    );
+    assert_eq!(out.order, "AR");
+    let out = run(&mut login, &mut policy, pdu(req(true, OP, FFP, &[])));
+    assert_eq!(out.order, "RF");
+    assert_eq!(out.failed, Some(LoginStatus::OUT_OF_RESOURCES));
+    let (r, _) = only_response(&out);
+    assert_eq!((r.status, r.tsih, r.transit_bit), (LoginStatus::OUT_OF_RESOURCES, 0, false));
+    assert!(out.complete.is_none() && login.is_finished());
+    assert_eq!(policy.commits, 1);
+}
+
+/// A policy whose commit is not of the kind its check announced (a leading connection
+/// cannot become an added one: its keys were negotiated as leading): Target Error.
+#[test]
+fn a_commit_of_another_kind_than_the_check_is_a_target_error() {
+    struct Mismatch;
+    impl LoginPolicy for Mismatch {
+        fn lookup_target(&mut self, _who: &LoginIdentity) -> TargetLookup {
+            TargetLookup::Found(TargetInfo { name: TARGET.into(), ..TargetInfo::discovery() })
+        }
+        fn check_session(&mut self, _who: &LoginIdentity, _t: &TargetInfo) -> Result<SessionCheck, LoginStatus> {
+            Ok(SessionCheck::Leading)
+        }
+        fn commit_session(&mut self, _who: &LoginIdentity, _t: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
+            Ok(SessionDecision::AddConnection {
+                tsih: 3,
+                session: SessionParams::default(),
+                exp_cmd_sn: Sn(1),
+                max_cmd_sn: Sn(2),
+            })
+        }
+    }
+    let mut login = Login::new(LoginContext::default());
+    login.handle(&pdu(req(true, OP, FFP, &[("InitiatorName", INITIATOR), ("TargetName", TARGET)])), &mut Mismatch);
+    let out = drain(&mut login);
+    assert_eq!(out.failed, Some(LoginStatus::TARGET_ERROR));
+    assert!(out.complete.is_none());
 }
 
 #[test]

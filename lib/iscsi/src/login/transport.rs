@@ -29,7 +29,7 @@ pub enum TransportError {
     /// The initiator closed the connection (or the link / device went away).
     #[error("closed by the initiator")]
     Closed,
-    /// Nothing arrived before the login's deadline.
+    /// Nothing arrived, or what was sent was not taken, before the login's deadline.
     #[error("timed out")]
     TimedOut,
     /// The transport cannot go on (I/O error, unparseable stream, no resources); the text says
@@ -71,9 +71,11 @@ pub trait LoginTransport: Send {
     }
     /// Waits, at most until `deadline`, for the next PDU of the login (Receive_Login_PDU).
     fn recv_login(&mut self, deadline: Instant) -> Result<LoginRx, TransportError>;
-    /// Sends a Login Response (Send_Control during login). The transport sees from the PDU
+    /// Sends a Login Response (Send_Control during login), giving up with
+    /// [`TransportError::TimedOut`] at `deadline` (the login's own): an initiator that does not
+    /// read must not hold the login past its deadline. The transport sees from the PDU
     /// whether it is the last one (final status or transit to full-feature phase).
-    fn send_login(&mut self, pdu: Pdu) -> Result<(), TransportError>;
+    fn send_login(&mut self, pdu: Pdu, deadline: Instant) -> Result<(), TransportError>;
     /// Allocate_Connection_Resources: called once, when the login got past any security
     /// stage, before the final Login Response.
     fn allocate_connection_resources(&mut self, keys: &ResourceKeys) -> Result<(), TransportError>;
@@ -102,7 +104,8 @@ pub struct PortalSpec {
 /// The server's side of a listener: takes new connections and places them on reactors.
 pub trait LoginSink: Send + Sync {
     /// A new connection arrived on `portal`: the sink runs its login. False: refused (too many
-    /// logins in progress); the listener drops the connection.
+    /// logins in progress, in all or from its address; the sink logs why); the listener drops
+    /// the connection.
     fn accept(&self, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool;
     /// The reactor a connection that is about to log in should be prepared for.
     fn place(&self) -> usize;

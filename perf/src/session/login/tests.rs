@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig, ChapSecret, ChapTarget};
 use riser_iscsi::login::{
-    AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, SessionDecision, TargetInfo,
+    AuthPolicy, Login, LoginContext, LoginEvent, LoginIdentity, LoginOutput, LoginPolicy, SessionCheck, SessionDecision, TargetInfo,
     TargetLookup,
 };
 use riser_iscsi::negotiate::TargetConfig;
@@ -55,7 +55,11 @@ impl LoginPolicy for Riser {
         })
     }
 
-    fn session(&mut self, _who: &LoginIdentity, _t: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
+    fn check_session(&mut self, _who: &LoginIdentity, _t: &TargetInfo) -> Result<SessionCheck, LoginStatus> {
+        Ok(SessionCheck::Leading)
+    }
+
+    fn commit_session(&mut self, _who: &LoginIdentity, _t: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
         Ok(SessionDecision::New { tsih: 1 })
     }
 }
