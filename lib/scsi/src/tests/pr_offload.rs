@@ -5,16 +5,14 @@
 //! backlog answers BUSY.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use riser_bdev::{
-    Bdev, BdevError, BdevInfo, IoChannel, IoKind, MallocBdev, OnNotify, SharedError, SharedState,
-    SharedStateHandle,
-};
+use riser_bdev::Bdev;
 
+use super::fake_shared::{shared_lun, Store};
 use super::*;
 use crate::pr::work::{tests::UsePool, Pool, WORKERS};
 use crate::pr_store::tests::{on_write, Dir};
@@ -183,81 +181,11 @@ fn an_aptpl_write_does_not_hold_up_the_reactor_and_completes_once_durable() {
 }
 
 // ------------------------------------------------------------------------------------
-// Shared state (an RBD image behind several gateways): a minimal in-memory store.
-
-#[derive(Default)]
-struct Store {
-    object: Mutex<(Vec<u8>, u64)>,
-    watchers: Mutex<Vec<Arc<OnNotify>>>,
-    /// Reads wait while set (a slow cluster).
-    stalled: AtomicBool,
-    /// Reads begun.
-    reads: AtomicUsize,
-}
-
-struct Handle(Arc<Store>);
-
-impl SharedState for Handle {
-    fn describe(&self) -> String {
-        "test store".into()
-    }
-    fn read(&self) -> Result<Option<(Vec<u8>, u64)>, SharedError> {
-        self.0.reads.fetch_add(1, Ordering::AcqRel);
-        let t0 = Instant::now();
-        while self.0.stalled.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let o = self.0.object.lock().unwrap();
-        Ok((o.1 > 0).then(|| o.clone()))
-    }
-    fn write(&self, data: &[u8], version: Option<u64>) -> Result<u64, SharedError> {
-        let mut o = self.0.object.lock().unwrap();
-        if version.unwrap_or(0) != o.1 {
-            return Err(SharedError::Changed);
-        }
-        *o = (data.to_vec(), o.1 + 1);
-        Ok(o.1)
-    }
-    fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
-        let watchers = self.0.watchers.lock().unwrap().clone();
-        for w in watchers {
-            w(payload);
-        }
-        Ok(())
-    }
-}
-
-struct SharedDev {
-    inner: Arc<MallocBdev>,
-    info: BdevInfo,
-    store: Arc<Store>,
-}
-
-impl Bdev for SharedDev {
-    fn info(&self) -> &BdevInfo {
-        &self.info
-    }
-    fn supports(&self, kind: IoKind) -> bool {
-        self.inner.supports(kind)
-    }
-    fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
-        self.inner.clone().open_channel()
-    }
-    fn config_json(&self) -> (&'static str, serde_json::Value) {
-        self.inner.config_json()
-    }
-    fn shared_state(&self, _purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
-        self.store.watchers.lock().unwrap().push(Arc::new(on_notify));
-        Some(Ok(Arc::new(Handle(self.store.clone()))))
-    }
-}
+// Shared state (an RBD image behind several gateways): the in-memory store of `fake_shared`.
 
 /// A gateway's LUN over a device whose reservations live in `store`.
 fn gateway(store: &Arc<Store>) -> Env {
-    let inner = Arc::new(MallocBdev::new("S", BLOCKS, BS as u32, None).unwrap());
-    let info = BdevInfo::new("S", "Malloc disk", BS as u32, BLOCKS, uuid::Uuid::new_v4());
-    let bdev = Arc::new(SharedDev { inner, info, store: store.clone() });
-    let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev);
+    let lun = shared_lun(store, uuid::Uuid::new_v4());
     assert!(lun.pr_shared().is_some());
     with_lun(lun)
 }

@@ -455,98 +455,16 @@ mod aptpl {
 /// gateways' views of one device) over one in-memory shared object whose notify calls every
 /// watcher before returning, as the RADOS one waits for their acks.
 mod shared_state {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Mutex;
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
-    use riser_bdev::{
-        Bdev, BdevError, BdevInfo, IoChannel, IoKind, MallocBdev, OnNotify, SharedError, SharedState,
-        SharedStateHandle,
-    };
-
+    use super::super::fake_shared::{shared_lun, Store};
     use super::*;
     use crate::pr_type::WRITE_EXCLUSIVE;
 
-    #[derive(Default)]
-    struct Store {
-        object: Mutex<(Vec<u8>, u64)>,
-        watchers: Mutex<Vec<Arc<OnNotify>>>,
-        /// The cluster is gone: every call fails.
-        down: AtomicBool,
-        /// The cluster is slow: reads wait while set.
-        stalled: AtomicBool,
-        writes: AtomicU64,
-    }
-
-    struct Handle(Arc<Store>);
-
-    impl SharedState for Handle {
-        fn describe(&self) -> String {
-            "test store".into()
-        }
-        fn read(&self) -> Result<Option<(Vec<u8>, u64)>, SharedError> {
-            while self.0.stalled.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if self.0.down.load(Ordering::Acquire) {
-                return Err(SharedError::Unavailable("cluster down".into()));
-            }
-            let o = self.0.object.lock().unwrap();
-            Ok((o.1 > 0).then(|| o.clone()))
-        }
-        fn write(&self, data: &[u8], version: Option<u64>) -> Result<u64, SharedError> {
-            if self.0.down.load(Ordering::Acquire) {
-                return Err(SharedError::Unavailable("cluster down".into()));
-            }
-            let mut o = self.0.object.lock().unwrap();
-            if version.unwrap_or(0) != o.1 {
-                return Err(SharedError::Changed);
-            }
-            *o = (data.to_vec(), o.1 + 1);
-            self.0.writes.fetch_add(1, Ordering::Relaxed);
-            Ok(o.1)
-        }
-        fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
-            let watchers = self.0.watchers.lock().unwrap().clone();
-            for w in watchers {
-                w(payload);
-            }
-            Ok(())
-        }
-    }
-
-    /// A malloc device whose shared state is `store`.
-    struct SharedDev {
-        inner: Arc<MallocBdev>,
-        info: BdevInfo,
-        store: Arc<Store>,
-    }
-
-    impl Bdev for SharedDev {
-        fn info(&self) -> &BdevInfo {
-            &self.info
-        }
-        fn supports(&self, kind: IoKind) -> bool {
-            self.inner.supports(kind)
-        }
-        fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
-            self.inner.clone().open_channel()
-        }
-        fn config_json(&self) -> (&'static str, serde_json::Value) {
-            self.inner.config_json()
-        }
-        fn shared_state(&self, _purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
-            self.store.watchers.lock().unwrap().push(Arc::new(on_notify));
-            Some(Ok(Arc::new(Handle(self.store.clone()))))
-        }
-    }
-
     /// One gateway's view: a LUN over the shared device, nexuses a and b powered on.
     fn gateway(store: &Arc<Store>, uuid: uuid::Uuid) -> Env {
-        let inner = Arc::new(MallocBdev::new("S", BLOCKS, BS as u32, None).unwrap());
-        let info = BdevInfo::new("S", "Malloc disk", BS as u32, BLOCKS, uuid);
-        let bdev = Arc::new(SharedDev { inner, info, store: store.clone() });
-        let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev);
+        let lun = shared_lun(store, uuid);
         let mut e = env();
         e.lun = lun.clone();
         e.dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun])));
