@@ -235,6 +235,13 @@ pub struct AuthGroup {
     secrets: Vec<AuthSecret>,
 }
 
+impl AuthGroup {
+    /// The user of an entry bound to initiator group `tag`, if any.
+    pub(crate) fn user_bound_to(&self, tag: u32) -> Option<&str> {
+        self.secrets.iter().find(|s| s.initiator_group == Some(tag)).map(|s| s.user.as_str())
+    }
+}
+
 impl std::fmt::Debug for AuthGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let users: Vec<&str> = self.secrets.iter().map(|s| s.user.as_str()).collect();

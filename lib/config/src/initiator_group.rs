@@ -301,7 +301,8 @@ impl IscsiTarget {
         self.with_ig(tag, |g| g.remove(initiators, netmasks))
     }
 
-    /// `iscsi_delete_initiator_group`: refused while a target node maps it.
+    /// `iscsi_delete_initiator_group`: refused while a target node maps it or a CHAP user is
+    /// bound to it (its auth group's save_config call would no longer load).
     pub fn delete_initiator_group(&self, tag: u32) -> Result<(), TargetError> {
         let mut inner = self.lock();
         if inner.ig(tag).is_none() {
@@ -309,6 +310,11 @@ impl IscsiTarget {
         }
         if let Some(n) = inner.ig_user(tag) {
             return Err(TargetError::Busy(format!("initiator group {tag} is mapped by target node {n}")));
+        }
+        if let Some((group, user)) = inner.auth_groups.iter().find_map(|g| g.user_bound_to(tag).map(|u| (g.tag, u))) {
+            return Err(TargetError::Busy(format!(
+                "initiator group {tag} binds CHAP user {user} of auth group {group} (remove that secret or its binding first)"
+            )));
         }
         inner.initiator_groups.retain(|g| g.tag != tag);
         Ok(())
