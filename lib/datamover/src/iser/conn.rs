@@ -29,11 +29,22 @@
 //!   retires it and every unsignaled one before it (RC), so the send queue never overflows
 //!   and a buffer is released only once the last work request naming it has retired (a task
 //!   deallocated with RDMA in flight keeps its buffer until then).
-//! * Every received PDU's buffer is reposted as soon as the PDU is decoded; immediate data
-//!   and unsolicited Data-Out are copied out of it once (counted in [`Datamover::copies`]),
-//!   the header alone read first: the immediate data of a write partly immediate straight
-//!   into the task's write buffer when the budget has room for it ([`WriteBuffers`],
-//!   delivered as [`DmEvent::Command`]), anything else into the PDU's segment.
+//! * Every received PDU's buffer is reposted at the end of the pass that decoded it, unless
+//!   more than the connection's [`TxLimit`] is queued for the initiator (it sends requests and
+//!   does not take the answers: a peer that posts no receives, so that our SENDs never
+//!   complete): then the handled receives are held, the initiator runs out of receive credits
+//!   and its next SEND waits (RNR: RDMA's own flow control) until the backlog has drained and
+//!   they are reposted. What is queued ([`Datamover::tx_backlog`]) is the pending sends and
+//!   the SENDs and RDMA Writes posted and not yet completed; `sent` counts the bytes of those
+//!   completed, so a queue the initiator takes nothing of is seen as stalled (and closed by
+//!   the connection at nop_timeout). A healthy initiator cannot deadlock on it: the backlog
+//!   drains through completions of our sends, which need nothing of our receives, and a
+//!   SNACK, TMF or Logout goes through once they are reposted.
+//! * Immediate data and unsolicited Data-Out are copied out of the receive buffer once
+//!   (counted in [`Datamover::copies`]), the header alone read first: the immediate data of
+//!   a write partly immediate straight into the task's write buffer when the budget has room
+//!   for it ([`WriteBuffers`], delivered as [`DmEvent::Command`]), anything else into the
+//!   PDU's segment.
 //! * Hello (RFC 7145 §5.1, iWARP): valid only as the first message of full-feature phase
 //!   when iSERHelloRequired=Yes; answered with a HelloReply (our version, the ORD capped by
 //!   the initiator's IRD), or rejected and the connection closed. Anything else about a
@@ -48,7 +59,7 @@
 use std::collections::VecDeque;
 
 use riser_bdev::IoBuf;
-use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, WriteBuffers};
+use riser_iscsi::ffp::{CopyStats, Datamover, DatamoverParams, DmEvent, GetData, PutData, TxBacklog, TxLimit, WriteBuffers};
 use riser_iscsi::pdu::{Bhs, Op, Pdu, PduError, RejectReason, Stage, BHS_LEN};
 use riser_iscsi::serial::{Itt, TagMap};
 
@@ -388,6 +399,19 @@ struct Task {
     unsolicited: u64,
 }
 
+/// Bytes for the initiator, by where they live: outside budgeted I/O buffers (control PDUs
+/// in send slots) or in the tasks' buffers (read data).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct TxBytes {
+    unbudgeted: u64,
+    budgeted: u64,
+}
+
+/// Bytes of the iSER message that carries `pdu` (iSER header, BHS, AHS, data segment).
+fn message_len(pdu: &Pdu) -> usize {
+    ISER_HDR_LEN + BHS_LEN + pdu.ahs.len() + pdu.data.len()
+}
+
 /// A send waiting for a send slot or data chunks.
 enum Pending {
     /// A PDU, and the STag its SEND invalidates (a SCSI Response with Send with Invalidate).
@@ -398,6 +422,21 @@ enum Pending {
     Put { put: PutData, gen: Option<u32>, sent: usize, fence: Option<u64> },
     /// The answer to the initiator's Hello.
     HelloReply(IserHeader),
+}
+
+impl Pending {
+    /// `(unbudgeted, budgeted)`: bytes of its PDU (a Put_Data's response), and read data
+    /// still to be written from the task's buffer.
+    fn size(&self) -> (usize, usize) {
+        match self {
+            Pending::Control(pdu, _) => (message_len(pdu), 0),
+            Pending::Put { put, sent, .. } => {
+                let len = (put.len as usize).min(put.buf.len());
+                (put.response.as_ref().map_or(0, message_len), len - (*sent).min(len))
+            }
+            Pending::HelloReply(h) => (h.wire_len(), 0),
+        }
+    }
 }
 
 /// A Get_Data in progress.
@@ -447,8 +486,24 @@ pub struct IserDatamover<Q: IserQp> {
     /// Every work request up to this sequence number has completed (retired).
     sq_retired: u64,
     /// Sequence numbers of the signaled work requests not yet completed, in posting order
-    /// (the order an RC send queue completes them in).
-    signaled: VecDeque<u64>,
+    /// (the order an RC send queue completes them in), each with [`Self::posted`] as it was
+    /// once that work request was staged: what its completion proves taken.
+    signaled: VecDeque<(u64, TxBytes)>,
+    /// Bytes staged for the initiator so far (SENDs, RDMA Writes), and those whose work
+    /// requests have completed ([`Datamover::tx_backlog`]).
+    posted: TxBytes,
+    completed: TxBytes,
+    /// Bytes in `pending`: outside budgeted I/O buffers (PDUs), and read data still to be
+    /// written from the tasks' buffers.
+    pending_unbudgeted: usize,
+    pending_budgeted: usize,
+    /// Receives are held while more than this is queued for the initiator.
+    tx_limit: TxLimit,
+    /// Receive slots handled and not yet reposted: reposted at the end of the pass, or held
+    /// while the backlog is over `tx_limit`.
+    rx_handled: Vec<u32>,
+    /// Receives are held for the backlog (for the log line at each change).
+    rx_paused: bool,
     /// Buffers the device may still read or write: released once the send queue has
     /// retired the sequence number they are paired with.
     held: Vec<(u64, IoBuf)>,
@@ -504,6 +559,13 @@ impl<Q: IserQp> IserDatamover<Q> {
             sq_posted: 0,
             sq_retired: 0,
             signaled: VecDeque::new(),
+            posted: TxBytes::default(),
+            completed: TxBytes::default(),
+            pending_unbudgeted: 0,
+            pending_budgeted: 0,
+            tx_limit: TxLimit::default(),
+            rx_handled: Vec::new(),
+            rx_paused: false,
             held: Vec::new(),
             held_transfers: Vec::new(),
             pending: VecDeque::new(),
@@ -631,8 +693,13 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// Stages a send-queue work request for this pass's doorbell; returns its sequence number.
     fn push_tx(&mut self, wr: SendWr) -> u64 {
         self.sq_posted += 1;
+        match wr.op {
+            SendOp::Send | SendOp::SendInvalidate(_) => self.posted.unbudgeted += u64::from(wr.sge.len),
+            SendOp::RdmaWrite { .. } => self.posted.budgeted += u64::from(wr.sge.len),
+            SendOp::RdmaRead { .. } => {}
+        }
         if wr.signaled {
-            self.signaled.push_back(self.sq_posted);
+            self.signaled.push_back((self.sq_posted, self.posted));
         }
         self.tx.push(wr);
         self.sq_posted
@@ -661,8 +728,9 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// A signaled send-queue work request completed: it and everything posted before it
     /// are done; the buffers they named go back.
     fn retire_signaled(&mut self) {
-        if let Some(seq) = self.signaled.pop_front() {
+        if let Some((seq, posted)) = self.signaled.pop_front() {
             self.sq_retired = seq;
+            self.completed = posted;
             let retired = self.sq_retired;
             self.held.retain(|(f, _)| *f > retired);
             self.held_transfers.retain(|(f, _)| *f > retired);
@@ -829,13 +897,71 @@ impl<Q: IserQp> IserDatamover<Q> {
         (off, last)
     }
 
+    /// Queues a send behind the others (`front`: before them), counted in the backlog.
+    fn enqueue(&mut self, item: Pending, front: bool) {
+        let (u, b) = item.size();
+        self.pending_unbudgeted += u;
+        self.pending_budgeted += b;
+        if front {
+            self.pending.push_front(item);
+        } else {
+            self.pending.push_back(item);
+        }
+    }
+
+    /// Takes the first queued send out of the backlog's count.
+    fn dequeue(&mut self) -> Option<Pending> {
+        let item = self.pending.pop_front()?;
+        let (u, b) = item.size();
+        self.pending_unbudgeted = self.pending_unbudgeted.saturating_sub(u);
+        self.pending_budgeted = self.pending_budgeted.saturating_sub(b);
+        Some(item)
+    }
+
+    /// Counts `pending` again (after it was filtered).
+    fn recount_pending(&mut self) {
+        let (u, b) = self.pending.iter().map(Pending::size).fold((0, 0), |(u, b), (pu, pb)| (u + pu, b + pb));
+        self.pending_unbudgeted = u;
+        self.pending_budgeted = b;
+    }
+
+    /// Hands the handled receive slots back to the QP with this pass's doorbell, unless more
+    /// than the limit is queued for the initiator: then they are held (it can send no more
+    /// than the receives still posted) until it has taken enough of the backlog.
+    fn repost_receives(&mut self) {
+        if self.rx_handled.is_empty() {
+            return;
+        }
+        let b = self.tx_backlog();
+        let over = self.tx_limit.exceeded_by(&b);
+        if over != self.rx_paused {
+            self.rx_paused = over;
+            if over {
+                log::debug!(
+                    "iSER: {} bytes queued for the initiator ({} outside I/O buffers, {} sends waiting): its receives are held until it takes them",
+                    b.total,
+                    b.unbudgeted,
+                    self.pending.len()
+                );
+            } else {
+                log::debug!("iSER: send backlog down to {} bytes: {} receives reposted", b.total, self.rx_handled.len());
+            }
+        }
+        if over {
+            return;
+        }
+        for slot in self.rx_handled.drain(..) {
+            self.rx.push((wr_id(KIND_RECV, 0, slot), self.recv.sge(slot, self.recv.slot_size())));
+        }
+    }
+
     fn flush_pending(&mut self, events: &mut Vec<DmEvent>) -> usize {
         let mut n = 0;
-        while let Some(item) = self.pending.pop_front() {
+        while let Some(item) = self.dequeue() {
             match self.try_send(item, events) {
                 Ok(()) => n += 1,
                 Err(item) => {
-                    self.pending.push_front(item);
+                    self.enqueue(item, true);
                     break;
                 }
             }
@@ -990,9 +1116,9 @@ impl<Q: IserQp> IserDatamover<Q> {
         if self.dead {
             return;
         }
-        // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell.
-        let sge = self.recv.sge(slot, self.recv.slot_size());
-        self.rx.push((wr_id(KIND_RECV, 0, slot), sge));
+        // The PDU was copied out: the buffer goes back to the QP with this pass's doorbell,
+        // or waits while the initiator leaves too much unread ([`Self::repost_receives`]).
+        self.rx_handled.push(slot);
     }
 
     /// A Hello (RFC 7145 §5.1, §9): valid only as the first message of full-feature phase
@@ -1024,7 +1150,7 @@ impl<Q: IserQp> IserDatamover<Q> {
             self.terminating = true;
             IserHeader::HelloReply { reject: true, max_ver: ISER_VERSION, cur_ver: ISER_VERSION, ord: 0 }
         };
-        self.pending.push_front(Pending::HelloReply(reply));
+        self.enqueue(Pending::HelloReply(reply), true);
     }
 
     /// The STag a response to task `itt` may invalidate: the Read STag, else the Write STag
@@ -1122,12 +1248,12 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             }
             _ => None,
         };
-        self.pending.push_back(Pending::Control(pdu, inv));
+        self.enqueue(Pending::Control(pdu, inv), false);
     }
 
     fn put_data(&mut self, req: PutData) {
         let gen = self.tasks.get(&req.itt).map(|t| t.gen);
-        self.pending.push_back(Pending::Put { put: req, gen, sent: 0, fence: None });
+        self.enqueue(Pending::Put { put: req, gen, sent: 0, fence: None }, false);
     }
 
     fn get_data(&mut self, req: GetData) {
@@ -1234,6 +1360,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
             }
         }
         self.pending = kept;
+        self.recount_pending();
         buf
     }
 
@@ -1269,8 +1396,10 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
                 }
                 if flushed {
                     // The QP is in error (the peer disconnected, or we did): a flushed
-                    // receive says so at once; nothing more will arrive.
-                    if wc.wr_id & KIND_MASK == KIND_RECV && !self.terminating {
+                    // receive says so at once; nothing more will arrive. So does a flushed
+                    // send when no receive is posted (all held for the backlog).
+                    let says_so = wc.wr_id & KIND_MASK == KIND_RECV || self.rx_handled.len() == self.recv.count();
+                    if says_so && !self.terminating {
                         self.fail("connection lost (receive queue flushed)".into(), events);
                     }
                     continue;
@@ -1295,6 +1424,7 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         if self.dead {
             return work;
         }
+        self.repost_receives();
         self.doorbell(events);
         let quiet = self.send.free.len() == self.send.count()
             && self.send_large.free.len() == self.send_large.count()
@@ -1324,6 +1454,21 @@ impl<Q: IserQp> Datamover for IserDatamover<Q> {
         if self.spare.len() < 64 && segment.capacity() <= riser_buf::MAX_SPARE_VEC {
             self.spare.push(segment);
         }
+    }
+
+    /// The sends waiting for a send-queue entry or a send slot, and the SENDs and RDMA
+    /// Writes posted whose completion has not come: the initiator has not taken them yet
+    /// (an RC SEND completes once the initiator's receive has it). `sent`: bytes of those
+    /// completed.
+    fn tx_backlog(&self) -> TxBacklog {
+        let in_flight = |p: u64, c: u64| usize::try_from(p.saturating_sub(c)).unwrap_or(usize::MAX);
+        let unbudgeted = self.pending_unbudgeted.saturating_add(in_flight(self.posted.unbudgeted, self.completed.unbudgeted));
+        let budgeted = self.pending_budgeted.saturating_add(in_flight(self.posted.budgeted, self.completed.budgeted));
+        TxBacklog { unbudgeted, total: unbudgeted.saturating_add(budgeted), sent: self.completed.unbudgeted + self.completed.budgeted }
+    }
+
+    fn limit_tx_queue(&mut self, limit: TxLimit) {
+        self.tx_limit = limit;
     }
 }
 
@@ -2436,5 +2581,158 @@ mod tests {
             assert_eq!(failed, vec![(Itt(7), "solicited data outside the task's buffer")]);
         }
         assert!(d.qp.queued.is_empty(), "no RDMA Read for a piece outside its buffer");
+    }
+
+    /// A NOP-Out ping (immediate, TTT reserved) with `data` bytes of ping data.
+    fn ping(itt: u32, data: usize) -> Vec<u8> {
+        let mut m = IserHeader::TARGET_CONTROL.to_vec();
+        let pdu = Pdu::with_data(Op::NopOut(riser_iscsi::testing::nop_out(Itt(itt), Sn(1))), vec![0x77; data]);
+        pdu.encode_message(&mut m).unwrap();
+        m
+    }
+
+    /// One pass as the connection makes it: poll, answer each NOP-Out with its NOP-In echo
+    /// (ping data included), flush. Returns the PDUs received.
+    fn echo_pass(d: &mut IserDatamover<FakeQp>) -> usize {
+        use riser_iscsi::pdu::NopIn;
+        use riser_iscsi::serial::Ttt;
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        let mut n = 0;
+        for e in ev {
+            let DmEvent::Control(p) = e else { panic!("only pings arrive") };
+            let Op::NopOut(o) = p.op() else { panic!("only pings arrive") };
+            let nop_in = NopIn { lun: Lun(0), itt: o.itt, ttt: Ttt::RESERVED, stat_sn: Sn(0), exp_cmd_sn: Sn(0), max_cmd_sn: Sn(0) };
+            d.send_control(Pdu::with_data(Op::NopIn(nop_in), p.data.clone()));
+            n += 1;
+        }
+        let mut ev = Vec::new();
+        d.flush(&mut ev);
+        assert!(ev.is_empty());
+        n
+    }
+
+    /// Ping data of the flood: each echo takes a large send slot (8 of them).
+    const FLOOD_PING: usize = 4000;
+    const FLOOD_ECHO: usize = ISER_HDR_LEN + BHS_LEN + FLOOD_PING;
+
+    /// An initiator that posts no receives (none of our SENDs completes) and sends NOP-Out
+    /// pings with data as long as it has receive credits, under a limit of `limit` bytes.
+    /// Returns the pings it could send.
+    fn flood(d: &mut IserDatamover<FakeQp>, limit: TxLimit) -> usize {
+        d.limit_tx_queue(limit);
+        let s0 = d.tx_backlog().sent;
+        let mut delivered = 0;
+        while !d.qp.recvs.is_empty() && delivered < 5000 {
+            deliver(d, &ping(delivered as u32, FLOOD_PING));
+            delivered += 1;
+            assert_eq!(echo_pass(d), 1);
+        }
+        let ring = d.recv.count();
+        assert!(d.qp.recvs.is_empty(), "the initiator runs out of receive credits ({delivered} pings sent)");
+        assert_eq!(d.rx_handled.len(), ring, "every handled receive held");
+        // The backlog reached the limit, then the initiator could only use the receives
+        // still posted: at most a ring's worth of answers beyond it.
+        assert!(delivered <= limit.unbudgeted / FLOOD_ECHO + 1 + ring, "{delivered} pings");
+        let b = d.tx_backlog();
+        assert_eq!(b, TxBacklog { unbudgeted: delivered * FLOOD_ECHO, total: delivered * FLOOD_ECHO, sent: s0 });
+        assert!(b.unbudgeted <= limit.unbudgeted + (ring + 1) * FLOOD_ECHO && limit.exceeded_by(&b));
+        assert_eq!(d.pending.len(), delivered - SEND_ROOM, "all but the SENDs posted wait, bounded");
+        // More passes without a completion repost nothing.
+        for _ in 0..10 {
+            assert_eq!(echo_pass(d), 0);
+        }
+        assert!(d.qp.recvs.is_empty());
+        delivered
+    }
+
+    /// A peer that never posts receives, so that none of our SENDs completes (rnr_retry_count
+    /// 7 retries for ever), and floods NOP-Outs with ping data, each answered by a NOP-In
+    /// echo: once more than the limit is queued for it, its receive slots are held, not
+    /// reposted, so the pending sends stay bounded by the limit and the ring. When its SENDs
+    /// complete the backlog drains, every echo goes out in order, `sent` advances with the
+    /// completions, and the receives are reposted: the next request gets through. (Before
+    /// the bound, every receive was reposted at once and the flood ran to its 5000 pings.)
+    #[test]
+    fn a_flood_of_pings_that_nobody_takes_holds_the_receives_until_the_answers_complete() {
+        let limit = TxLimit::new(64 << 10);
+        let mut d = ffp_dm(IserConfig::default());
+        let ring = d.recv.count();
+        let s0 = d.tx_backlog().sent;
+        let delivered = flood(&mut d, limit);
+
+        // The initiator takes the SENDs: the first 8 complete, `sent` moves.
+        wire(&mut d);
+        echo_pass(&mut d);
+        assert_eq!(d.tx_backlog().sent, s0 + (SEND_ROOM * FLOOD_ECHO) as u64, "sent advances with the completions");
+        let mut passes = 0;
+        while d.qp.sent.len() < delivered || !d.qp.queued.is_empty() || !d.qp.done.is_empty() {
+            wire(&mut d);
+            assert_eq!(echo_pass(&mut d), 0);
+            passes += 1;
+            assert!(passes < 10_000, "the backlog drains");
+        }
+        assert_eq!(d.tx_backlog(), TxBacklog { unbudgeted: 0, total: 0, sent: s0 + (delivered * FLOOD_ECHO) as u64 });
+        assert!(d.pending.is_empty() && d.idle());
+        for (i, m) in d.qp.sent.iter().enumerate() {
+            let p = Pdu::decode_message(&m[ISER_HDR_LEN..], 8192).unwrap();
+            assert!(matches!(p.op(), Op::NopIn(n) if n.itt == Itt(i as u32)), "echo {i} in order");
+            assert_eq!(p.data, vec![0x77; FLOOD_PING]);
+        }
+        assert_eq!(d.qp.recvs.len(), ring, "every receive reposted");
+        assert!(d.rx_handled.is_empty() && !d.rx_paused);
+        // The initiator's next request (a Logout, a TMF, a SNACK: here a ping) gets through.
+        deliver(&mut d, &ping(9999, 16));
+        assert_eq!(echo_pass(&mut d), 1);
+        assert_eq!(d.qp.recvs.len(), ring);
+    }
+
+    /// With every receive held for the backlog, a QP that goes to error still tears the
+    /// connection down: no receive is posted to flush, so the flushed SENDs say so.
+    #[test]
+    fn a_qp_in_error_with_every_receive_held_terminates() {
+        let mut d = ffp_dm(IserConfig::default());
+        flood(&mut d, TxLimit::new(64 << 10));
+        let flushed: Vec<Completion> =
+            d.qp.queued.iter().filter(|w| w.signaled).map(|w| Completion { wr_id: w.wr_id, error: Some(true), byte_len: 0 }).collect();
+        assert_eq!(flushed.len(), SEND_ROOM);
+        d.qp.done.extend(flushed);
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        assert_eq!(terminated(&ev), Some("connection lost (receive queue flushed)"));
+        assert!(d.qp.disconnected && d.dead);
+        let mut ev = Vec::new();
+        assert_eq!(d.poll(&mut ev), 0);
+        assert!(ev.is_empty());
+    }
+
+    /// Read data counts in the total backlog (it lives in the task's budgeted buffer), its
+    /// response outside the I/O buffers, from Put_Data until the response SEND completes.
+    #[test]
+    fn read_data_counts_in_the_backlog_until_its_writes_complete() {
+        let mut d = ffp_dm(IserConfig::default());
+        let before = d.tx_backlog().sent;
+        deliver(&mut d, &command(1, true, false, 200_000, vec![]));
+        let mut ev = Vec::new();
+        d.poll(&mut ev);
+        let r = response(1);
+        let r_len = message_len(&r);
+        d.put_data(PutData {
+            itt: Itt(1),
+            lun: Lun(0),
+            buf: riser_bdev::IoBuf::from(vec![1u8; 200_000]),
+            len: 200_000,
+            offset: 0,
+            response: Some(r),
+            sn: SnState::default(),
+        });
+        let queued = TxBacklog { unbudgeted: r_len, total: r_len + 200_000, sent: before };
+        assert_eq!(d.tx_backlog(), queued);
+        d.poll(&mut ev);
+        assert!(!d.qp.queued.is_empty());
+        assert_eq!(d.tx_backlog(), queued, "posted, not yet completed");
+        wire(&mut d);
+        d.poll(&mut ev);
+        assert_eq!(d.tx_backlog(), TxBacklog { unbudgeted: 0, total: 0, sent: before + (r_len + 200_000) as u64 });
     }
 }

@@ -626,4 +626,10 @@ impl Datamover for IserConnection {
     fn recycle(&mut self, segment: Vec<u8>) {
         self.dm.recycle(segment)
     }
+    fn tx_backlog(&self) -> riser_iscsi::ffp::TxBacklog {
+        self.dm.tx_backlog()
+    }
+    fn limit_tx_queue(&mut self, limit: riser_iscsi::ffp::TxLimit) {
+        self.dm.limit_tx_queue(limit)
+    }
 }
