@@ -7,19 +7,23 @@
 //! ([`Lun::reset_local`]) before acknowledging. Devices without shared state (local ones)
 //! have none of this.
 //!
-//! The notify blocks on the network, so it runs on a worker of the bounded pool of
-//! `pr::work` (no thread per reset; a full backlog leaves the reset on this gateway, logged);
-//! the reactor that handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
+//! The notify blocks on the network, so it runs on a worker thread, never on the reactor:
+//! on a small pool of its own ([`ANNOUNCE_WORKERS`] threads, at most [`ANNOUNCE_PER_LUN`]
+//! announcements of one LUN waiting), not on the pool of `pr::work` that PERSISTENT RESERVE
+//! OUT work runs on. A flood of PR OUTs (full queues, every PR worker held by a stalled
+//! cluster) therefore never delays or refuses a reset's announcement; past its own bound
+//! (a LUN reset over and over) the reset stays on this gateway, logged. The reactor that
+//! handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
 //! task management response goes out after every gateway queued its unit attention, and a
 //! peer that is gone (its watch not yet expired) costs that much and no more. Tasks the
 //! other gateways are running are not aborted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Weak};
-
-use crate::pr::work::{self, Serial};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
+
+use crate::pr::work::{self, Pool, Serial};
 
 use riser_bdev::SharedStateHandle;
 
@@ -27,6 +31,22 @@ use crate::lun::{Lun, ResetKind};
 
 /// Longest a reactor waits for the other gateways to acknowledge a reset.
 pub const ANNOUNCE_WAIT: Duration = Duration::from_millis(500);
+
+/// Worker threads that only announce resets. Two, so that one LUN whose cluster does not
+/// answer (a notify that waits for its timeout) holds one and another LUN's reset still
+/// goes out at once; one LUN never holds more than one (its announcements run in order).
+pub(crate) const ANNOUNCE_WORKERS: usize = 2;
+
+/// Announcements of one LUN waiting at most; past it a reset stays on this gateway. Resets
+/// come from task management requests, not PR OUT floods, and four queued behind a stalled
+/// one already tell the other gateways all there is to tell.
+pub(crate) const ANNOUNCE_PER_LUN: usize = 4;
+
+/// The process's pool for announcements: theirs alone, so that PR work never delays them.
+fn announce_pool() -> Arc<Pool> {
+    static POOL: OnceLock<Arc<Pool>> = OnceLock::new();
+    POOL.get_or_init(|| Pool::new("lu-events", ANNOUNCE_WORKERS, ANNOUNCE_PER_LUN)).clone()
+}
 
 /// This process's mark on its own notifications (it receives them too).
 fn process_nonce() -> u64 {
@@ -62,6 +82,14 @@ fn kind_of(s: &str) -> Option<ResetKind> {
     }
 }
 
+/// This LUN's mark on its own notifications: the process's, made distinct per LUN (an odd
+/// multiplier is a bijection), so that two LUNs of one process over the same device hear
+/// each other's resets as any two gateways do (they are one logical unit).
+fn lun_nonce() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    process_nonce() ^ SEQ.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// The notification: `reset <kind> <lun id> <nonce>`.
 fn encode(kind: ResetKind, lun: u64, nonce: u64) -> Vec<u8> {
     format!("reset {} {lun} {nonce:x}", kind_name(kind)).into_bytes()
@@ -85,7 +113,9 @@ fn decode(payload: &[u8], nonce: u64) -> Option<ResetKind> {
 pub(crate) struct LuEvents {
     shared: SharedStateHandle,
     lun: u64,
-    /// This LUN's announcements on the pool, in order.
+    /// This LUN's mark on its notifications ([`lun_nonce`]).
+    nonce: u64,
+    /// This LUN's announcements on their pool, in order.
     serial: Arc<Serial>,
 }
 
@@ -95,7 +125,7 @@ impl LuEvents {
     pub(crate) fn open(lun: &Arc<Lun>) -> Option<LuEvents> {
         let weak: Weak<Lun> = Arc::downgrade(lun);
         let id = lun.id();
-        let nonce = process_nonce();
+        let nonce = lun_nonce();
         let on_notify = Box::new(move |p: &[u8]| {
             if let (Some(kind), Some(l)) = (decode(p, nonce), weak.upgrade()) {
                 log::info!("LUN {id}: {} reset by another gateway", kind_name(kind));
@@ -103,7 +133,7 @@ impl LuEvents {
             }
         });
         match lun.bdev().shared_state("lu", on_notify)? {
-            Ok(shared) => Some(LuEvents { shared, lun: id, serial: Arc::default() }),
+            Ok(shared) => Some(LuEvents { shared, lun: id, nonce, serial: Arc::default() }),
             Err(e) => {
                 log::warn!("LUN {id}: resets will not reach other gateways: {e}");
                 None
@@ -115,7 +145,7 @@ impl LuEvents {
     pub(crate) fn announce(&self, kind: ResetKind) {
         let (tx, rx) = mpsc::channel();
         let shared = self.shared.clone();
-        let payload = encode(kind, self.lun, process_nonce());
+        let payload = encode(kind, self.lun, self.nonce);
         let lun = self.lun;
         let task: work::Task = Box::new(move || {
             let r = shared.notify(&payload);
@@ -126,7 +156,12 @@ impl LuEvents {
         });
         let queued = {
             let mut q = self.serial.lock();
-            work::pool().submit(&self.serial, &mut q, task)
+            let r = announce_pool().submit(&self.serial, &mut q, task);
+            if matches!(r, Err(work::Refused::Full)) && !q.log_refusal() {
+                // Logged for the first and every 1000th.
+                return;
+            }
+            r
         };
         match queued {
             Ok(()) => {
@@ -134,7 +169,12 @@ impl LuEvents {
                     log::warn!("LUN {lun}: other gateways not told of the reset within {ANNOUNCE_WAIT:?}; not waiting longer");
                 }
             }
-            Err(why) => log::warn!("LUN {lun}: cannot tell other gateways of the reset ({why:?}: the worker pool is busy); it stays on this gateway"),
+            Err(work::Refused::Full) => log::warn!(
+                "LUN {lun}: {ANNOUNCE_PER_LUN} announcements of resets already wait (the cluster is slow to answer?); this reset stays on this gateway"
+            ),
+            Err(work::Refused::NoThread) => {
+                log::warn!("LUN {lun}: cannot tell other gateways of the reset (no worker thread); it stays on this gateway")
+            }
         }
     }
 }
@@ -155,5 +195,6 @@ mod tests {
         assert_eq!(decode(b"pr 1 2", 2), None);
         assert_ne!(process_nonce(), 0);
         assert_eq!(process_nonce(), process_nonce());
+        assert_ne!(lun_nonce(), lun_nonce());
     }
 }

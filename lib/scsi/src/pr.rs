@@ -365,13 +365,26 @@ pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]
     } else {
         Box::new(move || done.finish(pr_out_durable(&l, &n, &req)))
     };
-    if let Err(why) = work::pool().submit(serial, &mut q, task) {
-        log::warn!(
-            "LUN {}: PERSISTENT RESERVE OUT (service action {:#x}) from {} not started: {why:?}",
-            lun.id(),
-            req.sa,
-            nexus.initiator_port()
-        );
+    let pool = work::pool();
+    if let Err(why) = pool.submit(serial, &mut q, task) {
+        match why {
+            work::Refused::Full if q.log_refusal() => log::warn!(
+                "LUN {}: {} PERSISTENT RESERVE OUTs already wait for their turn; BUSY to the one (service action {:#x}) from {} ({} refused so far on this LUN; other LUNs are not affected)",
+                lun.id(),
+                pool.per_serial(),
+                req.sa,
+                nexus.initiator_port(),
+                q.refused()
+            ),
+            // Logged above for the first and every 1000th: a flood must not flood the log.
+            work::Refused::Full => {}
+            work::Refused::NoThread => log::warn!(
+                "LUN {}: PERSISTENT RESERVE OUT (service action {:#x}) from {} not started: no worker thread",
+                lun.id(),
+                req.sa,
+                nexus.initiator_port()
+            ),
+        }
         return Err(why.to_error());
     }
     Ok(PrOutcome::Deferred(d))

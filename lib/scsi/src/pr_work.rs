@@ -2,46 +2,55 @@
 //! write (write, fsync, rename, fsync of the directory) and every change of a device's
 //! shared state (reads, compare-and-swap writes and notifies over the network). A reactor
 //! never waits for either; the executor polls the command's [`Deferred`] result. The
-//! announcements of resets to other gateways (`lu_events`) run here too.
+//! announcements of resets to other gateways (`lu_events`) run on a pool of their own of
+//! the same kind, so that PR work never stands in their way.
 //!
 //! * **A fixed number of threads** ([`WORKERS`]), started at the first use and kept: a
 //!   flood of PR OUTs costs no more threads than one.
-//! * **A bounded backlog** ([`QUEUED`] tasks submitted and not started yet, over every
-//!   LUN): past it, the command is answered BUSY at once (SAM-5 5.3.1: the logical unit
-//!   cannot accept it now; the initiator retries later, and does not shrink its queue
-//!   depth as TASK SET FULL would make it), never queued without bound.
+//! * **A bounded backlog per LUN** ([`PER_LUN`] tasks of one LUN submitted and not started
+//!   yet): past it, that LUN's command is answered BUSY at once (SAM-5 5.3.1: the logical
+//!   unit cannot accept it now; the initiator retries later, and does not shrink its queue
+//!   depth as TASK SET FULL would make it), never queued without bound. The bound is per
+//!   LUN, not shared: an initiator that floods one LUN fills that LUN's queue only, and
+//!   every other LUN's PR OUTs are still accepted. All together at most `PER_LUN` tasks
+//!   per LUN wait, and LUNs are made by the operator, not by initiators.
 //! * **One LUN's work runs in order, one task at a time** ([`Serial`]): the second of two
 //!   PR OUTs sees, and makes durable, the state the first left. A LUN whose device is slow
-//!   (a cluster that does not answer for 30 s) holds at most one worker; the others serve
-//!   the other LUNs, each taking turns one task at a time.
+//!   (a cluster that does not answer for 30 s) holds at most one worker (a serial is in
+//!   the ready list, or on a worker, at most once); the others serve the other LUNs, each
+//!   taking turns one task at a time.
 //! * **No reactor waits on a lock held across I/O**: a [`Serial`]'s lock and the pool's
 //!   are held only to queue and dequeue.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use crate::sense::{CmdError, CmdResult, Status};
 
 /// Worker threads of the process's pool.
 pub(crate) const WORKERS: usize = 4;
-/// Tasks submitted and not started yet, over every LUN, before a PR OUT is answered BUSY.
-pub(crate) const QUEUED: usize = 256;
+/// Tasks of one LUN submitted and not started yet before its next PR OUT is answered BUSY.
+/// Per LUN so that one initiator flooding one LUN (a few sessions, each at full queue
+/// depth) cannot make every other LUN's PR OUTs BUSY; 16 is far more than initiators keep
+/// in flight on one LUN in practice (a PR OUT is rare: cluster fencing, a failover), and
+/// small enough that the worst case, every LUN full, stays a few thousand small closures.
+pub(crate) const PER_LUN: usize = 16;
 
 pub(crate) type Task = Box<dyn FnOnce() + Send>;
 
 /// Why a task was not queued.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Refused {
-    /// The backlog is at its bound.
+    /// This LUN's backlog is at its bound.
     Full,
     /// No worker thread could be started.
     NoThread,
 }
 
 impl Refused {
-    /// The command's answer: BUSY when the backlog is full (try again later), an internal
+    /// The command's answer: BUSY when the LUN's backlog is full (try again later), an internal
     /// error when there is no thread to run it at all.
     pub fn to_error(&self) -> CmdError {
         match self {
@@ -67,12 +76,25 @@ pub(crate) struct SerialQ {
     tasks: VecDeque<Task>,
     /// Queued in the pool's ready list or being run by a worker.
     running: bool,
+    /// Tasks refused for a full queue (so that the caller logs the first and then every
+    /// 1000th only: a flood must not flood the log too).
+    refused: u64,
 }
 
 impl SerialQ {
     /// Nothing queued and nothing running.
     pub fn idle(&self) -> bool {
         !self.running && self.tasks.is_empty()
+    }
+
+    /// Whether a refusal just returned is worth a log line: the first, then every 1000th.
+    pub fn log_refusal(&self) -> bool {
+        self.refused % 1000 == 1
+    }
+
+    /// Tasks refused so far for a full queue.
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 }
 
@@ -89,34 +111,38 @@ impl Serial {
     }
 }
 
-/// A fixed set of worker threads and a bounded backlog.
+/// A fixed set of worker threads and a bounded backlog per [`Serial`].
 pub(crate) struct Pool {
     name: &'static str,
     workers: usize,
-    capacity: usize,
+    /// Tasks of one serial waiting at most.
+    per_serial: usize,
     /// Serials with a task to run, in the order they became ready.
     ready: Mutex<VecDeque<Arc<Serial>>>,
     wake: Condvar,
-    /// Tasks queued and not started.
+    /// Tasks queued and not started, over every serial.
     queued: AtomicUsize,
     /// Threads started.
     threads: Mutex<usize>,
-    /// Tasks refused for a full backlog (for the log).
-    refused: AtomicU64,
 }
 
 impl Pool {
-    pub fn new(name: &'static str, workers: usize, capacity: usize) -> Arc<Pool> {
+    /// `workers` threads; at most `per_serial` tasks of one serial wait.
+    pub fn new(name: &'static str, workers: usize, per_serial: usize) -> Arc<Pool> {
         Arc::new(Pool {
             name,
             workers: workers.max(1),
-            capacity,
+            per_serial: per_serial.max(1),
             ready: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             queued: AtomicUsize::new(0),
             threads: Mutex::new(0),
-            refused: AtomicU64::new(0),
         })
+    }
+
+    /// Tasks of one serial that may wait.
+    pub fn per_serial(&self) -> usize {
+        self.per_serial
     }
 
     /// Worker threads started so far (never more than `workers`).
@@ -150,25 +176,17 @@ impl Pool {
     }
 
     /// Queues `task` on `serial` (whose lock the caller holds as `q`): it runs after the
-    /// serial's earlier tasks. Refused at once when the backlog is full.
+    /// serial's earlier tasks. Refused at once when the serial's backlog is full (other
+    /// serials' backlogs do not count), then [`SerialQ::log_refusal`] says whether to log.
     pub fn submit(self: &Arc<Self>, serial: &Arc<Serial>, q: &mut SerialQ, task: Task) -> Result<(), Refused> {
         if !self.ensure_workers() {
             return Err(Refused::NoThread);
         }
-        let cap = self.capacity;
-        if self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).is_err() {
-            let n = self.refused.fetch_add(1, Ordering::Relaxed);
-            // The first, then every 1000th: a flood must not flood the log too.
-            if n.is_multiple_of(1000) {
-                log::warn!(
-                    "{}: {cap} tasks already wait for its {} worker thread(s); refusing more ({} refused so far)",
-                    self.name,
-                    self.workers,
-                    n + 1
-                );
-            }
+        if q.tasks.len() >= self.per_serial {
+            q.refused += 1;
             return Err(Refused::Full);
         }
+        self.queued.fetch_add(1, Ordering::AcqRel);
         q.tasks.push_back(task);
         if !q.running {
             q.running = true;
@@ -209,15 +227,15 @@ impl Pool {
     }
 }
 
-/// The process's pool for PERSISTENT RESERVE OUT work ([`WORKERS`] threads, [`QUEUED`]
-/// tasks waiting at most).
+/// The process's pool for PERSISTENT RESERVE OUT work ([`WORKERS`] threads, [`PER_LUN`]
+/// tasks of one LUN waiting at most).
 pub(crate) fn pool() -> Arc<Pool> {
     #[cfg(test)]
     if let Some(p) = tests::OVERRIDE.with(|o| o.borrow().clone()) {
         return p;
     }
     static POOL: OnceLock<Arc<Pool>> = OnceLock::new();
-    POOL.get_or_init(|| Pool::new("pr-work", WORKERS, QUEUED)).clone()
+    POOL.get_or_init(|| Pool::new("pr-work", WORKERS, PER_LUN)).clone()
 }
 
 /// The result of work running on a worker thread, polled by the executor.
@@ -298,16 +316,16 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn many_tasks_run_on_at_most_the_workers_and_the_backlog_is_bounded() {
-        let p = Pool::new("test-pool", 2, 8);
+    fn many_tasks_run_on_at_most_the_workers_and_each_serials_backlog_is_bounded() {
+        let p = Pool::new("test-pool", 2, 3);
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let gate = Arc::new(Mutex::new(gate_rx));
         let (done_tx, done_rx) = mpsc::channel::<usize>();
-        // 10 LUNs: one task each may run, the others wait.
+        // 10 LUNs: one task each may run, 3 each wait, the others are refused.
         let serials: Vec<Arc<Serial>> = (0..10).map(|_| Arc::new(Serial::default())).collect();
         let mut accepted = 0;
-        let mut refused = 0;
-        for i in 0..40 {
+        let mut refused = [0u64; 10];
+        for i in 0..60 {
             let (g, d) = (gate.clone(), done_tx.clone());
             match submit(&p, &serials[i % 10], move || {
                 let _ = g.lock().unwrap().recv_timeout(Duration::from_secs(10));
@@ -317,14 +335,19 @@ pub(crate) mod tests {
                 Err(e) => {
                     assert_eq!(e, Refused::Full);
                     assert_eq!(e.to_error().status, Status::Busy);
-                    refused += 1;
+                    refused[i % 10] += 1;
                 }
             }
         }
+        // At most 2 started (holding the gate or waiting for it) and 3 waiting per LUN.
+        assert!((30..=32).contains(&accepted), "accepted {accepted}");
+        for (s, r) in serials.iter().zip(refused) {
+            assert!((2..=3).contains(&r), "refused {r} of one serial's 6");
+            assert_eq!(s.lock().refused(), r);
+            assert_eq!(s.lock().log_refusal(), r == 1);
+        }
+        assert!(p.queued() <= 30);
         assert_eq!(p.threads(), 2, "never more threads than workers");
-        // At most 2 started (holding the gate or waiting for it) and 8 waiting.
-        assert!((8..=10).contains(&accepted), "accepted {accepted}");
-        assert_eq!(accepted + refused, 40);
         for _ in 0..accepted {
             gate_tx.send(()).unwrap();
         }

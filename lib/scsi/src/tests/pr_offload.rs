@@ -278,3 +278,113 @@ fn a_full_backlog_answers_busy() {
     assert_eq!(keys(&mut e, &a), (4, vec![4]), "the refused one changed nothing");
     assert_eq!(pool.threads(), 1);
 }
+
+/// The backlog is bounded per LUN: one LUN flooded with PR OUTs (its cluster stalled, so
+/// none completes) gets BUSY past its own bound, while a PR OUT on another LUN is still
+/// accepted and completes meanwhile, on the pool's other worker (the flooded LUN holds one
+/// worker, never more). Those accepted on the flooded LUN complete, in order, once its
+/// cluster answers.
+///
+/// Before the change the bound was one backlog for the whole process: the flooded LUN
+/// filled it and the other LUN's PR OUT was BUSY too.
+#[test]
+fn a_flooded_lun_gets_busy_and_another_lun_is_still_served() {
+    // Two workers; three tasks of one LUN wait at most (before: three over all LUNs).
+    let pool = Pool::new("test-pool", 2, 3);
+    let _use = UsePool::new(&pool);
+    let (slow, fast) = (Arc::new(Store::default()), Arc::new(Store::default()));
+    let mut es = gateway(&slow);
+    let mut ef = gateway(&fast);
+    let a = es.a.clone();
+    slow.stalled.store(true, Ordering::Release);
+    let reads = slow.reads.load(Ordering::Acquire);
+    let first = submit_prout(&mut es, &a, 6, 0, 1, false);
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    while slow.reads.load(Ordering::Acquire) == reads {
+        es.dc.poll(&mut out);
+        assert!(t0.elapsed() < Duration::from_secs(10), "the first PR OUT never started");
+    }
+    // One running, three waiting: the next ones on this LUN are refused.
+    let queued: Vec<u64> = (2..=4).map(|k| submit_prout(&mut es, &a, 6, 0, k, false)).collect();
+    for k in 5..=8 {
+        let refused = submit_prout(&mut es, &a, 6, 0, k, false);
+        let r = wait_for(&mut es, &mut out, refused);
+        assert_eq!(r.status, Status::Busy, "{r:?}");
+    }
+    // Another LUN: accepted and done while the flooded one still waits for its cluster.
+    let fa = ef.a.clone();
+    let r = ef.run(&fa, &prout(6, 0, 0xF1, false).0, 24, Some(prout(6, 0, 0xF1, false).1));
+    assert_eq!(r.status, Status::Good, "a PR OUT on another LUN: {r:?}");
+    assert_eq!(keys(&mut ef, &fa), (1, vec![0xF1]));
+    out.extend(poll_for(&mut es, Duration::from_millis(20)));
+    assert!(out.iter().all(|r| r.tag != first && !queued.contains(&r.tag)), "done while the cluster stalls: {out:?}");
+    assert!(pool.threads() <= 2);
+    slow.stalled.store(false, Ordering::Release);
+    for tag in std::iter::once(first).chain(queued) {
+        let r = wait_for(&mut es, &mut out, tag);
+        assert_eq!(r.status, Status::Good, "{r:?}");
+    }
+    assert_eq!(keys(&mut es, &a), (4, vec![4]), "the refused ones changed nothing");
+}
+
+/// A LOGICAL UNIT RESET reaches the other gateway of its device while the PR work of this
+/// process is at its bounds (a LUN's queue full, its worker held by a stalled cluster):
+/// announcements have their own workers and queues.
+///
+/// Before the change the announcement was queued on the PR pool: refused (full), so the
+/// reset stayed on this gateway and the other one's nexus never got its unit attention.
+#[test]
+fn a_reset_reaches_the_other_gateway_while_pr_work_is_full() {
+    // One worker and three waiting tasks (before: over all LUNs; now: per LUN).
+    let pool = Pool::new("test-pool", 1, 3);
+    let _use = UsePool::new(&pool);
+    // The flood, on a device whose cluster is stalled.
+    let slow = Arc::new(Store::default());
+    let mut es = gateway(&slow);
+    let a = es.a.clone();
+    slow.stalled.store(true, Ordering::Release);
+    let reads = slow.reads.load(Ordering::Acquire);
+    let mut tags = vec![submit_prout(&mut es, &a, 6, 0, 1, false)];
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    while slow.reads.load(Ordering::Acquire) == reads {
+        es.dc.poll(&mut out);
+        assert!(t0.elapsed() < Duration::from_secs(10), "the first PR OUT never started");
+    }
+    tags.extend((2..=4).map(|k| submit_prout(&mut es, &a, 6, 0, k, false)));
+    let refused = submit_prout(&mut es, &a, 6, 0, 5, false);
+    assert_eq!(wait_for(&mut es, &mut out, refused).status, Status::Busy);
+
+    // Another device, exported by two gateways (two LUNs of this process over one store).
+    let store = Arc::new(Store::default());
+    let uuid = uuid::Uuid::new_v4();
+    let mut g1 = with_lun(shared_lun(&store, uuid));
+    let mut g2 = with_lun(shared_lun(&store, uuid));
+    let tur = [op::TEST_UNIT_READY, 0, 0, 0, 0, 0];
+    let b2 = g2.b.clone();
+    g2.ok(&b2, &tur, 0, None);
+    g1.lun.reset(crate::ResetKind::LunReset);
+    let b1 = g1.b.clone();
+    g1.check(&b1, &tur, 0, None, (6, 0x29, 3));
+    // The other gateway's nexus gets the reset's unit attention (the announcement may
+    // still be on its way after the reactor stopped waiting: polled, generously bounded).
+    let t0 = Instant::now();
+    loop {
+        let r = g2.run(&b2, &tur, 0, None);
+        if r.status == Status::CheckCondition {
+            assert_eq!(r.sense_triplet(), Some((6, 0x29, 3)), "{r:?}");
+            break;
+        }
+        assert_eq!(r.status, Status::Good, "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "the reset never reached the other gateway");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The PR work was full all along, and completes once its cluster answers.
+    out.extend(poll_for(&mut es, Duration::from_millis(5)));
+    assert!(out.iter().all(|r| !tags.contains(&r.tag)), "done while the cluster stalls: {out:?}");
+    slow.stalled.store(false, Ordering::Release);
+    for tag in tags {
+        assert_eq!(wait_for(&mut es, &mut out, tag).status, Status::Good);
+    }
+}
