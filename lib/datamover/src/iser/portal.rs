@@ -3,8 +3,11 @@
 //! generalization). The login itself is run by the server's login driver, like any other.
 //!
 //! One control-plane thread per portal owns the CM event channel. A connection's life:
-//! 1. CONNECT_REQUEST: a reactor is chosen for the connection (the server's placement: the
-//!    least loaded) and its RC QP created on that reactor's shared CQ for the device (see
+//! 1. CONNECT_REQUEST: rejected at once if the server would not start a login from the peer
+//!    (its login slots, in all and per source address: [`LoginSink::may_accept`]) or the
+//!    portal has `max_logins` connections logging in; nothing is built for it. Else a
+//!    reactor is chosen for the connection (the server's placement: the least loaded) and
+//!    its RC QP created on that reactor's shared CQ for the device (see
 //!    [`super::shared_cq`]: one CQ per reactor and device, owned and polled by that reactor
 //!    alone, which routes each completion to its QP's inbox by the route in its `wr_id`; a
 //!    new CQ's poller is attached to the reactor here). From then on the QP is the reactor's:
@@ -123,13 +126,15 @@ enum Reject {
 /// everyone else's connects. The portal's own cap follows the server's `max_logins` (a
 /// fixed, lower cap would be a limit shared by all sources, that two of them could fill).
 fn admit(pending: usize, peer: Option<SocketAddr>, sink: &dyn LoginSink) -> Result<SocketAddr, Reject> {
+    let peer = peer.ok_or(Reject::NoPeer)?;
+    // The server first: its refusal lines are rate-limited, and its slots are what a flood
+    // fills before the portal's own count (which only its own late bookkeeping can exceed).
+    if !sink.may_accept(peer) {
+        return Err(Reject::Refused);
+    }
     let cap = sink.max_logins().unwrap_or(DEFAULT_PENDING_LOGINS).max(1);
     if pending >= cap {
         return Err(Reject::Pending { pending, cap });
-    }
-    let peer = peer.ok_or(Reject::NoPeer)?;
-    if !sink.may_accept(peer) {
-        return Err(Reject::Refused);
     }
     Ok(peer)
 }
