@@ -131,6 +131,10 @@ pub struct IscsiSetOptions {
     /// riser extension: most discovery sessions (default 64).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_discovery_sessions: Option<u32>,
+    /// riser extension: most discovery sessions from one source address, an IPv6 /64
+    /// counting as one (default 4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_discovery_sessions_per_source: Option<u32>,
 }
 
 /// `iscsi_create_portal_group`.

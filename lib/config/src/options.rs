@@ -96,6 +96,10 @@ pub struct Options {
     pub max_logins_per_source: u32,
     /// riser: most discovery sessions at once (they do not count against `max_sessions`).
     pub max_discovery_sessions: u32,
+    /// riser: most discovery sessions from one source address (an IPv6 /64 counts as one),
+    /// so that one host cannot hold every discovery session (an initiator opens one at a
+    /// time and logs out after SendTargets).
+    pub max_discovery_sessions_per_source: u32,
 }
 
 impl Default for Options {
@@ -130,6 +134,7 @@ impl Default for Options {
             max_logins: 1024,
             max_logins_per_source: 32,
             max_discovery_sessions: 64,
+            max_discovery_sessions_per_source: 4,
         }
     }
 }
@@ -182,7 +187,8 @@ impl Options {
             default_time2wait, default_time2retain, first_burst_length, immediate_data,
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
             max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
-            max_tx_queue_bytes, login_timeout, max_logins, max_logins_per_source, max_discovery_sessions
+            max_tx_queue_bytes, login_timeout, max_logins, max_logins_per_source, max_discovery_sessions,
+            max_discovery_sessions_per_source
         );
         take!(data_out_timeout);
         o.validate()?;
@@ -215,6 +221,7 @@ impl Options {
         in_range("max_logins_per_source", self.max_logins_per_source, 1, MAX_LOGINS_LIMIT)?;
         // Normal and discovery sessions share the 65535 TSIHs.
         in_range("max_discovery_sessions", self.max_discovery_sessions, 1, 65535)?;
+        in_range("max_discovery_sessions_per_source", self.max_discovery_sessions_per_source, 1, 65535)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -250,6 +257,7 @@ impl Options {
             "max_logins": self.max_logins,
             "max_logins_per_source": self.max_logins_per_source,
             "max_discovery_sessions": self.max_discovery_sessions,
+            "max_discovery_sessions_per_source": self.max_discovery_sessions_per_source,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -383,6 +391,7 @@ mod tests {
             (json!({"max_logins": 0}), "max_logins: 0"),
             (json!({"max_logins_per_source": 65537}), "max_logins_per_source"),
             (json!({"max_discovery_sessions": 0}), "max_discovery_sessions"),
+            (json!({"max_discovery_sessions_per_source": 0}), "max_discovery_sessions_per_source: 0"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -407,6 +416,9 @@ mod tests {
         let o = e.target.options();
         assert_eq!((o.login_timeout, o.max_logins, o.max_logins_per_source, o.max_discovery_sessions), (5, 64, 4, 8));
         assert_eq!(o.info_json()["max_logins_per_source"], 4);
+        assert_eq!(o.max_discovery_sessions_per_source, 4, "the default");
+        e.ok("iscsi_set_options", json!({"max_discovery_sessions_per_source": 2}));
+        assert_eq!(e.target.options().info_json()["max_discovery_sessions_per_source"], 2);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

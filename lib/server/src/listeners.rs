@@ -24,6 +24,14 @@ impl LoginSink for Sink {
         }
     }
 
+    fn may_accept(&self, peer: SocketAddr) -> bool {
+        self.0.upgrade().is_some_and(|server| server.may_start_login(peer))
+    }
+
+    fn max_logins(&self) -> Option<usize> {
+        self.0.upgrade().map(|server| server.target.options().max_logins as usize)
+    }
+
     fn place(&self) -> usize {
         self.0.upgrade().map_or(0, |s| s.reactors.least_loaded())
     }
@@ -51,6 +59,11 @@ fn transport_name(t: Transport) -> &'static str {
 }
 
 impl IscsiServer {
+    /// The [`LoginSink`] a listener of this server gets (what a transport sees of it).
+    pub fn login_sink(self: &Arc<Self>) -> Arc<dyn LoginSink> {
+        Arc::new(Sink(Arc::downgrade(self)))
+    }
+
     /// Starts listeners for every portal of every started portal group and stops the ones
     /// no longer configured.
     pub fn sync_listeners(self: &Arc<Self>) {
@@ -86,7 +99,7 @@ impl IscsiServer {
                 continue;
             };
             let stop = Arc::new(AtomicBool::new(false));
-            let sink: Arc<dyn LoginSink> = Arc::new(Sink(Arc::downgrade(self)));
+            let sink = self.login_sink();
             let portal = PortalSpec { addr, portal_group_tag: tag };
             match transport.listen(portal, sink, stop.clone()) {
                 Ok(()) => {

@@ -11,10 +11,12 @@
 //!
 //! What a peer that has not logged in can hold is bounded: `max_logins` logins in progress,
 //! `max_logins_per_source` of them from one address, each for at most `login_timeout`
-//! seconds, sending included (options of `iscsi_set_options`).
+//! seconds, sending included (options of `iscsi_set_options`). An address is a [`Source`]:
+//! an IPv6 /64 counts as one, as a host is usually given a whole /64.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -35,6 +37,34 @@ use crate::IscsiServer;
 /// Stack of a login thread: it only parses text.
 const LOGIN_STACK: usize = 256 * 1024;
 
+/// The source address a per-source limit counts by: an IPv4 address (an IPv4-mapped IPv6
+/// one too, as what it is), or an IPv6 /64. A host usually has a whole /64 to itself (SLAAC,
+/// privacy addresses) and can pick any address in it, so counting IPv6 addresses one by one
+/// would give one host as many sources as it likes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Source(IpAddr);
+
+impl Source {
+    pub(crate) fn of(ip: IpAddr) -> Source {
+        match ip.to_canonical() {
+            IpAddr::V6(v6) => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                Source(IpAddr::V6(Ipv6Addr::from(prefix)))
+            }
+            v4 => Source(v4),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V4(a) => write!(f, "{a}"),
+            IpAddr::V6(a) => write!(f, "{a}/64"),
+        }
+    }
+}
+
 /// Logins in progress, in all and by source address: each holds a thread until its deadline,
 /// so both are bounded (options `max_logins`, `max_logins_per_source`), and a few hosts
 /// cannot take every slot.
@@ -46,7 +76,7 @@ pub(crate) struct LoginSlots {
 #[derive(Debug, Default)]
 struct SlotCounts {
     total: usize,
-    by_source: HashMap<IpAddr, usize>,
+    by_source: HashMap<Source, usize>,
 }
 
 /// Why no slot was given: the limit that is full, and how many hold it.
@@ -58,7 +88,7 @@ enum NoSlot {
 /// A login's slot; given back when dropped (the login ended, however).
 pub(crate) struct LoginSlot {
     slots: Arc<LoginSlots>,
-    source: IpAddr,
+    source: Source,
 }
 
 impl LoginSlots {
@@ -67,7 +97,7 @@ impl LoginSlots {
     }
 
     /// A slot for a login from `source`, if both limits allow.
-    fn take(self: &Arc<Self>, source: IpAddr, max: usize, per_source: usize) -> Result<LoginSlot, NoSlot> {
+    fn take(self: &Arc<Self>, source: Source, max: usize, per_source: usize) -> Result<LoginSlot, NoSlot> {
         let mut c = self.lock();
         if c.total >= max {
             return Err(NoSlot::Total(c.total));
@@ -100,16 +130,13 @@ impl Drop for LoginSlot {
 }
 
 impl IscsiServer {
-    /// Starts the login of a new connection on a thread of its own. False: refused, because
-    /// `max_logins` logins are in progress, or `max_logins_per_source` from the connection's
-    /// source address (the caller drops the connection; the refusal is logged here,
-    /// rate-limited).
-    pub fn start_login(self: &Arc<Self>, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool {
+    /// A login slot for a connection from `peer`, if `max_logins` and
+    /// `max_logins_per_source` allow; a refusal is counted and logged here (rate-limited).
+    fn login_slot(self: &Arc<Self>, peer: SocketAddr) -> Option<LoginSlot> {
         let o = self.target.options();
-        let peer = conn.peer();
-        let source = peer.ip().to_canonical();
-        let slot = match self.logins.take(source, o.max_logins as usize, o.max_logins_per_source as usize) {
-            Ok(slot) => slot,
+        let source = Source::of(peer.ip());
+        match self.logins.take(source, o.max_logins as usize, o.max_logins_per_source as usize) {
+            Ok(slot) => Some(slot),
             Err(NoSlot::Total(n)) => {
                 self.refusals.refused(Refusal::Logins, || {
                     format!(
@@ -118,7 +145,7 @@ impl IscsiServer {
                         o.max_logins
                     )
                 });
-                return false;
+                None
             }
             Err(NoSlot::Source(n)) => {
                 self.refusals.refused(Refusal::LoginsPerSource, || {
@@ -129,8 +156,28 @@ impl IscsiServer {
                         o.max_logins_per_source
                     )
                 });
-                return false;
+                None
             }
+        }
+    }
+
+    /// Whether a connection from `peer` would get a login slot now: what a transport that
+    /// spends resources on a connection before its login starts (an iSER QP) asks first, so
+    /// that stalled logins from a few sources cannot make it hold resources for everyone's
+    /// connects. A refusal is counted and logged as [`Self::start_login`]'s; a yes reserves
+    /// nothing ([`Self::start_login`] decides).
+    pub fn may_start_login(self: &Arc<Self>, peer: SocketAddr) -> bool {
+        self.login_slot(peer).is_some()
+    }
+
+    /// Starts the login of a new connection on a thread of its own. False: refused, because
+    /// `max_logins` logins are in progress, or `max_logins_per_source` from the connection's
+    /// source address (the caller drops the connection; the refusal is logged here,
+    /// rate-limited).
+    pub fn start_login(self: &Arc<Self>, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool {
+        let o = self.target.options();
+        let Some(slot) = self.login_slot(conn.peer()) else {
+            return false;
         };
         let me = self.clone();
         let timeout = Duration::from_secs(o.login_timeout as u64);
@@ -368,11 +415,11 @@ impl LoginPolicy for Policy<'_> {
     }
 
     fn check_session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionCheck, LoginStatus> {
-        self.server.check_session(who, &target.name, self.transport)
+        self.server.check_session(who, &target.name, self.transport, Source::of(self.peer))
     }
 
     fn commit_session(&mut self, who: &LoginIdentity, target: &TargetInfo) -> Result<SessionDecision, LoginStatus> {
-        let d = self.server.commit_session(who, &target.name, self.reactor, self.transport)?;
+        let d = self.server.commit_session(who, &target.name, self.reactor, self.transport, Source::of(self.peer))?;
         if !matches!(d, SessionDecision::AddConnection { .. }) {
             self.committed = Some(d.tsih());
         }
@@ -432,9 +479,8 @@ mod tests {
     #[test]
     fn login_slots_are_bounded_per_source_and_in_all() {
         let slots = Arc::new(LoginSlots::default());
-        let a: IpAddr = "10.0.0.1".parse().expect("addr");
-        let b: IpAddr = "10.0.0.2".parse().expect("addr");
-        let c: IpAddr = "10.0.0.3".parse().expect("addr");
+        let source = |a: &str| Source::of(a.parse().expect("addr"));
+        let (a, b, c) = (source("10.0.0.1"), source("10.0.0.2"), source("10.0.0.3"));
         let a1 = slots.take(a, 4, 2).ok().expect("a 1");
         let _a2 = slots.take(a, 4, 2).ok().expect("a 2");
         assert!(matches!(slots.take(a, 4, 2), Err(NoSlot::Source(2))));
@@ -450,5 +496,33 @@ mod tests {
         drop((_a2, _b1, _b2, c1, a3));
         assert_eq!(slots.in_progress(), 0);
         assert!(slots.lock().by_source.is_empty(), "no entry left for an address with no login");
+    }
+
+    /// The addresses of one IPv6 /64 are one source (a host picks any of them), those of
+    /// different /64s are not; IPv4, mapped into IPv6 or not, counts by address.
+    #[test]
+    fn ipv6_sources_count_by_their_64_prefix() {
+        let source = |a: &str| Source::of(a.parse().expect("addr"));
+        assert_eq!(source("2001:db8:1:2::1"), source("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_eq!(source("2001:db8:1:2:abcd::7"), source("2001:db8:1:2::"));
+        assert_ne!(source("2001:db8:1:2::1"), source("2001:db8:1:3::1"));
+        assert_eq!(source("::ffff:10.0.0.1"), source("10.0.0.1"), "IPv4-mapped is IPv4");
+        assert_ne!(source("::ffff:10.0.0.1"), source("::ffff:10.0.0.2"), "IPv4 is not masked");
+        assert_eq!(source("2001:db8:1:2::1").to_string(), "2001:db8:1:2::/64");
+        assert_eq!(source("::ffff:10.0.0.1").to_string(), "10.0.0.1");
+
+        // 40 logins from 40 addresses of one /64 share its per-source slots.
+        let slots = Arc::new(LoginSlots::default());
+        let mut held = Vec::new();
+        for i in 1..=40u16 {
+            let a = source(&format!("2001:db8:1:2::{i:x}"));
+            match slots.take(a, 1024, 32) {
+                Ok(s) => held.push(s),
+                Err(NoSlot::Source(n)) => assert!(i > 32 && n == 32, "login {i} refused with {n} held"),
+                Err(NoSlot::Total(_)) => panic!("not the total"),
+            }
+        }
+        assert_eq!(held.len(), 32);
+        assert!(slots.take(source("2001:db8:1:3::1"), 1024, 32).is_ok(), "another /64 is another source");
     }
 }

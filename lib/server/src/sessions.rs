@@ -19,6 +19,7 @@ use riser_iscsi::negotiate::Transport;
 use riser_iscsi::params::{SessionParams, SessionType};
 use riser_iscsi::pdu::LoginStatus;
 
+use crate::login::Source;
 use crate::stats::Refusal;
 use crate::IscsiServer;
 
@@ -31,6 +32,9 @@ pub(crate) struct Session {
     pub isid: u64,
     /// Empty for a discovery session.
     pub target_name: String,
+    /// Where the leading connection's login came from (discovery sessions are bounded per
+    /// source: `max_discovery_sessions_per_source`).
+    pub source: Source,
     /// Every connection of a session runs on this reactor (they share its CmdSN window).
     pub reactor: usize,
     /// The leading connection's negotiated session parameters, for connections that join.
@@ -105,6 +109,7 @@ impl IscsiServer {
         who: &LoginIdentity,
         target_name: &str,
         transport: Transport,
+        source: Source,
     ) -> Result<SessionCheck, LoginStatus> {
         let isid = isid_u64(&who.isid.0);
         let opts = self.target.options();
@@ -113,7 +118,7 @@ impl IscsiServer {
                 // A discovery session takes one connection; none is ever joined.
                 return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
             }
-            self.session_room(&self.sessions.lock(), who, &opts, false)?;
+            self.session_room(&self.sessions.lock(), who, source, &opts, false)?;
             return Ok(SessionCheck::Leading);
         }
         if who.tsih != 0 {
@@ -124,7 +129,7 @@ impl IscsiServer {
         }
         let sessions = self.sessions.lock();
         let reinstates = sessions.iter().any(|s| s.is_instance(who, isid, target_name));
-        self.session_room(&sessions, who, &opts, reinstates)?;
+        self.session_room(&sessions, who, source, &opts, reinstates)?;
         Ok(SessionCheck::Leading)
     }
 
@@ -138,6 +143,7 @@ impl IscsiServer {
         target_name: &str,
         reactor: Option<usize>,
         transport: Transport,
+        source: Source,
     ) -> Result<SessionDecision, LoginStatus> {
         let isid = isid_u64(&who.isid.0);
         let opts = self.target.options();
@@ -150,7 +156,7 @@ impl IscsiServer {
         }
         let mut sessions = self.sessions.lock();
         let old = sessions.iter().position(|s| s.is_instance(who, isid, target_name));
-        self.session_room(&sessions, who, &opts, old.is_some())?;
+        self.session_room(&sessions, who, source, &opts, old.is_some())?;
         let Some(tsih) = self.sessions.new_tsih(&sessions) else {
             log::warn!(
                 "login of {} refused: all 65535 TSIHs are in use ({} sessions in the table)",
@@ -176,15 +182,25 @@ impl IscsiServer {
             initiator_name: who.initiator_name.clone(),
             isid,
             target_name: target_name.to_string(),
+            source,
             reactor: reactor.unwrap_or_else(|| self.reactors.least_loaded()),
             params: None,
         });
         Ok(decision)
     }
 
-    /// Whether the table has room for the session `who` leads (`reinstates`: it replaces one,
-    /// so the count does not grow). A refusal says why in the log (rate-limited).
-    fn session_room(&self, sessions: &[Session], who: &LoginIdentity, opts: &Options, reinstates: bool) -> Result<(), LoginStatus> {
+    /// Whether the table has room for the session `who` leads from `source` (`reinstates`: it
+    /// replaces one, so the count does not grow). A discovery session also needs room among
+    /// its source's: one host must not hold every discovery session and shut everyone else
+    /// out of SendTargets. A refusal says why in the log (rate-limited).
+    fn session_room(
+        &self,
+        sessions: &[Session],
+        who: &LoginIdentity,
+        source: Source,
+        opts: &Options,
+        reinstates: bool,
+    ) -> Result<(), LoginStatus> {
         if reinstates {
             return Ok(());
         }
@@ -195,18 +211,35 @@ impl IscsiServer {
                 (Refusal::DiscoverySessions, discovery, opts.max_discovery_sessions, "max_discovery_sessions")
             }
         };
-        if n < limit as usize {
-            return Ok(());
-        }
         let kind = if who.session_type == SessionType::Discovery { "discovery session" } else { "session" };
-        self.refusals.refused(refusal, || {
-            format!(
-                "login of {} refused with Out of resources: {n} {kind}s, the limit ({option} {limit}); \
-                 raise it with iscsi_set_options {{\"{option}\": N}}",
-                who.initiator_name
-            )
-        });
-        Err(LoginStatus::OUT_OF_RESOURCES)
+        if n >= limit as usize {
+            self.refusals.refused(refusal, || {
+                format!(
+                    "login of {} refused with Out of resources: {n} {kind}s, the limit ({option} {limit}); \
+                     raise it with iscsi_set_options {{\"{option}\": N}}",
+                    who.initiator_name
+                )
+            });
+            return Err(LoginStatus::OUT_OF_RESOURCES);
+        }
+        if who.session_type == SessionType::Discovery {
+            let mine =
+                sessions.iter().filter(|s| s.session_type == SessionType::Discovery && s.source == source).count();
+            let limit = opts.max_discovery_sessions_per_source;
+            if mine >= limit as usize {
+                let option = Refusal::DiscoverySessionsPerSource.option();
+                self.refusals.refused(Refusal::DiscoverySessionsPerSource, || {
+                    format!(
+                        "login of {} refused with Out of resources: {mine} discovery sessions from {source}, the \
+                         limit per source address ({option} {limit}); raise it with iscsi_set_options \
+                         {{\"{option}\": N}}",
+                        who.initiator_name
+                    )
+                });
+                return Err(LoginStatus::OUT_OF_RESOURCES);
+            }
+        }
+        Ok(())
     }
 
     /// Whether a connection may join session `tsih` (RFC 7143 §6.3.3), or replace the
@@ -329,6 +362,7 @@ mod tests {
             initiator_name: "iqn.x".into(),
             isid: tsih as u64,
             target_name: "iqn.t".into(),
+            source: Source::of(std::net::Ipv4Addr::LOCALHOST.into()),
             reactor: 0,
             params: None,
         }

@@ -106,10 +106,18 @@ pub enum Refusal {
     Sessions,
     /// `max_discovery_sessions`: discovery sessions.
     DiscoverySessions,
+    /// `max_discovery_sessions_per_source`: discovery sessions from one source address.
+    DiscoverySessionsPerSource,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 4] = [Refusal::Logins, Refusal::LoginsPerSource, Refusal::Sessions, Refusal::DiscoverySessions];
+    const ALL: [Refusal; 5] = [
+        Refusal::Logins,
+        Refusal::LoginsPerSource,
+        Refusal::Sessions,
+        Refusal::DiscoverySessions,
+        Refusal::DiscoverySessionsPerSource,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -122,6 +130,7 @@ impl Refusal {
             Refusal::LoginsPerSource => "max_logins_per_source",
             Refusal::Sessions => "max_sessions",
             Refusal::DiscoverySessions => "max_discovery_sessions",
+            Refusal::DiscoverySessionsPerSource => "max_discovery_sessions_per_source",
         }
     }
 }
@@ -140,8 +149,8 @@ struct LogSlot {
 /// how to raise it; the next line after a quiet second also says how many were not logged).
 #[derive(Debug, Default)]
 pub struct Refusals {
-    counts: [AtomicU64; 4],
-    slots: [Mutex<LogSlot>; 4],
+    counts: [AtomicU64; Refusal::ALL.len()],
+    slots: [Mutex<LogSlot>; Refusal::ALL.len()],
 }
 
 impl Refusals {
@@ -208,7 +217,8 @@ mod tests {
         assert_eq!(r.count(Refusal::Sessions), 102);
         assert_eq!(
             r.to_json(),
-            json!({"max_logins": 1, "max_logins_per_source": 0, "max_sessions": 102, "max_discovery_sessions": 0})
+            json!({"max_logins": 1, "max_logins_per_source": 0, "max_sessions": 102, "max_discovery_sessions": 0,
+                   "max_discovery_sessions_per_source": 0})
         );
     }
 

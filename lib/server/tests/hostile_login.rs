@@ -53,8 +53,12 @@ fn login(env: &Env, from: u8, p: &LoginParams) -> (Client, Result<(), String>) {
 /// A login that stops after the target's first Login Response (the initiator goes silent,
 /// or away): the connection, still open.
 fn first_response_only(env: &Env, from: u8, p: &LoginParams) -> MemClient {
-    let mut s = PduSession::new(format!("abandoned {from}"), Lun(0));
-    let mut wire = env.connect(from);
+    first_response_only_over(env.connect(from), p)
+}
+
+/// [`first_response_only`] over a connection of the test's own.
+fn first_response_only_over(mut wire: MemClient, p: &LoginParams) -> MemClient {
+    let mut s = PduSession::new("abandoned", Lun(0));
     let mut sent = 0;
     let r = s.login_via(p, KeyNegotiation::with_proposal(keys(true, false, 65536)), |req| {
         if sent == 1 {
@@ -305,6 +309,123 @@ fn discovery_sessions_count_against_their_own_limit() {
     let (_, r) = login(&env, 5, &discovery(5));
     r.expect("discovery after one ended");
     drop(d2);
+}
+
+/// A new in-memory connection from `from` (any address, IPv6 too).
+fn connect_from(env: &Env, from: &str) -> std::io::Result<MemClient> {
+    env.portal.connect(from.parse().expect("address"), PORTAL.parse().expect("portal"))
+}
+
+/// A whole login from `from`.
+fn login_from(env: &Env, from: &str, p: &LoginParams) -> (Option<Client>, Result<(), String>) {
+    let wire = match connect_from(env, from) {
+        Ok(w) => w,
+        Err(e) => return (None, Err(format!("connect: {e}"))),
+    };
+    let mut c = Client { s: PduSession::new(from, Lun(0)), c: wire };
+    let r = c.login_as(p, keys(true, false, 65536)).map(|_| ());
+    (Some(c), r)
+}
+
+/// One host (one IPv4 address, or one IPv6 /64 whatever its addresses) holds at most
+/// `max_discovery_sessions_per_source` discovery sessions, refused with Out of resources
+/// past it and counted; the other hosts still discover. Before, one unauthenticated host
+/// could take all `max_discovery_sessions` and keep every initiator from SendTargets.
+#[test]
+fn one_source_cannot_hold_every_discovery_session() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"max_discovery_sessions": 16, "max_discovery_sessions_per_source": 3}));
+    let mut held = Vec::new();
+    for port in 1..=3 {
+        let (c, r) = login_from(&env, &format!("10.9.0.1:{port}"), &discovery(port as u8));
+        r.expect("discovery within the source's share");
+        held.push(c);
+    }
+    let (_, r) = login_from(&env, "10.9.0.1:4", &discovery(4));
+    let err = r.expect_err("a fourth discovery session from 10.9.0.1");
+    assert!(err.contains("status class 0x03, detail 0x02"), "{err}");
+    // An IPv4-mapped IPv6 address is the same host.
+    let (_, r) = login_from(&env, "[::ffff:10.9.0.1]:5", &discovery(5));
+    assert!(r.is_err(), "the same address, IPv4-mapped");
+    // Another host discovers.
+    let (c, r) = login_from(&env, "10.9.0.2:1", &discovery(6));
+    r.expect("discovery from another address");
+    held.push(c);
+    // One IPv6 /64 is one source, whatever address in it each connection picks.
+    for i in 1..=3 {
+        let (c, r) = login_from(&env, &format!("[2001:db8:1:2::{i}]:1"), &discovery(10 + i));
+        r.expect("discovery within the /64's share");
+        held.push(c);
+    }
+    let (_, r) = login_from(&env, "[2001:db8:1:2:ffff::9]:1", &discovery(20));
+    assert!(r.is_err(), "a fourth discovery session from the same /64");
+    let (c, r) = login_from(&env, "[2001:db8:1:3::1]:1", &discovery(21));
+    r.expect("discovery from another /64");
+    held.push(c);
+    assert_eq!(env.server.session_counts(), (0, 8));
+    let st = stats(&env);
+    assert_eq!(
+        (&st["refused"]["max_discovery_sessions_per_source"], &st["refused"]["max_discovery_sessions"]),
+        (&json!(3), &json!(0)),
+        "{st}"
+    );
+    // A discovery session that ends gives its source room again.
+    let first = held.remove(0).expect("connected");
+    first.logout();
+    env.wait_connections(7);
+    let (c, r) = login_from(&env, "10.9.0.1:7", &discovery(7));
+    r.expect("discovery after one of the source's ended");
+    drop((c, held));
+}
+
+/// Logins stalled from many addresses of one IPv6 /64 share that source's
+/// `max_logins_per_source`: a host with a /64 is one source, not 2^64 of them.
+#[test]
+fn stalled_logins_from_one_ipv6_64_share_one_source_limit() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"max_logins_per_source": 4, "login_timeout": 30}));
+    let mut stalled = Vec::new();
+    let mut refused = 0;
+    for i in 1..=20u8 {
+        match connect_from(&env, &format!("[2001:db8:7:7::{i:x}]:3000")) {
+            Ok(w) => stalled.push(first_response_only_over(w, &params(i, None))),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!((stalled.len(), refused), (4, 16));
+    assert_eq!(env.server.logins_in_progress(), 4);
+    assert_eq!(env.server.refusals().count(riser_server::stats::Refusal::LoginsPerSource), 16);
+    // Another /64, and an IPv4 host, log in.
+    let (c, r) = login_from(&env, "[2001:db8:7:8::1]:3000", &params(30, None));
+    r.expect("a login from another /64");
+    drop(c);
+    let (c, r) = login_from(&env, "10.7.0.1:3000", &params(31, None));
+    r.expect("a login from IPv4");
+    drop((c, stalled));
+}
+
+/// What a transport asks before it spends anything on a connection (an iSER QP): a source at
+/// its `max_logins_per_source` is refused there, others are not, and the sink says the
+/// server's `max_logins` (the iSER portal's own cap follows it).
+#[test]
+fn the_login_sink_refuses_a_source_at_its_limit_before_the_transport_builds_anything() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"max_logins": 100, "max_logins_per_source": 2, "login_timeout": 30}));
+    let sink = env.server.login_sink();
+    assert_eq!(sink.max_logins(), Some(100));
+    let at = |a: &str| -> SocketAddr { a.parse().expect("address") };
+    let mut stalled = Vec::new();
+    for (i, a) in ["10.8.0.1:1", "10.8.0.1:2", "[2001:db8:8::1]:1", "[2001:db8:8::2]:1"].into_iter().enumerate() {
+        assert!(sink.may_accept(at(a)), "{a} below its limit");
+        stalled.push(first_response_only_over(connect_from(&env, a).expect("connect"), &params(i as u8, None)));
+    }
+    assert!(!sink.may_accept(at("10.8.0.1:3")), "10.8.0.1 holds its 2");
+    assert!(!sink.may_accept(at("[2001:db8:8::ffff]:3")), "the /64 holds its 2");
+    assert!(sink.may_accept(at("10.8.0.2:1")));
+    assert!(sink.may_accept(at("[2001:db8:8:1::1]:1")));
+    assert_eq!(env.server.logins_in_progress(), 4, "asking reserved nothing");
+    assert_eq!(env.server.refusals().count(riser_server::stats::Refusal::LoginsPerSource), 2, "refusals are counted");
+    drop(stalled);
 }
 
 // ---- real TCP sockets ------------------------------------------------------------------

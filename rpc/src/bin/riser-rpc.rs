@@ -895,6 +895,9 @@ struct IscsiSetOptions {
     /// Most discovery sessions (riser)
     #[arg(long)]
     max_discovery_sessions: Option<u32>,
+    /// Most discovery sessions from one source address, an IPv6 /64 counting as one (riser)
+    #[arg(long)]
+    max_discovery_sessions_per_source: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -932,6 +935,7 @@ impl IscsiSetOptions {
             max_logins: self.max_logins,
             max_logins_per_source: self.max_logins_per_source,
             max_discovery_sessions: self.max_discovery_sessions,
+            max_discovery_sessions_per_source: self.max_discovery_sessions_per_source,
         }
     }
 }
@@ -1927,6 +1931,10 @@ mod tests {
         assert_eq!(
             params(&["iscsi_set_options", "--login-timeout", "5", "--max-logins", "64", "--max-logins-per-source", "4", "--max-discovery-sessions", "8"]),
             json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8})
+        );
+        assert_eq!(
+            params(&["iscsi_set_options", "--max-discovery-sessions-per-source", "2"]),
+            json!({"max_discovery_sessions_per_source": 2})
         );
         refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
         refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");

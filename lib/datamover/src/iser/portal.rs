@@ -3,8 +3,11 @@
 //! generalization). The login itself is run by the server's login driver, like any other.
 //!
 //! One control-plane thread per portal owns the CM event channel. A connection's life:
-//! 1. CONNECT_REQUEST: a reactor is chosen for the connection (the server's placement: the
-//!    least loaded) and its RC QP created on that reactor's shared CQ for the device (see
+//! 1. CONNECT_REQUEST: rejected at once if the server would not start a login from the peer
+//!    (its login slots, in all and per source address: [`LoginSink::may_accept`]) or the
+//!    portal has `max_logins` connections logging in; nothing is built for it. Else a
+//!    reactor is chosen for the connection (the server's placement: the least loaded) and
+//!    its RC QP created on that reactor's shared CQ for the device (see
 //!    [`super::shared_cq`]: one CQ per reactor and device, owned and polled by that reactor
 //!    alone, which routes each completion to its QP's inbox by the route in its `wr_id`; a
 //!    new CQ's poller is attached to the reactor here). From then on the QP is the reactor's:
@@ -98,10 +101,43 @@ struct CmState {
     logging_in: AtomicBool,
 }
 
-/// Most connections of one portal still logging in: each holds a QP, CQ entries and a login
-/// buffer before anything is known about it (RFC 7145: resources only once login has got far
+/// Most connections of one portal still logging in, when the server does not say its
+/// `max_logins` ([`LoginSink::max_logins`]): each holds a QP, CQ entries and a login buffer
+/// before anything is known about it (RFC 7145: resources only once login has got far
 /// enough), so connects beyond this are rejected until logins finish or time out.
-const MAX_PENDING_LOGINS: usize = 64;
+const DEFAULT_PENDING_LOGINS: usize = 64;
+
+/// Why a connect request is rejected before anything is built for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reject {
+    /// The portal has `pending` connections logging in, its cap.
+    Pending { pending: usize, cap: usize },
+    /// The server would not start a login from the peer now (`max_logins`,
+    /// `max_logins_per_source`); it logged why.
+    Refused,
+    /// The CM did not say where the connect came from.
+    NoPeer,
+}
+
+/// Whether the portal takes a connect request from `peer` while `pending` of its
+/// connections are logging in. Decided BEFORE [`setup`] builds the QP: the server's login
+/// slots (in all and per source address) are asked first, so that a few sources stalling
+/// their logins hold no more QPs than their own slots, and cannot make the portal reject
+/// everyone else's connects. The portal's own cap follows the server's `max_logins` (a
+/// fixed, lower cap would be a limit shared by all sources, that two of them could fill).
+fn admit(pending: usize, peer: Option<SocketAddr>, sink: &dyn LoginSink) -> Result<SocketAddr, Reject> {
+    let peer = peer.ok_or(Reject::NoPeer)?;
+    // The server first: its refusal lines are rate-limited, and its slots are what a flood
+    // fills before the portal's own count (which only its own late bookkeeping can exceed).
+    if !sink.may_accept(peer) {
+        return Err(Reject::Refused);
+    }
+    let cap = sink.max_logins().unwrap_or(DEFAULT_PENDING_LOGINS).max(1);
+    if pending >= cap {
+        return Err(Reject::Pending { pending, cap });
+    }
+    Ok(peer)
+}
 
 /// The memory a connection registers beside the I/O buffers, at most: its login buffer and
 /// its control pools at the deepest queue depth.
@@ -193,11 +229,16 @@ fn run(channel: EventChannel, listener: CmId, portal: PortalSpec, sink: Arc<dyn 
                         CmEventType::ConnectRequest => {
                             if let Some(id) = ev.new_id {
                                 let pending = conns.values().filter(|c| c.logging_in.load(Ordering::Acquire)).count();
-                                if pending >= MAX_PENDING_LOGINS {
-                                    log::warn!(
-                                        "iSER portal {addr}: {pending} logins in progress; rejecting a connect from {}",
-                                        id.peer_addr().map_or_else(|| "?".to_string(), |a| a.to_string())
-                                    );
+                                if let Err(why) = admit(pending, id.peer_addr(), &*sink) {
+                                    let from = id.peer_addr().map_or_else(|| "?".to_string(), |a| a.to_string());
+                                    match why {
+                                        Reject::Pending { pending, cap } => log::warn!(
+                                            "iSER portal {addr}: {pending} logins in progress, the portal's limit ({cap}, max_logins); rejecting a connect from {from}"
+                                        ),
+                                        // The server logged why (rate-limited).
+                                        Reject::Refused => log::debug!("iSER portal {addr}: login refused; rejecting a connect from {from}"),
+                                        Reject::NoPeer => log::warn!("iSER portal {addr}: a connect without a peer address; rejected"),
+                                    }
                                     if let Err(e) = id.reject(&[]) {
                                         log::debug!("iSER portal {addr}: reject: {e}");
                                     }
@@ -631,5 +672,97 @@ impl Datamover for IserConnection {
     }
     fn limit_tx_queue(&mut self, limit: riser_iscsi::ffp::TxLimit) {
         self.dm.limit_tx_queue(limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::login::ReactorPoller;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// A server's side as the portal sees it: `per_source` logins per address, `max` in all,
+    /// counting the connections it accepted.
+    struct Slots {
+        max: usize,
+        per_source: usize,
+        held: Mutex<HashMap<std::net::IpAddr, usize>>,
+    }
+
+    impl Slots {
+        fn hold(&self, peer: SocketAddr) {
+            *self.held.lock().expect("lock").entry(peer.ip()).or_insert(0) += 1;
+        }
+    }
+
+    impl LoginSink for Slots {
+        fn accept(&self, _: PortalSpec, _: Box<dyn LoginTransport>) -> bool {
+            unreachable!("the test accepts through hold")
+        }
+        fn may_accept(&self, peer: SocketAddr) -> bool {
+            let held = self.held.lock().expect("lock");
+            held.values().sum::<usize>() < self.max && held.get(&peer.ip()).copied().unwrap_or(0) < self.per_source
+        }
+        fn max_logins(&self) -> Option<usize> {
+            Some(self.max)
+        }
+        fn place(&self) -> usize {
+            0
+        }
+        fn attach_poller(&self, _: usize, _: ReactorPoller) -> bool {
+            false
+        }
+    }
+
+    fn at(a: &str) -> Option<SocketAddr> {
+        Some(a.parse().expect("addr"))
+    }
+
+    /// Two sources stalling logins up to their per-source limit (32 each, 64 in all) do not
+    /// lock out a third: a source at its limit is rejected before a QP is built, and the
+    /// portal's own cap is the server's max_logins (1024), not 64.
+    #[test]
+    fn stalled_sources_are_rejected_before_setup_and_leave_room() {
+        let sink = Slots { max: 1024, per_source: 32, held: Mutex::new(HashMap::new()) };
+        let mut pending = 0;
+        for a in ["10.0.0.1:1000", "10.0.0.2:1000"] {
+            for _ in 0..40 {
+                match admit(pending, at(a), &sink) {
+                    Ok(peer) => {
+                        sink.hold(peer);
+                        pending += 1;
+                    }
+                    Err(why) => assert_eq!(why, Reject::Refused, "{a} over its share"),
+                }
+            }
+        }
+        assert_eq!(pending, 64, "32 QPs for each stalling source, no more");
+        assert_eq!(admit(pending, at("10.0.0.3:1000"), &sink), Ok("10.0.0.3:1000".parse().expect("addr")));
+        assert_eq!(admit(pending, None, &sink), Err(Reject::NoPeer));
+        // The portal's cap is the server's max_logins.
+        assert_eq!(admit(1024, at("10.0.0.4:1000"), &sink), Err(Reject::Pending { pending: 1024, cap: 1024 }));
+    }
+
+    /// A sink that does not say its limits gets the default cap, and every peer may come.
+    #[test]
+    fn without_the_servers_limits_the_default_cap_holds() {
+        struct Any;
+        impl LoginSink for Any {
+            fn accept(&self, _: PortalSpec, _: Box<dyn LoginTransport>) -> bool {
+                true
+            }
+            fn place(&self) -> usize {
+                0
+            }
+            fn attach_poller(&self, _: usize, _: ReactorPoller) -> bool {
+                false
+            }
+        }
+        assert!(admit(DEFAULT_PENDING_LOGINS - 1, at("10.0.0.1:1"), &Any).is_ok());
+        assert_eq!(
+            admit(DEFAULT_PENDING_LOGINS, at("10.0.0.1:1"), &Any),
+            Err(Reject::Pending { pending: DEFAULT_PENDING_LOGINS, cap: DEFAULT_PENDING_LOGINS })
+        );
     }
 }

@@ -107,6 +107,22 @@ pub trait LoginSink: Send + Sync {
     /// logins in progress, in all or from its address; the sink logs why); the listener drops
     /// the connection.
     fn accept(&self, portal: PortalSpec, conn: Box<dyn LoginTransport>) -> bool;
+    /// Whether a connection from `peer` would be accepted now (the limits on logins in
+    /// progress, in all and from its source). A transport that spends resources on a
+    /// connection before [`Self::accept`] (an iSER QP, CQ entries and a registered login
+    /// buffer) asks first, so that a source at its limit costs it nothing and cannot crowd
+    /// out other sources; a refusal is logged by the sink. A yes reserves nothing: `accept`
+    /// decides. Default: yes.
+    fn may_accept(&self, peer: SocketAddr) -> bool {
+        let _ = peer;
+        true
+    }
+    /// The most logins the sink runs at once (`max_logins`), None: it does not say. A
+    /// transport's own cap on connections logging in should not be lower, or it would refuse
+    /// what the sink's limits allow.
+    fn max_logins(&self) -> Option<usize> {
+        None
+    }
     /// The reactor a connection that is about to log in should be prepared for.
     fn place(&self) -> usize;
     /// Runs `poller` on reactor `reactor`, once per pass, until it says [`PollerStatus::Done`]
