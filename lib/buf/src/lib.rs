@@ -1319,7 +1319,7 @@ mod tests {
     fn a_thread_reuses_its_own_small_unregistered_buffers_and_a_trim_drops_registrations_at_once() {
         // Its own thread: the cache is per thread, and no other test's buffers land in it.
         std::thread::spawn(|| {
-            let mut a = IoBuf::alloc(4096);
+            let a = IoBuf::alloc(4096);
             let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             struct Guard(std::sync::Arc<std::sync::atomic::AtomicBool>);
             impl Drop for Guard {
