@@ -134,6 +134,8 @@ impl Client {
     /// A full login (security stage skipped) with extra operational keys; returns the keys
     /// the target answered, or the login status on failure.
     pub fn login(&mut self, target: &str, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
+        // Digests start after login (RFC 7143 §13.1).
+        let digests = std::mem::take(&mut self.digests);
         let keys: Vec<(&str, &str)> = vec![
             ("InitiatorName", INITIATOR),
             ("TargetName", target),
@@ -142,7 +144,7 @@ impl Client {
         ];
         let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, true, &keys);
         let answered = self.login_step(&req)?.1;
-        self.operational(answered, extra)
+        self.operational(digests, answered, extra)
     }
 
     /// Sends one Login Request and reads its response: (transit to the next stage, the keys
@@ -162,6 +164,7 @@ impl Client {
     /// [`login`](Self::login) does.
     pub fn login_chap(&mut self, initiator: &str, target: &str, user: &str, secret: &str) -> Result<Pairs, (u8, u8)> {
         use riser_iscsi::chap::{ChapCredentials, ChapInitiator, ChapInitiatorConfig};
+        let digests = std::mem::take(&mut self.digests);
         let mut chap = ChapInitiator::new(ChapInitiatorConfig::new(ChapCredentials::new(user, secret)));
         let keys = [("InitiatorName", initiator), ("TargetName", target), ("SessionType", "Normal"), ("AuthMethod", "CHAP")];
         let req = self.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, false, &keys);
@@ -178,13 +181,12 @@ impl Client {
             return Err((0xfe, 2));
         }
         answered.extend(got);
-        self.operational(answered, &[])
+        self.operational(digests, answered, &[])
     }
 
-    /// The operational stage of a login, up to full-feature phase.
-    fn operational(&mut self, mut answered: Pairs, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
-        // Digests start after login (RFC 7143 §13.1).
-        let digests = std::mem::take(&mut self.digests);
+    /// The operational stage of a login, up to full-feature phase, asking for `digests` (in
+    /// use from then on).
+    fn operational(&mut self, digests: Digests, mut answered: Pairs, extra: &[(&str, &str)]) -> Result<Pairs, (u8, u8)> {
         let mut keys: Vec<(&str, &str)> = vec![
             ("HeaderDigest", if digests.header { "CRC32C" } else { "None" }),
             ("DataDigest", if digests.data { "CRC32C" } else { "None" }),
