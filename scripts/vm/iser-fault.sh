@@ -105,7 +105,7 @@ else
   fi
   riser_alive || why="${why:+$why; }riser is not alive after the kill"
   if [ -z "$why" ]; then
-    if timeout 60 iscsi-inq "iser://$RXE_IP/$iqn/0" 2>&1 | grep -q 'Vendor:RISER'; then
+    if timeout 60 iscsi-inq "iser://$RXE_IP/$iqn/0" 2>&1 | has 'Vendor:RISER'; then
       echo "a new iSER login (iscsi-inq) after the kill: OK"
     else
       why="a new iSER login (iscsi-inq) after the kill failed"
@@ -165,8 +165,8 @@ else
   step "re-adding $RXE_DEV, restarting iscsid, new login over iSER"
   rxe_up >"$logs/rxe-readd.log" 2>&1 || why="${why:+$why; }cannot re-add $RXE_DEV: $(cat "$logs/rxe-readd.log")"
   # riser tries to listen again every second once the address has a device again.
-  for _ in $(seq 60); do log_since "$mark" | grep -q 'listening again' && break; sleep 0.5; done
-  log_since "$mark" | grep -q 'listening again' || why="${why:+$why; }riser's iSER portal is not listening again 30 s after $RXE_DEV came back"
+  for _ in $(seq 60); do log_since "$mark" | has 'listening again' && break; sleep 0.5; done
+  log_since "$mark" | has 'listening again' || why="${why:+$why; }riser's iSER portal is not listening again 30 s after $RXE_DEV came back"
   if [ -z "$why" ]; then
     # iscsid finds session $sid failed and logs it in again by itself: a new iSER connection
     # and login to riser. (Logging it out instead hangs iscsiadm for minutes while iscsid is
@@ -187,7 +187,7 @@ else
     done
     step "session $sid after iscsid's restart: ${state:-gone}"
     if [ "$state" = LOGGED_IN ] && [ "$(transport_of "$sid")" = iser ] \
-        && tail -n +"$((relogin_mark + 1))" "$logs/riser.log" | grep -q 'logged in'; then
+        && tail -n +"$((relogin_mark + 1))" "$logs/riser.log" | has 'logged in'; then
       disk2=$(disk_of "$sid" 0)
       for _ in $(seq 60); do pgrep -f "of=/dev/$disk" >/dev/null || break; sleep 0.5; done
       pgrep -f "of=/dev/$disk" >/dev/null && why="the killed writer's dd is still there 30 s after the new login"
@@ -205,7 +205,7 @@ fi
 wait "$dd_pid" 2>/dev/null; extra_pids=
 echo "dd: $(tail -n 1 "$logs/dd.log")"
 echo "riser's log for this scenario:"; log_since "$mark"
-log_since "$mark" | grep -q 'RDMA device removed' || why="${why:+$why; }riser did not log the device removal"
+log_since "$mark" | has 'RDMA device removed' || why="${why:+$why; }riser did not log the device removal"
 echo "dmesg (iSCSI, iSER, rxe):"; dmesg | grep -iE 'iser|iscsi|connection[0-9]|session[0-9]|rxe|infiniband' | tail -n 25
 if [ -z "$why" ]; then ok "FAULT LINKDEL"; else ko "FAULT LINKDEL" "$why"; fi
 
@@ -231,7 +231,7 @@ echo "$out"
 [ $rc = 0 ] || why="iscsiadm discovery through iser0 exited with $rc"
 grep -q " $iqn\$" <<<"$out" || why="${why:+$why; }no $iqn in the SendTargets answer"
 [ "$(iser_connects)" -gt "$before" ] || why="${why:+$why; }the discovery did not connect to the iSER portal"
-log_since "$mark" | grep -q 'to discovery logged in' || why="${why:+$why; }riser logged no discovery session"
+log_since "$mark" | has 'to discovery logged in' || why="${why:+$why; }riser logged no discovery session"
 log_since "$mark" | grep -E 'iSER connect|discovery' | head -n 4
 if [ -z "$why" ]; then ok "DISCOVERY ISER"; else ko "DISCOVERY ISER" "$why"; fi
 conns_gone_within 30 >/dev/null
@@ -271,7 +271,7 @@ if took=$(conns_gone_within 30); then
 else
   why="${why:+$why; }the stopped initiator's connection is still there 30 s later: $(conn_summary)"
 fi
-log_since "$mark" | grep -q 'closing: NOP-In ping timed out' || why="${why:+$why; }riser logged no NOP-In timeout"
+log_since "$mark" | has 'closing: NOP-In ping timed out' || why="${why:+$why; }riser logged no NOP-In timeout"
 log_since "$mark" | grep 'NOP-In' | head -n 2
 kill -9 "$perf_pid"; wait "$perf_pid" 2>/dev/null; extra_pids=
 rpc call iscsi_set_options '{"nop_in_interval":30,"nop_timeout":60}' >/dev/null

@@ -162,8 +162,8 @@ echo "$out" >"$logs/hello-bad.log"
 [ "$rc" != 0 ] || fail "bad hello: riser-perf exited 0 after a Hello with versions 1..1"
 grep -q 'the target rejected our iSER Hello (versions 1..=1): HelloReply with the reject bit' <<<"$out" \
   || fail "bad hello: riser-perf did not report a rejected Hello: $(tail -n 3 <<<"$out")"
-for _ in $(seq 20); do tail -n +"$((mark + 1))" "$logs/riser.log" | grep -q 'ended: iSER Hello for versions 1..=1, not 10: rejected' && break; sleep 0.5; done
-tail -n +"$((mark + 1))" "$logs/riser.log" | grep -q 'iSER Hello for versions 1..=1, not 10: rejected' \
+for _ in $(seq 20); do tail -n +"$((mark + 1))" "$logs/riser.log" | has 'ended: iSER Hello for versions 1..=1, not 10: rejected' && break; sleep 0.5; done
+tail -n +"$((mark + 1))" "$logs/riser.log" | has 'iSER Hello for versions 1..=1, not 10: rejected' \
   || fail "bad hello: riser logged no rejected Hello: $(tail -n +"$((mark + 1))" "$logs/riser.log" | grep -i 'hello\|ended' | head -n 5)"
 echo "iser-siw: a Hello with versions 1..1 was rejected (HelloReply reject bit) and the connection closed: $(grep -o 'rejected our iSER Hello.*' <<<"$out" | head -n 1)"
 wait_no_connections 30

@@ -52,7 +52,7 @@ JSON
 RISER_LOG=${RISER_LOG:-info} riser_start /tmp/riser.json --poll-mode adaptive
 
 step "QD 256 with immediate data over iSER"
-rdma statistic show link "$RXE_DEV/1" 2>/dev/null | grep -q rnr || fail "soft-RoCE shows no RNR counters: $(rdma statistic show link "$RXE_DEV/1" 2>&1)"
+rdma statistic show link "$RXE_DEV/1" 2>/dev/null | has rnr || fail "soft-RoCE shows no RNR counters: $(rdma statistic show link "$RXE_DEV/1" 2>&1)"
 rnr0=$(rnr)
 verify qd256-4k "$url0" 256 4096 --lba-range 0:16384
 verify qd256-64k "$url0" 256 65536

@@ -32,6 +32,10 @@ logs=${logs:-/tmp/$name}
 mkdir -p "$logs"
 NAME=$(tr '[:lower:]-' '[:upper:] ' <<<"$name")
 
+# `grep -q` for the end of a pipeline under pipefail: it reads all its input. grep -q stops at
+# the first match, and a writer with more to write (a long riser log) then dies of SIGPIPE,
+# which fails the whole pipeline although the line was there.
+has() { grep -c -- "$@" >/dev/null; }
 step() { echo "--- $name [$(cut -d' ' -f1 /proc/uptime)s]: $*"; }
 # To stderr: fail may run inside $(...), whose stdout is captured.
 fail() {
