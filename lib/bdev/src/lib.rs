@@ -12,6 +12,7 @@
 //! claims.
 
 mod file;
+pub mod gateways;
 mod io;
 mod lba;
 mod malloc;
@@ -32,6 +33,7 @@ pub use io::{
     IoKind,
 };
 pub use lba::Lba;
+pub use gateways::{GatewayGroup, GatewayGroupHandle, GroupEvent, Member, MemberState, OnGroupEvent};
 pub use shared::{OnNotify, SharedError, SharedState, SharedStateHandle};
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
@@ -83,6 +85,12 @@ pub trait Bdev: Send + Sync {
     /// State shared by every gateway exporting this device, named `purpose` (`"pr"`), with
     /// `on_notify` called when another gateway changes it; `None`: the device is local.
     fn shared_state(&self, _purpose: &str, _on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
+        None
+    }
+
+    /// The gateways that export this device with this one (see [`gateways`]); `None`: the
+    /// device is local.
+    fn gateway_group(&self) -> Option<GatewayGroupHandle> {
         None
     }
 }
