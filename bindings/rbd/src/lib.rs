@@ -150,6 +150,51 @@ impl Cluster {
         check("rados_cluster_fsid", "cluster", unsafe { sys::rados_cluster_fsid(self.raw, buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(c_buf_string(&buf))
     }
+
+    /// This client's instance id (its global id in the cluster): unique per connection, the
+    /// `notifier_id` other clients see in a notify's acknowledgements.
+    pub fn instance_id(&self) -> u64 {
+        // SAFETY: raw is a connected handle.
+        unsafe { sys::rados_get_instance_id(self.raw) }
+    }
+
+    /// This client's address as the blocklist takes it (`rados_getaddrs`, e.g.
+    /// `v2:127.0.0.1:0/123456`; `[v2:...,v1:...]` when it has several).
+    pub fn addrs(&self) -> Result<String> {
+        let mut p: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: raw is a connected handle; p is a valid out-pointer.
+        check("rados_getaddrs", "cluster", unsafe { sys::rados_getaddrs(self.raw, &mut p) })?;
+        if p.is_null() {
+            return Err(RbdError::Call { call: "rados_getaddrs", what: "cluster".into(), errno: libc::ENOENT });
+        }
+        // SAFETY: librados returned a NUL-terminated string it allocated; copied, then freed
+        // once with its own function.
+        let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+        // SAFETY: as above.
+        unsafe { sys::rados_buffer_free(p) };
+        Ok(s)
+    }
+
+    /// Puts the client at `addr` on the OSD blocklist for `expire_s` seconds (0: the monitors'
+    /// default, an hour): the OSDs refuse its operations (EBLOCKLISTED = ESHUTDOWN) from the
+    /// osdmap that lists it on. Returns once the monitors committed it and this client has
+    /// that osdmap (librados waits for the latest map; see
+    /// [`wait_for_latest_osdmap`](Self::wait_for_latest_osdmap)).
+    pub fn blocklist_add(&self, addr: &str, expire_s: u32) -> Result<()> {
+        let a = cstr("client_address", addr)?;
+        // SAFETY: raw is connected; a is NUL-terminated and outlives the call (librados
+        // only reads it, the C prototype lacks const).
+        check("rados_blocklist_add", addr, unsafe { sys::rados_blocklist_add(self.raw, a.as_ptr().cast_mut(), expire_s) })?;
+        Ok(())
+    }
+
+    /// Waits until this client has the cluster's latest osdmap: operations sent after it
+    /// carry that epoch, and an OSD with an older map waits for it before executing them.
+    pub fn wait_for_latest_osdmap(&self) -> Result<()> {
+        // SAFETY: raw is connected.
+        check("rados_wait_for_latest_osdmap", "cluster", unsafe { sys::rados_wait_for_latest_osdmap(self.raw) })?;
+        Ok(())
+    }
 }
 
 fn c_buf_string(buf: &[u8]) -> String {

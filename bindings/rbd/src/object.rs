@@ -51,6 +51,11 @@ impl ObjectStore {
         self.pool.name()
     }
 
+    /// The connection this store's I/O context is on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
     fn last_version(&self) -> u64 {
         // SAFETY: the ioctx is live (self.pool); the caller holds `io`.
         unsafe { sys::rados_get_last_version(self.pool.raw) }
@@ -135,27 +140,108 @@ impl ObjectStore {
         check("rados_notify2", oid, r).map(|_| ())
     }
 
+    /// Notifies like [`notify`](Self::notify) and says who answered: the instance ids
+    /// ([`Cluster::instance_id`]) of the watchers that acknowledged within `timeout_ms` and
+    /// of those that did not. A timeout is not an error here (the answer lists the silent
+    /// watchers); a watcher whose watch the cluster already dropped is in neither list.
+    pub fn notify_reply(&self, oid: &str, payload: &[u8], timeout_ms: u64) -> Result<NotifyReply> {
+        let o = cstr("object", oid)?;
+        let len = i32::try_from(payload.len()).map_err(|_| RbdError::InvalidArgument("notify payload too large".into()))?;
+        let mut reply: *mut c_char = std::ptr::null_mut();
+        let mut reply_len: usize = 0;
+        // SAFETY: as in notify.
+        let r =
+            unsafe { sys::rados_notify2(self.pool.raw, o.as_ptr(), payload.as_ptr().cast::<c_char>(), len, timeout_ms, &mut reply, &mut reply_len) };
+        let mut out = NotifyReply::default();
+        if !reply.is_null() {
+            let mut acks: *mut sys::notify_ack_t = std::ptr::null_mut();
+            let mut timeouts: *mut sys::notify_timeout_t = std::ptr::null_mut();
+            let (mut nr_acks, mut nr_timeouts) = (0usize, 0usize);
+            // SAFETY: reply is librados' buffer of reply_len bytes; the out-pointers are valid.
+            let d = unsafe { sys::rados_decode_notify_response(reply, reply_len, &mut acks, &mut nr_acks, &mut timeouts, &mut nr_timeouts) };
+            if d == 0 {
+                for i in 0..nr_acks {
+                    // SAFETY: librados allocated nr_acks entries at acks.
+                    out.acked.push(unsafe { (*acks.add(i)).notifier_id });
+                }
+                for i in 0..nr_timeouts {
+                    // SAFETY: nr_timeouts entries at timeouts.
+                    out.timed_out.push(unsafe { (*timeouts.add(i)).notifier_id });
+                }
+                // SAFETY: what rados_decode_notify_response allocated, freed once.
+                unsafe { sys::rados_free_notify_response(acks, nr_acks, timeouts) };
+            }
+            // SAFETY: librados allocated the reply; freed once, with its own function.
+            unsafe { sys::rados_buffer_free(reply) };
+            if d < 0 && r == 0 {
+                return Err(RbdError::Call { call: "rados_decode_notify_response", what: oid.into(), errno: -d });
+            }
+        }
+        if r == -libc::ETIMEDOUT {
+            return Ok(out);
+        }
+        check("rados_notify2", oid, r)?;
+        Ok(out)
+    }
+
     /// Watches `oid` (which must exist): events arrive on the returned receiver, from a
     /// librados thread, which does nothing else (no riser code runs there).
     pub fn watch(self: &Arc<Self>, oid: &str) -> Result<(Watch, Receiver<WatchEvent>)> {
+        self.watch_inner(oid, None)
+    }
+
+    /// A liveness watch: like [`watch`](Self::watch), but every notify is acknowledged at
+    /// once, on the librados thread that delivers it (a gateway answers as long as its
+    /// client runs: a killed or stopped process stops answering), and the cluster drops the
+    /// watch when this client has not pinged it for `timeout_s` seconds (instead of the
+    /// OSDs' default 30 s), so notifiers stop waiting for a dead client sooner. The
+    /// notifies still arrive on the receiver (already acknowledged).
+    pub fn watch_acking(self: &Arc<Self>, oid: &str, timeout_s: u32) -> Result<(Watch, Receiver<WatchEvent>)> {
+        self.watch_inner(oid, Some(timeout_s))
+    }
+
+    fn watch_inner(self: &Arc<Self>, oid: &str, acking: Option<u32>) -> Result<(Watch, Receiver<WatchEvent>)> {
         let o = cstr("object", oid)?;
         let (tx, rx) = channel();
-        let ctx = Box::into_raw(Box::new(WatchCtx { tx: Mutex::new(tx) }));
+        let ack = acking.map(|_| AutoAck { io: self.pool.raw, oid: o.clone() });
+        let ctx = Box::into_raw(Box::new(WatchCtx { tx: Mutex::new(tx), ack }));
         let mut cookie: u64 = 0;
         // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
         // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
-        let r = unsafe { sys::rados_watch2(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), ctx.cast::<c_void>()) };
+        let (call, r) = match acking {
+            None => ("rados_watch2", unsafe {
+                sys::rados_watch2(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), ctx.cast::<c_void>())
+            }),
+            // SAFETY: as above.
+            Some(t) => ("rados_watch3", unsafe {
+                sys::rados_watch3(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), t, ctx.cast::<c_void>())
+            }),
+        };
         if r < 0 {
             // SAFETY: the watch was not registered: no callback holds ctx.
             drop(unsafe { Box::from_raw(ctx) });
-            return Err(RbdError::Call { call: "rados_watch2", what: oid.into(), errno: -r });
+            return Err(RbdError::Call { call, what: oid.into(), errno: -r });
         }
         Ok((Watch { store: self.clone(), oid: o, cookie, ctx }, rx))
     }
 }
 
+/// Who answered a notify ([`ObjectStore::notify_reply`]), by instance id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NotifyReply {
+    pub acked: Vec<u64>,
+    pub timed_out: Vec<u64>,
+}
+
+/// What a liveness watch's callback needs to acknowledge a notify itself.
+struct AutoAck {
+    io: sys::rados_ioctx_t,
+    oid: CString,
+}
+
 struct WatchCtx {
     tx: Mutex<Sender<WatchEvent>>,
+    ack: Option<AutoAck>,
 }
 
 impl WatchCtx {
@@ -165,9 +251,15 @@ impl WatchCtx {
     }
 }
 
-unsafe extern "C" fn watch_cb(arg: *mut c_void, notify_id: u64, _handle: u64, _notifier: u64, data: *mut c_void, len: usize) {
-    // SAFETY: arg is the WatchCtx given to rados_watch2, alive until after rados_watch_flush.
+unsafe extern "C" fn watch_cb(arg: *mut c_void, notify_id: u64, handle: u64, _notifier: u64, data: *mut c_void, len: usize) {
+    // SAFETY: arg is the WatchCtx given to rados_watch2/3, alive until after rados_watch_flush.
     let ctx = unsafe { &*(arg as *const WatchCtx) };
+    if let Some(a) = &ctx.ack {
+        // SAFETY: the ioctx outlives the watch (Watch holds the store; the watch is flushed
+        // before the context goes); the handle is this watch's cookie. librados sends the
+        // acknowledgement asynchronously: calling it from the callback is allowed.
+        unsafe { sys::rados_notify_ack(a.io, a.oid.as_ptr(), notify_id, handle, std::ptr::null(), 0) };
+    }
     let payload = if data.is_null() || len == 0 {
         Vec::new()
     } else {

@@ -18,6 +18,7 @@ mod lba;
 mod malloc;
 mod null;
 pub mod rbd;
+mod rbd_group;
 mod rbd_pr;
 mod shared;
 pub mod nvme;

@@ -33,6 +33,8 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::io::{validate, DoneQueue, FailedChannel};
+use crate::rbd_group::{ChannelSlot, GroupThread, RbdGroup, DEFAULT_LEASE_S, LEASE_RANGE};
+use crate::GatewayGroup;
 use crate::{Bdev, BdevError, BdevInfo, BdevIo, BdevRegistry, IoChannel, IoCompletion, IoKind, RegistryError, SUPPORTED_BLOCK_SIZES};
 
 pub const PRODUCT: &str = "Ceph Rbd Disk";
@@ -148,7 +150,14 @@ impl BdevRegistry {
         if !SUPPORTED_BLOCK_SIZES.contains(&p.block_size) {
             return Err(RegistryError::BadBlockSize(p.block_size));
         }
-        let cluster = match &p.cluster_name {
+        if let Some(l) = p.lease_s.filter(|l| !LEASE_RANGE.contains(l)) {
+            return Err(RegistryError::File {
+                errno: -libc::EINVAL,
+                message: format!("lease_s {l} is out of range ({}..={} s)", LEASE_RANGE.start(), LEASE_RANGE.end()),
+            });
+        }
+        // The connection, and how to make a new one (a fenced gateway rejoins as a new client).
+        let (cluster, cfg) = match &p.cluster_name {
             Some(c) => {
                 if p.user_id.is_some() || p.config.is_some() {
                     return Err(RegistryError::File {
@@ -160,7 +169,7 @@ impl BdevRegistry {
                     .list
                     .iter()
                     .find(|x| &x.name == c)
-                    .map(|x| x.cluster.clone())
+                    .map(|x| (x.cluster.clone(), with_defaults(x.cfg.clone())))
                     .ok_or_else(|| RegistryError::NotFound(format!("rbd cluster {c} (register it with bdev_rbd_register_cluster)")))?
             }
             None => {
@@ -170,10 +179,11 @@ impl BdevRegistry {
                     config_param: p.config.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     key_file: None,
                 };
-                Cluster::connect(&with_defaults(cfg)).map_err(rbd_err)?
+                let cfg = with_defaults(cfg);
+                (Cluster::connect(&cfg).map_err(rbd_err)?, cfg)
             }
         };
-        let b = Arc::new(RbdBdev::open(&name, cluster, p)?);
+        let b = Arc::new(RbdBdev::open(&name, cluster, cfg, p)?);
         self.register(b.clone())?;
         self.rbd.bdevs.retain(|(n, w)| n != &name && w.strong_count() > 0);
         self.rbd.bdevs.push((name.clone(), Arc::downgrade(&b)));
@@ -245,19 +255,28 @@ pub struct RbdCreate {
     pub cluster_name: Option<String>,
     #[serde(default)]
     pub uuid: Option<Uuid>,
+    /// riser: how long (s) a gateway exporting the image may go without answering before
+    /// the others fence it (see `rbd_group`); [`DEFAULT_LEASE_S`] when absent.
+    #[serde(default)]
+    pub lease_s: Option<u32>,
 }
 
 /// An RBD image as a bdev.
 pub struct RbdBdev {
     info: BdevInfo,
-    pool: Arc<Pool>,
     /// The control handle: size and resize (I/O goes through each channel's own handle).
-    ctl: Mutex<Image>,
+    /// Shared with the group, which reopens it on a new connection after a fence.
+    ctl: Arc<Mutex<Image>>,
     params: RbdCreate,
+    /// The image's id (names its shared objects).
+    image_id: String,
+    /// The gateways exporting the image (membership, liveness, fencing); its thread stops
+    /// with the bdev.
+    group: GroupThread,
 }
 
 impl RbdBdev {
-    fn open(name: &str, cluster: Arc<Cluster>, mut p: RbdCreate) -> Result<RbdBdev, RegistryError> {
+    fn open(name: &str, cluster: Arc<Cluster>, cfg: ClusterConfig, mut p: RbdCreate) -> Result<RbdBdev, RegistryError> {
         let pool = Pool::open(&cluster, &p.pool_name).map_err(|e| match e.errno() {
             libc::ENOENT => RegistryError::NotFound(format!("rbd pool {}", p.pool_name)),
             _ => rbd_err(e),
@@ -276,7 +295,16 @@ impl RbdBdev {
         // Writes are in the cluster when acknowledged (rbd_cache off): no volatile cache.
         info.volatile_write_cache = false;
         p.name = Some(name.to_string());
-        Ok(RbdBdev { info, pool, ctl: Mutex::new(img), params: p })
+        let image_id = img.id().map_err(rbd_err)?;
+        let ctl = Arc::new(Mutex::new(img));
+        let lease_s = p.lease_s.unwrap_or(DEFAULT_LEASE_S);
+        let group = RbdGroup::start(cluster, pool, cfg, &image_id, &p.rbd_name, lease_s, ctl.clone())
+            .map_err(|e| RegistryError::File { errno: -libc::EIO, message: format!("bdev {name}: {e}") })?;
+        Ok(RbdBdev { info, ctl, params: p, image_id, group })
+    }
+
+    fn group(&self) -> &Arc<RbdGroup> {
+        self.group.group()
     }
 
     /// Grows the image (the registry's rescan then takes the new size).
@@ -299,13 +327,19 @@ impl Bdev for RbdBdev {
     }
 
     /// A RADOS object next to the image, shared by every gateway (see `rbd_pr`).
+    /// On the group's connection, so it moves with it when a fenced gateway rejoins.
     fn shared_state(&self, purpose: &str, on_notify: crate::OnNotify) -> Option<Result<crate::SharedStateHandle, BdevError>> {
-        let id = self.ctl.lock().unwrap_or_else(|p| p.into_inner()).id().map_err(|e| BdevError::Unavailable(e.to_string()));
-        Some(id.and_then(|id| crate::rbd_pr::open(self.pool.cluster(), self.pool.name(), &id, purpose, on_notify)))
+        Some(crate::rbd_pr::open(self.group(), &self.image_id, purpose, on_notify))
+    }
+
+    fn gateway_group(&self) -> Option<crate::GatewayGroupHandle> {
+        Some(self.group().clone())
     }
 
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
-        match Image::open(&self.pool, &self.params.rbd_name) {
+        let group = self.group().clone();
+        let (pool, gen) = group.pool();
+        match Image::open(&pool, &self.params.rbd_name) {
             Ok(img) => {
                 let wake = match WakeReg::join(&img) {
                     Ok(w) => w,
@@ -314,7 +348,19 @@ impl Bdev for RbdBdev {
                         None
                     }
                 };
-                Box::new(RbdChannel { bdev: self, img, done: DoneQueue::default(), kinds: Vec::new(), free: Vec::new(), scratch: Vec::new(), _wake: wake })
+                let slot = group.add_channel();
+                Box::new(RbdChannel {
+                    bdev: self,
+                    img: Some(img),
+                    done: DoneQueue::default(),
+                    kinds: Vec::new(),
+                    free: Vec::new(),
+                    scratch: Vec::new(),
+                    _wake: wake,
+                    group,
+                    slot,
+                    gen,
+                })
             }
             Err(e) => Box::new(FailedChannel::new(format!("bdev {}: cannot open the image on this reactor: {e}", self.info.name))),
         }
@@ -337,6 +383,9 @@ impl Bdev for RbdBdev {
             o.insert("cluster_name".into(), json!(c));
         }
         o.insert("uuid".into(), json!(self.info.uuid.to_string()));
+        if let Some(l) = p.lease_s {
+            o.insert("lease_s".into(), json!(l));
+        }
         ("bdev_rbd_create", Value::Object(o))
     }
 
@@ -355,6 +404,7 @@ impl Bdev for RbdBdev {
                 o.insert("config".into(), json!(c));
             }
         }
+        o.insert("gateways".into(), self.group().json());
         json!({ "rbd": o })
     }
 
@@ -371,7 +421,8 @@ impl Bdev for RbdBdev {
 /// One reactor's handle on the image.
 struct RbdChannel {
     bdev: Arc<RbdBdev>,
-    img: Image,
+    /// `None` only for the moment of a swap.
+    img: Option<Image>,
     /// I/Os that failed before reaching librbd (range, buffer, submission errors).
     done: DoneQueue,
     /// (caller's tag, kind) of the I/O in librbd, by the index given to librbd as its tag.
@@ -380,6 +431,43 @@ struct RbdChannel {
     /// librbd's completions of one poll (kept: no allocation per poll).
     scratch: Vec<AioDone>,
     _wake: Option<WakeReg>,
+    group: Arc<RbdGroup>,
+    /// Where the group leaves this channel's handle on the connection it rejoined on.
+    slot: Arc<ChannelSlot>,
+    /// The group generation (connection) `img` belongs to.
+    gen: u64,
+}
+
+impl RbdChannel {
+    /// Whether the channel may send I/O to the cluster: not while this gateway is fenced,
+    /// and not on a handle of a connection the group left. Takes the new handle when the
+    /// group rejoined and nothing is in flight on the old one (on the reactor: the wake-up
+    /// registration belongs to it; the old handle is closed on the group thread).
+    fn usable(&mut self) -> bool {
+        if self.group.is_fenced() {
+            return false;
+        }
+        if self.gen == self.group.generation() {
+            return true;
+        }
+        if self.img.as_ref().is_some_and(|i| i.in_flight() > 0) {
+            return false;
+        }
+        let Some((gen, img)) = self.slot.take() else {
+            return false;
+        };
+        self._wake = None;
+        self._wake = WakeReg::join(&img).unwrap_or_else(|e| {
+            log::warn!("bdev {}: no completion wake-ups ({e})", self.bdev.info.name);
+            None
+        });
+        if let Some(old) = self.img.replace(img) {
+            self.group.retire(old);
+        }
+        self.gen = gen;
+        log::info!("bdev {}: I/O channel moved to the gateway's new cluster connection", self.bdev.info.name);
+        true
+    }
 }
 
 /// The channel's place in its reactor's wake set: librbd's completion eventfd ends an
@@ -426,6 +514,13 @@ pub(crate) fn rbd_io_error(bdev: &str, kind: IoKind, errno: i32) -> BdevError {
 
 impl IoChannel for RbdChannel {
     fn submit(&mut self, mut io: BdevIo) {
+        if !self.usable() {
+            let e = BdevError::Unavailable(format!(
+                "bdev {}: this gateway was fenced (blocklisted) by the other gateways of the image and is rejoining; use another path",
+                self.bdev.info.name
+            ));
+            return self.done.push(io, Err(e));
+        }
         let info = &self.bdev.info;
         if let Err(e) = validate(info, self.bdev.supports(io.kind), &io) {
             return self.done.push(io, Err(e));
@@ -451,7 +546,11 @@ impl IoChannel for RbdChannel {
                 self.kinds.len() - 1
             }
         };
-        match self.img.submit(op, offset, io.buf.take(), slot as u64) {
+        let Some(img) = self.img.as_mut() else {
+            self.free.push(slot);
+            return self.done.push(io, Err(BdevError::Unavailable(format!("bdev {}: no image handle", info.name))));
+        };
+        match img.submit(op, offset, io.buf.take(), slot as u64) {
             Ok(()) => self.kinds[slot] = Some((io.tag, io.kind)),
             Err((e, buf)) => {
                 self.free.push(slot);
@@ -464,11 +563,15 @@ impl IoChannel for RbdChannel {
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let mut n = self.done.drain_into(out);
-        if self.img.in_flight() == 0 {
+        let Some(img) = self.img.as_mut() else { return n };
+        if img.in_flight() == 0 {
+            if self.gen != self.group.generation() {
+                self.usable();
+            }
             return n;
         }
         let mut done = std::mem::take(&mut self.scratch);
-        self.img.poll(&mut done);
+        img.poll(&mut done);
         for d in done.drain(..) {
             let slot = d.tag as usize;
             let Some((tag, kind)) = self.kinds.get_mut(slot).and_then(Option::take) else {
@@ -479,7 +582,13 @@ impl IoChannel for RbdChannel {
             let result = match (d.ret, d.mismatch) {
                 (r, _) if r >= 0 => Ok(()),
                 (_, Some(off)) => Err(BdevError::Miscompare { offset: off }),
-                (r, None) => Err(rbd_io_error(&self.bdev.info.name, kind, (-r) as i32)),
+                (r, None) => {
+                    if -r == libc::ESHUTDOWN as i64 {
+                        // EBLOCKLISTED: the other gateways fenced this one.
+                        self.group.note_blocklisted();
+                    }
+                    Err(rbd_io_error(&self.bdev.info.name, kind, (-r) as i32))
+                }
             };
             if let Err(e) = &result {
                 if !matches!(e, BdevError::Miscompare { .. }) {
@@ -494,7 +603,7 @@ impl IoChannel for RbdChannel {
     }
 
     fn outstanding(&self) -> usize {
-        self.done.len() + self.img.in_flight()
+        self.done.len() + self.img.as_ref().map_or(0, Image::in_flight)
     }
 }
 
@@ -636,6 +745,7 @@ mod tests {
             config: None,
             cluster_name: cluster.map(str::to_string),
             uuid: None,
+            lease_s: None,
         };
         assert_eq!(r.create_rbd(p(1000, Some("c"))), Err(RegistryError::BadBlockSize(1000)));
         assert!(matches!(r.create_rbd(p(512, Some("nope"))), Err(RegistryError::NotFound(m)) if m.contains("rbd cluster nope")));

@@ -16,20 +16,19 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use riser_rbd::object::{CasError, ObjectStore, Watch, WatchEvent};
-use riser_rbd::{Cluster, RbdError};
+use riser_rbd::object::{CasError, Watch, WatchEvent};
+use riser_rbd::RbdError;
 
+use crate::rbd_group::{RbdGroup, StoreCell};
 use crate::{BdevError, OnNotify, SharedError, SharedState, SharedStateHandle};
-
-/// How long a notifier waits for the other gateways' acknowledgements.
-pub(crate) const NOTIFY_TIMEOUT_MS: u64 = 5000;
 
 fn unavailable(e: RbdError) -> SharedError {
     SharedError::Unavailable(e.to_string())
 }
 
 struct Inner {
-    store: Arc<ObjectStore>,
+    /// The gateway group's current connection (it changes when a fenced gateway rejoins).
+    store: StoreCell,
     oid: String,
 }
 
@@ -46,15 +45,16 @@ impl Inner {
 /// The handle the LUN holds; dropping it stops the watch thread.
 pub(crate) struct RbdShared {
     inner: Arc<Inner>,
+    /// Fences the gateways that do not acknowledge a notify.
+    group: Arc<RbdGroup>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 /// Opens (creating it if needed) and watches the shared object `purpose` of image
-/// `image_id` in pool `pool` of `cluster`.
-pub(crate) fn open(cluster: &Arc<Cluster>, pool: &str, image_id: &str, purpose: &str, on_notify: OnNotify) -> Result<SharedStateHandle, BdevError> {
-    let store = ObjectStore::open(cluster, pool).map_err(|e| BdevError::Unavailable(e.to_string()))?;
-    let inner = Arc::new(Inner { store: Arc::new(store), oid: format!("riser_{purpose}.{image_id}") });
+/// `image_id`, in the image's pool, on the connection of the image's gateway group.
+pub(crate) fn open(group: &Arc<RbdGroup>, image_id: &str, purpose: &str, on_notify: OnNotify) -> Result<SharedStateHandle, BdevError> {
+    let inner = Arc::new(Inner { store: group.store(), oid: format!("riser_{purpose}.{image_id}") });
     inner.ensure().map_err(|e| BdevError::Unavailable(e.to_string()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let (i, s) = (inner.clone(), stop.clone());
@@ -62,7 +62,7 @@ pub(crate) fn open(cluster: &Arc<Cluster>, pool: &str, image_id: &str, purpose: 
         .name(format!("rbd-watch-{purpose}"))
         .spawn(move || watch_loop(&i, &s, on_notify))
         .map_err(|e| BdevError::Io(format!("cannot start the watch thread: {e}")))?;
-    Ok(Arc::new(RbdShared { inner, stop, thread: Some(thread) }))
+    Ok(Arc::new(RbdShared { inner, group: group.clone(), stop, thread: Some(thread) }))
 }
 
 fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
@@ -144,8 +144,19 @@ impl SharedState for RbdShared {
         })
     }
 
+    /// Waits up to the group's lease for every watching gateway's acknowledgement; one
+    /// that does not answer in that time is fenced (blocklisted, see `rbd_group`) before
+    /// this returns Ok, so it cannot act on the state it missed. A silent gateway that
+    /// cannot be fenced fails the notify (the change may then not be reported as done).
     fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
-        self.inner.store.notify(&self.inner.oid, payload, NOTIFY_TIMEOUT_MS).map_err(unavailable)
+        let lease_ms = self.group.lease().as_millis() as u64;
+        let reply = self.inner.store.notify_reply(&self.inner.oid, payload, lease_ms).map_err(unavailable)?;
+        let me = crate::GatewayGroup::me(&*self.group).id;
+        for id in reply.timed_out.into_iter().filter(|id| *id != me) {
+            let why = format!("it did not acknowledge a notify of {} within the lease ({} ms)", self.describe(), lease_ms);
+            self.group.fence(id, &why).map_err(SharedError::Unavailable)?;
+        }
+        Ok(())
     }
 }
 
