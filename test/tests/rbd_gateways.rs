@@ -15,6 +15,8 @@ use riser_tests::{free_port, json, Riser, Value};
 mod alua;
 #[path = "rbd_gateways/failover.rs"]
 mod failover;
+#[path = "rbd_gateways/fencing.rs"]
+mod fencing;
 #[path = "rbd_gateways/pr.rs"]
 mod pr;
 
@@ -79,7 +81,8 @@ fn gateways_in_front_of_one_rbd_image() {
     let t0 = Instant::now();
     let ceph = CephCluster::start("gw");
     eprintln!("rbd_gateways: cluster up in {:?}", t0.elapsed());
-    let checks: [(&str, fn(&CephCluster)); 3] = [("alua", alua::check), ("pr", pr::check), ("failover", failover::check)];
+    let checks: [(&str, fn(&CephCluster)); 4] =
+        [("alua", alua::check), ("pr", pr::check), ("failover", failover::check), ("fencing", fencing::check)];
     for (name, check) in checks {
         if wanted(name) {
             let t = Instant::now();
