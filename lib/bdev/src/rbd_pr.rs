@@ -152,6 +152,9 @@ impl SharedState for RbdShared {
         let lease_ms = self.group.lease().as_millis() as u64;
         let reply = self.inner.store.notify_reply(&self.inner.oid, payload, lease_ms).map_err(unavailable)?;
         let me = crate::GatewayGroup::me(&*self.group).id;
+        if reply.timed_out.contains(&me) {
+            log::warn!("{}: this gateway's own watch did not acknowledge a notify within {lease_ms} ms", self.describe());
+        }
         for id in reply.timed_out.into_iter().filter(|id| *id != me) {
             let why = format!("it did not acknowledge a notify of {} within the lease ({} ms)", self.describe(), lease_ms);
             self.group.fence(id, &why).map_err(SharedError::Unavailable)?;

@@ -211,8 +211,21 @@ pub fn check(ceph: &CephCluster) {
     assert_eq!(write_status(&mut yb), RESERVATION_CONFLICT, "Y through B after the restart");
     assert_eq!(write_status(&mut xb), GOOD, "X (ALL_TG_PT) through B after the restart");
     assert_eq!(write_status(&mut xa), GOOD, "X (ALL_TG_PT) through A after the restart");
-    // Leave the image without reservations (the killed gateways' watches may linger for
-    // the cluster's watch timeout: this notify may wait for them, 5 s at most).
+    // Leave the image without reservations. The killed gateways' watches linger for the
+    // cluster's watch timeout, and a notify waits up to the lease for them (then fences
+    // them): wait until the new gateways have fenced the killed ones, which drops their
+    // watches, so the CLEAR answers within the test client's 10 s.
+    let t = Instant::now();
+    let ids = |gw: &Gateway| -> Vec<u64> {
+        let v = gw.riser.call("bdev_get_bdevs", Some(serde_json::json!({"name": "Rbd0"}))).expect("bdev_get_bdevs");
+        let g = &v[0]["driver_specific"]["rbd"]["gateways"];
+        g["members"].as_array().map(|m| m.iter().filter(|m| m["state"] == "live").filter_map(|m| m["id"].as_u64()).collect()).unwrap_or_default()
+    };
+    while ids(&a).len() > 2 || ids(&b).len() > 2 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "the killed gateways were not fenced: {:?} {:?}", ids(&a), ids(&b));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!("rbd_gateways pr: the killed gateways fenced {:?} after the restart", t.elapsed());
     pr_out_ok(&mut xa, CLEAR, 0, 0xA3, 0, 0);
     assert_eq!(read_keys(&mut yb), Vec::<u64>::new());
 }
