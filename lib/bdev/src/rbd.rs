@@ -338,7 +338,7 @@ impl Bdev for RbdBdev {
 
     fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
         let group = self.group().clone();
-        let (pool, gen) = group.pool();
+        let (pool, gen, slot) = group.add_channel();
         match Image::open(&pool, &self.params.rbd_name) {
             Ok(img) => {
                 let wake = match WakeReg::join(&img) {
@@ -348,7 +348,6 @@ impl Bdev for RbdBdev {
                         None
                     }
                 };
-                let slot = group.add_channel();
                 Box::new(RbdChannel {
                     bdev: self,
                     img: Some(img),
@@ -749,6 +748,11 @@ mod tests {
         };
         assert_eq!(r.create_rbd(p(1000, Some("c"))), Err(RegistryError::BadBlockSize(1000)));
         assert!(matches!(r.create_rbd(p(512, Some("nope"))), Err(RegistryError::NotFound(m)) if m.contains("rbd cluster nope")));
+        // A lease out of range is refused before any connection.
+        for bad in [0, 2, 601] {
+            let e = r.create_rbd(RbdCreate { lease_s: Some(bad), ..p(512, Some("c")) }).unwrap_err();
+            assert!(e.to_string().contains(&format!("lease_s {bad} is out of range")), "{e}");
+        }
         assert!(matches!(r.rbd_unregister_cluster("nope"), Err(RegistryError::NotFound(_))));
         assert!(matches!(r.rbd_clusters_info(Some("nope")), Err(RegistryError::NotFound(_))));
         assert_eq!(r.rbd_clusters_info(None), Ok(vec![]));

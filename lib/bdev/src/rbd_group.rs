@@ -299,23 +299,21 @@ impl RbdGroup {
         self.store.clone()
     }
 
-    /// The pool of the current connection and its generation (for a channel opening now).
-    pub fn pool(&self) -> (Arc<Pool>, u64) {
-        let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        (c.pool.clone(), self.generation.load(Ordering::Acquire))
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// A channel's mailbox for the handles of later connections.
-    pub fn add_channel(&self) -> Arc<ChannelSlot> {
+    /// For a channel opening now: the pool of the current connection, its generation, and
+    /// the channel's mailbox for the handles of later connections. Under the channels' lock,
+    /// which a rejoin holds while it switches connections: a channel either opens on the
+    /// new connection or is in the list the rejoin opens new handles for.
+    pub fn add_channel(&self) -> (Arc<Pool>, u64, Arc<ChannelSlot>) {
         let s = Arc::new(ChannelSlot::default());
         let mut l = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         l.retain(|w| w.strong_count() > 0);
         l.push(Arc::downgrade(&s));
-        s
+        let pool = self.conn.lock().unwrap_or_else(|p| p.into_inner()).pool.clone();
+        (pool, self.generation.load(Ordering::Acquire), s)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// A channel's old handle, to be closed on the group thread.
@@ -652,14 +650,7 @@ impl GroupLoop {
         let store = Arc::new(ObjectStore::open(&cluster, pool.name()).map_err(|e| format!("{what}: rejoining: {e}"))?);
         let mut me = g.me();
         me = member_of(&cluster, &g.name, std::mem::take(&mut me.served)).map_err(|e| format!("{what}: rejoining: {e}"))?;
-        // The handles first: once in the record, the others count on this gateway answering.
         let ctl = Image::open(&pool, &g.image_name).map_err(|e| format!("{what}: rejoining: {e}"))?;
-        let gen = g.generation() + 1;
-        let slots: Vec<Arc<ChannelSlot>> = g.channels.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
-        let mut imgs = Vec::new();
-        for _ in &slots {
-            imgs.push(Image::open(&pool, &g.image_name).map_err(|e| format!("{what}: rejoining: {e}"))?);
-        }
         // Join the record as the new client.
         for _ in 0..20 {
             let (mut rec, v) = match store.read(&g.oid) {
@@ -676,13 +667,22 @@ impl GroupLoop {
         }
         let old = std::mem::replace(&mut *g.ctl.lock().unwrap_or_else(|p| p.into_inner()), ctl);
         g.retire(old);
-        for (s, img) in slots.iter().zip(imgs) {
-            *s.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some((gen, img));
-        }
-        *g.conn.lock().unwrap_or_else(|p| p.into_inner()) = Conn { cluster, pool };
+        // Switch connections; channels opening from here on use the new one.
+        let (gen, slots) = {
+            let l = g.channels.lock().unwrap_or_else(|p| p.into_inner());
+            *g.conn.lock().unwrap_or_else(|p| p.into_inner()) = Conn { cluster, pool: pool.clone() };
+            let gen = g.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            (gen, l.iter().filter_map(Weak::upgrade).collect::<Vec<Arc<ChannelSlot>>>())
+        };
         g.store.set(store);
         *g.me.lock().unwrap_or_else(|p| p.into_inner()) = me.clone();
-        g.generation.store(gen, Ordering::Release);
+        // New handles for the channels of the old connection (each swaps at its next poll).
+        for s in &slots {
+            match Image::open(&pool, &g.image_name) {
+                Ok(img) => *s.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some((gen, img)),
+                Err(e) => log::error!("{what}: rejoining: a channel's image handle: {e}; that reactor fails the image's I/O"),
+            }
+        }
         self.live = Liveness::default();
         self.watch = None;
         self.joined = true;

@@ -515,6 +515,10 @@ struct BdevRbdCreate {
     /// UUID of the bdev
     #[arg(short = 'u', long)]
     uuid: Option<Uuid>,
+    /// riser: seconds a gateway exporting the image may go without answering before the
+    /// others fence it (default 10)
+    #[arg(long = "lease-s")]
+    lease_s: Option<u32>,
 }
 
 impl BdevRbdCreate {
@@ -535,6 +539,9 @@ impl BdevRbdCreate {
         }
         opt(&mut o, "cluster_name", self.cluster_name);
         opt(&mut o, "uuid", self.uuid.map(|u| u.to_string()));
+        if let Some(l) = self.lease_s {
+            o.insert("lease_s".into(), Value::from(l));
+        }
         Ok(Value::Object(o))
     }
 }
@@ -677,6 +684,10 @@ mod rbd_cli_tests {
         assert_eq!(
             sent(&["bdev_rbd_create", "rbd", "img", "512", "--config", "mon_host=h"]).unwrap(),
             Some(json!({"pool_name": "rbd", "rbd_name": "img", "block_size": 512, "config": {"mon_host": "h"}}))
+        );
+        assert_eq!(
+            sent(&["bdev_rbd_create", "rbd", "img", "512", "-c", "c0", "--lease-s", "20"]).unwrap(),
+            Some(json!({"pool_name": "rbd", "rbd_name": "img", "block_size": 512, "cluster_name": "c0", "lease_s": 20}))
         );
         assert!(sent(&["bdev_rbd_create", "rbd", "img", "big"]).is_err());
         assert_eq!(sent(&["bdev_rbd_delete", "Ceph0"]).unwrap(), Some(json!({"name": "Ceph0"})));
