@@ -18,6 +18,8 @@ fn main() {
         // Shared state next to an image (persistent reservations): object reads, compare-and-swap writes, watch/notify.
         .allowlist_function("rados_(read|remove|get_last_version|create_write_op|release_write_op|write_op_(assert_version|create|write_full|operate)|watch2|watch_check|unwatch2|watch_flush|notify2|notify_ack|buffer_free)")
         .allowlist_var("LIBRADOS_CREATE_EXCLUSIVE")
+        // A device's identity derives from its image: the pool's id.
+        .allowlist_function("rados_ioctx_get_id")
         .allowlist_function("rbd_aio_(readv|writev|discard|flush|write_zeroes|compare_and_write|create_completion|get_return_value|get_arg|release|wait_for_complete|is_complete)")
         .allowlist_var("EVENT_TYPE_.*")
         .size_t_is_usize(true)
