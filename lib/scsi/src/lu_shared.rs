@@ -92,7 +92,12 @@ fn encode(st: &LuState) -> Vec<u8> {
     serde_json::to_vec_pretty(&s).unwrap_or_default()
 }
 
-fn decode(bytes: &[u8]) -> Result<LuState, String> {
+/// The state in the object's bytes; `None` when empty (the device creates the object empty
+/// to watch it: nothing was stored yet).
+fn decode(bytes: &[u8]) -> Result<Option<LuState>, String> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
     let s: Stored = serde_json::from_slice(bytes).map_err(|e| format!("not JSON riser reads: {e}"))?;
     if s.format != FORMAT {
         return Err(format!("format {:?}, not {FORMAT:?}", s.format));
@@ -103,7 +108,7 @@ fn decode(bytes: &[u8]) -> Result<LuState, String> {
             mode |= bit;
         }
     }
-    Ok(LuState { holder: s.spc2_holder, mode })
+    Ok(Some(LuState { holder: s.spc2_holder, mode }))
 }
 
 /// A LUN's handle on its device's shared LU state.
@@ -182,7 +187,7 @@ pub(crate) fn load(lun: &Lun) -> Result<(), String> {
         return Ok(());
     };
     let r = match sh.handle.read() {
-        Ok(Some((bytes, version))) => decode(&bytes).map(|st| apply(lun, sh, &st, version, None)),
+        Ok(Some((bytes, version))) => decode(&bytes).map(|st| apply(lun, sh, &st.unwrap_or_else(|| initial(lun)), version, None)),
         Ok(None) => {
             apply(lun, sh, &initial(lun), 0, None);
             Ok(())
@@ -220,7 +225,7 @@ fn change(lun: &Lun, what: &str, except: Option<&Arc<str>>, f: &dyn Fn(&mut LuSt
     for _ in 0..MAX_ATTEMPTS {
         let (mut st, version) = match sh.handle.read() {
             Ok(Some((bytes, v))) => match decode(&bytes) {
-                Ok(st) => (st, Some(v)),
+                Ok(st) => (st.unwrap_or_else(|| initial(lun)), Some(v)),
                 // Never overwritten: it may be a newer riser's.
                 Err(why) => return Err(failed("use", &why)),
             },
@@ -391,10 +396,12 @@ mod tests {
         let bytes = encode(&st);
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(text.contains(FORMAT) && text.contains("\"swp\": true") && text.contains("\"d_sense\": false"), "{text}");
-        assert_eq!(decode(&bytes).unwrap(), st);
+        assert_eq!(decode(&bytes).unwrap(), Some(st));
+        // Empty: the object exists (to be watched), nothing stored yet.
+        assert_eq!(decode(b"").unwrap(), None);
         assert!(decode(br#"{"format": "riser-shared-lu-state-v9", "swp": true}"#).unwrap_err().contains("format"));
         assert!(decode(b"garbage").is_err());
         // Fields a newer writer left out read as off.
-        assert_eq!(decode(br#"{"format": "riser-shared-lu-state"}"#).unwrap(), LuState { holder: None, mode: 0 });
+        assert_eq!(decode(br#"{"format": "riser-shared-lu-state"}"#).unwrap(), Some(LuState { holder: None, mode: 0 }));
     }
 }

@@ -101,6 +101,8 @@ impl Bdev for SharedDev {
     }
     fn shared_state(&self, purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
         self.store.watchers.lock().unwrap().push((purpose.to_string(), Arc::new(on_notify)));
+        // Created empty when first watched, as `rbd_pr` does (a RADOS watch needs an object).
+        self.store.objects.lock().unwrap().entry(purpose.to_string()).or_insert_with(|| (Vec::new(), 1));
         Some(Ok(Arc::new(Handle(self.store.clone(), purpose.to_string()))))
     }
 }
