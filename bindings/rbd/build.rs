@@ -21,6 +21,8 @@ fn main() {
         // Gateway liveness and fencing (issue 23): who we are, watches that expire, who acked a
         // notify, and putting a dead gateway's client on the OSD blocklist.
         .allowlist_function("rados_(get_instance_id|getaddrs|blocklist_add|wait_for_latest_osdmap|watch3|decode_notify_response|free_notify_response)")
+        // A device's identity derives from its image: the pool's id.
+        .allowlist_function("rados_ioctx_get_id")
         .allowlist_function("rbd_aio_(readv|writev|discard|flush|write_zeroes|compare_and_write|create_completion|get_return_value|get_arg|release|wait_for_complete|is_complete)")
         .allowlist_var("EVENT_TYPE_.*")
         .size_t_is_usize(true)

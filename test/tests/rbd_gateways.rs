@@ -13,6 +13,8 @@ use riser_tests::{free_port, json, Riser, Value};
 
 #[path = "rbd_gateways/alua.rs"]
 mod alua;
+#[path = "rbd_gateways/compliance.rs"]
+mod compliance;
 #[path = "rbd_gateways/failover.rs"]
 mod failover;
 #[path = "rbd_gateways/fencing.rs"]
@@ -37,16 +39,23 @@ impl Gateway {
     /// on `pool/image` with `uuid` (the same on every gateway, so the LUN has one identity),
     /// and exports it on a free port of 127.0.0.1 in portal group `pg_tag`.
     pub fn start(ceph: &CephCluster, image: &str, uuid: &str, pg_tag: u32, extra: &[&str]) -> Gateway {
+        Gateway::start_opts(ceph, image, Some(uuid), pg_tag, extra)
+    }
+
+    /// As [`Gateway::start`]; `uuid` `None` creates the bdev without one (the device's
+    /// identity then derives from the image: the same on every gateway).
+    pub fn start_opts(ceph: &CephCluster, image: &str, uuid: Option<&str>, pg_tag: u32, extra: &[&str]) -> Gateway {
         let riser = Riser::start_with(extra);
         let port = free_port();
         let call = |m: &str, p: Value| riser.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\nriser log:\n{}", riser.log()));
         let conf = ceph.conf().to_str().expect("utf-8 path");
         let keyring = ceph.keyring().to_str().expect("utf-8 path");
         call("bdev_rbd_register_cluster", json!({"name": "c0", "config_file": conf, "key_file": keyring, "user_id": "admin"}));
-        call(
-            "bdev_rbd_create",
-            json!({"name": "Rbd0", "pool_name": "rbd", "rbd_name": image, "block_size": 512, "cluster_name": "c0", "uuid": uuid}),
-        );
+        let mut bdev = json!({"name": "Rbd0", "pool_name": "rbd", "rbd_name": image, "block_size": 512, "cluster_name": "c0"});
+        if let Some(u) = uuid {
+            bdev["uuid"] = json!(u);
+        }
+        call("bdev_rbd_create", bdev);
         call("iscsi_create_portal_group", json!({"tag": pg_tag, "portals": [{"host": "127.0.0.1", "port": port.to_string()}]}));
         call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
         call(
@@ -81,8 +90,8 @@ fn gateways_in_front_of_one_rbd_image() {
     let t0 = Instant::now();
     let ceph = CephCluster::start("gw");
     eprintln!("rbd_gateways: cluster up in {:?}", t0.elapsed());
-    let checks: [(&str, fn(&CephCluster)); 4] =
-        [("alua", alua::check), ("pr", pr::check), ("failover", failover::check), ("fencing", fencing::check)];
+    let checks: [(&str, fn(&CephCluster)); 5] =
+        [("alua", alua::check), ("pr", pr::check), ("failover", failover::check), ("fencing", fencing::check), ("compliance", compliance::check)];
     for (name, check) in checks {
         if wanted(name) {
             let t = Instant::now();

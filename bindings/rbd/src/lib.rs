@@ -233,6 +233,12 @@ impl Pool {
         &self.name
     }
 
+    /// The pool's id (stable across renames of the pool).
+    pub fn id(&self) -> i64 {
+        // SAFETY: raw is a live ioctx; the call only reads it.
+        unsafe { sys::rados_ioctx_get_id(self.raw) }
+    }
+
     /// The cluster this pool is on.
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self._cluster

@@ -261,6 +261,32 @@ pub struct RbdCreate {
     pub lease_s: Option<u32>,
 }
 
+/// The namespace of the UUIDs [`image_uuid`] derives (a constant of riser's).
+const IMAGE_UUID_NAMESPACE: Uuid = Uuid::from_u128(0x5597_5f8c_002e_4b95_adc9_60e0_2d87_4e2d);
+
+/// The default identity of a bdev on an image: a name-based UUID (RFC 4122 version 5,
+/// SHA-1) of the cluster's fsid, the pool's id and the image's id, so that every gateway
+/// that opens the image without being given a `uuid` presents the same logical unit (unit
+/// serial, VPD 0x83 NAA designator), and keeps it across restarts, pool and image renames.
+/// An image of the old format has no id: its name stands in.
+fn image_uuid(cluster: &Cluster, pool: &Pool, img: &Image, rbd_name: &str) -> Result<Uuid, RegistryError> {
+    let fsid = cluster.fsid().map_err(rbd_err)?;
+    let image = img.id().unwrap_or_else(|_| format!("name:{rbd_name}"));
+    Ok(name_uuid(&format!("ceph-rbd:{fsid}/{}/{image}", pool.id())))
+}
+
+/// UUID version 5 of `name` in [`IMAGE_UUID_NAMESPACE`].
+fn name_uuid(name: &str) -> Uuid {
+    use sha1::{Digest, Sha1};
+    let mut h = Sha1::new();
+    h.update(IMAGE_UUID_NAMESPACE.as_bytes());
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    uuid::Builder::from_sha1_bytes(b).into_uuid()
+}
+
 /// An RBD image as a bdev.
 pub struct RbdBdev {
     info: BdevInfo,
@@ -290,7 +316,11 @@ impl RbdBdev {
         if num_blocks == 0 {
             return Err(RegistryError::ZeroBlocks);
         }
-        let uuid = *p.uuid.get_or_insert_with(Uuid::new_v4);
+        // The one given, else the image's own: every gateway derives the same.
+        let uuid = match p.uuid {
+            Some(u) => u,
+            None => image_uuid(&cluster, &pool, &img, &p.rbd_name)?,
+        };
         let mut info = BdevInfo::new(name, PRODUCT, p.block_size, num_blocks, uuid);
         // Writes are in the cluster when acknowledged (rbd_cache off): no volatile cache.
         info.volatile_write_cache = false;
@@ -381,7 +411,11 @@ impl Bdev for RbdBdev {
         if let Some(c) = &p.cluster_name {
             o.insert("cluster_name".into(), json!(c));
         }
-        o.insert("uuid".into(), json!(self.info.uuid.to_string()));
+        // Only a uuid that was given: one derived from the image is derived again when the
+        // configuration is loaded (the same, as long as it is the same image).
+        if let Some(u) = &p.uuid {
+            o.insert("uuid".into(), json!(u.to_string()));
+        }
         if let Some(l) = p.lease_s {
             o.insert("lease_s".into(), json!(l));
         }
@@ -730,6 +764,18 @@ mod tests {
         assert_eq!(p.config.unwrap()["a"], "b");
         assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "block_size": 512})).is_err());
         assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "rbd_name": "x", "block_size": 512, "bogus": 1})).is_err());
+    }
+
+    #[test]
+    fn image_uuids_are_name_based_and_stable() {
+        let a = name_uuid("ceph-rbd:0b1c2d3e-0000-4000-8000-000000000001/2/10a2b3c4d5e6");
+        assert_eq!(a.get_version_num(), 5);
+        assert_eq!(a, name_uuid("ceph-rbd:0b1c2d3e-0000-4000-8000-000000000001/2/10a2b3c4d5e6"), "every gateway derives the same");
+        assert_ne!(a, name_uuid("ceph-rbd:0b1c2d3e-0000-4000-8000-000000000001/3/10a2b3c4d5e6"), "another pool");
+        assert_ne!(a, name_uuid("ceph-rbd:0b1c2d3e-0000-4000-8000-000000000002/2/10a2b3c4d5e6"), "another cluster");
+        // Pinned (Python's uuid.uuid5 of "x" in the namespace gives the same): a change
+        // would give every deployed LU a new identity.
+        assert_eq!(name_uuid("x").to_string(), "f8b8f327-e2a1-5b20-8b0d-0451b04db024");
     }
 
     #[test]

@@ -42,6 +42,7 @@ mod exec;
 mod inquiry;
 mod lock;
 mod lu_events;
+mod lu_shared;
 mod lun;
 mod mode;
 mod opcodes;

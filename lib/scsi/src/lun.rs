@@ -229,6 +229,9 @@ pub struct Lun {
     target_luns: Mutex<Vec<u64>>,
     /// Resets to and from the other gateways exporting the device (shared devices only).
     lu_events: std::sync::OnceLock<crate::lu_events::LuEvents>,
+    /// SPC-2 reservation and mode parameters kept with the device, shared by every
+    /// gateway (see `lu_shared`).
+    lu_shared: std::sync::OnceLock<crate::lu_shared::SharedLu>,
 }
 
 /// Events that reset part of the LUN state (SAM-5 5.12, 6.3).
@@ -305,6 +308,7 @@ impl Lun {
             sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
             lu_events: std::sync::OnceLock::new(),
+            lu_shared: std::sync::OnceLock::new(),
         });
         if let Some(ev) = crate::lu_events::LuEvents::open(&lun) {
             let _ = lun.lu_events.set(ev);
@@ -313,6 +317,11 @@ impl Lun {
             let _ = lun.pr_shared.set(sh);
             lun.lock().pr = PrState::default();
             crate::pr::shared::load(&lun);
+        }
+        if let Some(sh) = crate::lu_shared::SharedLu::open(&lun) {
+            let _ = lun.lu_shared.set(sh);
+            // Logged when it fails: the defaults stay.
+            let _ = crate::lu_shared::load(&lun);
         }
         // A restored reservation is checked from the first command on.
         lun.refresh_attn(&lun.lock());
@@ -403,6 +412,12 @@ impl Lun {
         self.pr_shared.get()
     }
 
+    /// The device's shared LU state, when the LUN's SPC-2 reservation and mode parameters
+    /// live there.
+    pub(crate) fn lu_shared(&self) -> Option<&crate::lu_shared::SharedLu> {
+        self.lu_shared.get()
+    }
+
     /// Held by PERSISTENT RESERVE OUT around its change and the state file's write.
     pub(crate) fn pr_io_lock(&self) -> MutexGuard<'_, ()> {
         self.pr_io.lock().unwrap_or_else(|e| e.into_inner())
@@ -490,6 +505,11 @@ impl Lun {
         let key = nexus.key();
         if st.spc2_holder.as_ref() == Some(key) {
             st.spc2_holder = None;
+            // Released for every gateway too, on a worker (queued without the state's
+            // lock: the queue's is taken before it elsewhere).
+            drop(st);
+            crate::lu_shared::nexus_lost(self, key);
+            st = self.lock();
         }
         // Its state goes with it (prevention ends, SBC-3 5.13; copy results are dropped);
         // if the initiator port comes back it is a new nexus and sees POWER ON first.
@@ -505,7 +525,9 @@ impl Lun {
     /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4).
     pub fn reset(&self, kind: ResetKind) {
         self.reset_local(kind);
-        // The same logical unit behind other gateways (see lu_events).
+        // The same logical unit behind other gateways (see lu_events), and its shared
+        // state (see lu_shared).
+        crate::lu_shared::reset(self, kind);
         if let Some(ev) = self.lu_events.get() {
             ev.announce(kind);
         }

@@ -8,7 +8,9 @@
 use crate::cdb::{get_be16, get_be32, get_be64, op, put_be16, put_be32, put_be64, Cdb};
 use crate::lun::{Lun, MODE_DSENSE, MODE_SWP, MODE_WCE};
 use crate::sense::{Asc, CmdError, CmdResult};
+use crate::pr::work::Deferred;
 use crate::task::Nexus;
+use std::sync::Arc;
 
 const PAGE_CACHING: u8 = 0x08;
 const PAGE_CONTROL: u8 = 0x0A;
@@ -140,7 +142,10 @@ pub(crate) fn mode_sense(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
 }
 
 /// MODE SELECT (6) and (10) with parameter list `p` (already cut to the CDB's length).
-pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdResult<()> {
+///
+/// On a LUN whose device several gateways share, the new values are the device's
+/// (`lu_shared`): set on a worker, `Some` result to poll.
+pub(crate) fn mode_select(lun: &Lun, nexus: &Arc<Nexus>, cdb: &Cdb, p: &[u8]) -> CmdResult<Option<Arc<Deferred>>> {
     let ten = cdb.opcode() == op::MODE_SELECT10;
     if cdb.u8(1) & 0x01 != 0 {
         // SP: saved pages are not supported (SPC-4 6.11).
@@ -152,7 +157,7 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         cdb.u8(4) as usize
     };
     if len == 0 {
-        return Ok(()); // nothing to change (SPC-4 6.11)
+        return Ok(None); // nothing to change (SPC-4 6.11)
     }
     let hdr = if ten { 8 } else { 4 };
     if p.len() < hdr || p.len() < len {
@@ -229,6 +234,9 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         }
         off += plen;
     }
+    if new_bits != cur_bits && lun.lu_shared().is_some() {
+        return crate::lu_shared::set_mode(lun, nexus, new_bits).map(Some);
+    }
     if new_bits != cur_bits {
         let mut st = lun.lock();
         for bit in [MODE_WCE, MODE_DSENSE, MODE_SWP] {
@@ -238,7 +246,7 @@ pub(crate) fn mode_select(lun: &Lun, nexus: &Nexus, cdb: &Cdb, p: &[u8]) -> CmdR
         st.add_ua_all(Asc::MODE_PARAMETERS_CHANGED, Some(nexus.key()));
         lun.refresh_attn(&st);
     }
-    Ok(())
+    Ok(None)
 }
 
 fn set(bits: &mut u32, m: u32, on: bool) {

@@ -643,8 +643,9 @@ fn preempt(st: &mut LunState, me: &Arc<str>, my_key: Option<u64>, key: u64, sark
 // SPC-2 RESERVE / RELEASE
 
 /// RESERVE(6)/(10) (SPC-2 7.21): the whole LU for this nexus. Third-party and extent
-/// reservations are not supported.
-pub(crate) fn reserve(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
+/// reservations are not supported. On a LUN whose device several gateways share, the
+/// reservation is the device's (`lu_shared`): decided on a worker, `Some` result to poll.
+pub(crate) fn reserve(lun: &Lun, nexus: &Arc<Nexus>, cdb: &Cdb) -> CmdResult<Option<Arc<work::Deferred>>> {
     if cdb.opcode() == crate::cdb::op::RESERVE10 && cdb.u8(1) & 0x12 != 0 {
         // 3RDPTY / LONGID
         return Err(CmdError::invalid_cdb(1, Some(4)));
@@ -652,6 +653,10 @@ pub(crate) fn reserve(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
     if cdb.opcode() == crate::cdb::op::RESERVE6 && cdb.u8(1) & 0x01 != 0 {
         // EXTENT
         return Err(CmdError::invalid_cdb(1, Some(0)));
+    }
+    if lun.lu_shared().is_some() {
+        // Queued behind any PERSISTENT RESERVE OUT of the LUN, decided in order with them.
+        return crate::lu_shared::reserve(lun, nexus).map(Some);
     }
     // A PERSISTENT RESERVE OUT queued or running on the worker pool may be about to make
     // a registration: RESERVE waits for it (BUSY: the initiator retries), and none is
@@ -670,16 +675,19 @@ pub(crate) fn reserve(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
         _ => {
             st.spc2_holder = Some(nexus.key().clone());
             lun.refresh_attn(&st);
-            Ok(())
+            Ok(None)
         }
     }
 }
 
 /// RELEASE(6)/(10) (SPC-2 7.23): releasing someone else's (or no) reservation succeeds
-/// without effect.
-pub(crate) fn release(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
+/// without effect. Shared as RESERVE is.
+pub(crate) fn release(lun: &Lun, nexus: &Arc<Nexus>, cdb: &Cdb) -> CmdResult<Option<Arc<work::Deferred>>> {
     if cdb.opcode() == crate::cdb::op::RELEASE10 && cdb.u8(1) & 0x12 != 0 {
         return Err(CmdError::invalid_cdb(1, Some(4)));
+    }
+    if lun.lu_shared().is_some() {
+        return crate::lu_shared::release(lun, nexus).map(Some);
     }
     let mut st = lun.lock();
     if !st.pr.regs.is_empty() || st.pr.reservation.is_some() {
@@ -689,5 +697,5 @@ pub(crate) fn release(lun: &Lun, nexus: &Nexus, cdb: &Cdb) -> CmdResult<()> {
         st.spc2_holder = None;
         lun.refresh_attn(&st);
     }
-    Ok(())
+    Ok(None)
 }

@@ -110,8 +110,11 @@ impl LunChannel {
                 };
                 ctx.xfer = len;
                 let p = param(&data_out, len, ctx.edtl);
-                crate::mode::mode_select(&lun, ctx.nexus, &cdb, p)?;
-                Ok(Action::Good)
+                Ok(match crate::mode::mode_select(&lun, ctx.nexus, &cdb, p)? {
+                    None => Action::Good,
+                    // Shared mode parameters: changed on a pool worker, polled.
+                    Some(d) => Action::Job(Need::None, Job::Deferred(d)),
+                })
             }
             // A target-level command: the device answers it (it knows the LUN map), so a
             // LUN channel only sees it when used on its own, without a DeviceChannel.
@@ -139,14 +142,15 @@ impl LunChannel {
                     pr::PrOutcome::Deferred(d) => Ok(Action::Job(Need::None, Job::Deferred(d))),
                 }
             }
-            op::RESERVE6 | op::RESERVE10 => {
-                pr::reserve(&lun, ctx.nexus, &cdb)?;
-                Ok(Action::Good)
-            }
-            op::RELEASE6 | op::RELEASE10 => {
-                pr::release(&lun, ctx.nexus, &cdb)?;
-                Ok(Action::Good)
-            }
+            // On a LUN shared by several gateways these finish on a pool worker, polled.
+            op::RESERVE6 | op::RESERVE10 => Ok(match pr::reserve(&lun, ctx.nexus, &cdb)? {
+                None => Action::Good,
+                Some(d) => Action::Job(Need::None, Job::Deferred(d)),
+            }),
+            op::RELEASE6 | op::RELEASE10 => Ok(match pr::release(&lun, ctx.nexus, &cdb)? {
+                None => Action::Good,
+                Some(d) => Action::Job(Need::None, Job::Deferred(d)),
+            }),
             op::START_STOP_UNIT => self.start_stop(ctx),
             op::PREVENT_ALLOW => {
                 let prevent = cdb.u8(4) & 0x03;

@@ -16,8 +16,11 @@ pub(super) const LBA_STATUS_WINDOW_BYTES: u64 = 1 << 20;
 /// fewer blocks than remain (the initiator asks again from the next LBA); scanning on while
 /// the descriptors still fit lets a medium that is all one state (e.g. right after a
 /// SANITIZE or a full UNMAP) be reported in a single descriptor, without reading an
-/// arbitrarily large device for one command.
-pub(super) const LBA_STATUS_MAX_SCAN_BYTES: u64 = 128 << 20;
+/// arbitrarily large device for one command. 1 GiB: a device this scan serves (one without
+/// an allocation map of its own, such as an RBD image, whose deallocated blocks cost the
+/// cluster no disk read) is reported whole after a SANITIZE up to that size, which
+/// libiscsi's Sanitize.BlockErase expects of a 256 MiB image (128 MiB was too little).
+pub(super) const LBA_STATUS_MAX_SCAN_BYTES: u64 = 1 << 30;
 
 /// The parameter list of a command: the data-out bytes, cut to the CDB's parameter list
 /// length and to EDTL.

@@ -1,8 +1,10 @@
 //! A minimal in-memory stand-in for a device's shared state (an RBD image's RADOS object
 //! behind several gateways): a versioned object with compare-and-swap writes and notifies to
 //! every watcher, which a test can make slow or take down. Shared by the reservation tests
-//! across gateways and the PR work-pool tests.
+//! across gateways and the PR work-pool tests. One object per purpose (as `rbd_pr` names
+//! one RADOS object per purpose), notified to that purpose's watchers.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,8 +19,8 @@ use crate::{Lun, LunConfig};
 
 #[derive(Default)]
 pub(crate) struct Store {
-    object: Mutex<(Vec<u8>, u64)>,
-    watchers: Mutex<Vec<Arc<OnNotify>>>,
+    objects: Mutex<HashMap<String, (Vec<u8>, u64)>>,
+    watchers: Mutex<Vec<(String, Arc<OnNotify>)>>,
     /// The cluster is gone: every call fails.
     pub down: AtomicBool,
     /// The cluster is slow: reads wait while set (at most 20 s, so a failed test ends).
@@ -29,7 +31,14 @@ pub(crate) struct Store {
     pub writes: AtomicU64,
 }
 
-struct Handle(Arc<Store>);
+impl Store {
+    /// The bytes of `purpose`'s object (empty: none).
+    pub fn object(&self, purpose: &str) -> Vec<u8> {
+        self.objects.lock().unwrap().get(purpose).map(|o| o.0.clone()).unwrap_or_default()
+    }
+}
+
+struct Handle(Arc<Store>, String);
 
 impl SharedState for Handle {
     fn describe(&self) -> String {
@@ -44,14 +53,15 @@ impl SharedState for Handle {
         if self.0.down.load(Ordering::Acquire) {
             return Err(SharedError::Unavailable("cluster down".into()));
         }
-        let o = self.0.object.lock().unwrap();
-        Ok((o.1 > 0).then(|| o.clone()))
+        let objects = self.0.objects.lock().unwrap();
+        Ok(objects.get(&self.1).filter(|o| o.1 > 0).cloned())
     }
     fn write(&self, data: &[u8], version: Option<u64>) -> Result<u64, SharedError> {
         if self.0.down.load(Ordering::Acquire) {
             return Err(SharedError::Unavailable("cluster down".into()));
         }
-        let mut o = self.0.object.lock().unwrap();
+        let mut objects = self.0.objects.lock().unwrap();
+        let o = objects.entry(self.1.clone()).or_default();
         if version.unwrap_or(0) != o.1 {
             return Err(SharedError::Changed);
         }
@@ -60,7 +70,8 @@ impl SharedState for Handle {
         Ok(o.1)
     }
     fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
-        let watchers = self.0.watchers.lock().unwrap().clone();
+        let watchers: Vec<Arc<OnNotify>> =
+            self.0.watchers.lock().unwrap().iter().filter(|(p, _)| *p == self.1).map(|(_, w)| w.clone()).collect();
         for w in watchers {
             w(payload);
         }
@@ -88,9 +99,11 @@ impl Bdev for SharedDev {
     fn config_json(&self) -> (&'static str, serde_json::Value) {
         self.inner.config_json()
     }
-    fn shared_state(&self, _purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
-        self.store.watchers.lock().unwrap().push(Arc::new(on_notify));
-        Some(Ok(Arc::new(Handle(self.store.clone()))))
+    fn shared_state(&self, purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
+        self.store.watchers.lock().unwrap().push((purpose.to_string(), Arc::new(on_notify)));
+        // Created empty when first watched, as `rbd_pr` does (a RADOS watch needs an object).
+        self.store.objects.lock().unwrap().entry(purpose.to_string()).or_insert_with(|| (Vec::new(), 1));
+        Some(Ok(Arc::new(Handle(self.store.clone(), purpose.to_string()))))
     }
 }
 

@@ -4,6 +4,7 @@
 mod alua;
 mod fake_shared;
 mod inquiry;
+mod lu_shared;
 mod medium;
 mod mode;
 mod multi_step;
