@@ -312,7 +312,9 @@ impl Lun {
         if let Some(sh) = crate::pr::shared::SharedPr::open(lun.bdev(), lun.id(), Arc::downgrade(&lun)) {
             let _ = lun.pr_shared.set(sh);
             lun.lock().pr = PrState::default();
-            crate::pr::shared::load(&lun);
+            // A failure is logged; the LUN starts with no reservations and the watch
+            // re-reads until a read succeeds.
+            let _ = crate::pr::shared::load(&lun);
         }
         // A restored reservation is checked from the first command on.
         lun.refresh_attn(&lun.lock());

@@ -18,7 +18,22 @@ use crate::{Lun, LunConfig};
 #[derive(Default)]
 pub(crate) struct Store {
     object: Mutex<(Vec<u8>, u64)>,
-    watchers: Mutex<Vec<Arc<OnNotify>>>,
+    /// (device number, purpose, callback).
+    watchers: Mutex<Vec<(usize, String, Arc<OnNotify>)>>,
+    /// Devices made so far: each gets the next number (the first gateway's is 0).
+    devices: AtomicUsize,
+    /// Devices whose watchers miss every notify (cut off from the store's notifications).
+    pub muted: Mutex<Vec<usize>>,
+    /// Devices whose reads fail (the store answers the others).
+    pub unreadable: Mutex<Vec<usize>>,
+    /// Notifies wait while set (at most 20 s) before they reach the watchers: a peer that
+    /// is slow to acknowledge.
+    pub notify_stalled: AtomicBool,
+    /// Notifies begun, and finished.
+    pub notifies: AtomicUsize,
+    pub notified: AtomicUsize,
+    /// Notifies that found a watcher failing (not acknowledged).
+    pub unacked: AtomicUsize,
     /// The cluster is gone: every call fails.
     pub down: AtomicBool,
     /// The cluster is slow: reads wait while set (at most 20 s, so a failed test ends).
@@ -29,7 +44,19 @@ pub(crate) struct Store {
     pub writes: AtomicU64,
 }
 
-struct Handle(Arc<Store>);
+struct Handle(Arc<Store>, usize);
+
+impl Store {
+    /// The object's bytes and version.
+    pub fn get(&self) -> (Vec<u8>, u64) {
+        self.object.lock().unwrap().clone()
+    }
+    /// Replaces the object behind every gateway's back (no notify), as `rados put` does.
+    pub fn put(&self, data: &[u8]) {
+        let mut o = self.object.lock().unwrap();
+        *o = (data.to_vec(), o.1 + 1);
+    }
+}
 
 impl SharedState for Handle {
     fn describe(&self) -> String {
@@ -41,7 +68,7 @@ impl SharedState for Handle {
         while self.0.stalled.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        if self.0.down.load(Ordering::Acquire) {
+        if self.0.down.load(Ordering::Acquire) || self.0.unreadable.lock().unwrap().contains(&self.1) {
             return Err(SharedError::Unavailable("cluster down".into()));
         }
         let o = self.0.object.lock().unwrap();
@@ -60,11 +87,28 @@ impl SharedState for Handle {
         Ok(o.1)
     }
     fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {
-        let watchers = self.0.watchers.lock().unwrap().clone();
-        for w in watchers {
-            w(payload);
+        self.0.notifies.fetch_add(1, Ordering::AcqRel);
+        let t0 = Instant::now();
+        while self.0.notify_stalled.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        Ok(())
+        let watchers = self.0.watchers.lock().unwrap().clone();
+        let muted = self.0.muted.lock().unwrap().clone();
+        let mut acked = true;
+        for (dev, _, w) in watchers {
+            if muted.contains(&dev) {
+                acked = false;
+                continue;
+            }
+            acked &= w(payload).is_ok();
+        }
+        self.0.notified.fetch_add(1, Ordering::AcqRel);
+        if acked {
+            Ok(())
+        } else {
+            self.0.unacked.fetch_add(1, Ordering::AcqRel);
+            Err(SharedError::Unavailable("a watcher did not acknowledge".into()))
+        }
     }
 }
 
@@ -73,6 +117,8 @@ struct SharedDev {
     inner: Arc<MallocBdev>,
     info: BdevInfo,
     store: Arc<Store>,
+    /// This device's number in the store.
+    id: usize,
 }
 
 impl Bdev for SharedDev {
@@ -88,9 +134,9 @@ impl Bdev for SharedDev {
     fn config_json(&self) -> (&'static str, serde_json::Value) {
         self.inner.config_json()
     }
-    fn shared_state(&self, _purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
-        self.store.watchers.lock().unwrap().push(Arc::new(on_notify));
-        Some(Ok(Arc::new(Handle(self.store.clone()))))
+    fn shared_state(&self, purpose: &str, on_notify: OnNotify) -> Option<Result<SharedStateHandle, BdevError>> {
+        self.store.watchers.lock().unwrap().push((self.id, purpose.to_string(), Arc::new(on_notify)));
+        Some(Ok(Arc::new(Handle(self.store.clone(), self.id))))
     }
 }
 
@@ -99,6 +145,14 @@ impl Bdev for SharedDev {
 pub(crate) fn shared_lun(store: &Arc<Store>, uuid: uuid::Uuid) -> Arc<Lun> {
     let inner = Arc::new(MallocBdev::new("S", BLOCKS, BS as u32, None).unwrap());
     let info = BdevInfo::new("S", "Malloc disk", BS as u32, BLOCKS, uuid);
-    let bdev = Arc::new(SharedDev { inner, info, store: store.clone() });
+    let id = store.devices.fetch_add(1, Ordering::AcqRel);
+    let bdev = Arc::new(SharedDev { inner, info, store: store.clone(), id });
     Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev)
+}
+
+/// What the watch thread of a device does after it re-established its watch: calls the
+/// `purpose` watchers of device `dev` with an empty payload; whether they all succeeded.
+pub(crate) fn rewatch(store: &Store, dev: usize, purpose: &str) -> bool {
+    let watchers = store.watchers.lock().unwrap().clone();
+    watchers.iter().filter(|(d, p, _)| *d == dev && p == purpose).all(|(_, _, w)| w(&[]).is_ok())
 }

@@ -8,6 +8,7 @@ mod medium;
 mod mode;
 mod multi_step;
 mod opcodes;
+mod pr_diverge;
 mod pr_offload;
 mod read_write;
 mod reservations;
