@@ -458,7 +458,7 @@ mod tests {
     }
 
     fn req(sa: u8, ty: u8, key: u64, sark: u64, all_tg_pt: bool) -> PrOutReq {
-        PrOutReq { sa, scope: 0, ty, key, sark, register: matches!(sa, 0 | 6), aptpl: false, all_tg_pt }
+        PrOutReq { sa, scope: 0, ty, key, sark, register: matches!(sa, 0 | 6), aptpl: false, all_tg_pt, ..PrOutReq::default() }
     }
 
     #[test]
