@@ -21,6 +21,8 @@ mod failover;
 mod fencing;
 #[path = "rbd_gateways/pr.rs"]
 mod pr;
+#[path = "rbd_gateways/pr_diverge.rs"]
+mod pr_diverge;
 
 /// The target node every gateway exports (the same name on each: one SCSI target device
 /// reached through several target port groups).
@@ -39,16 +41,23 @@ impl Gateway {
     /// on `pool/image` with `uuid` (the same on every gateway, so the LUN has one identity),
     /// and exports it on a free port of 127.0.0.1 in portal group `pg_tag`.
     pub fn start(ceph: &CephCluster, image: &str, uuid: &str, pg_tag: u32, extra: &[&str]) -> Gateway {
-        Gateway::start_opts(ceph, image, Some(uuid), pg_tag, extra)
+        Gateway::start_opts(ceph, ceph.conf(), image, Some(uuid), pg_tag, extra)
     }
 
-    /// As [`Gateway::start`]; `uuid` `None` creates the bdev without one (the device's
-    /// identity then derives from the image: the same on every gateway).
-    pub fn start_opts(ceph: &CephCluster, image: &str, uuid: Option<&str>, pg_tag: u32, extra: &[&str]) -> Gateway {
+    /// [`Gateway::start`] with the cluster configuration file `conf` (the cluster's, with
+    /// client options of its own).
+    pub fn start_conf(ceph: &CephCluster, conf: &std::path::Path, image: &str, uuid: &str, pg_tag: u32, extra: &[&str]) -> Gateway {
+        Gateway::start_opts(ceph, conf, image, Some(uuid), pg_tag, extra)
+    }
+
+    /// As [`Gateway::start`] with configuration file `conf`; `uuid` `None` creates the bdev
+    /// without one (the device's identity then derives from the image: the same on every
+    /// gateway).
+    pub fn start_opts(ceph: &CephCluster, conf: &std::path::Path, image: &str, uuid: Option<&str>, pg_tag: u32, extra: &[&str]) -> Gateway {
         let riser = Riser::start_with(extra);
         let port = free_port();
         let call = |m: &str, p: Value| riser.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\nriser log:\n{}", riser.log()));
-        let conf = ceph.conf().to_str().expect("utf-8 path");
+        let conf = conf.to_str().expect("utf-8 path");
         let keyring = ceph.keyring().to_str().expect("utf-8 path");
         call("bdev_rbd_register_cluster", json!({"name": "c0", "config_file": conf, "key_file": keyring, "user_id": "admin"}));
         let mut bdev = json!({"name": "Rbd0", "pool_name": "rbd", "rbd_name": image, "block_size": 512, "cluster_name": "c0"});
@@ -90,8 +99,14 @@ fn gateways_in_front_of_one_rbd_image() {
     let t0 = Instant::now();
     let ceph = CephCluster::start("gw");
     eprintln!("rbd_gateways: cluster up in {:?}", t0.elapsed());
-    let checks: [(&str, fn(&CephCluster)); 5] =
-        [("alua", alua::check), ("pr", pr::check), ("failover", failover::check), ("fencing", fencing::check), ("compliance", compliance::check)];
+    let checks: [(&str, fn(&CephCluster)); 6] = [
+        ("alua", alua::check),
+        ("pr", pr::check),
+        ("pr_diverge", pr_diverge::check),
+        ("failover", failover::check),
+        ("fencing", fencing::check),
+        ("compliance", compliance::check),
+    ];
     for (name, check) in checks {
         if wanted(name) {
             let t = Instant::now();

@@ -3,8 +3,12 @@
 //! by compare-and-swap on the object's version, watched by every gateway that opened it.
 //!
 //! A thread per handle keeps the watch: on a notify it calls the owner's `on_notify`
-//! (which re-reads the object) and only then acknowledges, so a notifier that got every
-//! acknowledgement knows each watching gateway has the new state. When the watch breaks
+//! (which re-reads the object) and acknowledges only once that succeeded, so a notifier
+//! that got every acknowledgement knows each watching gateway has the new state. A re-read
+//! that fails (the cluster does not answer, an object this gateway cannot decode) is retried
+//! for [`REREAD_BUDGET`], within the notifier's timeout; if it still fails the notify is
+//! left unacknowledged (the notifier sees this gateway did not follow) and the thread keeps
+//! re-reading every second until one succeeds. When the watch breaks
 //! (the cluster went away: ENOTCONN, or `rados_watch_check` says so) the thread drops it,
 //! makes a new one (every second until the cluster answers) and calls `on_notify` with an
 //! empty payload, so whatever was missed meanwhile is read. The object is created empty
@@ -21,6 +25,18 @@ use riser_rbd::RbdError;
 
 use crate::rbd_group::{RbdGroup, StoreCell};
 use crate::{BdevError, OnNotify, SharedError, SharedState, SharedStateHandle};
+
+/// How long a notifier waits for the other gateways' acknowledgements.
+pub(crate) const NOTIFY_TIMEOUT_MS: u64 = 5000;
+
+/// How long a watcher retries a failed re-read before it gives up acknowledging a notify:
+/// well within the notifier's [`NOTIFY_TIMEOUT_MS`], so that an acknowledgement sent at the
+/// end still arrives in time.
+const REREAD_BUDGET: Duration = Duration::from_millis(NOTIFY_TIMEOUT_MS * 3 / 5);
+/// Pause between two attempts of a failed re-read.
+const REREAD_RETRY: Duration = Duration::from_millis(250);
+/// Pause between two re-reads while a re-read is owed (one failed for its whole budget).
+const REREAD_OWED_RETRY: Duration = Duration::from_secs(1);
 
 fn unavailable(e: RbdError) -> SharedError {
     SharedError::Unavailable(e.to_string())
@@ -65,11 +81,39 @@ pub(crate) fn open(group: &Arc<RbdGroup>, image_id: &str, purpose: &str, on_noti
     Ok(Arc::new(RbdShared { inner, group: group.clone(), stop, thread: Some(thread) }))
 }
 
+/// Calls `on_notify(payload)` until it succeeds, for [`REREAD_BUDGET`] at most (a stop
+/// ends it early); whether it succeeded. Every failure is logged, the first at warning.
+fn reread(what: &str, stop: &AtomicBool, on_notify: &OnNotify, payload: &[u8]) -> bool {
+    let t0 = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match on_notify(payload) {
+            Ok(()) => {
+                if tries > 1 {
+                    log::info!("{what}: re-read the shared state at attempt {tries}");
+                }
+                return true;
+            }
+            Err(why) if tries == 1 => log::warn!("{what}: re-reading the shared state failed ({why}); retrying for {REREAD_BUDGET:?}"),
+            Err(why) => log::debug!("{what}: re-read attempt {tries} failed: {why}"),
+        }
+        if stop.load(Ordering::Acquire) || t0.elapsed() + REREAD_RETRY > REREAD_BUDGET {
+            return false;
+        }
+        std::thread::sleep(REREAD_RETRY);
+    }
+}
+
 fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
     let what = format!("rbd {}/{}", inner.store.pool_name(), inner.oid);
     let mut watch: Option<(Watch, Receiver<WatchEvent>)> = None;
     let mut broken_since: Option<Instant> = None;
     let mut last_check = Instant::now();
+    // A re-read is owed (one failed for its whole budget): retried every second until one
+    // succeeds, whatever notifies come meanwhile.
+    let mut owed: Option<Instant> = None;
+    let mut last_owed_try = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let Some((w, rx)) = &watch else {
             match inner.ensure().and_then(|()| inner.store.watch(&inner.oid)) {
@@ -79,7 +123,10 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
                         log::info!("{what}: watch re-established after {:.1} s; re-reading the shared state", t.elapsed().as_secs_f64());
                     }
                     // Whatever changed while nobody watched.
-                    on_notify(&[]);
+                    if !reread(&what, stop, &on_notify, &[]) && owed.is_none() {
+                        owed = Some(Instant::now());
+                    }
+                    last_owed_try = Instant::now();
                 }
                 Err(e) => {
                     if broken_since.is_none() {
@@ -100,14 +147,38 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
         let mut lost = None;
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(WatchEvent::Notify { notify_id, payload }) => {
-                on_notify(&payload);
-                if let Err(e) = w.ack(notify_id) {
-                    log::warn!("{what}: acknowledging notify {notify_id}: {e}");
+                if reread(&what, stop, &on_notify, &payload) {
+                    if let Some(t) = owed.take() {
+                        log::info!("{what}: the shared state is read again, {:.1} s after a re-read first failed", t.elapsed().as_secs_f64());
+                    }
+                    if let Err(e) = w.ack(notify_id) {
+                        log::warn!("{what}: acknowledging notify {notify_id}: {e}");
+                    }
+                } else {
+                    // The notifier must not count this gateway as one that follows the new
+                    // state: no acknowledgement.
+                    log::error!(
+                        "{what}: could not re-read the shared state after notify {notify_id} within {REREAD_BUDGET:?}; not acknowledging it (this gateway still enforces the last state it read), re-reading every second"
+                    );
+                    owed.get_or_insert_with(Instant::now);
+                    last_owed_try = Instant::now();
                 }
             }
             Ok(WatchEvent::Error(errno)) => lost = Some(riser_rbd::errno_str(errno)),
             Err(RecvTimeoutError::Disconnected) => lost = Some("watch channel closed".into()),
             Err(RecvTimeoutError::Timeout) => {}
+        }
+        if let Some(t) = owed {
+            if last_owed_try.elapsed() >= REREAD_OWED_RETRY {
+                last_owed_try = Instant::now();
+                match on_notify(&[]) {
+                    Ok(()) => {
+                        log::info!("{what}: the shared state is read again, {:.1} s after a re-read first failed", t.elapsed().as_secs_f64());
+                        owed = None;
+                    }
+                    Err(why) => log::debug!("{what}: owed re-read failed again: {why}"),
+                }
+            }
         }
         if lost.is_none() && last_check.elapsed() >= Duration::from_secs(2) {
             last_check = Instant::now();

@@ -27,7 +27,14 @@ impl std::fmt::Display for SharedError {
 /// Called, on a thread of the store, for each notification (its payload), and with an
 /// empty payload after the store re-established its watch (something may have been
 /// missed): re-read the state before returning; the notifier waits for the return.
-pub type OnNotify = Box<dyn Fn(&[u8]) + Send + Sync>;
+///
+/// `Ok` once this gateway holds the state the notification announced (it re-read and
+/// decoded the object): only then does the store acknowledge the notification, so a
+/// notifier that got every acknowledgement knows every watcher enforces the new state.
+/// `Err` (why, for the log): the re-read failed (the store unreachable, or an object this
+/// gateway cannot decode); the store retries the call for a bounded time, and while it keeps
+/// failing does not acknowledge, so the notifier learns that this gateway did not follow.
+pub type OnNotify = Box<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>;
 
 /// One shared object. Every call may block (on the network): never call it on a reactor.
 pub trait SharedState: Send + Sync {

@@ -12,25 +12,28 @@
 //! announcements of one LUN waiting), not on the pool of `pr::work` that PERSISTENT RESERVE
 //! OUT work runs on. A flood of PR OUTs (full queues, every PR worker held by a stalled
 //! cluster) therefore never delays or refuses a reset's announcement; past its own bound
-//! (a LUN reset over and over) the reset stays on this gateway, logged. The reactor that
-//! handled the reset waits for it at most [`ANNOUNCE_WAIT`], so that in the common case the
-//! task management response goes out after every gateway queued its unit attention, and a
-//! peer that is gone (its watch not yet expired) costs that much and no more. Tasks the
-//! other gateways are running are not aborted.
+//! (a LUN reset over and over) the reset stays on this gateway, logged.
+//!
+//! **The reactor never waits for the announcement**: [`LuEvents::announce`] queues it and
+//! returns, and the task management response goes out as soon as this gateway's part of
+//! the reset is done. Waiting (as this did before, up to half a second) would stall every
+//! connection of that reactor on every reset while a dead gateway's watch has not expired
+//! (~30 s), and deferring the response until the announcement completes would need the
+//! iSCSI layer to hold task management responses, for little: the initiator cannot tell
+//! the two apart but for the few milliseconds a notify takes to reach a live peer, the same
+//! window in which commands already in flight through the other gateway complete anyway
+//! (tasks the other gateways are running are not aborted). The peers queue the reset's unit
+//! attention when the notify reaches them; one that does not acknowledge within the notify
+//! timeout is logged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
 
 use crate::pr::work::{self, Pool, Serial};
 
 use riser_bdev::SharedStateHandle;
 
 use crate::lun::{Lun, ResetKind};
-
-/// Longest a reactor waits for the other gateways to acknowledge a reset.
-pub const ANNOUNCE_WAIT: Duration = Duration::from_millis(500);
 
 /// Worker threads that only announce resets. Two, so that one LUN whose cluster does not
 /// answer (a notify that waits for its timeout) holds one and another LUN's reset still
@@ -131,6 +134,8 @@ impl LuEvents {
                 log::info!("LUN {id}: {} reset by another gateway", kind_name(kind));
                 l.reset_local(kind);
             }
+            // Nothing to read: applying a reset cannot fail.
+            Ok(())
         });
         match lun.bdev().shared_state("lu", on_notify)? {
             Ok(shared) => Some(LuEvents { shared, lun: id, nonce, serial: Arc::default() }),
@@ -141,34 +146,22 @@ impl LuEvents {
         }
     }
 
-    /// Tells the other gateways of a reset; waits at most [`ANNOUNCE_WAIT`].
+    /// Tells the other gateways of a reset, in the background: returns at once (on the
+    /// reactor), the announcement runs on its pool.
     pub(crate) fn announce(&self, kind: ResetKind) {
-        let (tx, rx) = mpsc::channel();
         let shared = self.shared.clone();
         let payload = encode(kind, self.lun, self.nonce);
         let lun = self.lun;
         let task: work::Task = Box::new(move || {
-            let r = shared.notify(&payload);
-            if let Err(e) = &r {
-                log::warn!("LUN {lun}: a gateway did not acknowledge the reset ({}): {e}", shared.describe());
+            if let Err(e) = shared.notify(&payload) {
+                log::warn!("LUN {lun}: a gateway did not acknowledge the {} reset ({}): {e}", kind_name(kind), shared.describe());
             }
-            let _ = tx.send(());
         });
-        let queued = {
-            let mut q = self.serial.lock();
-            let r = announce_pool().submit(&self.serial, &mut q, task);
-            if matches!(r, Err(work::Refused::Full)) && !q.log_refusal() {
-                // Logged for the first and every 1000th.
-                return;
-            }
-            r
-        };
-        match queued {
-            Ok(()) => {
-                if rx.recv_timeout(ANNOUNCE_WAIT).is_err() {
-                    log::warn!("LUN {lun}: other gateways not told of the reset within {ANNOUNCE_WAIT:?}; not waiting longer");
-                }
-            }
+        let mut q = self.serial.lock();
+        match announce_pool().submit(&self.serial, &mut q, task) {
+            Ok(()) => {}
+            // Logged for the first and every 1000th.
+            Err(work::Refused::Full) if !q.log_refusal() => {}
             Err(work::Refused::Full) => log::warn!(
                 "LUN {lun}: {ANNOUNCE_PER_LUN} announcements of resets already wait (the cluster is slow to answer?); this reset stays on this gateway"
             ),

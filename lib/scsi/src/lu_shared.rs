@@ -126,11 +126,10 @@ impl SharedLu {
     pub(crate) fn open(lun: &Arc<Lun>) -> Option<SharedLu> {
         let weak = Arc::downgrade(lun);
         let w = weak.clone();
-        let on_notify = Box::new(move |_payload: &[u8]| {
-            if let Some(l) = w.upgrade() {
-                // Logged inside; the store acknowledges either way.
-                let _ = load(&l);
-            }
+        // The store acknowledges a notify only once the state was re-read (logged inside).
+        let on_notify = Box::new(move |_payload: &[u8]| match w.upgrade() {
+            Some(l) => load(&l),
+            None => Ok(()),
         });
         match lun.bdev().shared_state(PURPOSE, on_notify)? {
             Ok(handle) => {

@@ -316,7 +316,9 @@ impl Lun {
         if let Some(sh) = crate::pr::shared::SharedPr::open(lun.bdev(), lun.id(), Arc::downgrade(&lun)) {
             let _ = lun.pr_shared.set(sh);
             lun.lock().pr = PrState::default();
-            crate::pr::shared::load(&lun);
+            // A failure is logged; the LUN starts with no reservations and the watch
+            // re-reads until a read succeeds.
+            let _ = crate::pr::shared::load(&lun);
         }
         if let Some(sh) = crate::lu_shared::SharedLu::open(&lun) {
             let _ = lun.lu_shared.set(sh);

@@ -358,6 +358,14 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
+        op::PERSISTENT_RESERVE_OUT,
+        Some(0x07),
+        "PERSISTENT RESERVE OUT: REGISTER AND MOVE",
+        Pr,
+        0,
+        [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+    ),
+    cmd!(
         op::EXTENDED_COPY,
         Some(0x00),
         "EXTENDED COPY(LID1)",

@@ -24,6 +24,13 @@
 //! nexus of its initiator port (through any target port, so through any gateway); without
 //! it a registration is its I_T nexus's only. A reservation is held by the holder's
 //! registration, so through every nexus that registration covers.
+//!
+//! SPEC_I_PT (SPC-4 5.12.7) and REGISTER AND MOVE (SPC-4 5.12.8) name other initiator ports
+//! by iSCSI TransportID ([`parse_transport_id`]): format 01b names an initiator port (name
+//! and ISID), format 00b an initiator device (the name alone), registered as a registration
+//! whose initiator part is the name alone and that covers every initiator port (ISID) of
+//! that name ([`Registration::covers`]), as Linux's target does. Both work the same on a
+//! local LUN and on a device's shared state (they are service actions of [`apply_pr_out`]).
 
 use std::sync::Arc;
 
@@ -67,16 +74,24 @@ pub(crate) struct Registration {
     pub all_tg_pt: bool,
 }
 
-/// The initiator port of a nexus key (`<initiator port>|<target port>`).
-fn initiator_of(nexus: &str) -> &str {
-    nexus.split_once('|').map_or(nexus, |(i, _)| i)
+/// The initiator port and the target port of a nexus key (`<initiator port>|<target port>`).
+fn ports_of(nexus: &str) -> (&str, &str) {
+    nexus.split_once('|').unwrap_or((nexus, ""))
 }
 
 impl Registration {
     /// Whether this is the registration of `nexus`: its own I_T nexus, or (ALL_TG_PT) any
-    /// nexus of the same initiator port.
+    /// nexus of the same initiator port. A registration made for an initiator device (an
+    /// iSCSI TransportID of format 00b: the name without `,i,0x<ISID>`) covers every
+    /// initiator port of that name.
     pub fn covers(&self, nexus: &str) -> bool {
-        &*self.nexus == nexus || (self.all_tg_pt && initiator_of(&self.nexus) == initiator_of(nexus))
+        if &*self.nexus == nexus {
+            return true;
+        }
+        let (ri, rt) = ports_of(&self.nexus);
+        let (ni, nt) = ports_of(nexus);
+        let initiator = ri == ni || (!ri.contains(",i,0x") && ni.split_once(",i,0x").is_some_and(|(name, _)| name == ri));
+        initiator && (self.all_tg_pt || rt == nt)
     }
 }
 
@@ -217,6 +232,7 @@ pub(crate) fn pr_in(lun: &Lun, cdb: &Cdb) -> CmdResult<Vec<u8>> {
             let mut v = vec![0u8; 8];
             put_be16(&mut v, 0, 8);
             v[2] = 0x10; // CRH: RESERVE/RELEASE handled per SPC-4 5.12.3
+            v[2] |= 0x08; // SIP_C: SPEC_I_PT
             v[2] |= 0x04; // ATP_C: ALL_TG_PT
             if persists(lun) {
                 v[2] |= 0x01; // PTPL_C: a state directory, or the device's shared state
@@ -270,7 +286,7 @@ fn persists(lun: &Lun) -> bool {
 
 /// A PERSISTENT RESERVE OUT, decoded and checked (everything that does not depend on the
 /// reservation state).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct PrOutReq {
     pub sa: u8,
     pub scope: u8,
@@ -281,6 +297,61 @@ pub(crate) struct PrOutReq {
     pub register: bool,
     pub aptpl: bool,
     pub all_tg_pt: bool,
+    /// REGISTER with SPEC_I_PT: the other initiator ports (or devices) to register.
+    pub spec_i_pt: Vec<TransportId>,
+    /// REGISTER AND MOVE: where the reservation goes (the initiator and the relative
+    /// target port identifier), and whether the sender's registration goes (UNREG).
+    pub move_to: Option<(TransportId, u16)>,
+    pub unreg: bool,
+}
+
+/// An iSCSI TransportID (SPC-4 7.6.4.6) from a parameter list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TransportId {
+    /// The initiator port (`name,i,0x<ISID>`, format 01b) or device (`name`, format 00b)
+    /// as nexus keys spell it.
+    pub initiator: String,
+    /// The TransportID's bytes, as READ FULL STATUS reports them.
+    pub bytes: Vec<u8>,
+}
+
+/// TransportIDs in one SPEC_I_PT list at most (beyond: INSUFFICIENT REGISTRATION
+/// RESOURCES, as SPC-4 5.12.7 lets a device server that lacks room answer).
+const MAX_SPEC_I_PT: usize = 64;
+
+/// Parses the iSCSI TransportID at the start of `p` (`at`: its offset in the parameter
+/// list, for the sense); returns it and its length.
+pub(crate) fn parse_transport_id(p: &[u8], at: usize) -> CmdResult<(TransportId, usize)> {
+    let bad = |byte: usize| CmdError::invalid_param(byte as u16, None);
+    if p.len() < 4 {
+        return Err(CmdError::param_list_length());
+    }
+    let format = p[0] >> 6;
+    if p[0] & 0x0F != 0x05 || format > 1 {
+        // Not iSCSI (the only transport riser serves), or a format iSCSI does not have.
+        return Err(bad(at));
+    }
+    let len = u16::from_be_bytes([p[2], p[3]]) as usize;
+    if len < 20 || len % 4 != 0 {
+        return Err(bad(at + 2));
+    }
+    if p.len() < 4 + len {
+        return Err(CmdError::param_list_length());
+    }
+    let body = &p[4..4 + len];
+    let name_end = body.iter().position(|&b| b == 0).ok_or_else(|| bad(at + 4))?;
+    let text = std::str::from_utf8(&body[..name_end]).map_err(|_| bad(at + 4))?;
+    let initiator = if format == 0 {
+        if text.is_empty() || text.contains(",i,") {
+            return Err(bad(at + 4));
+        }
+        text.to_string()
+    } else {
+        let (name, isid) = text.split_once(",i,0x").or_else(|| text.split_once(",I,0X")).ok_or_else(|| bad(at + 4))?;
+        let isid = u64::from_str_radix(isid, 16).ok().filter(|_| !name.is_empty() && isid.len() <= 12).ok_or_else(|| bad(at + 4))?;
+        format!("{name},i,0x{isid:012x}")
+    };
+    Ok((TransportId { initiator, bytes: p[..4 + len].to_vec() }, 4 + len))
 }
 
 fn parse_pr_out(lun: &Lun, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutReq> {
@@ -288,22 +359,27 @@ fn parse_pr_out(lun: &Lun, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutReq> {
     let scope = cdb.u8(2) >> 4;
     let ty = cdb.u8(2) & 0x0F;
     let len = cdb.be32(5) as usize;
-    if sa >= 0x07 {
-        // REGISTER AND MOVE and REPLACE LOST RESERVATION are not supported.
+    if sa > 0x07 {
+        // REPLACE LOST RESERVATION is not supported.
         return Err(CmdError::invalid_cdb(1, Some(4)));
     }
-    if len != 24 {
+    if len < 24 || param.len() < len {
         return Err(CmdError::param_list_length());
     }
-    if param.len() < 24 {
-        return Err(CmdError::param_list_length());
-    }
+    let param = &param[..len];
     let key = get_be64(param, 0);
     let sark = get_be64(param, 8);
+    if sa == 0x07 {
+        return parse_register_and_move(lun, param, key, sark);
+    }
     let flags = param[20];
-    if flags & 0x08 != 0 {
-        // SPEC_I_PT is not supported (REPORT CAPABILITIES SIP_C = 0).
+    let spec_i_pt = flags & 0x08 != 0;
+    if spec_i_pt && sa != 0x00 {
+        // SPEC_I_PT is REGISTER's only (SPC-4 6.16.3).
         return Err(CmdError::invalid_param(20, Some(3)));
+    }
+    if !spec_i_pt && len != 24 {
+        return Err(CmdError::param_list_length());
     }
     // APTPL and ALL_TG_PT count only in REGISTER and REGISTER AND IGNORE EXISTING KEY
     // (SPC-4 6.16.4).
@@ -314,13 +390,62 @@ fn parse_pr_out(lun: &Lun, cdb: &Cdb, param: &[u8]) -> CmdResult<PrOutReq> {
         // No state directory: persist through power loss is not offered (PTPL_C = 0).
         return Err(CmdError::invalid_param(20, Some(0)));
     }
-    Ok(PrOutReq { sa, scope, ty, key, sark, register, aptpl, all_tg_pt })
+    let mut req = PrOutReq { sa, scope, ty, key, sark, register, aptpl, all_tg_pt, ..PrOutReq::default() };
+    if spec_i_pt {
+        // The TransportIDs follow the 24 bytes, after their length (SPC-4 6.16.3).
+        if len < 28 {
+            return Err(CmdError::param_list_length());
+        }
+        let tpdl = cdb_be32(param, 24) as usize;
+        if 28 + tpdl != len {
+            return Err(CmdError::param_list_length());
+        }
+        let mut at = 28;
+        while at < len {
+            if req.spec_i_pt.len() == MAX_SPEC_I_PT {
+                return Err(CmdError::illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+            }
+            let (tid, n) = parse_transport_id(&param[at..], at)?;
+            req.spec_i_pt.push(tid);
+            at += n;
+        }
+    }
+    Ok(req)
+}
+
+fn cdb_be32(p: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
+}
+
+/// The parameter list of REGISTER AND MOVE (SPC-4 6.16.4, table 226): keys, UNREG and
+/// APTPL (byte 17), the relative target port identifier (18..20) and one TransportID after
+/// its length (20..24).
+fn parse_register_and_move(lun: &Lun, param: &[u8], key: u64, sark: u64) -> CmdResult<PrOutReq> {
+    let aptpl = param[17] & 0x01 != 0;
+    let unreg = param[17] & 0x02 != 0;
+    let rel_port = u16::from_be_bytes([param[18], param[19]]);
+    let tpdl = cdb_be32(param, 20) as usize;
+    if 24 + tpdl != param.len() || tpdl < 24 {
+        return Err(CmdError::param_list_length());
+    }
+    if aptpl && !persists(lun) {
+        return Err(CmdError::invalid_param(17, Some(0)));
+    }
+    if rel_port == 0 {
+        return Err(CmdError::invalid_param(18, None));
+    }
+    let (tid, n) = parse_transport_id(&param[24..], 24)?;
+    if n != tpdl {
+        return Err(CmdError::param_list_length());
+    }
+    Ok(PrOutReq { sa: 0x07, key, sark, aptpl, unreg, move_to: Some((tid, rel_port)), ..PrOutReq::default() })
 }
 
 /// Applies `req` from `nexus` to `st` (the LUN's state, or a copy of the shared one).
 pub(crate) fn apply_pr_out(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
     let r = pr_out_locked(st, nexus, req);
-    if r.is_ok() && req.register {
+    // REGISTER AND MOVE carries APTPL too (SPC-4 6.16.4).
+    if r.is_ok() && (req.register || req.sa == 0x07) {
         st.pr.aptpl = req.aptpl;
     }
     r
@@ -360,6 +485,7 @@ pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]
     }
     let (d, done) = work::Deferred::new();
     let (l, n) = (lun.clone(), nexus.clone());
+    let sa = req.sa;
     let task: work::Task = if shared {
         Box::new(move || done.finish(shared::run(&l, &n, &req)))
     } else {
@@ -372,7 +498,7 @@ pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]
                 "LUN {}: {} PERSISTENT RESERVE OUTs already wait for their turn; BUSY to the one (service action {:#x}) from {} ({} refused so far on this LUN; other LUNs are not affected)",
                 lun.id(),
                 pool.per_serial(),
-                req.sa,
+                sa,
                 nexus.initiator_port(),
                 q.refused()
             ),
@@ -381,7 +507,7 @@ pub(crate) fn pr_out(lun: &Arc<Lun>, nexus: &Arc<Nexus>, cdb: &Cdb, param: &[u8]
             work::Refused::NoThread => log::warn!(
                 "LUN {}: PERSISTENT RESERVE OUT (service action {:#x}) from {} not started: no worker thread",
                 lun.id(),
-                req.sa,
+                sa,
                 nexus.initiator_port()
             ),
         }
@@ -474,11 +600,16 @@ fn pr_out_locked(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<
         0x00 | 0x06 => {
             // REGISTER / REGISTER AND IGNORE EXISTING KEY (SPC-4 5.12.7)
             let ignore = sa == 0x06;
+            if !req.spec_i_pt.is_empty() && my_key.is_some() {
+                // SPEC_I_PT from a registered I_T nexus (SPC-4 5.12.7).
+                return Err(CmdError::illegal(Asc::INVALID_FIELD_IN_CDB));
+            }
             match my_key {
                 None => {
                     if !ignore && key != 0 {
                         return Err(CmdError::reservation_conflict());
                     }
+                    let specified = if sark != 0 { specified(st, nexus, req)? } else { Vec::new() };
                     if sark != 0 {
                         st.pr.regs.push(Registration {
                             key: sark,
@@ -487,6 +618,7 @@ fn pr_out_locked(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<
                             rel_target_port: nexus.rel_target_port,
                             all_tg_pt: req.all_tg_pt,
                         });
+                        st.pr.regs.extend(specified);
                         st.pr.generation = st.pr.generation.wrapping_add(1);
                     }
                 }
@@ -573,8 +705,84 @@ fn pr_out_locked(st: &mut LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<
             Ok(())
         }
         0x04 | 0x05 => preempt(st, &me, my_key, key, sark, scope, ty),
+        0x07 => register_and_move(st, nexus, my_key, req),
         _ => Err(CmdError::invalid_cdb(1, Some(4))),
     }
+}
+
+/// The nexus key of `initiator` through target port `rel_port` of the target `nexus` is a
+/// nexus of (riser's relative target port identifier is the portal group tag, see
+/// [`Nexus::new`]).
+fn nexus_through(initiator: &str, nexus: &Nexus, rel_port: u16) -> Arc<str> {
+    format!("{initiator}|{},t,0x{rel_port:04x}", nexus.target_name).into()
+}
+
+/// SPEC_I_PT (SPC-4 5.12.7): the registrations, with SARK, of the I_T nexus of each
+/// TransportID through the target port the command came through (every target port with
+/// ALL_TG_PT), to be made all or none: one already registered fails the command with
+/// nothing registered. The sender's own nexus, listed or not, is registered by the caller.
+fn specified(st: &LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<Vec<Registration>> {
+    let me = nexus.key();
+    let mut new: Vec<Registration> = Vec::new();
+    for (i, tid) in req.spec_i_pt.iter().enumerate() {
+        let key = nexus_through(&tid.initiator, nexus, nexus.rel_target_port);
+        let reg = Registration { key: req.sark, nexus: key, transport_id: tid.bytes.clone(), rel_target_port: nexus.rel_target_port, all_tg_pt: req.all_tg_pt };
+        if reg.covers(me) && reg.nexus == *me {
+            // The sender itself.
+            continue;
+        }
+        let taken = |n: &Arc<str>| st.pr.reg(n).is_some() || new.iter().any(|r| r.covers(n) || reg.covers(&r.nexus));
+        if taken(&reg.nexus) || reg.covers(me) {
+            log::info!("PERSISTENT RESERVE OUT REGISTER with SPEC_I_PT from {}: TransportID {i} ({}) is registered already", nexus.initiator_port(), tid.initiator);
+            return Err(CmdError::invalid_param(28, None));
+        }
+        new.push(reg);
+    }
+    Ok(new)
+}
+
+/// REGISTER AND MOVE (SPC-4 5.12.8): the holder of a reservation (not an all-registrants
+/// one) gives it to another I_T nexus, registering that nexus with SARK if it is not
+/// registered, and unregistering itself when UNREG is set.
+fn register_and_move(st: &mut LunState, nexus: &Nexus, my_key: Option<u64>, req: &PrOutReq) -> CmdResult<()> {
+    let me = nexus.key().clone();
+    let Some((tid, rel_port)) = &req.move_to else {
+        return Err(CmdError::internal());
+    };
+    // Unregistered, or another key: RESERVATION CONFLICT (SPC-4 5.12.8).
+    if my_key != Some(req.key) {
+        return Err(CmdError::reservation_conflict());
+    }
+    if req.sark == 0 {
+        return Err(CmdError::invalid_param(8, None));
+    }
+    let Some(res) = st.pr.reservation.clone() else {
+        return Err(CmdError::reservation_conflict());
+    };
+    if all_registrants(res.ty) || !st.pr.is_holder(&me) {
+        return Err(CmdError::reservation_conflict());
+    }
+    let dest = nexus_through(&tid.initiator, nexus, *rel_port);
+    if dest == me || st.pr.reg(&dest).is_some_and(|r| r.covers(&me)) {
+        // The destination is the sender's own I_T nexus (or one its registration covers).
+        return Err(CmdError::invalid_param(24, None));
+    }
+    let holder = match st.pr.regs.iter().find(|r| r.covers(&dest)) {
+        // Registered already: its key stays (SPC-4 5.12.8 c)).
+        Some(r) => r.nexus.clone(),
+        None => {
+            st.pr.regs.push(Registration { key: req.sark, nexus: dest.clone(), transport_id: tid.bytes.clone(), rel_target_port: *rel_port, all_tg_pt: false });
+            dest
+        }
+    };
+    st.pr.reservation = Some(Reservation { ty: res.ty, holder });
+    if req.unreg {
+        if let Some(i) = st.pr.regs.iter().position(|r| r.covers(&me)) {
+            st.pr.regs.remove(i);
+        }
+    }
+    st.pr.generation = st.pr.generation.wrapping_add(1);
+    Ok(())
 }
 
 /// UA RESERVATIONS RELEASED for the other registrants when a registrants-only or

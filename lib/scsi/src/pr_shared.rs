@@ -8,7 +8,10 @@
 //!   ([`LunState::pr`]), as on any LUN: nothing on the I/O path touches the cluster. The
 //!   copy is replaced, under the LUN's lock for the time of an assignment, when the object
 //!   changes: the device's watch thread calls [`on_notify`], which re-reads the object and
-//!   only then lets the device acknowledge the notify.
+//!   only then lets the device acknowledge the notify. A re-read that fails (the cluster
+//!   does not answer, or the object cannot be decoded) returns `Err`: the device retries it
+//!   for a bounded time and, failing, does not acknowledge, so the notifier knows this
+//!   gateway did not follow; meanwhile the LUN keeps the last state it read.
 //! * **PERSISTENT RESERVE OUT runs on a worker of the bounded pool** ([`super::work`]; the
 //!   executor polls the [`Deferred`] result; a full backlog answers BUSY): it reads the object and its version, applies the service action
 //!   to that copy with the same code as a local LUN ([`apply_pr_out`]), writes the result
@@ -25,22 +28,37 @@
 //!   OUT ends with HARDWARE ERROR, LOGICAL UNIT COMMUNICATION FAILURE, the state unchanged.
 //!   No reactor waits for it.
 //! * **Unit attentions** a change raises (REGISTRATIONS PREEMPTED, RESERVATIONS RELEASED...)
-//!   travel in the notify's payload, and each gateway queues those of the I_T nexuses it
-//!   knows (nexus keys name the target port, so each gateway's are its own). A gateway that
-//!   misses the notify misses them.
+//!   are kept in the object itself, in a bounded log of the last [`UA_LOG_ENTRIES`] changes
+//!   keyed by a sequence number every write increments ([`UaLog`]); each gateway remembers
+//!   the sequence number of the copy it holds and, whenever it reads a newer one (a notify,
+//!   a re-established watch, its own PR OUT's read), queues the unit attentions of every
+//!   entry it had not seen for the I_T nexuses it knows (nexus keys name the target port, so
+//!   each gateway's are its own). So a gateway that missed notifies (cut off, or its re-read
+//!   failed) still raises what it owes. When the log no longer reaches back that far (more
+//!   than [`UA_LOG_ENTRIES`] changes missed, or an older riser rewrote the object without a
+//!   log) it raises conservative ones from the difference between the copy it had and the
+//!   new one: REGISTRATIONS PREEMPTED for a nexus that lost its registration, RESERVATIONS
+//!   RELEASED for a registrant whose reservation changed or went away. The notify's payload
+//!   still carries the unit attentions, for older gateways that read no log.
 //! * **APTPL**: the shared state always persists (it is the cluster's, and outlives every
 //!   gateway: a gateway restart is not a power loss of the logical unit, whose medium is the
 //!   image). The APTPL bit is kept and reported (PTPL_A); REPORT CAPABILITIES says PTPL_C.
 //!   The local APTPL file is not used for such a LUN.
 //! * **SPC-2 RESERVE/RELEASE** stay per gateway (not shared).
+//! * **An object that cannot be decoded** (written by a newer riser in a format this one does
+//!   not know, during a rolling upgrade, or damaged) is never overwritten: a PR OUT fails
+//!   with HARDWARE ERROR, LOGICAL UNIT FAILED SELF-CONFIGURATION ([`unusable`]) and a log
+//!   line, and PR IN and the I/O checks keep using the last state this gateway could read
+//!   (the log says so). The re-read that found it fails, so the notify is not acknowledged.
 //!
 //! The object holds the JSON of [`crate::pr_store`] in the format
 //! `riser-shared-persistent-reservations` with the APTPL bit, device UUID nil and LUN 0:
 //! the object's name ties it to the image, whatever UUID or LUN number each gateway gives
-//! it. An object that cannot be decoded is logged and read as empty (the next PR OUT
-//! replaces it).
+//! it. The unit-attention log is a top-level member `unit_attentions` beside `state`,
+//! outside its checksum: older gateways ignore members they do not know, so they read (and
+//! an older object without it reads as a change with no log).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use riser_bdev::{Bdev, SharedError, SharedStateHandle};
@@ -68,20 +86,31 @@ pub(crate) struct SharedPr {
     gateway: u64,
     /// The object version the LUN's copy is from: an older read never replaces it.
     applied: AtomicU64,
+    /// The [`UaLog::seq`] of the LUN's copy: the unit attentions of later entries are owed.
+    seq: AtomicU64,
+    /// A copy was read once: the first read raises no unit attention (nexuses that log in
+    /// afterwards see POWER ON anyway).
+    loaded: AtomicBool,
 }
 
 impl SharedPr {
     /// The shared state of `bdev`, when it has one; `weak` is the LUN being built.
     pub fn open(bdev: &Arc<dyn Bdev>, lun_id: u64, weak: Weak<Lun>) -> Option<SharedPr> {
-        let cb = Box::new(move |payload: &[u8]| {
-            if let Some(lun) = weak.upgrade() {
-                on_notify(&lun, payload);
-            }
+        let cb = Box::new(move |payload: &[u8]| match weak.upgrade() {
+            Some(lun) => on_notify(&lun, payload),
+            // The LUN is going away: nothing to keep up to date.
+            None => Ok(()),
         });
         match bdev.shared_state("pr", cb)? {
             Ok(handle) => {
                 log::info!("LUN {lun_id} ({}): persistent reservations live in {}", bdev.info().name, handle.describe());
-                Some(SharedPr { handle, gateway: Uuid::new_v4().as_u64_pair().0, applied: AtomicU64::new(0) })
+                Some(SharedPr {
+                    handle,
+                    gateway: Uuid::new_v4().as_u64_pair().0,
+                    applied: AtomicU64::new(0),
+                    seq: AtomicU64::new(0),
+                    loaded: AtomicBool::new(false),
+                })
             }
             Err(e) => {
                 log::error!(
@@ -107,66 +136,220 @@ struct Notice {
     uas: Vec<(String, u16)>,
 }
 
-/// The state in the object's bytes (empty: none yet).
-fn decode(bytes: &[u8]) -> Result<PrState, String> {
-    if bytes.is_empty() {
-        return Ok(PrState::default());
-    }
-    decode_as(bytes, Uuid::nil(), 0, FORMAT)
+/// Changes whose unit attentions the object keeps ([`UaLog`]).
+pub(crate) const UA_LOG_ENTRIES: usize = 16;
+/// Unit attentions the log keeps at most, over all its entries (the oldest entries go
+/// first): the object stays small however many nexuses a change touches.
+const UA_LOG_MAX_UAS: usize = 256;
+
+/// The unit attentions of one change.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct UaEntry {
+    /// The [`UaLog::seq`] the change made.
+    seq: u64,
+    /// (I_T nexus key, ASC/ASCQ).
+    uas: Vec<(String, u16)>,
 }
 
-fn encode(st: &PrState) -> std::io::Result<Vec<u8>> {
-    encode_as(st, Uuid::nil(), 0, FORMAT, true)
+/// The object's `unit_attentions` member: the sequence number of the last change and the
+/// unit attentions of the last [`UA_LOG_ENTRIES`] changes, oldest first (every change has
+/// an entry, empty when it raised none, so that a reader sees whether the log is complete
+/// from the sequence number it had).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+struct UaLog {
+    seq: u64,
+    log: Vec<UaEntry>,
+}
+
+impl UaLog {
+    /// The log after one more change, raising `uas`.
+    fn next(&self, uas: Vec<(String, u16)>) -> UaLog {
+        let seq = self.seq + 1;
+        let mut log = self.log.clone();
+        log.push(UaEntry { seq, uas });
+        let excess = log.len().saturating_sub(UA_LOG_ENTRIES);
+        log.drain(..excess);
+        while log.len() > 1 && log.iter().map(|e| e.uas.len()).sum::<usize>() > UA_LOG_MAX_UAS {
+            log.remove(0);
+        }
+        UaLog { seq, log }
+    }
+
+    /// The unit attentions of the changes after `had`, if the log has every one of them.
+    fn since(&self, had: u64) -> Option<Vec<(String, u16)>> {
+        if self.seq < had {
+            return None;
+        }
+        let newer: Vec<&UaEntry> = self.log.iter().filter(|e| e.seq > had).collect();
+        let complete = newer.len() as u64 == self.seq - had && newer.last().is_none_or(|e| e.seq == self.seq);
+        complete.then(|| newer.into_iter().flat_map(|e| e.uas.iter().cloned()).collect())
+    }
+}
+
+/// What the object holds: the state, and (`None`: an object without one, written by an
+/// older riser, or one whose log is damaged) the unit-attention log.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Shared {
+    st: PrState,
+    uas: Option<UaLog>,
+}
+
+impl Shared {
+    fn seq(&self) -> u64 {
+        self.uas.as_ref().map_or(0, |l| l.seq)
+    }
+}
+
+/// The state in the object's bytes (empty: none yet).
+fn decode(bytes: &[u8]) -> Result<Shared, String> {
+    if bytes.is_empty() {
+        return Ok(Shared { st: PrState::default(), uas: Some(UaLog::default()) });
+    }
+    let st = decode_as(bytes, Uuid::nil(), 0, FORMAT)?;
+    // decode_as read it as JSON already; a log that does not parse is as good as none.
+    let uas = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|mut v| v.get_mut("unit_attentions").map(serde_json::Value::take))
+        .and_then(|v| serde_json::from_value::<UaLog>(v).ok());
+    Ok(Shared { st, uas })
+}
+
+fn encode(sh: &Shared) -> std::io::Result<Vec<u8>> {
+    let bytes = encode_as(&sh.st, Uuid::nil(), 0, FORMAT, true)?;
+    let Some(uas) = &sh.uas else {
+        return Ok(bytes);
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("unit_attentions".into(), serde_json::to_value(uas).map_err(std::io::Error::other)?);
+    }
+    let mut bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
 }
 
 fn comm_failure() -> CmdError {
     CmdError::check(SenseKey::HardwareError, Asc::new(0x08, 0x00))
 }
 
-/// Makes `st` (read at `version`) the LUN's copy, unless the copy is from a later version.
-fn apply(lun: &Lun, sh: &SharedPr, st: PrState, version: u64) {
+/// LOGICAL UNIT FAILED SELF-CONFIGURATION (SPC-4 annex D): the sense of a PR OUT when the
+/// shared object cannot be decoded. HARDWARE ERROR, not ILLEGAL REQUEST (nothing is wrong
+/// with the command: the same one through any gateway fails alike) nor the LOGICAL UNIT
+/// COMMUNICATION FAILURE of an unreachable cluster (retrying does not help): the logical
+/// unit's reservation configuration is unusable until an administrator (or the upgrade of
+/// this gateway) acts. The Linux SCSI layer fails HARDWARE ERROR without retrying.
+pub(crate) const UNUSABLE: Asc = Asc::new(0x4C, 0x00);
+
+fn unusable() -> CmdError {
+    CmdError::check(SenseKey::HardwareError, UNUSABLE)
+}
+
+/// Makes `new` (read at `version`) the LUN's copy, unless the copy is from a later
+/// version, and queues the unit attentions this gateway's nexuses are owed by the changes
+/// between the copy it had and this one.
+fn apply(lun: &Lun, sh: &SharedPr, new: &Shared, version: u64) {
     let mut g = lun.lock();
     if version < sh.applied.load(Ordering::Acquire) {
         return;
     }
     sh.applied.store(version, Ordering::Release);
-    if g.pr != st {
-        g.pr = st;
-        lun.refresh_attn(&g);
+    let had = sh.seq.swap(new.seq(), Ordering::AcqRel);
+    let first = !sh.loaded.swap(true, Ordering::AcqRel);
+    let owed = if first || (had == new.seq() && new.uas.is_some()) {
+        Vec::new()
+    } else if let Some(uas) = new.uas.as_ref().and_then(|l| l.since(had)) {
+        uas
+    } else if had == 0 && new.seq() == 0 {
+        // Neither copy has a log (older gateways wrote both): the notify's payload has them.
+        Vec::new()
+    } else {
+        let owed = conservative(&g, &new.st);
+        log::info!(
+            "LUN {}: the shared reservation state {} went from change {had} to {} and its log no longer has every change between; raising {} conservative unit attention(s)",
+            lun.id(),
+            sh.describe(),
+            new.seq(),
+            owed.len()
+        );
+        owed
+    };
+    if g.pr != new.st {
+        g.pr = new.st.clone();
     }
+    queue_uas_locked(&mut g, &owed);
+    lun.refresh_attn(&g);
 }
 
-/// Re-reads the object into the LUN's copy (at creation, after a notify, after a re-watch).
-pub(crate) fn load(lun: &Lun) {
+/// The unit attentions owed to this gateway's nexuses for going from `g.pr` to `new` when
+/// the changes between are not known: REGISTRATIONS PREEMPTED for a nexus registered before
+/// and not after, RESERVATIONS RELEASED for one registered in both whose reservation
+/// changed (type or holder) or went away and that does not hold the new one.
+fn conservative(g: &LunState, new: &PrState) -> Vec<(String, u16)> {
+    let mut v = Vec::new();
+    let old = &g.pr;
+    for k in g.nexuses.keys() {
+        let before = old.reg(k).is_some();
+        let after = new.reg(k).is_some();
+        if before && !after {
+            v.push((k.to_string(), Asc::REGISTRATIONS_PREEMPTED.0));
+        } else if before && old.reservation.is_some() && old.reservation != new.reservation && !new.is_holder(k) {
+            v.push((k.to_string(), Asc::RESERVATIONS_RELEASED.0));
+        }
+    }
+    v
+}
+
+/// Re-reads the object into the LUN's copy (at creation, after a notify, after a
+/// re-watch). `Err` (why) when it could not: the cluster did not answer, or the object
+/// cannot be decoded; the LUN then keeps the last state it read (logged).
+pub(crate) fn load(lun: &Lun) -> Result<(), String> {
     let Some(sh) = lun.pr_shared() else {
-        return;
+        return Ok(());
     };
     match sh.handle.read() {
         Ok(Some((bytes, version))) => match decode(&bytes) {
-            Ok(st) => apply(lun, sh, st, version),
+            Ok(new) => {
+                apply(lun, sh, &new, version);
+                Ok(())
+            }
             Err(why) => {
-                log::error!("LUN {}: the shared reservation state in {} is unusable ({why}); keeping the last one read", lun.id(), sh.describe())
+                log::error!(
+                    "LUN {}: the shared reservation state in {} cannot be decoded ({why}; written by a newer riser?); PERSISTENT RESERVE IN and the I/O checks keep using the last state this gateway read, PERSISTENT RESERVE OUT fails until it can be read, and it is never overwritten",
+                    lun.id(),
+                    sh.describe()
+                );
+                Err(format!("cannot decode {}: {why}", sh.describe()))
             }
         },
-        Ok(None) => apply(lun, sh, PrState::default(), 0),
-        Err(e) => log::warn!("LUN {}: cannot read the shared reservation state {}: {e}; keeping the last one read", lun.id(), sh.describe()),
+        Ok(None) => {
+            apply(lun, sh, &Shared::default(), 0);
+            Ok(())
+        }
+        Err(e) => {
+            log::warn!("LUN {}: cannot read the shared reservation state {}: {e}; keeping the last one read", lun.id(), sh.describe());
+            Err(format!("cannot read {}: {e}", sh.describe()))
+        }
     }
 }
 
-/// The device's watch thread: another (or this) gateway changed the state.
-fn on_notify(lun: &Lun, payload: &[u8]) {
-    load(lun);
+/// The device's watch thread: another (or this) gateway changed the state. `Ok` once the
+/// LUN holds the state the notify announced.
+fn on_notify(lun: &Lun, payload: &[u8]) -> Result<(), String> {
+    load(lun)?;
     if payload.is_empty() {
-        return;
+        return Ok(());
     }
     let Some(sh) = lun.pr_shared() else {
-        return;
+        return Ok(());
     };
     match serde_json::from_slice::<Notice>(payload) {
-        Ok(n) if n.from != sh.gateway => queue_uas(lun, &n.uas),
+        // The unit attentions of a change of a gateway that keeps no log in the object
+        // (older riser); otherwise the log had them.
+        Ok(n) if n.from != sh.gateway && sh.seq.load(Ordering::Acquire) == 0 => queue_uas(lun, &n.uas),
         Ok(_) => {}
         Err(e) => log::warn!("LUN {}: a notify on {} that is not riser's ({e}) ignored", lun.id(), sh.describe()),
     }
+    Ok(())
 }
 
 /// Queues unit attentions for the I_T nexuses of this gateway that are among `uas`.
@@ -175,13 +358,17 @@ fn queue_uas(lun: &Lun, uas: &[(String, u16)]) {
         return;
     }
     let mut g = lun.lock();
+    queue_uas_locked(&mut g, uas);
+    lun.refresh_attn(&g);
+}
+
+fn queue_uas_locked(g: &mut LunState, uas: &[(String, u16)]) {
     for (nexus, asc) in uas {
         let Some(key) = g.nexuses.get_key_value(nexus.as_str()).map(|(k, _)| k.clone()) else {
             continue;
         };
         g.add_ua(&key, Asc(*asc));
     }
-    lun.refresh_attn(&g);
 }
 
 /// The unit attentions a PR OUT queued in a scratch state, for the notice.
@@ -207,29 +394,38 @@ pub(super) fn run(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
     };
     for _ in 0..MAX_ATTEMPTS {
         let (cur, version) = match sh.handle.read() {
-            Ok(Some((bytes, v))) => {
-                let st = decode(&bytes).unwrap_or_else(|why| {
-                    log::warn!("LUN {}: the shared reservation state in {} is unusable ({why}); this change replaces it", lun.id(), sh.describe());
-                    PrState::default()
-                });
-                (st, Some(v))
-            }
-            Ok(None) => (PrState::default(), None),
+            Ok(Some((bytes, v))) => match decode(&bytes) {
+                Ok(cur) => (cur, Some(v)),
+                Err(why) => {
+                    log::error!(
+                        "LUN {}: PERSISTENT RESERVE OUT (service action {:#x}) from {} fails: the shared reservation state in {} cannot be decoded ({why}; written by a newer riser?); it is left as it is, PERSISTENT RESERVE IN and the I/O checks keep using the last state this gateway read",
+                        lun.id(),
+                        req.sa,
+                        nexus.initiator_port(),
+                        sh.describe()
+                    );
+                    return Err(unusable());
+                }
+            },
+            Ok(None) => (Shared { st: PrState::default(), uas: Some(UaLog::default()) }, None),
             Err(e) => return Err(failed("read", &e)),
         };
-        let mut scratch = LunState { pr: cur.clone(), ..LunState::default() };
+        // The copy read is fresh: take it (with the unit attentions of changes this
+        // gateway had missed).
+        apply(lun, sh, &cur, version.unwrap_or(0));
+        let mut scratch = LunState { pr: cur.st.clone(), ..LunState::default() };
         let r = apply_pr_out(&mut scratch, nexus, req);
-        if r.is_err() || scratch.pr == cur {
-            // Nothing to write; the copy read is fresh, take it.
-            apply(lun, sh, cur, version.unwrap_or(0));
+        if r.is_err() || scratch.pr == cur.st {
+            // Nothing to write.
             return r;
         }
-        let bytes = encode(&scratch.pr).map_err(|_| CmdError::internal())?;
+        let uas = raised(&scratch);
+        let next = Shared { st: scratch.pr, uas: Some(cur.uas.clone().unwrap_or_default().next(uas.clone())) };
+        let bytes = encode(&next).map_err(|_| CmdError::internal())?;
         match sh.handle.write(&bytes, version) {
             Ok(v) => {
-                let uas = raised(&scratch);
-                apply(lun, sh, scratch.pr, v);
-                queue_uas(lun, &uas);
+                // Its own unit attentions come with the log's new entry.
+                apply(lun, sh, &next, v);
                 let notice = serde_json::to_vec(&Notice { from: sh.gateway, uas }).unwrap_or_default();
                 if let Err(e) = sh.handle.notify(&notice) {
                     log::warn!(
@@ -262,7 +458,7 @@ mod tests {
     }
 
     fn req(sa: u8, ty: u8, key: u64, sark: u64, all_tg_pt: bool) -> PrOutReq {
-        PrOutReq { sa, scope: 0, ty, key, sark, register: matches!(sa, 0 | 6), aptpl: false, all_tg_pt }
+        PrOutReq { sa, scope: 0, ty, key, sark, register: matches!(sa, 0 | 6), aptpl: false, all_tg_pt, ..PrOutReq::default() }
     }
 
     #[test]
@@ -271,18 +467,55 @@ mod tests {
         let mut st = PrState { generation: 4, aptpl: false, ..PrState::default() };
         st.regs.push(Registration { key: 0xA, nexus: x.key().clone(), transport_id: x.transport_id(), rel_target_port: 1, all_tg_pt: true });
         st.reservation = Some(Reservation { ty: 1, holder: x.key().clone() });
-        let bytes = encode(&st).unwrap();
+        let sh = Shared { st: st.clone(), uas: Some(UaLog::default().next(vec![("a|b".into(), 0x2A05)])) };
+        let bytes = encode(&sh).unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(text.contains(FORMAT) && text.contains("\"aptpl\": false") && text.contains("\"all_tg_pt\": true"), "{text}");
-        assert_eq!(decode(&bytes).unwrap(), st);
+        assert_eq!(decode(&bytes).unwrap(), sh);
+        // What an older riser reads of it: the state (the log is beside it, unchecked).
+        assert_eq!(decode_as(&bytes, Uuid::nil(), 0, FORMAT).unwrap(), st);
+        // And an object an older riser wrote (no log) reads, without one.
+        let old = encode_as(&st, Uuid::nil(), 0, FORMAT, true).unwrap();
+        assert_eq!(decode(&old).unwrap(), Shared { st: st.clone(), uas: None });
         // Empty: nothing stored yet.
-        assert_eq!(decode(b"").unwrap(), PrState::default());
+        assert_eq!(decode(b"").unwrap(), Shared { st: PrState::default(), uas: Some(UaLog::default()) });
         // The local APTPL file's format is not the shared one.
         let local = crate::pr_store::encode(&st, Uuid::nil(), 0).unwrap();
         assert!(decode(&local).unwrap_err().contains("format"));
+        // A newer version is refused, not read as empty.
+        let newer = String::from_utf8(old).unwrap().replace("\"version\": 1", "\"version\": 2");
+        assert!(decode(newer.as_bytes()).unwrap_err().contains("version 2"));
         // A notice round-trips.
         let n = Notice { from: 7, uas: vec![("a|b".into(), 0x2A05)] };
         assert_eq!(serde_json::from_slice::<Notice>(&serde_json::to_vec(&n).unwrap()).unwrap(), n);
+    }
+
+    /// The log keeps the last UA_LOG_ENTRIES changes and says whether it reaches back to a
+    /// sequence number.
+    #[test]
+    fn the_unit_attention_log_is_bounded_and_knows_what_it_lacks() {
+        let mut l = UaLog::default();
+        assert_eq!(l.since(0), Some(vec![]));
+        for i in 1..=20u16 {
+            let uas = if i % 2 == 0 { vec![(format!("n{i}"), 0x2A05)] } else { vec![] };
+            l = l.next(uas);
+        }
+        assert_eq!(l.seq, 20);
+        assert_eq!(l.log.len(), UA_LOG_ENTRIES);
+        assert_eq!(l.since(20), Some(vec![]));
+        assert_eq!(l.since(17), Some(vec![("n18".into(), 0x2A05), ("n20".into(), 0x2A05)]));
+        // Entries 5..20 are kept: from 4 on is complete, from 3 it is not.
+        assert!(l.since(4).is_some());
+        assert_eq!(l.since(3), None);
+        // A sequence number from the future (the object was replaced by an older riser's
+        // and started again): not complete.
+        assert_eq!(l.since(21), None);
+        // However many nexuses a change touches, the object stays small.
+        let many: Vec<(String, u16)> = (0..1000).map(|i| (format!("n{i}"), 0x2A05)).collect();
+        let l = l.next(many.clone()).next(many);
+        assert_eq!(l.log.len(), 1);
+        assert_eq!(l.since(21), Some((0..1000).map(|i| (format!("n{i}"), 0x2A05)).collect()));
+        assert_eq!(l.since(20), None);
     }
 
     /// The read-modify-write of two gateways on one state: each applies its PR OUT to the

@@ -176,7 +176,7 @@ fn an_object_riser_cannot_read_is_never_overwritten() {
     // A newer riser's object (another format): RESERVE fails, the object stays.
     let newer = br#"{"format": "riser-shared-lu-state-v2", "holders": []}"#;
     {
-        let h = a.e.lun.bdev().shared_state("lu_state", Box::new(|_: &[u8]| {})).unwrap().unwrap();
+        let h = a.e.lun.bdev().shared_state("lu_state", Box::new(|_: &[u8]| Ok(()))).unwrap().unwrap();
         let v = h.read().unwrap().map(|(_, v)| v);
         h.write(newer, v).unwrap();
     }

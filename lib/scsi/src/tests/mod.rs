@@ -9,6 +9,8 @@ mod medium;
 mod mode;
 mod multi_step;
 mod opcodes;
+mod pr_diverge;
+mod pr_move;
 mod pr_offload;
 mod read_write;
 mod reservations;

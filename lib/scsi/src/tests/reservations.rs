@@ -197,8 +197,9 @@ fn pr_ownership_register_rules_and_preempt() {
     for sa in 4..0x20u8 {
         e.check(&a, &prin(sa), 4096, None, ILLEGAL_FIELD);
     }
+    // REGISTER AND MOVE without a TransportID.
     let (c, p) = prout(7, 0, 0, 0x44);
-    e.check(&a, &c, 24, Some(p), ILLEGAL_FIELD);
+    e.check(&a, &c, 24, Some(p), (5, 0x1A, 0));
     // REPORT CAPABILITIES and READ FULL STATUS.
     let d = e.ok(&a, &prin(2), 4096, None);
     assert_eq!(u16::from_be_bytes([d[0], d[1]]), 8);
