@@ -48,8 +48,10 @@ const IMAGE_MIB: u64 = 32;
 const REGION_MIB: u64 = 8;
 /// The lease passed to bdev_rbd_create when it takes one (`lease_s`).
 const LEASE_S: u64 = 10;
-/// How long A stays stopped or cut off: its lease and a margin for the survivor to fence it.
-const OUTAGE: Duration = Duration::from_secs(LEASE_S + 8);
+/// How long A stays stopped or cut off: longer than its lease, then until B has fenced it
+/// (a new blocklist entry for A), at most three leases.
+const OUTAGE_MIN: Duration = Duration::from_secs(LEASE_S + 2);
+const OUTAGE_MAX: Duration = Duration::from_secs(3 * LEASE_S);
 /// How long to wait for each file the guest writes (the VM's boot and setup included).
 const GUEST_WAIT: Duration = Duration::from_secs(420);
 
@@ -225,6 +227,24 @@ fn blocklist(ceph: &CephCluster) -> Vec<String> {
         .collect()
 }
 
+/// A's new entries in `ceph osd blocklist ls` (A's RADOS clients are 10.99.0.2:0/nonce).
+fn new_a_entries(listed: &[String], before: &[String]) -> Vec<String> {
+    listed.iter().filter(|l| !before.contains(l) && l.starts_with(&format!("{A_ADDR}:"))).cloned().collect()
+}
+
+/// Waits out A's outage from `since`: at least OUTAGE_MIN, then until the blocklist gains an
+/// entry for A (B fenced it), at most OUTAGE_MAX. Prints when the entry showed up.
+fn outage(ceph: &CephCluster, before: &[String], since: Instant) {
+    std::thread::sleep(OUTAGE_MIN.saturating_sub(since.elapsed()));
+    while since.elapsed() < OUTAGE_MAX {
+        if !new_a_entries(&blocklist(ceph), before).is_empty() {
+            eprintln!("rbd_multipath: A blocklisted {:.1?} after the failure", since.elapsed());
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// A session to gateway A through its side portal (reachable while A is cut off).
 fn side_session(port: u16, a: &Riser) -> Client {
     let sock = std::net::TcpStream::connect((A_SIDE, port)).unwrap_or_else(|e| panic!("connect to A's side portal: {e}"));
@@ -309,21 +329,21 @@ fn dm_multipath_over_two_gateways() {
             "b" => {
                 let mut side = side_session(pa, &a);
                 signal(&a, libc::SIGSTOP);
-                std::thread::sleep(OUTAGE);
+                outage(&ceph, &listed_before, Instant::now());
                 // Sent while A is stopped: A reads it the moment it runs again, fenced.
                 send_write(&mut side, marker_at, &marker(case));
                 signal(&a, libc::SIGCONT);
                 marker_sent = Some(marker_reply(&mut side));
             }
             _ => {
+                let cut = Instant::now();
                 net.set_link(false);
                 std::thread::sleep(Duration::from_secs(2));
-                let cut = Instant::now();
                 // A cannot reach Ceph: the write waits in A's RADOS client for the link.
                 let mut side = side_session(pa, &a);
                 send_write(&mut side, marker_at, &marker(case));
                 marker_sent = Some(marker_reply(&mut side));
-                std::thread::sleep(OUTAGE.saturating_sub(cut.elapsed()));
+                outage(&ceph, &listed_before, cut);
                 net.set_link(true);
                 std::thread::sleep(Duration::from_secs(5));
             }
@@ -336,7 +356,8 @@ fn dm_multipath_over_two_gateways() {
             r["max_stall_s"], r["stall_began"], r["passes"], r["sectors_written_a"], r["sectors_written_b"], r["verify_errors"], r["io_errors"]
         );
         if r["verify_errors"] != 0 || r["io_errors"] != 0 {
-            fail(format!("the initiator saw {} verify errors and {} I/O errors: {}", r["verify_errors"], r["io_errors"], r["errors"]));
+            let hint = if case == "a" { "" } else { " (a write A still held, applied after newer data written through B: was A fenced?)" };
+            fail(format!("the initiator saw {} verify errors and {} I/O errors{hint}: {}", r["verify_errors"], r["io_errors"], r["errors"]));
         }
         if r["sectors_written_b"].as_u64().unwrap_or(0) == 0 {
             fail("no I/O went through gateway B".into());
@@ -371,7 +392,7 @@ fn dm_multipath_over_two_gateways() {
                 ));
             }
             let listed = blocklist(&ceph);
-            let new: Vec<&String> = listed.iter().filter(|l| !listed_before.contains(l) && l.starts_with(&format!("{A_ADDR}:"))).collect();
+            let new = new_a_entries(&listed, &listed_before);
             if new.is_empty() {
                 fail(format!("`ceph osd blocklist ls` gained no entry for A ({A_ADDR}:...): it lists {listed:?}"));
             } else {
