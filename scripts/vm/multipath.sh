@@ -24,8 +24,9 @@
 # pass's data is what the image must hold (pattern-C.bin). done-C.json: passes, chunks written,
 # chunks that read back different (verify_errors), I/O errors, the longest time with no I/O
 # completed (max_stall_s: from the failure to I/O resuming through B) and the guest's clock at
-# its start, and the sectors written through A's and B's disks during the case (from
-# /sys/block/sdX/stat).
+# its start, the sectors written through A's and B's disks during the case (from
+# /sys/block/sdX/stat), and the priorities multipathd gave B's path, sampled once a pass
+# (prio_b, changes only: 10 is active/non-optimized, 50 active/optimized).
 #
 # Ends with "MULTIPATH OK" (every case ran; the host judges the results) or "MULTIPATH FAILED: why".
 set -euo pipefail
@@ -162,16 +163,16 @@ for c in $cases; do
   a0=$(sectors_written "$disk_a"); b0=$(sectors_written "$disk_b")
   step "case $c: writer on /dev/mapper/$map, $region_mib MiB at $((index * region_mib)) MiB"
   python3 - "/dev/mapper/$map" $((index * region_mib << 20)) $((region_mib << 20)) \
-      "$mp/writing-$c" "$mp/inject-done-$c" "$mp/pattern-$c.bin" "$mp/writer-$c.json" "$signal_s" <<'PY' || fail "case $c: the writer failed"
-import hashlib, json, mmap, os, sys, time
+      "$mp/writing-$c" "$mp/inject-done-$c" "$mp/pattern-$c.bin" "$mp/writer-$c.json" "$signal_s" "$disk_b" <<'PY' || fail "case $c: the writer failed"
+import hashlib, json, mmap, os, subprocess, sys, time
 dev, off, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-start_sig, stop_sig, pattern_out, result_out, signal_s = sys.argv[4:9]
+start_sig, stop_sig, pattern_out, result_out, signal_s, disk_b = sys.argv[4:10]
 deadline = time.monotonic() + int(signal_s)
 chunk = 256 << 10
 fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
 # O_DIRECT wants aligned buffers: anonymous mmaps are page-aligned.
 wbuf, rbuf = mmap.mmap(-1, chunk), mmap.mmap(-1, chunk)
-r = {"passes": 0, "chunks": 0, "verify_errors": 0, "io_errors": 0, "max_stall_s": 0.0, "stall_began": None, "errors": []}
+r = {"prio_b": [], "passes": 0, "chunks": 0, "verify_errors": 0, "io_errors": 0, "max_stall_s": 0.0, "stall_began": None, "errors": []}
 last = time.monotonic()
 def done_io():
     global last
@@ -193,7 +194,19 @@ def io(f, buf, at):
             r["errors"].append("%s at %d: %s" % (f.__name__, at, e))
         done_io()
         return False
+def sample_prio_b():
+    # B's path priority as multipathd has it (prio alua: 50 active/optimized, 10
+    # active/non-optimized, 1 standby, 0 unavailable): whether B's port group took over.
+    try:
+        out = subprocess.run(["multipathd", "show", "paths", "raw", "format", "%d %p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[0] == disk_b and (not r["prio_b"] or r["prio_b"][-1] != f[1]):
+            r["prio_b"].append(f[1])
 while True:
+    sample_prio_b()
     final = os.path.exists(stop_sig)
     pattern = os.urandom(length)
     for i in range(0, length, chunk):

@@ -363,6 +363,7 @@ fn dm_multipath_over_two_gateways() {
             "rbd_multipath: case ({case}) {what}: I/O resumed after {} s (longest stall, from {} guest time); {} passes, sectors written through A {} and B {}; verify errors {}, I/O errors {}",
             r["max_stall_s"], r["stall_began"], r["passes"], r["sectors_written_a"], r["sectors_written_b"], r["verify_errors"], r["io_errors"]
         );
+        eprintln!("rbd_multipath: case ({case}): B's path priority (prio alua) during the case: {}", r["prio_b"]);
         if r["verify_errors"] != 0 || r["io_errors"] != 0 {
             let mut hints = Vec::new();
             if case != "a" && r["verify_errors"] != 0 {
