@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use riser_tests::ceph::CephCluster;
 use riser_tests::iscsi::Client;
 use riser_tests::vm::{vm_spawn, VmChild, VmLock};
-use riser_tests::{free_port, json, Riser, TempDir, Value};
+use riser_tests::{free_port, json, Riser, Value};
 
 const NS: &str = "riser-gwA";
 const TARGET: &str = "iqn.2016-06.io.riser:gw";
@@ -126,6 +126,33 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         Net::remove();
+    }
+}
+
+/// The VM's shared directory (the guest's logs in logs-multipath/, the console in vm.log, the
+/// case files in mp/): removed after a passing run, kept after a failing one.
+struct OutDir(PathBuf);
+
+impl OutDir {
+    fn new() -> OutDir {
+        let p = std::env::temp_dir().join(format!("riser-mp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("cannot create {}: {e}", p.display()));
+        OutDir(p)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("rbd_multipath: the VM's files are kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 
@@ -306,7 +333,7 @@ fn dm_multipath_over_two_gateways() {
     }
     eprintln!("rbd_multipath: cluster and gateways up in {:.0?}", t0.elapsed());
 
-    let out = TempDir::new("mp");
+    let out = OutDir::new();
     let mp = out.path().join("mp");
     let env = [
         ("RISER_VM_OUT", out.path().to_str().expect("utf-8 path").to_string()),
