@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node Ceph cluster for riser's RBD tests (/work/shared/ceph.md): one monitor on
-# 127.0.0.1 (non-default ports), one OSD on the memstore object store (data in RAM: keep images
+# 127.0.0.1 or CEPH_ADDR (non-default ports), one OSD on the memstore object store (data in RAM: keep images
 # small), one mgr, and the pool `rbd` with size 1. As root.
 #
 #   scripts/ceph-test-cluster.sh start [DIR]    bring it up, wait for active+clean, print the paths
@@ -8,7 +8,9 @@
 #   scripts/ceph-test-cluster.sh status [DIR]   "running" (exit 0) or "stopped" (exit 1)
 #
 # DIR defaults to $CEPH_TEST_DIR, else /tmp/riser-ceph; start wipes it first. Environment:
-# CEPH_MON_PORT (v2, default 13300; v1 is CEPH_MON_PORT_V1, default 16789), CEPH_MEMSTORE_BYTES
+# CEPH_ADDR (the address every daemon binds to, default 127.0.0.1: another address of this
+# machine, such as the host side of a veth pair, lets clients in other network namespaces
+# reach the cluster), CEPH_MON_PORT (v2, default 13300; v1 is CEPH_MON_PORT_V1, default 16789), CEPH_MEMSTORE_BYTES
 # (default 1 GiB), CEPH_START_TIMEOUT (seconds to active+clean, default 120), CEPH_OWNER_PID (a
 # watchdog stops the cluster once that process is gone: a test killed before its cleanup ran).
 # start prints lines "CEPH_CONF=..." and "CEPH_KEYRING=..." (the client.admin keyring) last.
@@ -17,6 +19,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-${CEPH_TEST_DIR:-/tmp/riser-ceph}}
 here=$(cd "$(dirname "$0")" && pwd)
+addr=${CEPH_ADDR:-127.0.0.1}
 port2=${CEPH_MON_PORT:-13300}
 port1=${CEPH_MON_PORT_V1:-16789}
 memstore=${CEPH_MEMSTORE_BYTES:-1073741824}
@@ -66,12 +69,20 @@ start() {
   mkdir -p "$dir"/{run,log,mon-a,osd-0,mgr-x}
   local fsid mon conf=$dir/ceph.conf
   fsid=$(cat /proc/sys/kernel/random/uuid)
-  mon="[v2:127.0.0.1:$port2,v1:127.0.0.1:$port1]"
+  [[ $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "CEPH_ADDR '$addr' is not an IPv4 address"
+  # The OSD and the mgr bind to the address of this machine inside the public network: the
+  # loopback network as always, else exactly CEPH_ADDR.
+  local public=$addr/32
+  [ "$addr" = 127.0.0.1 ] && public=127.0.0.0/8
+  if [ "$addr" != 127.0.0.1 ] && ! ip -o -4 addr show | grep -q " inet $addr/"; then
+    die "CEPH_ADDR $addr is not an address of this machine (ip -4 addr)"
+  fi
+  mon="[v2:$addr:$port2,v1:$addr:$port1]"
   cat >"$conf" <<EOF
 [global]
 fsid = $fsid
 mon host = $mon
-public network = 127.0.0.0/8
+public network = $public
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx

@@ -21,6 +21,13 @@
 # missing; kept between runs that share it), with cache=none (writethrough where the file's
 # file system has no O_DIRECT) so a flush in the guest reaches the host's disk, and
 # nvme.poll_queues=2 on the kernel command line (the guest loads the nvme module itself).
+# A SCRIPT with the line `# rxe-vm: needs net` gets a network card (virtio-net, MAC
+# 52:54:00:12:34:56) on qemu's user networking (slirp): the guest is 10.0.2.15/24 with the
+# gateway 10.0.2.2 (scripts/vm/net-up.sh configures it; there is no DHCP client), and each TCP
+# connection it opens to any other address is made by qemu as an ordinary socket of the host,
+# in the host's root network namespace, so it reaches whatever the host reaches (addresses
+# inside the host's own network namespaces through their veth pairs included). Nothing
+# connects into the guest. Without the line the guest has no network card at all.
 #
 # Environment:
 #   RISER_VM_CACHE    kernel and initramfs cache (default /var/cache/riser-vm)
@@ -41,9 +48,13 @@ mem=${RISER_VM_MEM:-4096}
 smp=${RISER_VM_SMP:-2}
 
 # What the host needs: qemu and busybox to boot, kmod/cpio to build the initramfs; the rest is
-# what the guest runs (it uses the host's root, so the host's packages are the guest's).
+# what the guest runs (it uses the host's root, so the host's packages are the guest's):
+# multipath-tools and udev for scripts/vm/multipath.sh (the guest writes its own
+# /etc/multipath.conf into its overlay; the host's multipathd, if systemd starts one, keeps
+# Debian's default find_multipaths and takes no single-path disk).
 packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils perftest
-          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd)
+          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd
+          multipath-tools udev python3)
 # The modules the initramfs needs to reach the host root; modprobe adds their dependencies
 # (virtio_ring, netfs, fscache, ...) in load order.
 initrd_modules=(virtio_pci 9pnet_virtio 9p overlay)
@@ -211,6 +222,11 @@ needs_nvme() {
   [ -f "$1" ] && grep -q '^# rxe-vm: needs nvme$' "$1"
 }
 
+# Whether a guest script asks for a network card (`# rxe-vm: needs net`).
+needs_net() {
+  [ -f "$1" ] && grep -q '^# rxe-vm: needs net$' "$1"
+}
+
 # Whether a guest script asks for soft-iWARP (`# rxe-vm: needs siw`).
 needs_siw() {
   [ -f "$1" ] && grep -q '^# rxe-vm: needs siw$' "$1"
@@ -286,7 +302,12 @@ boot() {
   local kernel_image="$cache/vmlinuz-$kernel_ver"
   [ -f "$cache/vmlinux-$kernel_ver" ] && kernel_image="$cache/vmlinux-$kernel_ver"
   # shellcheck disable=SC2054 # the commas are qemu's option syntax, not array separators
-  local qemu=(qemu-system-x86_64 -M q35 -cpu max -m "$mem" -smp "$smp" -no-reboot -nic none
+  local nic=(-nic none)
+  if [ "$mode" = run ] && needs_net "$script"; then
+    nic=(-nic user,model=virtio-net-pci,mac=52:54:00:12:34:56)
+    say "network: qemu user networking (guest 10.0.2.15, gateway 10.0.2.2; connections leave as host sockets)"
+  fi
+  local qemu=(qemu-system-x86_64 -M q35 -cpu max -m "$mem" -smp "$smp" -no-reboot "${nic[@]}"
     -kernel "$kernel_image" -initrd "$initrd"
     -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap
     -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot

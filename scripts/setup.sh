@@ -19,7 +19,7 @@ for g in "${groups[@]}"; do
     # make bench-rbd: the test cluster, and tgt with its rbd backing store to compare with.
     bench-rbd) pkgs+=("${ceph_pkgs[@]}" tgt tgt-rbd util-linux python3) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
-                  open-iscsi libiscsi-bin fio e2fsprogs) ;;
+                  open-iscsi libiscsi-bin fio e2fsprogs multipath-tools udev python3) ;;
     *) echo "setup.sh: unknown group $g (build, test, bench, bench-rbd, vm, ceph)" >&2; exit 2 ;;
   esac
 done

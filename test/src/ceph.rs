@@ -18,12 +18,20 @@ impl CephCluster {
     /// by the script through scripts/setup.sh ceph). Panics with the script's output when it
     /// does not reach active+clean.
     pub fn start(tag: &str) -> CephCluster {
+        CephCluster::start_on(tag, "127.0.0.1")
+    }
+
+    /// As [`start`](Self::start), every daemon bound to `addr` (an address of this machine,
+    /// such as the host side of a veth pair, so that clients in another network namespace
+    /// reach the cluster): the script's CEPH_ADDR.
+    pub fn start_on(tag: &str, addr: &str) -> CephCluster {
         let dir = std::env::temp_dir().join(format!("riser-ceph-{tag}-{}", std::process::id()));
         let script = workspace_root().join("scripts/ceph-test-cluster.sh");
         let out = Command::new(&script)
             .arg("start")
             .arg(&dir)
             .env("CEPH_OWNER_PID", std::process::id().to_string())
+            .env("CEPH_ADDR", addr)
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
         // The guard exists from here: a failed start still stops what did start.

@@ -187,6 +187,18 @@ impl Riser {
 
     /// `path` (a riser binary) as [`start_with`](Self::start_with) runs it.
     pub fn start_bin(path: &Path, extra: &[&str]) -> Riser {
+        Riser::start_prefixed(&[], path, extra)
+    }
+
+    /// As [`start_with`](Self::start_with), run through `prefix`, a command that execs the
+    /// rest of its command line (`ip netns exec NS`: riser in another network namespace; its
+    /// RPC socket is a file, reached from here all the same). The process is riser itself
+    /// once the prefix has exec'ed, so [`pid`](Self::pid) and signals reach riser.
+    pub fn start_in(prefix: &[&str], extra: &[&str]) -> Riser {
+        Riser::start_prefixed(prefix, &bin("riser"), extra)
+    }
+
+    fn start_prefixed(prefix: &[&str], path: &Path, extra: &[&str]) -> Riser {
         let dir = TempDir::new("t");
         let sock = dir.join("rpc.sock");
         let log = dir.join("riser.log");
@@ -194,7 +206,15 @@ impl Riser {
         let err = out.try_clone().unwrap_or_else(|e| panic!("cannot dup the log file: {e}"));
         // Adaptive polling and one core: tests share a 2-core machine with each other.
         let mask: &[&str] = if extra.contains(&"-m") { &[] } else { &["-m", "0x1"] };
-        let child = Command::new(path)
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(path);
+                c
+            }
+            None => Command::new(path),
+        };
+        let child = cmd
             .args(["--poll-mode", "adaptive"])
             .args(mask)
             .arg("-r")
