@@ -41,19 +41,27 @@ impl Gateway {
     /// on `pool/image` with `uuid` (the same on every gateway, so the LUN has one identity),
     /// and exports it on a free port of 127.0.0.1 in portal group `pg_tag`.
     pub fn start(ceph: &CephCluster, image: &str, uuid: &str, pg_tag: u32, extra: &[&str]) -> Gateway {
-        Gateway::start_opts(ceph, ceph.conf(), image, Some(uuid), pg_tag, extra)
+        Gateway::start_opts(ceph, ceph.conf(), image, Some(uuid), pg_tag, extra, json!({}))
     }
 
     /// [`Gateway::start`] with the cluster configuration file `conf` (the cluster's, with
-    /// client options of its own).
-    pub fn start_conf(ceph: &CephCluster, conf: &std::path::Path, image: &str, uuid: &str, pg_tag: u32, extra: &[&str]) -> Gateway {
-        Gateway::start_opts(ceph, conf, image, Some(uuid), pg_tag, extra)
+    /// client options of its own) and more `bdev_rbd_create` parameters (`{"lease_s": 30}`).
+    pub fn start_conf(ceph: &CephCluster, conf: &std::path::Path, image: &str, uuid: &str, pg_tag: u32, extra: &[&str], bdev_extra: Value) -> Gateway {
+        Gateway::start_opts(ceph, conf, image, Some(uuid), pg_tag, extra, bdev_extra)
     }
 
     /// As [`Gateway::start`] with configuration file `conf`; `uuid` `None` creates the bdev
     /// without one (the device's identity then derives from the image: the same on every
     /// gateway).
-    pub fn start_opts(ceph: &CephCluster, conf: &std::path::Path, image: &str, uuid: Option<&str>, pg_tag: u32, extra: &[&str]) -> Gateway {
+    pub fn start_opts(
+        ceph: &CephCluster,
+        conf: &std::path::Path,
+        image: &str,
+        uuid: Option<&str>,
+        pg_tag: u32,
+        extra: &[&str],
+        bdev_extra: Value,
+    ) -> Gateway {
         let riser = Riser::start_with(extra);
         let port = free_port();
         let call = |m: &str, p: Value| riser.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\nriser log:\n{}", riser.log()));
@@ -63,6 +71,9 @@ impl Gateway {
         let mut bdev = json!({"name": "Rbd0", "pool_name": "rbd", "rbd_name": image, "block_size": 512, "cluster_name": "c0"});
         if let Some(u) = uuid {
             bdev["uuid"] = json!(u);
+        }
+        if let (Some(b), Some(x)) = (bdev.as_object_mut(), bdev_extra.as_object()) {
+            b.extend(x.clone());
         }
         call("bdev_rbd_create", bdev);
         call("iscsi_create_portal_group", json!({"tag": pg_tag, "portals": [{"host": "127.0.0.1", "port": port.to_string()}]}));

@@ -26,6 +26,7 @@
 use std::time::Instant;
 
 use riser_tests::ceph::CephCluster;
+use riser_tests::json;
 use riser_tests::compliance::{run_tests, Outcome};
 
 use super::{create_image, Gateway};
@@ -60,8 +61,8 @@ fn uuid_of(gw: &Gateway) -> String {
 
 pub fn check(ceph: &CephCluster) {
     create_image(ceph, IMAGE, IMAGE_MIB);
-    let a = Gateway::start_opts(ceph, ceph.conf(), IMAGE, None, 1, &[]);
-    let b = Gateway::start_opts(ceph, ceph.conf(), IMAGE, None, 2, &[]);
+    let a = Gateway::start_opts(ceph, ceph.conf(), IMAGE, None, 1, &[], json!({}));
+    let b = Gateway::start_opts(ceph, ceph.conf(), IMAGE, None, 2, &[], json!({}));
     assert_eq!(uuid_of(&a), uuid_of(&b), "two gateways on one image, no uuid given: one identity");
     let cfg = a.riser.call("framework_get_config", Some(riser_tests::json!({"name": "bdev"}))).expect("framework_get_config");
     let rbd0 = cfg.as_array().and_then(|c| c.iter().find(|c| c["params"]["name"] == "Rbd0")).expect("Rbd0 in save_config");

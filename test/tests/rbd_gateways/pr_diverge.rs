@@ -20,6 +20,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use riser_tests::ceph::CephCluster;
+use riser_tests::json;
 use riser_tests::iscsi::{Client, Reply};
 
 use super::{create_image, Gateway, TARGET};
@@ -148,8 +149,12 @@ pub fn check(ceph: &CephCluster) {
     let conf_gw = dir.join("ceph-gw.conf");
     let conf = std::fs::read_to_string(ceph.conf()).expect("the cluster's ceph.conf");
     std::fs::write(&conf_gw, conf.replacen("[global]\n", "[global]\nobjecter tick interval = 1\n", 1)).expect("write ceph-gw.conf");
-    let a = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 1, &[]);
-    let b = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 2, &[]);
+    // A lease of 30 s: B stopped for 12 s misses a notify (its reservation watch expired
+    // after 6 s, so A does not wait for it) without being fenced by the gateway group, which
+    // is the case this check is about (a fenced gateway drops its sessions and rejoins).
+    let lease = json!({"lease_s": 30});
+    let a = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 1, &[], lease.clone());
+    let b = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 2, &[], lease);
     let log = a.riser.log();
     let oid = log
         .split("persistent reservations live in rbd rbd/")
