@@ -361,7 +361,8 @@ pub(crate) fn set_mode(lun: &Lun, nexus: &Arc<Nexus>, bits: u32) -> CmdResult<Ar
 }
 
 fn release_if_held(lun: &Lun, key: &str) {
-    let _ = change(lun, "release on the loss of the holder's I_T nexus", None, &|st| Ok(st.holder.as_deref() == Some(key) && st.holder.take().is_some()));
+    let _ =
+        change(lun, "release on the loss of the holder's I_T nexus", None, &|st| Ok(st.holder.as_deref() == Some(key) && st.holder.take().is_some()));
 }
 
 /// The I_T nexus `key` is gone: if it held the SPC-2 reservation, release it in the object.
