@@ -25,9 +25,14 @@
 //!   An initiator may log out through A and RESERVE through B at once, faster than A's
 //!   worker writes the release: a RESERVE that finds the LU reserved through another
 //!   gateway looks again for [`RELEASE_GRACE`] before it answers RESERVATION CONFLICT.
-//! * **A gateway that starts** reads the object when it opens the LUN. A reservation whose
-//!   holder went with a gateway that died stays until a LOGICAL UNIT RESET (through any
-//!   gateway) ends it, the way initiators break a stale SPC-2 reservation.
+//! * **The holder's gateway is fenced** (it died, hung or was cut off, and its group
+//!   fenced it: [`riser_bdev::GatewayGroup`]): its I_T nexuses are gone with it, so each
+//!   surviving gateway releases a reservation held through one of the target port groups
+//!   that gateway served (once per fencing; the compare-and-swap makes it one release).
+//!   Without a group (or for a gateway fenced before this one started) the reservation
+//!   stays until a LOGICAL UNIT RESET through any gateway ends it, the way initiators break
+//!   a stale SPC-2 reservation.
+//! * **A gateway that starts** reads the object when it opens the LUN.
 //!
 //! The object is JSON, `format` [`FORMAT`]; one that cannot be decoded is logged and left
 //! alone: the LUN keeps what it had, and changes fail (never overwrite what a newer riser
@@ -37,7 +42,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use riser_bdev::{SharedError, SharedStateHandle};
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use riser_bdev::{GroupEvent, MemberState, SharedError, SharedStateHandle};
 use serde::{Deserialize, Serialize};
 
 use crate::lun::{Lun, ResetKind, MODE_DSENSE, MODE_SWP, MODE_WCE};
@@ -360,7 +368,53 @@ pub(crate) fn set_mode(lun: &Lun, nexus: &Arc<Nexus>, bits: u32) -> CmdResult<Ar
 }
 
 fn release_if_held(lun: &Lun, key: &str) {
-    let _ = change(lun, "release on the loss of the holder's I_T nexus", None, &|st| Ok(st.holder.as_deref() == Some(key) && st.holder.take().is_some()));
+    let _ =
+        change(lun, "release on the loss of the holder's I_T nexus", None, &|st| Ok(st.holder.as_deref() == Some(key) && st.holder.take().is_some()));
+}
+
+/// The target port group tag an I_T nexus key names (`...|target,t,0xTPGT`).
+fn port_group_of(key: &str) -> Option<u32> {
+    let (_, tpgt) = key.rsplit_once(",t,0x")?;
+    u32::from_str_radix(tpgt, 16).ok()
+}
+
+/// Follows the device's gateway group, when it has one: a gateway fenced from now on takes
+/// the SPC-2 reservation held through its target port groups with it (see the module's
+/// comment). Members already fenced when this LUN starts are left alone: their port groups
+/// may be served again by a gateway that rejoined.
+pub(crate) fn follow_group(lun: &Arc<Lun>) {
+    if lun.lu_shared().is_none() {
+        return;
+    }
+    let Some(group) = lun.bdev().gateway_group() else {
+        return;
+    };
+    let seen: HashSet<u64> = group.members().into_iter().filter(|m| m.state == MemberState::Fenced).map(|m| m.id).collect();
+    let seen = Mutex::new(seen);
+    let weak = Arc::downgrade(lun);
+    // Weak: the group holds its subscribers.
+    let g = Arc::downgrade(&group);
+    group.subscribe(Box::new(move |ev: &GroupEvent| {
+        if *ev != GroupEvent::Changed {
+            return;
+        }
+        let (Some(lun), Some(group)) = (weak.upgrade(), g.upgrade()) else {
+            return;
+        };
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone: Vec<u32> = Vec::new();
+        for m in group.members() {
+            if m.state == MemberState::Fenced && seen.insert(m.id) {
+                gone.extend(&m.served);
+            }
+        }
+        drop(seen);
+        let holder = lun.lock().spc2_holder.clone();
+        if let Some(h) = holder.filter(|h| port_group_of(h).is_some_and(|t| gone.contains(&t))) {
+            log::warn!("LUN {}: the gateway of the SPC-2 reservation holder {h} was fenced: the reservation is released", lun.id());
+            queue(&lun, "release of a fenced gateway's reservation", move |l| release_if_held(l, &h));
+        }
+    }));
 }
 
 /// The I_T nexus `key` is gone: if it held the SPC-2 reservation, release it in the object.
@@ -400,6 +454,8 @@ mod tests {
         assert_eq!(decode(b"").unwrap(), None);
         assert!(decode(br#"{"format": "riser-shared-lu-state-v9", "swp": true}"#).unwrap_err().contains("format"));
         assert!(decode(b"garbage").is_err());
+        assert_eq!(port_group_of("iqn.x,i,0x000000000001|iqn.t,t,0x000a"), Some(10));
+        assert_eq!(port_group_of("garbage"), None);
         // Fields a newer writer left out read as off.
         assert_eq!(decode(br#"{"format": "riser-shared-lu-state"}"#).unwrap(), Some(LuState { holder: None, mode: 0 }));
     }

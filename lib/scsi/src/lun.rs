@@ -324,6 +324,7 @@ impl Lun {
             let _ = lun.lu_shared.set(sh);
             // Logged when it fails: the defaults stay.
             let _ = crate::lu_shared::load(&lun);
+            crate::lu_shared::follow_group(&lun);
         }
         // A restored reservation is checked from the first command on.
         lun.refresh_attn(&lun.lock());

@@ -19,7 +19,8 @@
 //! that need a removable medium (PreventAllow.*, StartStopUnit.Simple), a write-protected
 //! LUN (ReadOnly), SANITIZE OVERWRITE (off by default: it would write every block), a
 //! second URL (MultipathIO.*, which run here) and a few that skip on any riser LUN. One URL
-//! per gateway skips 19 (the MultipathIO ones run). A constant rather than a second run of
+//! per gateway skips 19 (the MultipathIO ones run). test/tests/rbd.rs caps its own
+//! single-gateway run of the suite on RBD at the same 23. A constant rather than a second run of
 //! the suite in every `make test`: that run takes as long again (about 1.5 min here) and
 //! says nothing about sharing.
 

@@ -183,3 +183,147 @@ fn an_object_riser_cannot_read_is_never_overwritten() {
     a.e.check(&a.x, &RESERVE6, 0, None, COMM_FAILURE);
     assert_eq!(store.object("lu_state"), newer.to_vec());
 }
+
+/// A device that keeps no allocation map of its own (as an RBD image): GET LBA STATUS
+/// reads it, and blocks of zeros are deallocated, whatever gateway wrote or unmapped them.
+struct NoMap(Arc<riser_bdev::NullBdev>);
+
+impl riser_bdev::Bdev for NoMap {
+    fn info(&self) -> &riser_bdev::BdevInfo {
+        self.0.info()
+    }
+    fn supports(&self, kind: riser_bdev::IoKind) -> bool {
+        self.0.supports(kind)
+    }
+    fn open_channel(self: Arc<Self>) -> Box<dyn riser_bdev::IoChannel> {
+        self.0.clone().open_channel()
+    }
+    fn config_json(&self) -> (&'static str, serde_json::Value) {
+        self.0.config_json()
+    }
+}
+
+/// libiscsi's Sanitize.BlockErase asks GET LBA STATUS, after a BLOCK ERASE, to describe
+/// the whole LU as deallocated in one answer; on a 256 MiB RBD image the scan stopped at
+/// 128 MiB. 512 MiB of zeros: one descriptor for all of it.
+#[test]
+fn get_lba_status_reads_a_deallocated_device_without_a_map_whole() {
+    let blocks = (512u64 << 20) / BS as u64;
+    let bdev = Arc::new(NoMap(Arc::new(riser_bdev::NullBdev::new("N", blocks, BS as u32, None))));
+    let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev);
+    let mut e = env();
+    e.lun = lun.clone();
+    e.dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun])));
+    let a = e.a.clone();
+    e.run(&a, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    let d = e.ok(&a, &get_lba_status(0, 256), 256, None);
+    assert_eq!(lba_status_descs(&d), vec![(0, blocks as u32, 1)]);
+}
+
+/// A gateway group as every gateway sees it (one view shared by the test's gateways).
+#[derive(Default)]
+struct FakeGroup {
+    members: std::sync::Mutex<Vec<riser_bdev::Member>>,
+    subscribers: std::sync::Mutex<Vec<riser_bdev::OnGroupEvent>>,
+}
+
+impl FakeGroup {
+    fn member(id: u64, tpg: u32) -> riser_bdev::Member {
+        riser_bdev::Member { id, name: format!("gw{id}"), addr: String::new(), served: vec![tpg], state: riser_bdev::MemberState::Live }
+    }
+
+    /// Member `id` is fenced: every subscriber hears of it.
+    fn fence(&self, id: u64) {
+        for m in self.members.lock().unwrap().iter_mut().filter(|m| m.id == id) {
+            m.state = riser_bdev::MemberState::Fenced;
+        }
+        for s in self.subscribers.lock().unwrap().iter() {
+            s(&riser_bdev::GroupEvent::Changed);
+        }
+    }
+}
+
+impl riser_bdev::GatewayGroup for FakeGroup {
+    fn describe(&self) -> String {
+        "test group".into()
+    }
+    fn me(&self) -> riser_bdev::Member {
+        self.members.lock().unwrap()[0].clone()
+    }
+    fn members(&self) -> Vec<riser_bdev::Member> {
+        self.members.lock().unwrap().clone()
+    }
+    fn set_served(&self, _tpg_ids: &[u32]) {}
+    fn is_fenced(&self) -> bool {
+        false
+    }
+    fn subscribe(&self, on_event: riser_bdev::OnGroupEvent) {
+        self.subscribers.lock().unwrap().push(on_event);
+    }
+}
+
+/// A shared device that also belongs to a gateway group.
+struct Grouped {
+    inner: Arc<dyn riser_bdev::Bdev>,
+    group: Arc<FakeGroup>,
+}
+
+impl riser_bdev::Bdev for Grouped {
+    fn info(&self) -> &riser_bdev::BdevInfo {
+        self.inner.info()
+    }
+    fn supports(&self, kind: riser_bdev::IoKind) -> bool {
+        self.inner.supports(kind)
+    }
+    fn open_channel(self: Arc<Self>) -> Box<dyn riser_bdev::IoChannel> {
+        self.inner.clone().open_channel()
+    }
+    fn config_json(&self) -> (&'static str, serde_json::Value) {
+        self.inner.config_json()
+    }
+    fn shared_state(&self, purpose: &str, on_notify: riser_bdev::OnNotify) -> Option<Result<riser_bdev::SharedStateHandle, riser_bdev::BdevError>> {
+        self.inner.shared_state(purpose, on_notify)
+    }
+    fn gateway_group(&self) -> Option<riser_bdev::GatewayGroupHandle> {
+        Some(self.group.clone())
+    }
+}
+
+fn grouped_gateway(store: &Arc<Store>, group: &Arc<FakeGroup>, tpgt: u16) -> Gw {
+    let inner = shared_lun(store, uuid::Uuid::new_v4()).bdev().clone();
+    let bdev = Arc::new(Grouped { inner, group: group.clone() });
+    let lun = Lun::new(LunConfig { target_name: "iqn.2024-01.test:tgt".into(), ..LunConfig::default() }, bdev);
+    let mut g = gateway(store, uuid::Uuid::new_v4(), tpgt);
+    g.e.lun = lun.clone();
+    g.e.dc = DeviceChannel::new(Arc::new(ScsiDevice::new(vec![lun])));
+    for n in [g.x.clone(), g.y.clone()] {
+        g.e.run(&n, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, None);
+    }
+    g
+}
+
+/// The holder's gateway is killed: the group fences it, and the survivors release the
+/// reservation made through it (its I_T nexuses are gone), once.
+#[test]
+fn a_reservation_made_through_a_gateway_that_is_fenced_is_released() {
+    let store = Arc::new(Store::default());
+    let group = Arc::new(FakeGroup::default());
+    *group.members.lock().unwrap() = vec![FakeGroup::member(1, 1), FakeGroup::member(2, 2)];
+    let mut a = grouped_gateway(&store, &group, 1);
+    let mut b = grouped_gateway(&store, &group, 2);
+    b.e.ok(&b.x, &RESERVE6, 0, None);
+    a.e.conflict(&a.y, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
+    // Gateway A going away is not B's holder's concern.
+    group.fence(1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(b.e.lun.lock().spc2_holder.is_some(), "released for the fencing of another gateway");
+    // B is fenced: A releases what X held through B.
+    group.fence(2);
+    eventually("the reservation through the fenced gateway is released", || a.e.lun.lock().spc2_holder.is_none());
+    assert!(!String::from_utf8(store.object("lu_state")).unwrap().contains("0x"));
+    a.e.ok(&a.y, &RESERVE6, 0, None);
+    // A later change of the group does not release the new holder.
+    group.fence(2);
+    std::thread::sleep(Duration::from_millis(50));
+    a.e.conflict(&a.x, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
+}
