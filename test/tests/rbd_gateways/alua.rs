@@ -103,8 +103,8 @@ pub fn check(ceph: &CephCluster) {
     let shown = b.riser.rpc_json(&["iscsi_get_target_nodes"]);
     assert_eq!(
         shown[0]["alua_groups"],
-        json!([{"tpg_id": 1, "state": "active_optimized", "pref": true, "local": false},
-               {"tpg_id": 2, "state": "active_non_optimized", "pref": false, "local": true}])
+        json!([{"tpg_id": 1, "state": "active_optimized", "preferred_state": "active_optimized", "pref": true, "local": false},
+               {"tpg_id": 2, "state": "active_non_optimized", "preferred_state": "active_non_optimized", "pref": false, "local": true}])
     );
     // Group 2 went from (implicitly) active/optimized to active/non-optimized.
     let r = cmd(&mut early, &[0, 0, 0, 0, 0, 0], 0);
