@@ -280,9 +280,16 @@ impl Alua {
         (self.recompute(&mut ctl), released)
     }
 
-    /// New liveness from the gateway groups.
-    pub fn set_liveness(&self, live: Liveness) -> Vec<Change> {
+    /// New liveness from the gateway groups. A group that was down because its gateway was
+    /// fenced stays down until a live gateway serves it again: the fenced member dropping
+    /// out of the group's record (which keeps only the latest ones) is no recovery.
+    pub fn set_liveness(&self, mut live: Liveness) -> Vec<Change> {
         let mut ctl = self.ctl();
+        for (id, why) in ctl.live.down.iter() {
+            if matches!(why, Why::Fenced(_)) && !live.down.contains_key(id) && !live.live.contains(id) {
+                live.down.insert(*id, why.clone());
+            }
+        }
         ctl.live = live;
         self.recompute(&mut ctl)
     }

@@ -147,6 +147,10 @@ fn takeover_reports_transitioning_then_optimized_and_failback_follows_the_policy
     let v = a.view();
     assert_eq!(v.iter().map(|v| (v.group.id, v.preferred, v.effective, v.why.name())).collect::<Vec<_>>(), [(1, Ao, Un, "fenced"), (2, Sb, Ao, "taking_over")]);
 
+    // The fenced member drops out of the record: group 1 stays down (no recovery by absence).
+    assert!(a.set_liveness(liveness(&[vec![live(2, "b:200", &[2])]], &[2], false)).is_empty());
+    assert_eq!(a.state_of(1), Un);
+
     // a rejoins: auto failback returns to the preferred states; a group already active
     // does not go through transitioning on the way back.
     let back = liveness(&[vec![fenced(1, "a:100", &[1]), live(3, "a:300", &[1]), live(2, "b:200", &[2])]], &[2], false);
