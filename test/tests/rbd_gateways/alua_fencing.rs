@@ -53,7 +53,9 @@ fn groups(gw: &Gateway) -> Vec<(u64, String, String)> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|g| (g["tpg_id"].as_u64().unwrap_or(0), g["state"].as_str().unwrap_or("").to_string(), g["reason"].as_str().unwrap_or("").to_string()))
+                .map(|g| {
+                    (g["tpg_id"].as_u64().unwrap_or(0), g["state"].as_str().unwrap_or("").to_string(), g["reason"].as_str().unwrap_or("").to_string())
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -110,14 +112,18 @@ pub fn check(ceph: &CephCluster) {
     // 1. A stopped: B fences it and takes over.
     let a_pid = a.riser.pid().expect("A runs");
     signal(a_pid, "STOP");
-    let took = wait_for("B taking over from the fenced A", &[&b], || groups(&b) == [g(1, "unavailable", "fenced"), g(2, "active_optimized", "taking_over")]);
+    let took =
+        wait_for("B taking over from the fenced A", &[&b], || groups(&b) == [g(1, "unavailable", "fenced"), g(2, "active_optimized", "taking_over")]);
     eprintln!("alua_fencing: B took over {took:?} after A stopped");
     assert_eq!(cmd(&mut cb, &[0; 6], 0).sense(), Some((6, 0x2A, 0x06)), "ASYMMETRIC ACCESS STATE CHANGED through B");
     assert_eq!(rtpg(&mut cb), [(1, 3, 2), (2, 0, 2)], "RTPG through B: 1 unavailable, 2 active/optimized, implicit changes");
     assert_eq!(cb.read10(0, 1).map(|r| r.0), Some(0), "READ through B");
     let log = b.riser.log();
     assert!(log.contains("target port group 1: active_optimized -> unavailable"), "B logs the change:\n{log}");
-    assert!(log.contains("target port group 2: standby -> transitioning") && log.contains("target port group 2: transitioning -> active_optimized"), "{log}");
+    assert!(
+        log.contains("target port group 2: standby -> transitioning") && log.contains("target port group 2: transitioning -> active_optimized"),
+        "{log}"
+    );
 
     // 2. A continued: fenced, it drops its sessions and rejoins; B fails back (auto).
     signal(a_pid, "CONT");

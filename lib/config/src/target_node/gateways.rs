@@ -184,18 +184,14 @@ impl TargetNode {
         if self.is_deleted() {
             return;
         }
-        let Some((bdev_name, group)) =
-            self.gateways.lock().iter().find(|a| a.lun_id == lun_id).map(|a| (a.bdev_name.clone(), a.group.clone()))
+        let Some((bdev_name, group)) = self.gateways.lock().iter().find(|a| a.lun_id == lun_id).map(|a| (a.bdev_name.clone(), a.group.clone()))
         else {
             return;
         };
         match ev {
             GroupEvent::Changed => self.refresh_liveness(&format!("the membership of {} changed", group.describe())),
             GroupEvent::SelfFenced => {
-                let why = format!(
-                    "this gateway was fenced from {} (LUN {lun_id}, bdev {bdev_name}): its I/O to the device fails",
-                    group.describe()
-                );
+                let why = format!("this gateway was fenced from {} (LUN {lun_id}, bdev {bdev_name}): its I/O to the device fails", group.describe());
                 log::warn!("target node {}: {why}; its target port groups become unavailable and its sessions are dropped", self.name());
                 self.refresh_liveness(&why);
                 if let Some(h) = hooks_of(hooks).node_fenced {

@@ -31,8 +31,11 @@ fn setup() -> (Env, Arc<FakeGatewayGroup>) {
     e.ok("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": "3260"}]}));
     e.ok("iscsi_create_portal_group", json!({"tag": 3, "portals": [{"host": "127.0.0.1", "port": "3262"}]}));
     e.ok("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
-    e.ok("iscsi_create_target_node", json!({"name": "gw", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
-        "luns": [{"bdev_name": "Malloc0", "lun_id": 0}]}));
+    e.ok(
+        "iscsi_create_target_node",
+        json!({"name": "gw", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+        "luns": [{"bdev_name": "Malloc0", "lun_id": 0}]}),
+    );
     (e, g)
 }
 
@@ -99,8 +102,11 @@ fn the_node_publishes_what_it_serves_and_a_fenced_peer_moves_the_local_group_to_
     assert_eq!(g.served_calls(), [vec![1]], "the LUN's export publishes the local target port group");
     assert_eq!(g.subscribers(), 1);
     // This gateway (group 1) standby, the peer's group 2 active/optimized and preferred.
-    e.ok("iscsi_target_node_set_alua", json!({"name": "gw", "groups": [
-        {"tpg_id": 1, "state": "standby"}, {"tpg_id": 2, "state": "active_optimized", "pref": true}]}));
+    e.ok(
+        "iscsi_target_node_set_alua",
+        json!({"name": "gw", "groups": [
+        {"tpg_id": 1, "state": "standby"}, {"tpg_id": 2, "state": "active_optimized", "pref": true}]}),
+    );
     let nx = nexus(&e, 1);
     g.set_peer(2, "b:2", &[2], Live);
     assert!(take_ua(&e, &nx).is_empty(), "a live peer changes nothing");
@@ -148,8 +154,11 @@ fn the_node_publishes_what_it_serves_and_a_fenced_peer_moves_the_local_group_to_
 #[test]
 fn manual_failback_keeps_the_failed_over_states_until_the_administrator_fails_back() {
     let (e, g) = setup();
-    e.ok("iscsi_target_node_set_alua", json!({"name": "gw", "failback": "manual", "groups": [
-        {"tpg_id": 1, "state": "standby"}, {"tpg_id": 2, "state": "active_optimized", "pref": true}]}));
+    e.ok(
+        "iscsi_target_node_set_alua",
+        json!({"name": "gw", "failback": "manual", "groups": [
+        {"tpg_id": 1, "state": "standby"}, {"tpg_id": 2, "state": "active_optimized", "pref": true}]}),
+    );
     let nx = nexus(&e, 1);
     g.set_peer(2, "b:2", &[2], Live);
     g.set_peer(2, "b:2", &[2], Fenced);
@@ -220,7 +229,8 @@ fn failback_is_validated_saved_and_replayed() {
     let (e, _g) = setup();
     let m = "iscsi_target_node_set_alua";
     let groups = json!([{"tpg_id": 1, "state": "active_optimized"}]);
-    let c = e.err(m, json!({"name": "gw", "groups": groups, "failback": "sometimes"}), "failback: unknown policy \"sometimes\" (one of auto, manual)");
+    let c =
+        e.err(m, json!({"name": "gw", "groups": groups, "failback": "sometimes"}), "failback: unknown policy \"sometimes\" (one of auto, manual)");
     assert_eq!(c, -32602);
     assert_eq!(e.err(m, json!({"name": "gw", "groups": groups, "failback": 1}), "failback"), -32602);
     assert_eq!(e.err("iscsi_target_node_alua_failback", json!({"name": "nope"}), "not found"), -19);

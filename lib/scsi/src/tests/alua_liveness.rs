@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use riser_bdev::{Member, MemberState};
 
 use super::*;
-use crate::sense::{Asc, CmdError, SenseKey};
 use crate::alua::{effective, liveness, AccessState, Alua, Change, Failback, Liveness, PortGroup, Why};
+use crate::sense::{Asc, CmdError, SenseKey};
 
 use AccessState::{ActiveNonOptimized as Ano, ActiveOptimized as Ao, Standby as Sb, Transitioning as Tr, Unavailable as Un};
 
@@ -145,7 +145,10 @@ fn takeover_reports_transitioning_then_optimized_and_failback_follows_the_policy
     // The preferred states are kept apart from the effective ones.
     assert_eq!(a.preferred().iter().map(|g| g.state).collect::<Vec<_>>(), [Ao, Sb]);
     let v = a.view();
-    assert_eq!(v.iter().map(|v| (v.group.id, v.preferred, v.effective, v.why.name())).collect::<Vec<_>>(), [(1, Ao, Un, "fenced"), (2, Sb, Ao, "taking_over")]);
+    assert_eq!(
+        v.iter().map(|v| (v.group.id, v.preferred, v.effective, v.why.name())).collect::<Vec<_>>(),
+        [(1, Ao, Un, "fenced"), (2, Sb, Ao, "taking_over")]
+    );
 
     // The fenced member drops out of the record: group 1 stays down (no recovery by absence).
     assert!(a.set_liveness(liveness(&[vec![live(2, "b:200", &[2])]], &[2], false)).is_empty());
