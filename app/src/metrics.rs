@@ -264,8 +264,59 @@ impl prometheus_client::collector::Collector for RiserCollector {
         self.bdevs(&mut e)?;
         self.reactors(&mut e)?;
         self.iscsi(&mut e)?;
+        alua(&mut e, &self.app.server.target().target_nodes())?;
         self.iobuf(&mut e)
     }
+}
+
+/// The ALUA view of every target node (issue 23): each target port group's effective state
+/// (one sample per state, 1 for the group's, as a state set), and the gateways of each
+/// device's group by state, as this gateway sees them (with whether it is fenced itself).
+fn alua(e: &mut DescriptorEncoder, nodes: &[Arc<riser_config::TargetNode>]) -> fmt::Result {
+    let (states, members, fenced) = alua_samples(nodes);
+    gauges(e, "riser_alua_group_state", "Effective asymmetric access state of a target port group (1 for its state)", None, &states)?;
+    gauges(e, "riser_gateway_members", "Gateways of a device's group by state, as this gateway sees them", None, &members)?;
+    gauges(e, "riser_gateway_self_fenced", "Whether this gateway is fenced from a device's group", None, &fenced)
+}
+
+type Samples = Vec<(Labels, i64)>;
+
+fn alua_samples(nodes: &[Arc<riser_config::TargetNode>]) -> (Samples, Samples, Samples) {
+    let (mut states, mut members, mut fenced) = (Vec::new(), Vec::new(), Vec::new());
+    for n in nodes {
+        let views = n.gateway_views();
+        // Groups described or changed by liveness, and, on a node with gateways, its local
+        // groups (active/optimized unless said otherwise).
+        let mut groups: Vec<(u16, riser_scsi::AccessState)> = n.alua().view().iter().map(|g| (g.group.id, g.effective)).collect();
+        if !views.is_empty() {
+            for id in n.local_tpgs().into_iter().filter_map(|t| u16::try_from(t).ok()) {
+                if !groups.iter().any(|(g, _)| *g == id) {
+                    groups.push((id, riser_scsi::AccessState::ActiveOptimized));
+                }
+            }
+            groups.sort_by_key(|(id, _)| *id);
+        }
+        for (id, effective) in groups {
+            for s in riser_scsi::AccessState::ALL {
+                let labels = vec![("target", n.name().to_string()), ("tpg_id", id.to_string()), ("state", s.name().to_string())];
+                states.push((labels, i64::from(effective == s)));
+            }
+        }
+        for v in views {
+            let labels = |extra: Option<&str>| {
+                let mut l = vec![("target", n.name().to_string()), ("bdev", v.bdev_name.clone())];
+                if let Some(s) = extra {
+                    l.push(("state", s.to_string()));
+                }
+                l
+            };
+            for (name, st) in [("live", riser_bdev::MemberState::Live), ("fenced", riser_bdev::MemberState::Fenced)] {
+                members.push((labels(Some(name)), v.members.iter().filter(|m| m.state == st).count() as i64));
+            }
+            fenced.push((labels(None), i64::from(v.fenced)));
+        }
+    }
+    (states, members, fenced)
 }
 
 impl RiserCollector {
@@ -371,6 +422,59 @@ impl RiserCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Encodes only the ALUA families of `nodes`.
+    #[derive(Debug)]
+    struct AluaOnly(Vec<Arc<riser_config::TargetNode>>);
+
+    impl prometheus_client::collector::Collector for AluaOnly {
+        fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+            alua(&mut e, &self.0)
+        }
+    }
+
+    #[test]
+    fn alua_groups_and_gateways_are_gauges() {
+        use riser_bdev::testing::{FakeGatewayGroup, GroupedBdev};
+        let mut reg = riser_bdev::BdevRegistry::new();
+        let name = reg.create_malloc(Some("Malloc0"), 64, 512, None).unwrap();
+        let inner = reg.get(&name).unwrap();
+        reg.delete(&name, None).unwrap();
+        let g = FakeGatewayGroup::new(1, "a:1");
+        reg.register(GroupedBdev::new(inner, g.clone())).unwrap();
+        let target = riser_config::IscsiTarget::new(Arc::new(std::sync::Mutex::new(reg)));
+        target.create_portal_group(1, &[serde_json::from_value(serde_json::json!({"host": "127.0.0.1", "port": "3260"})).unwrap()], false, false).unwrap();
+        target.create_initiator_group(1, &["ANY".into()], &["ANY".into()]).unwrap();
+        let node = target
+            .create_target_node(riser_config::NodeParams {
+                name: "gw".into(),
+                pg_ig_maps: vec![riser_config::PgIgMap { pg_tag: 1, ig_tag: 1 }],
+                luns: vec![riser_config::LunSpec::new(0, "Malloc0")],
+                ..Default::default()
+            })
+            .unwrap();
+        g.set_peer(2, "b:2", &[2], riser_bdev::MemberState::Fenced);
+        let mut r = Registry::default();
+        r.register_collector(Box::new(AluaOnly(vec![node])));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        let t = "target=\"iqn.2016-06.io.riser:gw\"";
+        for line in [
+            format!("riser_alua_group_state{{{t},tpg_id=\"1\",state=\"active_optimized\"}} 1"),
+            format!("riser_alua_group_state{{{t},tpg_id=\"1\",state=\"unavailable\"}} 0"),
+            format!("riser_gateway_members{{{t},bdev=\"Malloc0\",state=\"live\"}} 1"),
+            format!("riser_gateway_members{{{t},bdev=\"Malloc0\",state=\"fenced\"}} 1"),
+            format!("riser_gateway_self_fenced{{{t},bdev=\"Malloc0\"}} 0"),
+        ] {
+            assert!(text.contains(&line), "{line} not in:\n{text}");
+        }
+        // This gateway fenced: its group unavailable.
+        g.fence_me();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(text.contains(&format!("riser_alua_group_state{{{t},tpg_id=\"1\",state=\"unavailable\"}} 1")), "{text}");
+        assert!(text.contains(&format!("riser_gateway_self_fenced{{{t},bdev=\"Malloc0\"}} 1")), "{text}");
+    }
 
     #[test]
     fn requests_parse() {

@@ -13,6 +13,8 @@
 
 mod file;
 pub mod gateways;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 mod io;
 mod lba;
 mod malloc;

@@ -641,6 +641,10 @@ impl Bdev for Counted {
     fn shared_state(&self, purpose: &str, on_notify: crate::OnNotify) -> Option<Result<crate::SharedStateHandle, BdevError>> {
         self.inner.shared_state(purpose, on_notify)
     }
+
+    fn gateway_group(&self) -> Option<crate::GatewayGroupHandle> {
+        self.inner.gateway_group()
+    }
 }
 
 /// An I/O in flight: the submitter's tag, when it was submitted (raw [`IO_CLOCK`]), its size.

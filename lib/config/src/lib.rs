@@ -103,14 +103,24 @@ pub enum SendTargets<'a> {
 type NodeHook = Arc<dyn Fn(&Arc<TargetNode>) + Send + Sync>;
 type LunHook = Arc<dyn Fn(&Arc<TargetNode>, u16) + Send + Sync>;
 type PortalsHook = Arc<dyn Fn() + Send + Sync>;
+type NodeReasonHook = Arc<dyn Fn(&Arc<TargetNode>, &str) + Send + Sync>;
 
 /// Callbacks into the session and listener layers. Each runs on the thread of the RPC that
-/// caused it, with no lock held, so it may call back into [`IscsiTarget`].
+/// caused it (`node_fenced`: the gateway group's thread), with no lock held, so it may call
+/// back into [`IscsiTarget`].
 #[derive(Default, Clone)]
 struct Hooks {
     node_deleting: Option<NodeHook>,
     lun_added: Option<LunHook>,
     portals_changed: Option<PortalsHook>,
+    node_fenced: Option<NodeReasonHook>,
+}
+
+/// The hooks, shared with the gateway groups' subscriptions (which outlive any one call).
+type SharedHooks = Arc<Mutex<Hooks>>;
+
+fn hooks_of(h: &SharedHooks) -> Hooks {
+    h.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// Everything behind the target's lock. Each concept file adds its lookups (`impl Inner`).
@@ -150,7 +160,7 @@ impl Inner {
 pub struct IscsiTarget {
     inner: Mutex<Inner>,
     bdevs: Arc<Mutex<BdevRegistry>>,
-    hooks: Mutex<Hooks>,
+    hooks: SharedHooks,
     portal_generation: AtomicU64,
     /// Where LUNs keep persistent reservations made with APTPL=1 (`riser --state-dir`).
     state_dir: Mutex<Option<PathBuf>>,
@@ -162,7 +172,7 @@ impl IscsiTarget {
         IscsiTarget {
             inner: Mutex::new(Inner::default()),
             bdevs,
-            hooks: Mutex::new(Hooks::default()),
+            hooks: SharedHooks::default(),
             portal_generation: AtomicU64::new(0),
             state_dir: Mutex::new(None),
         }
@@ -189,7 +199,7 @@ impl IscsiTarget {
     }
 
     fn hooks(&self) -> Hooks {
-        self.hooks.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        hooks_of(&self.hooks)
     }
 
     // ---- hooks ---------------------------------------------------------------------------
@@ -199,6 +209,13 @@ impl IscsiTarget {
     /// for them here). The node already refuses logins and [`TargetNode::is_deleted`] is true.
     pub fn on_node_deleting(&self, f: impl Fn(&Arc<TargetNode>) + Send + Sync + 'static) {
         self.hooks.lock().unwrap_or_else(|p| p.into_inner()).node_deleting = Some(Arc::new(f));
+    }
+
+    /// Called when this gateway was fenced from the gateway group of a device one of the
+    /// node's LUNs exports (issue 23), with why: the session layer should drop the node's
+    /// sessions. Runs on the group's thread.
+    pub fn on_node_fenced(&self, f: impl Fn(&Arc<TargetNode>, &str) + Send + Sync + 'static) {
+        self.hooks.lock().unwrap_or_else(|p| p.into_inner()).node_fenced = Some(Arc::new(f));
     }
 
     /// Called after a LUN was added to a node (sessions owe a REPORTED LUNS DATA HAS CHANGED

@@ -120,6 +120,7 @@ mod tests {
             "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_add_pg_ig_maps",
             "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
             "iscsi_get_target_nodes", "iscsi_target_node_set_alua", "iscsi_target_node_set_alua_state",
+            "iscsi_target_node_alua_failback",
         ];
         assert_eq!(e.reg.methods(), want);
     }

@@ -174,6 +174,8 @@ pub struct TargetNode {
     state: Mutex<NodeState>,
     /// The ALUA description (`iscsi_target_node_set_alua`), shared with every nexus.
     pub(crate) alua: Arc<riser_scsi::Alua>,
+    /// The LUNs whose device has a gateway group (issue 23).
+    gateways: gateways::Gateways,
 }
 
 impl std::fmt::Debug for TargetNode {
@@ -226,6 +228,7 @@ impl TargetNode {
                 chap: init.chap,
             }),
             alua: riser_scsi::Alua::new(),
+            gateways: Default::default(),
         }
     }
 
@@ -331,8 +334,18 @@ impl TargetNode {
             m.insert("alias_name".into(), json!(a));
         }
         drop(st);
+        let gateways = self.gateways_json();
         if let (Some(g), Some(m)) = (self.alua_json(), v.as_object_mut()) {
             m.insert("alua_groups".into(), g);
+        }
+        if let Some(m) = v.as_object_mut() {
+            let failback = self.alua_failback();
+            if m.contains_key("alua_groups") || gateways.is_some() || failback != riser_scsi::Failback::default() {
+                m.insert("alua_failback".into(), json!(failback.name()));
+            }
+            if let Some(g) = gateways {
+                m.insert("gateways".into(), g);
+            }
         }
         v
     }
@@ -341,9 +354,12 @@ impl TargetNode {
     /// included.
     pub fn config_json(&self) -> Value {
         let mut params = self.info_json();
-        // The ALUA description has a call of its own (see [`TargetNode::config_calls`]).
+        // The ALUA description has a call of its own (see [`TargetNode::config_calls`]);
+        // the gateways are what the cluster says, not configuration.
         if let Some(m) = params.as_object_mut() {
-            m.remove("alua_groups");
+            for k in ["alua_groups", "alua_failback", "gateways"] {
+                m.remove(k);
+            }
         }
         json!({"method": "iscsi_create_target_node", "params": params})
     }
@@ -537,6 +553,8 @@ impl IscsiTarget {
         }));
         log::info!("iSCSI target node {} created ({})", node.name(), p.chap.describe());
         inner.nodes.push(node.clone());
+        drop(inner);
+        node.attach_gateways(&self.hooks);
         Ok(node)
     }
 
@@ -589,6 +607,7 @@ impl IscsiTarget {
             );
             (node, id)
         };
+        node.attach_gateways(&self.hooks);
         if let Some(h) = self.hooks().lun_added {
             h(&node, id);
         }
@@ -605,6 +624,8 @@ impl IscsiTarget {
         let existing = node.lock().maps.clone();
         inner.check_new_maps(maps, &existing)?;
         node.change(|st| maps.iter().for_each(|m| add_map(&mut st.maps, *m)));
+        drop(inner);
+        node.publish_served();
         Ok(())
     }
 
@@ -629,6 +650,8 @@ impl IscsiTarget {
             remove_map(&mut left, *m);
         }
         node.change(|st| st.maps = left);
+        drop(inner);
+        node.publish_served();
         Ok(())
     }
 
@@ -656,6 +679,7 @@ impl IscsiTarget {
         if let Some(h) = self.hooks().node_deleting {
             h(&node);
         }
+        node.detach_gateways();
         let mut inner = self.lock();
         inner.nodes.retain(|n| !Arc::ptr_eq(n, &node));
         let mut bdevs = self.lock_bdevs();
@@ -786,7 +810,11 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
 }
 
 mod alua;
-pub use alua::{AluaGroupParam, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
+mod gateways;
+pub use alua::{AluaGroupParam, IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
+pub use gateways::GatewayView;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod gateways_tests;

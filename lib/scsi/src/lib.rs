@@ -54,7 +54,7 @@ pub mod sense;
 mod task;
 mod xcopy;
 
-pub use alua::{AccessState, Alua, PortGroup};
+pub use alua::{AccessState, Alua, Change as AluaChange, Failback, GroupView, Liveness, PortGroup, Why as AluaWhy};
 pub use cdb::Cdb;
 pub use device::{BufAllocFactory, DeviceChannel, LunId, ScsiDevice};
 pub use exec::{BufAlloc, LunChannel};

@@ -99,6 +99,12 @@ impl IscsiServer {
                 s.close_node(node);
             }
         });
+        let weak = Arc::downgrade(&server);
+        target.on_node_fenced(move |node, why| {
+            if let Some(s) = weak.upgrade() {
+                s.drop_fenced_sessions(node, why);
+            }
+        });
         server
     }
 
@@ -146,6 +152,17 @@ impl IscsiServer {
             }
         }
         self.sessions.forget_target(&name);
+    }
+
+    /// This gateway was fenced from the group of a device `node` exports (issue 23): every
+    /// session of the node is dropped (its connections closed), so initiators stop waiting
+    /// on commands the device fails and retry them on another path. New logins are let in
+    /// (the node reports its target port groups unavailable until the gateway rejoins).
+    /// Runs on the gateway group's thread; only flags the connections, never waits.
+    pub fn drop_fenced_sessions(&self, node: &Arc<TargetNode>, why: &str) {
+        let name = node.name().to_string();
+        let n = self.conns.kill_where(|c| c.target_node_name == name);
+        log::warn!("target node {name}: closing {n} connection(s): {why}");
     }
 
     /// Forgets a session once its last connection is gone.

@@ -167,6 +167,8 @@ enum Cmd {
     IscsiTargetNodeSetAlua(IscsiTargetNodeSetAlua),
     /// Change the ALUA state of one target port group: NAME TPG STATE
     IscsiTargetNodeSetAluaState(IscsiTargetNodeSetAluaState),
+    /// Fail back a target node's ALUA groups held after their gateway was fenced (manual failback)
+    IscsiTargetNodeAluaFailback(IscsiNodeName),
     /// List the target nodes
     IscsiGetTargetNodes,
     /// List the live iSCSI connections
@@ -567,6 +569,10 @@ struct IscsiTargetNodeSetAlua {
     /// STATE: active_optimized, active_non_optimized, standby, unavailable, transitioning;
     /// PORTs: relative target port ids, default the TPG)
     groups: Vec<String>,
+    /// When a fenced gateway's groups are served again: auto (return to these states) or
+    /// manual (stay failed over until iscsi_target_node_alua_failback); omitted: unchanged
+    #[arg(long, value_parser = ["auto", "manual"])]
+    failback: Option<String>,
 }
 
 impl IscsiTargetNodeSetAlua {
@@ -594,7 +600,11 @@ impl IscsiTargetNodeSetAlua {
             }
             groups.push(Value::Object(o));
         }
-        Ok(serde_json::json!({"name": self.name, "groups": groups}))
+        let mut v = serde_json::json!({"name": self.name, "groups": groups});
+        if let (Some(f), Some(m)) = (self.failback, v.as_object_mut()) {
+            m.insert("failback".into(), f.into());
+        }
+        Ok(v)
     }
 }
 
@@ -635,6 +645,12 @@ mod alua_cli_tests {
                 {"tpg_id": 2, "state": "standby", "rel_port_ids": [20, 21]}]})))
         );
         assert_eq!(sent(&["iscsi_target_node_set_alua", "gw"]), Ok(Some(json!({"name": "gw", "groups": []}))));
+        assert_eq!(
+            sent(&["iscsi_target_node_set_alua", "gw", "--failback", "manual", "1:standby"]),
+            Ok(Some(json!({"name": "gw", "groups": [{"tpg_id": 1, "state": "standby"}], "failback": "manual"})))
+        );
+        assert!(sent(&["iscsi_target_node_set_alua", "gw", "--failback", "never"]).is_err());
+        assert_eq!(sent(&["iscsi_target_node_alua_failback", "gw"]), Ok(Some(json!({"name": "gw"}))));
         let e = sent(&["iscsi_target_node_set_alua", "gw", "1:offline"]).expect_err("unknown state");
         assert!(e.contains("unknown STATE"), "{e}");
         let e = sent(&["iscsi_target_node_set_alua", "gw", "x:standby"]).expect_err("bad tpg");
@@ -1428,6 +1444,7 @@ impl Cmd {
             Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
             Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
             Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&ByName { name: a.name })?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent, output: a.output }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),

@@ -12,6 +12,10 @@ use riser_tests::{json, Value};
 
 use super::{create_image, Gateway, TARGET};
 
+/// ALUA that follows the gateways' liveness (issue 23), run after this check.
+#[path = "alua_fencing.rs"]
+mod alua_fencing;
+
 const UUID: &str = "6c0b7a1e-15a2-4a10-9a5e-0000000a1a01";
 
 /// Sends one CDB to LUN 0 (a read of `edtl` bytes when `edtl` > 0) and waits for its end.
@@ -103,8 +107,8 @@ pub fn check(ceph: &CephCluster) {
     let shown = b.riser.rpc_json(&["iscsi_get_target_nodes"]);
     assert_eq!(
         shown[0]["alua_groups"],
-        json!([{"tpg_id": 1, "state": "active_optimized", "pref": true, "local": false},
-               {"tpg_id": 2, "state": "active_non_optimized", "pref": false, "local": true}])
+        json!([{"tpg_id": 1, "state": "active_optimized", "preferred_state": "active_optimized", "pref": true, "local": false},
+               {"tpg_id": 2, "state": "active_non_optimized", "preferred_state": "active_non_optimized", "pref": false, "local": true}])
     );
     // Group 2 went from (implicitly) active/optimized to active/non-optimized.
     let r = cmd(&mut early, &[0, 0, 0, 0, 0, 0], 0);
@@ -173,4 +177,8 @@ pub fn check(ceph: &CephCluster) {
     for gw in [&a, &b] {
         assert!(gw.riser.log().contains("lun reset by another gateway"), "gateway {} never heard of a peer's reset:\n{}", gw.pg_tag, gw.riser.log());
     }
+    drop((a, b));
+    let t = std::time::Instant::now();
+    alua_fencing::check(ceph);
+    eprintln!("alua: alua_fencing done in {:?}", t.elapsed());
 }

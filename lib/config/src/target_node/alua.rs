@@ -5,12 +5,21 @@
 //! portal groups this riser hosts are its local ones, the others describe the peers.
 //!
 //! Methods: `iscsi_target_node_set_alua` (name, groups: [{tpg_id, state, pref?,
-//! rel_port_ids?}]; an empty list removes the description) and
-//! `iscsi_target_node_set_alua_state` (name, tpg_id, state). A state change raises
-//! ASYMMETRIC ACCESS STATE CHANGED on every I_T nexus of the node's LUNs.
+//! rel_port_ids?}], failback?: "auto" | "manual"; an empty list removes the description),
+//! `iscsi_target_node_set_alua_state` (name, tpg_id, state) and
+//! `iscsi_target_node_alua_failback` (name). A state change raises ASYMMETRIC ACCESS STATE
+//! CHANGED on every I_T nexus of the node's LUNs.
+//!
+//! With gateway groups (issue 23, see `gateways.rs`) the administrator's states are the
+//! *preferred* ones: the states reported and enforced (the *effective* ones) follow the
+//! liveness of the gateways. A group served only by fenced gateways is unavailable; when it
+//! was an active one, the live gateways' groups take over as active/optimized. When a live
+//! gateway serves it again, `failback` decides: `auto` (the default) returns to the
+//! preferred states at once; `manual` keeps the failed-over states until the administrator
+//! calls `iscsi_target_node_alua_failback` or sets the group's state.
 
 use riser_rpc::{RpcError, RpcRegistry};
-use riser_scsi::{AccessState, Asc, PortGroup};
+use riser_scsi::{AccessState, Failback, PortGroup};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -43,6 +52,16 @@ pub struct AluaGroupParam {
 pub struct IscsiTargetNodeSetAlua {
     pub name: String,
     pub groups: Vec<AluaGroupParam>,
+    /// `auto` or `manual`; omitted: the node's policy stays as it is (`auto` at first).
+    #[serde(default)]
+    pub failback: Option<String>,
+}
+
+/// `iscsi_target_node_alua_failback`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeAluaFailback {
+    pub name: String,
 }
 
 /// `iscsi_target_node_set_alua_state`.
@@ -58,6 +77,14 @@ fn state(field: &str, s: &str) -> Result<AccessState, TargetError> {
     AccessState::from_name(s).ok_or_else(|| {
         let names: Vec<&str> = AccessState::ALL.iter().map(|a| a.name()).collect();
         TargetError::Invalid(format!("{field}: unknown state {s:?} (one of {})", names.join(", ")))
+    })
+}
+
+/// Checks a failback policy name.
+pub fn failback(s: &str) -> Result<Failback, TargetError> {
+    Failback::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Failback::ALL.iter().map(|f| f.name()).collect();
+        TargetError::Invalid(format!("failback: unknown policy {s:?} (one of {})", names.join(", ")))
     })
 }
 
@@ -103,36 +130,51 @@ pub fn groups_from_params(groups: &[AluaGroupParam]) -> Result<Vec<PortGroup>, T
 }
 
 impl TargetNode {
-    /// The ALUA description shown by `iscsi_get_target_nodes` (`None` when not set): each
-    /// group with `local` true when the node is mapped to that portal group here.
+    /// The ALUA view shown by `iscsi_get_target_nodes` (`None` when there is nothing to
+    /// show: no description, and no group changed by liveness): each group with its
+    /// effective `state`, its `preferred_state`, `local` true when the node is mapped to
+    /// that portal group here, and `reason` when the target changed it.
     pub fn alua_json(&self) -> Option<Value> {
-        let groups = self.alua.groups();
-        if groups.is_empty() {
+        let view = self.alua.view();
+        if view.is_empty() {
             return None;
         }
         let maps = self.lock().maps.iter().map(|(pg, _)| *pg).collect::<Vec<_>>();
         Some(Value::Array(
-            groups
-                .iter()
-                .map(|g| {
-                    let mut v = json!({"tpg_id": g.id, "state": g.state.name(), "pref": g.pref});
-                    if let Some(m) = v.as_object_mut() {
+            view.iter()
+                .map(|v| {
+                    let g = &v.group;
+                    let mut val = json!({"tpg_id": g.id, "state": v.effective.name(), "preferred_state": v.preferred.name(), "pref": g.pref});
+                    if let Some(m) = val.as_object_mut() {
                         if !g.rel_port_ids.is_empty() {
                             m.insert("rel_port_ids".into(), json!(g.rel_port_ids));
                         }
                         m.insert("local".into(), json!(maps.contains(&(g.id as u32))));
+                        if !v.described {
+                            m.insert("described".into(), json!(false));
+                        }
+                        if v.why != riser_scsi::AluaWhy::Preferred {
+                            m.insert("reason".into(), json!(v.why.name()));
+                            m.insert("reason_text".into(), json!(v.why.describe()));
+                        }
                     }
-                    v
+                    val
                 })
                 .collect(),
         ))
     }
 
-    /// The `iscsi_target_node_set_alua` call that recreates the description, if any.
+    /// The failback policy.
+    pub fn alua_failback(&self) -> Failback {
+        self.alua.failback_policy()
+    }
+
+    /// The `iscsi_target_node_set_alua` call that recreates the description and the
+    /// failback policy, if either is set.
     pub fn alua_config_json(&self) -> Option<Value> {
         let groups: Vec<Value> = self
             .alua
-            .groups()
+            .preferred()
             .iter()
             .map(|g| {
                 let mut v = json!({"tpg_id": g.id, "state": g.state.name(), "pref": g.pref});
@@ -144,7 +186,10 @@ impl TargetNode {
                 v
             })
             .collect();
-        (!groups.is_empty()).then(|| json!({"method": "iscsi_target_node_set_alua", "params": {"name": self.name, "groups": groups}}))
+        let failback = self.alua.failback_policy();
+        (!groups.is_empty() || failback != Failback::default()).then(|| {
+            json!({"method": "iscsi_target_node_set_alua", "params": {"name": self.name, "groups": groups, "failback": failback.name()}})
+        })
     }
 
     /// Every call that recreates the node: `iscsi_create_target_node`, then its ALUA
@@ -154,59 +199,87 @@ impl TargetNode {
         v.extend(self.alua_config_json());
         v
     }
-
-    /// Tells every nexus of every LUN of the node that an access state changed.
-    fn alua_changed(&self) {
-        let (_, luns) = self.luns();
-        for l in luns.iter() {
-            l.scsi.establish_ua_all(Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
-        }
-    }
 }
 
 impl IscsiTarget {
-    /// `iscsi_target_node_set_alua`: replaces the node's description.
-    pub fn set_target_node_alua(&self, name: &str, groups: &[AluaGroupParam]) -> Result<(), TargetError> {
+    /// `iscsi_target_node_set_alua`: replaces the node's description (releasing every
+    /// held group) and, if given, its failback policy.
+    pub fn set_target_node_alua(&self, name: &str, groups: &[AluaGroupParam], fb: Option<&str>) -> Result<(), TargetError> {
         let node = self.lock().node_for_change(name)?;
+        let fb = fb.map(failback).transpose()?;
         let groups = groups_from_params(groups)?;
         let desc = groups.iter().map(|g| format!("{}:{}", g.id, g.state.name())).collect::<Vec<_>>().join(" ");
-        if node.alua.set_groups(groups) {
-            node.alua_changed();
+        let mut changes = node.alua.replace(groups);
+        if let Some(f) = fb {
+            changes = merge(changes, node.alua.set_failback(f));
         }
-        log::info!("target node {}: ALUA groups [{desc}]", node.name());
+        log::info!("target node {}: ALUA groups [{desc}], failback {}", node.name(), node.alua.failback_policy().name());
+        node.apply_alua_changes(changes, "iscsi_target_node_set_alua");
         Ok(())
     }
 
-    /// `iscsi_target_node_set_alua_state`: changes the state of one described group.
+    /// `iscsi_target_node_set_alua_state`: changes the preferred state of one described
+    /// group (and releases it if it was held after its gateway was fenced).
     pub fn set_target_node_alua_state(&self, name: &str, tpg_id: u32, st: &str) -> Result<(), TargetError> {
         let node = self.lock().node_for_change(name)?;
         let id = id16("tpg_id", tpg_id)?;
         let st = state("state", st)?;
-        match node.alua.set_state(id, st) {
+        match node.alua.set_preferred_state(id, st) {
             None => Err(TargetError::NotFound(format!(
                 "tpg_id: target node {} has no target port group {id} (set them with iscsi_target_node_set_alua)",
                 node.name()
             ))),
-            Some(changed) => {
-                if changed {
-                    node.alua_changed();
-                    log::info!("target node {}: target port group {id} is now {}", node.name(), st.name());
-                }
+            Some(changes) => {
+                log::info!("target node {}: target port group {id} is now preferred {}", node.name(), st.name());
+                node.apply_alua_changes(changes, "iscsi_target_node_set_alua_state");
                 Ok(())
             }
         }
     }
+
+    /// `iscsi_target_node_alua_failback`: the groups held after their gateway was fenced
+    /// (manual failback) return to their computed states; those still served only by
+    /// fenced gateways stay unavailable.
+    pub fn target_node_alua_failback(&self, name: &str) -> Result<(), TargetError> {
+        let node = self.lock().node_for_change(name)?;
+        let (changes, released) = node.alua.failback_now();
+        log::info!("target node {}: ALUA failback: released target port group(s) {released:?}", node.name());
+        node.apply_alua_changes(changes, "iscsi_target_node_alua_failback");
+        Ok(())
+    }
 }
 
-/// Registers the two ALUA methods.
+/// Two rounds of changes as one: a group changed twice keeps its first old state.
+fn merge(mut a: Vec<riser_scsi::AluaChange>, b: Vec<riser_scsi::AluaChange>) -> Vec<riser_scsi::AluaChange> {
+    for c in b {
+        match a.iter().position(|x| x.id == c.id) {
+            Some(i) if a[i].old == c.new => {
+                a.remove(i);
+            }
+            Some(i) => {
+                a[i].new = c.new;
+                a[i].why = c.why;
+            }
+            None => a.push(c),
+        }
+    }
+    a
+}
+
+/// Registers the ALUA methods.
 pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     let t = target.clone();
     reg.add("iscsi_target_node_set_alua", move |p: IscsiTargetNodeSetAlua| -> Result<Value, RpcError> {
-        ok(t.set_target_node_alua(&p.name, &p.groups))
+        ok(t.set_target_node_alua(&p.name, &p.groups, p.failback.as_deref()))
     });
+
     let t = target.clone();
     reg.add("iscsi_target_node_set_alua_state", move |p: IscsiTargetNodeSetAluaState| -> Result<Value, RpcError> {
         ok(t.set_target_node_alua_state(&p.name, p.tpg_id, &p.state))
+    });
+    let t = target.clone();
+    reg.add("iscsi_target_node_alua_failback", move |p: IscsiTargetNodeAluaFailback| -> Result<Value, RpcError> {
+        ok(t.target_node_alua_failback(&p.name))
     });
 }
 
@@ -229,9 +302,9 @@ mod tests {
         assert_eq!(
             nodes[0]["alua_groups"],
             json!([
-                {"tpg_id": 1, "state": "active_optimized", "pref": true, "local": true},
-                {"tpg_id": 2, "state": "active_non_optimized", "pref": false, "rel_port_ids": [20], "local": true},
-                {"tpg_id": 7, "state": "standby", "pref": false, "local": false},
+                {"tpg_id": 1, "state": "active_optimized", "preferred_state": "active_optimized", "pref": true, "local": true},
+                {"tpg_id": 2, "state": "active_non_optimized", "preferred_state": "active_non_optimized", "pref": false, "rel_port_ids": [20], "local": true},
+                {"tpg_id": 7, "state": "standby", "preferred_state": "standby", "pref": false, "local": false},
             ])
         );
         assert!(nodes[1].get("alua_groups").is_none(), "no description, nothing shown");

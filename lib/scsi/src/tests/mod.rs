@@ -2,6 +2,7 @@
 //! [`LunChannel`] of the LUN, against a real malloc bdev. Shared fixtures here; the tests, by topic, in the submodules.
 
 mod alua;
+mod alua_liveness;
 mod fake_shared;
 mod inquiry;
 mod lu_shared;

@@ -85,6 +85,38 @@ impl Env {
         env
     }
 
+    /// The usual target, its LUN's device exported by a group of gateways (`group`, issue
+    /// 23): `Malloc0` with the group attached, before the node is created.
+    pub fn grouped(group: riser_bdev::GatewayGroupHandle) -> Env {
+        let reactors = ReactorSet::start(ReactorConfig { cores: vec![0], mode: PollMode::Adaptive, ring_size: 1024, pin: false })
+            .expect("reactors");
+        let bdevs = Arc::new(Mutex::new(BdevRegistry::new()));
+        {
+            let mut b = bdevs.lock().expect("bdevs");
+            let name = b.create_malloc(Some("Malloc0"), 2048, BLOCK as u32, None).expect("malloc");
+            let inner = b.get(&name).expect("Malloc0");
+            b.delete(&name, None).expect("delete");
+            b.register(riser_bdev::testing::GroupedBdev::new(inner, group)).expect("register");
+        }
+        let target = Arc::new(IscsiTarget::new(bdevs.clone()));
+        let portal = MemPortal::default();
+        let server = IscsiServer::new(target.clone(), reactors.handle(), vec![Arc::new(portal.clone())]);
+        let mut rpc = RpcRegistry::new();
+        riser_bdev::rpc::register(&mut rpc, &bdevs);
+        riser_config::rpc::register(&mut rpc, target.clone());
+        riser_server::rpc::register(&mut rpc, &server);
+        let env = Env { reactors: Some(reactors), server, portal, rpc, _target: target };
+        let (host, port) = PORTAL.rsplit_once(':').expect("HOST:PORT");
+        env.call("iscsi_create_portal_group", json!({"tag": 1, "portals": [{"host": host, "port": port}]}));
+        env.call("iscsi_create_initiator_group", json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}));
+        env.call(
+            "iscsi_create_target_node",
+            json!({"name": "disk1", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+                   "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 32}),
+        );
+        env
+    }
+
     pub fn call(&self, method: &str, params: Value) -> Value {
         self.rpc.call(method, params).unwrap_or_else(|e| panic!("{method}: {e:?}"))
     }
