@@ -86,10 +86,10 @@ pub fn check(ceph: &CephCluster) {
     create_image(ceph, IMAGE, 16);
     let a = Gateway::start(ceph, IMAGE, UUID, 1, &[]);
     let bdev = a.riser.call("bdev_get_bdevs", Some(json!({"name": "Rbd0"}))).unwrap_or_else(|e| panic!("bdev_get_bdevs: {e}"));
-    if bdev[0]["driver_specific"]["rbd"].get("gateways").is_none() {
-        eprintln!("alua_fencing: skipped: the RBD bdev has no gateway group in this build (the device side of issue 23)");
-        return;
-    }
+    assert!(
+        bdev[0]["driver_specific"]["rbd"].get("gateways").is_some(),
+        "the RBD bdev shows no gateway group (bdev_get_bdevs driver_specific.rbd.gateways): {bdev}"
+    );
     let b = Gateway::start(ceph, IMAGE, UUID, 2, &[]);
     let members_live = |gw: &Gateway| -> usize {
         let n = gw.riser.rpc_json(&["iscsi_get_target_nodes"]);
