@@ -43,7 +43,7 @@ smp=${RISER_VM_SMP:-2}
 # What the host needs: qemu and busybox to boot, kmod/cpio to build the initramfs; the rest is
 # what the guest runs (it uses the host's root, so the host's packages are the guest's).
 packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils perftest
-          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd)
+          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd sg3-utils)
 # The modules the initramfs needs to reach the host root; modprobe adds their dependencies
 # (virtio_ring, netfs, fscache, ...) in load order.
 initrd_modules=(virtio_pci 9pnet_virtio 9p overlay)
