@@ -734,7 +734,10 @@ fn specified(st: &LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<Vec<Regi
             // The sender itself.
             continue;
         }
-        let taken = |n: &Arc<str>| st.pr.reg(n).is_some() || new.iter().any(|r| r.covers(n) || reg.covers(&r.nexus));
+        // Registered already, or (an initiator device) covering a nexus that is.
+        let taken = |n: &Arc<str>| {
+            st.pr.reg(n).is_some() || st.pr.regs.iter().any(|r| reg.covers(&r.nexus)) || new.iter().any(|r| r.covers(n) || reg.covers(&r.nexus))
+        };
         if taken(&reg.nexus) || reg.covers(me) {
             log::info!("PERSISTENT RESERVE OUT REGISTER with SPEC_I_PT from {}: TransportID {i} ({}) is registered already", nexus.initiator_port(), tid.initiator);
             return Err(CmdError::invalid_param(28, None));
