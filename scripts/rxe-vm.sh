@@ -53,7 +53,7 @@ smp=${RISER_VM_SMP:-2}
 # /etc/multipath.conf into its overlay; the host's multipathd, if systemd starts one, keeps
 # Debian's default find_multipaths and takes no single-path disk).
 packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils rdmacm-utils perftest
-          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd
+          open-iscsi libiscsi-bin fio e2fsprogs iproute2 util-linux xz-utils zstd sg3-utils
           multipath-tools udev python3)
 # The modules the initramfs needs to reach the host root; modprobe adds their dependencies
 # (virtio_ring, netfs, fscache, ...) in load order.

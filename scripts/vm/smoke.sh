@@ -3,7 +3,8 @@
 #
 # Proves each layer the iSER tests will stand on: soft-RoCE (rxe0 ACTIVE, rping over rdma_cm),
 # the host-built riser binaries running in the guest, and the Linux kernel initiator logging in
-# to riser over iSCSI/TCP and moving verified data through a /dev/sdX. iSER itself comes later.
+# to riser over iSCSI/TCP and moving verified data through a /dev/sdX, then sg_persist's
+# REGISTER AND MOVE and SPEC_I_PT on it (scripts/vm/pr-move.sh). iSER itself comes later.
 # Prints "SMOKE OK" last on success; any failure prints "SMOKE FAILED: why" and the logs.
 set -euo pipefail
 
@@ -109,6 +110,9 @@ dd if=/tmp/pattern of="/dev/$disk" bs=1M oflag=direct status=none || fail "write
 dd if="/dev/$disk" of=/tmp/readback bs=1M count=4 iflag=direct status=none || fail "read from /dev/$disk failed"
 cmp /tmp/pattern /tmp/readback || fail "data read back differs from data written"
 echo "4 MiB verified"
+
+# Persistent reservations through sg_persist: REGISTER AND MOVE, SPEC_I_PT (issue 23).
+. scripts/vm/pr-move.sh
 
 step "logout"
 iscsiadm -m node -T "$iqn" -p "$portal" --logout >"$logs/logout.log" 2>&1 || fail "logout failed"

@@ -152,10 +152,8 @@ impl ScsiDevice {
     /// The shared-state part of a reset, on every LUN ([`Lun::reset`]). The tasks are
     /// aborted by each connection's [`DeviceChannel`]
     /// ([`DeviceChannel::reset_target`] does both).
-    pub fn reset(&self, kind: ResetKind) {
-        for l in &self.luns {
-            l.reset(kind);
-        }
+    pub fn reset(&self, kind: ResetKind) -> ResetPending {
+        ResetPending(self.luns.iter().filter_map(|l| l.reset(kind)).collect())
     }
 
     /// The I_T nexus is gone: [`Lun::nexus_lost`] on every LUN.
@@ -476,22 +474,25 @@ impl DeviceChannel {
     /// LOGICAL UNIT RESET of LUN `lun`: its shared state ([`Lun::reset`], once for every
     /// connection: the LUN is shared) and the tasks of this connection on it. Nothing
     /// happens for a LUN number the device does not have.
-    pub fn reset_lun(&mut self, lun: LunId, kind: ResetKind) {
-        if let Some(l) = self.dev.lun(lun) {
-            l.reset(kind);
-        }
+    ///
+    /// Returns at once; the response to the task management function should wait until
+    /// what it returns is [settled](ResetPending::settled) (the other gateways told).
+    pub fn reset_lun(&mut self, lun: LunId, kind: ResetKind) -> ResetPending {
+        let pending = ResetPending(self.dev.lun(lun).and_then(|l| l.reset(kind)).into_iter().collect());
         if let Some(ch) = self.channels.get_mut(&lun.0) {
             ch.abort_all();
         }
+        pending
     }
 
     /// TARGET WARM/COLD RESET: every LUN's shared state, and every task of this
     /// connection.
-    pub fn reset_target(&mut self, kind: ResetKind) {
-        self.dev.reset(kind);
+    pub fn reset_target(&mut self, kind: ResetKind) -> ResetPending {
+        let pending = self.dev.reset(kind);
         for ch in self.channels.values_mut().chain(self.retired.iter_mut()) {
             ch.abort_all();
         }
+        pending
     }
 
     /// The connection (and with it the I_T nexus `nexus`) ends: its tasks are aborted,
@@ -508,3 +509,16 @@ impl DeviceChannel {
 
 #[cfg(test)]
 mod tests;
+
+/// The announcements of a reset to the other gateways exporting the same devices (see
+/// `lu_events`), for the connection to hold its task management response until they are
+/// settled; empty for local devices.
+#[derive(Default)]
+pub struct ResetPending(Vec<Arc<crate::lu_events::Announcement>>);
+
+impl ResetPending {
+    /// Every other gateway was told (or the bound, `lu_events::ANNOUNCE_WAIT`, passed).
+    pub fn settled(&self) -> bool {
+        self.0.iter().all(|a| a.settled())
+    }
+}

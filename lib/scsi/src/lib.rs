@@ -56,7 +56,8 @@ mod xcopy;
 
 pub use alua::{AccessState, Alua, Change as AluaChange, Failback, GroupView, Liveness, PortGroup, Why as AluaWhy};
 pub use cdb::Cdb;
-pub use device::{BufAllocFactory, DeviceChannel, LunId, ScsiDevice};
+pub use device::{BufAllocFactory, DeviceChannel, LunId, ResetPending, ScsiDevice};
+pub use lu_events::{Announcement, ANNOUNCE_WAIT};
 pub use exec::{BufAlloc, LunChannel};
 pub use inquiry::{MAX_CAW_BLOCKS, MAX_TRANSFER_BYTES};
 pub use lun::{Lun, LunConfig, ResetKind, IEEE_COMPANY_ID};

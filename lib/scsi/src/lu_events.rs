@@ -15,25 +15,44 @@
 //! (a LUN reset over and over) the reset stays on this gateway, logged.
 //!
 //! **The reactor never waits for the announcement**: [`LuEvents::announce`] queues it and
-//! returns, and the task management response goes out as soon as this gateway's part of
-//! the reset is done. Waiting (as this did before, up to half a second) would stall every
-//! connection of that reactor on every reset while a dead gateway's watch has not expired
-//! (~30 s), and deferring the response until the announcement completes would need the
-//! iSCSI layer to hold task management responses, for little: the initiator cannot tell
-//! the two apart but for the few milliseconds a notify takes to reach a live peer, the same
-//! window in which commands already in flight through the other gateway complete anyway
-//! (tasks the other gateways are running are not aborted). The peers queue the reset's unit
-//! attention when the notify reaches them; one that does not acknowledge within the notify
-//! timeout is logged.
+//! returns an [`Announcement`] the connection polls; the connection holds back its task
+//! management response (and what it received after the reset) until the announcement is
+//! done or [`ANNOUNCE_WAIT`] has passed, while the reactor serves its other connections.
+//! So in the common case an initiator that got the response through one gateway finds the
+//! reset's unit attention through every other (libiscsi's MultipathIO.Reset checks exactly
+//! that), and a peer that is gone (its watch not yet expired, ~30 s) costs that connection
+//! [`ANNOUNCE_WAIT`] per reset and no other connection anything. (Before, the reactor itself
+//! waited up to half a second, stalling every connection it served.) Tasks the other
+//! gateways are running are not aborted.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use crate::pr::work::{self, Pool, Serial};
 
 use riser_bdev::SharedStateHandle;
 
 use crate::lun::{Lun, ResetKind};
+
+/// Longest a connection holds back the task management response of a reset while the
+/// other gateways are told (its reactor serves its other connections meanwhile). Shorter
+/// than the notify's own timeout (5 s): a peer that is gone must not cost a reset that much;
+/// long enough for live peers on a loaded cluster (milliseconds usually).
+pub const ANNOUNCE_WAIT: Duration = Duration::from_secs(2);
+
+/// A reset's announcement to the other gateways, in flight on the announcement pool.
+pub struct Announcement {
+    done: AtomicBool,
+    since: Instant,
+}
+
+impl Announcement {
+    /// Every gateway acknowledged (or the notify failed: logged), or [`ANNOUNCE_WAIT`] passed.
+    pub fn settled(&self) -> bool {
+        self.done.load(Ordering::Acquire) || self.since.elapsed() >= ANNOUNCE_WAIT
+    }
+}
 
 /// Worker threads that only announce resets. Two, so that one LUN whose cluster does not
 /// answer (a notify that waits for its timeout) holds one and another LUN's reset still
@@ -147,19 +166,25 @@ impl LuEvents {
     }
 
     /// Tells the other gateways of a reset, in the background: returns at once (on the
-    /// reactor), the announcement runs on its pool.
-    pub(crate) fn announce(&self, kind: ResetKind) {
+    /// reactor) with the announcement to poll; `None` when it could not be queued (logged:
+    /// the reset stays on this gateway).
+    pub(crate) fn announce(&self, kind: ResetKind) -> Option<Arc<Announcement>> {
         let shared = self.shared.clone();
         let payload = encode(kind, self.lun, self.nonce);
         let lun = self.lun;
+        let a = Arc::new(Announcement { done: AtomicBool::new(false), since: Instant::now() });
+        let done = a.clone();
         let task: work::Task = Box::new(move || {
-            if let Err(e) = shared.notify(&payload) {
-                log::warn!("LUN {lun}: a gateway did not acknowledge the {} reset ({}): {e}", kind_name(kind), shared.describe());
+            let t0 = Instant::now();
+            match shared.notify(&payload) {
+                Ok(()) => log::debug!("LUN {lun}: {} reset announced in {:?}", kind_name(kind), t0.elapsed()),
+                Err(e) => log::warn!("LUN {lun}: a gateway did not acknowledge the {} reset ({}): {e}", kind_name(kind), shared.describe()),
             }
+            done.done.store(true, Ordering::Release);
         });
         let mut q = self.serial.lock();
         match announce_pool().submit(&self.serial, &mut q, task) {
-            Ok(()) => {}
+            Ok(()) => return Some(a),
             // Logged for the first and every 1000th.
             Err(work::Refused::Full) if !q.log_refusal() => {}
             Err(work::Refused::Full) => log::warn!(
@@ -169,6 +194,7 @@ impl LuEvents {
                 log::warn!("LUN {lun}: cannot tell other gateways of the reset (no worker thread); it stays on this gateway")
             }
         }
+        None
     }
 }
 

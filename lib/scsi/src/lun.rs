@@ -526,14 +526,17 @@ impl Lun {
     /// reservations are released, medium removal is allowed, mode parameters return to
     /// their defaults on a cold reset, and every nexus gets a reset unit attention
     /// (SAM-5 6.3.3; SPC-4 5.14). Persistent reservations survive (SPC-4).
-    pub fn reset(&self, kind: ResetKind) {
+    ///
+    /// Returns the announcement of the reset to the other gateways exporting the same
+    /// device, if there are any, for the caller to hold the task management response until
+    /// it is [settled](crate::lu_events::Announcement::settled) (see `lu_events`): it never
+    /// waits for it itself.
+    pub fn reset(&self, kind: ResetKind) -> Option<Arc<crate::lu_events::Announcement>> {
         self.reset_local(kind);
         // The same logical unit behind other gateways (see lu_events), and its shared
         // state (see lu_shared).
         crate::lu_shared::reset(self, kind);
-        if let Some(ev) = self.lu_events.get() {
-            ev.announce(kind);
-        }
+        self.lu_events.get().and_then(|ev| ev.announce(kind))
     }
 
     /// [`Lun::reset`] on this gateway only (a peer's reset arrives here).

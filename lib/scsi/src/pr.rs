@@ -331,15 +331,18 @@ pub(crate) fn parse_transport_id(p: &[u8], at: usize) -> CmdResult<(TransportId,
         // Not iSCSI (the only transport riser serves), or a format iSCSI does not have.
         return Err(bad(at));
     }
+    // SPC-4 wants at least 20 bytes, a multiple of 4; initiators that pad less (sg_persist
+    // pads short names to 24 bytes in all, not always to a multiple of 4) are taken.
     let len = u16::from_be_bytes([p[2], p[3]]) as usize;
-    if len < 20 || len % 4 != 0 {
+    if len == 0 {
         return Err(bad(at + 2));
     }
     if p.len() < 4 + len {
         return Err(CmdError::param_list_length());
     }
     let body = &p[4..4 + len];
-    let name_end = body.iter().position(|&b| b == 0).ok_or_else(|| bad(at + 4))?;
+    // NUL-terminated; a name that fills the field without one is taken whole.
+    let name_end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
     let text = std::str::from_utf8(&body[..name_end]).map_err(|_| bad(at + 4))?;
     let initiator = if format == 0 {
         if text.is_empty() || text.contains(",i,") {
@@ -731,7 +734,10 @@ fn specified(st: &LunState, nexus: &Nexus, req: &PrOutReq) -> CmdResult<Vec<Regi
             // The sender itself.
             continue;
         }
-        let taken = |n: &Arc<str>| st.pr.reg(n).is_some() || new.iter().any(|r| r.covers(n) || reg.covers(&r.nexus));
+        // Registered already, or (an initiator device) covering a nexus that is.
+        let taken = |n: &Arc<str>| {
+            st.pr.reg(n).is_some() || st.pr.regs.iter().any(|r| reg.covers(&r.nexus)) || new.iter().any(|r| r.covers(n) || reg.covers(&r.nexus))
+        };
         if taken(&reg.nexus) || reg.covers(me) {
             log::info!("PERSISTENT RESERVE OUT REGISTER with SPEC_I_PT from {}: TransportID {i} ({}) is registered already", nexus.initiator_port(), tid.initiator);
             return Err(CmdError::invalid_param(28, None));

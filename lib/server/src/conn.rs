@@ -13,7 +13,7 @@ use riser_config::{Lun, TargetNode};
 use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest, TxLimit};
 use riser_iscsi::pdu::Lun as PduLun;
 use riser_reactor::{Ctx, PollStatus};
-use riser_scsi::{DataWant, DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
+use riser_scsi::{DataWant, DeviceChannel, LunId, Nexus, ResetKind, ResetPending, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
 
 use crate::registry::{ConnInfo, ConnRegistry};
 
@@ -45,6 +45,9 @@ pub struct Connection<D: Datamover> {
     wants: Vec<DataWant>,
     closing_since: Option<Instant>,
     last_timer: Instant,
+    /// A reset's announcement to the other gateways in flight: the actions after it (its
+    /// task management response first) wait until it is settled (never the reactor).
+    reset_wait: Option<ResetPending>,
     done: bool,
     /// Payload copies already published to `info.copies`.
     published: CopyStats,
@@ -98,6 +101,7 @@ impl<D: Datamover> Connection<D> {
             wants: Vec::new(),
             closing_since: None,
             last_timer: now,
+            reset_wait: None,
             done: false,
             published: CopyStats::default(),
             in_flight: 0,
@@ -225,6 +229,12 @@ impl<D: Datamover> Connection<D> {
     fn run_actions(&mut self) -> (usize, bool) {
         let mut executed = false;
         let mut n = 0;
+        if let Some(p) = &self.reset_wait {
+            if !p.settled() {
+                return (0, false);
+            }
+            self.reset_wait = None;
+        }
         while let Some(a) = self.ffp.poll_action() {
             n += 1;
             match a {
@@ -243,8 +253,20 @@ impl<D: Datamover> Connection<D> {
                     self.scsi.abort_task(&self.nexus, lun_id(lun), itt.0 as u64);
                     let _ = self.dm.deallocate_task_resources(itt);
                 }
-                Action::ResetLun(lun) => self.scsi.reset_lun(lun_id(lun), ResetKind::LunReset),
-                Action::ResetTarget => self.scsi.reset_target(ResetKind::TargetWarmReset),
+                Action::ResetLun(lun) => {
+                    let p = self.scsi.reset_lun(lun_id(lun), ResetKind::LunReset);
+                    if !p.settled() {
+                        self.reset_wait = Some(p);
+                        break;
+                    }
+                }
+                Action::ResetTarget => {
+                    let p = self.scsi.reset_target(ResetKind::TargetWarmReset);
+                    if !p.settled() {
+                        self.reset_wait = Some(p);
+                        break;
+                    }
+                }
                 Action::Close { reason, logout, whole_session } => {
                     if whole_session {
                         let (me, tsih) = (self.info.id, self.info.tsih);

@@ -197,17 +197,20 @@ fn a_reset_whose_announcement_stalls_does_not_stall_the_reactor() {
     store.notify_stalled.store(true, Ordering::Release);
     let started = store.notifies.load(Ordering::Acquire);
     let t0 = Instant::now();
-    ga.dc.reset_lun(LunId::new(ga.lun.id()), ResetKind::LunReset);
+    let pending = ga.dc.reset_lun(LunId::new(ga.lun.id()), ResetKind::LunReset);
     let took = t0.elapsed();
-    // The reactor went on at once: the announcement has not even been acknowledged.
+    // The reactor went on at once; what it got back is not settled: the connection holds
+    // its task management response.
     assert_eq!(store.notified.load(Ordering::Acquire), 0);
+    assert!(!pending.settled() || took >= crate::ANNOUNCE_WAIT, "settled before the other gateway acknowledged");
     assert!(took < Duration::from_millis(400), "the reset waited {took:?} for the other gateways");
     // I/O on that reactor goes on while the announcement waits.
     assert_eq!(ga.tur_sense(&a), Some((6, 0x29, 0x03)));
     assert_eq!(ga.tur_sense(&b), Some((6, 0x29, 0x03)));
     assert!(ga.writes(&a));
     assert!(ga.writes(&b));
-    // The announcement was started, and once the peer answers it gets the reset.
+    // The announcement was started; once the peer answers it is settled, and the peer has
+    // the reset's unit attention by then.
     let t0 = Instant::now();
     while store.notifies.load(Ordering::Acquire) == started {
         assert!(t0.elapsed() < Duration::from_secs(10), "the reset was never announced");
@@ -215,9 +218,18 @@ fn a_reset_whose_announcement_stalls_does_not_stall_the_reactor() {
     }
     store.notify_stalled.store(false, Ordering::Release);
     let t0 = Instant::now();
-    while store.notified.load(Ordering::Acquire) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the announcement never ended");
+    while !pending.settled() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the announcement never settled");
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(gb.tur_sense(&a), Some((6, 0x29, 0x03)));
+    // A peer that never answers: settled after ANNOUNCE_WAIT all the same.
+    store.notify_stalled.store(true, Ordering::Release);
+    let pending = gb.dc.reset_lun(LunId::new(gb.lun.id()), ResetKind::LunReset);
+    let t0 = Instant::now();
+    while !pending.settled() {
+        assert!(t0.elapsed() < crate::ANNOUNCE_WAIT + Duration::from_secs(10), "never settled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    store.notify_stalled.store(false, Ordering::Release);
 }

@@ -172,6 +172,9 @@ fn spec_i_pt_registers_the_listed_initiator_ports_and_devices() {
     // A listed nexus already registered: nothing is registered.
     assert_eq!(e.out_sense(&d, spec_i_pt(0xD1, false, &[tid("iqn.2024-01.test:init5"), tid(INIT2_PORT)])), Some((5, 0x26, 0)));
     assert_eq!(e.key_list(&a).len(), 3);
+    // An initiator device one of whose ports is registered: refused too.
+    assert_eq!(e.out_sense(&d, spec_i_pt(0xD1, false, &[tid("iqn.2024-01.test:init2")])), Some((5, 0x26, 0)));
+    assert_eq!(e.key_list(&a).len(), 3);
     // With ALL_TG_PT, through every target port.
     e.out_ok(&d, spec_i_pt(0xD1, true, &[tid("iqn.2024-01.test:init5,i,0x000000000055")]));
     let e5 = e.nexus("iqn.2024-01.test:init5", 0x55, 7);
