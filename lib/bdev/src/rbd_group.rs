@@ -146,21 +146,33 @@ impl Liveness {
 }
 
 /// The group's current shared-object store, which the shared-state handles (`rbd_pr`) use
-/// too: when a fenced gateway rejoins on a new connection, they move with it.
+/// too: when a fenced gateway rejoins on a new connection, they move with it. Each handle
+/// has its own cell on the group's store, which records the generation (connection) of
+/// the handle's last successful watch: a rejoin waits until every handle watches on the
+/// new connection before the gateway serves again (else it could act on shared state it
+/// missed a change of).
 #[derive(Clone)]
-pub(crate) struct StoreCell(Arc<RwLock<Arc<ObjectStore>>>);
+pub(crate) struct StoreCell {
+    cur: Arc<RwLock<(u64, Arc<ObjectStore>)>>,
+    watched: Arc<AtomicU64>,
+}
 
 impl StoreCell {
     fn new(s: Arc<ObjectStore>) -> StoreCell {
-        StoreCell(Arc::new(RwLock::new(s)))
+        StoreCell { cur: Arc::new(RwLock::new((0, s))), watched: Arc::new(AtomicU64::new(u64::MAX)) }
+    }
+
+    /// A cell for one shared-state handle, on the same store.
+    fn handle(&self) -> StoreCell {
+        StoreCell { cur: self.cur.clone(), watched: Arc::new(AtomicU64::new(u64::MAX)) }
     }
 
     pub fn get(&self) -> Arc<ObjectStore> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.cur.read().unwrap_or_else(|p| p.into_inner()).1.clone()
     }
 
-    fn set(&self, s: Arc<ObjectStore>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = s;
+    fn set(&self, gen: u64, s: Arc<ObjectStore>) {
+        *self.cur.write().unwrap_or_else(|p| p.into_inner()) = (gen, s);
     }
 
     pub fn pool_name(&self) -> String {
@@ -180,7 +192,10 @@ impl StoreCell {
     }
 
     pub fn watch(&self, oid: &str) -> riser_rbd::Result<(Watch, Receiver<WatchEvent>)> {
-        self.get().watch(oid)
+        let (gen, store) = self.cur.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let w = store.watch(oid)?;
+        self.watched.store(gen, Ordering::Release);
+        Ok(w)
     }
 }
 
@@ -226,6 +241,8 @@ pub(crate) struct RbdGroup {
     /// `set_served` was called since the record last had it.
     served_dirty: AtomicBool,
     channels: Mutex<Vec<Weak<ChannelSlot>>>,
+    /// The shared-state handles' watched generations ([`StoreCell`]).
+    handles: Mutex<Vec<Weak<AtomicU64>>>,
     /// Old image handles the channels gave up, closed on the group thread (closing a
     /// blocklisted client's image may wait on the cluster).
     retired: Mutex<Vec<Image>>,
@@ -280,6 +297,7 @@ impl RbdGroup {
             subs: Mutex::new(Vec::new()),
             served_dirty: AtomicBool::new(false),
             channels: Mutex::new(Vec::new()),
+            handles: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
@@ -295,8 +313,13 @@ impl RbdGroup {
         self.lease
     }
 
+    /// A shared-state handle's cell on the group's store (see [`StoreCell`]).
     pub fn store(&self) -> StoreCell {
-        self.store.clone()
+        let c = self.store.handle();
+        let mut l = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|w| w.strong_count() > 0);
+        l.push(Arc::downgrade(&c.watched));
+        c
     }
 
     /// For a channel opening now: the pool of the current connection, its generation, and
@@ -674,7 +697,9 @@ impl GroupLoop {
             let gen = g.generation.fetch_add(1, Ordering::AcqRel) + 1;
             (gen, l.iter().filter_map(Weak::upgrade).collect::<Vec<Arc<ChannelSlot>>>())
         };
-        g.store.set(store);
+        g.store.set(gen, store);
+        // Answer the others' liveness notifies from now on (the new member is in the record).
+        self.watch = g.store.get().watch_acking(&g.oid, g.lease.as_secs() as u32).ok();
         *g.me.lock().unwrap_or_else(|p| p.into_inner()) = me.clone();
         // New handles for the channels of the old connection (each swaps at its next poll).
         for s in &slots {
@@ -683,8 +708,22 @@ impl GroupLoop {
                 Err(e) => log::error!("{what}: rejoining: a channel's image handle: {e}; that reactor fails the image's I/O"),
             }
         }
+        // Serve again only once every shared-state handle watches on the new connection (its
+        // watch thread notices the old watch broke and re-watches within a few seconds), and
+        // has re-read what changed meanwhile (it does right after re-watching).
+        let deadline = Instant::now() + g.lease;
+        let behind = || {
+            let l = g.handles.lock().unwrap_or_else(|p| p.into_inner());
+            l.iter().filter_map(Weak::upgrade).filter(|w| w.load(Ordering::Acquire) != gen).count()
+        };
+        while behind() > 0 && Instant::now() < deadline && !g.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        match behind() {
+            0 => std::thread::sleep(Duration::from_millis(200)),
+            n => log::warn!("{what}: rejoining: {n} shared-state handle(s) not watching on the new connection after {} s; serving anyway", g.lease.as_secs()),
+        }
         self.live = Liveness::default();
-        self.watch = None;
         self.joined = true;
         let took = self.fenced_since.take().map(|t| t.elapsed()).unwrap_or_default();
         g.fenced.store(false, Ordering::Release);

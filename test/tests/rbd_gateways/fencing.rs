@@ -8,7 +8,8 @@
 //! * A is continued (SIGCONT): a WRITE sent through A's old session at once does not reach
 //!   the image (B reads the blocks unchanged) and does not complete GOOD; A logs that it was
 //!   fenced, rejoins as a new member (a new client id) within a generous bound, and I/O
-//!   through A works again (B reads what A wrote).
+//!   through A works again (B reads what A wrote), persistent reservations included (A's
+//!   shared-state handles moved to its new connection).
 //! * The new A is killed (SIGKILL): B fences it within the lease and some slack.
 
 use std::process::Command;
@@ -28,6 +29,15 @@ const LEASE: Duration = Duration::from_secs(10);
 /// monitors committing the blocklist, a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(30);
 const GOOD: u8 = 0;
+/// PERSISTENT RESERVE OUT service action REGISTER.
+const REGISTER: u8 = 0;
+
+/// PERSISTENT RESERVE IN READ KEYS: the registered keys.
+fn read_keys(c: &mut Client) -> Vec<u64> {
+    let d = c.pr_in(0);
+    let n = d.get(4..8).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    (0..n / 8).filter_map(|i| d.get(8 + 8 * i..16 + 8 * i)).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes"))).collect()
+}
 
 /// `driver_specific.rbd.gateways` of `Rbd0` on `gw`.
 fn view(gw: &Gateway) -> Value {
@@ -131,6 +141,7 @@ pub fn check(ceph: &CephCluster) {
     // 2. A continued: its first write must not reach the image; A notices, rejoins as a new client.
     signal(a_pid, "CONT");
     let st = ca.write10(30, &[0xA2; 512]);
+    eprintln!("fencing: a write through A right after SIGCONT: status {st:?} (None: the connection closed)");
     assert_ne!(st, Some(GOOD), "a write through the fenced A completed GOOD");
     assert_eq!(read_block(&mut cb, 30), vec![0u8; 512], "a write through the fenced A reached the image");
     wait_for("A logging that it was fenced", Duration::from_secs(30), &[&a], || a.riser.log().contains("was fenced by the others"));
@@ -158,6 +169,16 @@ pub fn check(ceph: &CephCluster) {
     assert_eq!(read_block(&mut cb, 31), vec![0xA3u8; 512], "B does not read what the rejoined A wrote");
     assert_eq!(read_block(&mut ca, 21), vec![0xB2u8; 512], "the rejoined A does not read what B wrote");
     assert_eq!(read_block(&mut cb, 30), vec![0u8; 512], "the fenced write showed up later");
+    // The shared state (persistent reservations) moved to A's new connection too: a key
+    // registered through A is seen through B, and one registered through B through A.
+    assert_eq!(ca.pr_out(REGISTER, 0, 0, 0xA4, 0).status, GOOD, "PR OUT REGISTER through the rejoined A");
+    assert_eq!(read_keys(&mut cb), vec![0xA4], "B does not see the key registered through the rejoined A");
+    assert_eq!(cb.pr_out(REGISTER, 0, 0, 0xB4, 0).status, GOOD, "PR OUT REGISTER through B");
+    let mut keys = read_keys(&mut ca);
+    keys.sort_unstable();
+    assert_eq!(keys, vec![0xA4, 0xB4], "the rejoined A does not see the key registered through B");
+    assert_eq!(ca.pr_out(REGISTER, 0, 0xA4, 0, 0).status, GOOD, "unregister through A");
+    assert_eq!(cb.pr_out(REGISTER, 0, 0xB4, 0, 0).status, GOOD, "unregister through B");
 
     // 3. The new A killed: fenced within the lease and some slack.
     let a2_addr = view(&a)["members"].as_array().and_then(|m| m.iter().find(|m| m["id"] == a2_id).map(|m| m["addr"].as_str().unwrap_or("").to_string()));
