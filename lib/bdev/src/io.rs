@@ -92,6 +92,11 @@ pub enum BdevError {
     /// The backing store cannot be reached (a cluster that does not answer): a path error.
     #[error("device unavailable: {0}")]
     Unavailable(String),
+    /// This gateway was fenced by the others exporting the device (its cluster client is
+    /// blocklisted, see `gateways`): the I/O must be retried through another gateway, and
+    /// the SCSI layer answers as a target port in the unavailable state does.
+    #[error("gateway fenced: {0}")]
+    Fenced(String),
     /// CompareAndWrite: the data differ at this byte offset from the I/O's start.
     #[error("miscompare at byte {offset}")]
     Miscompare { offset: u64 },

@@ -538,7 +538,10 @@ fn unreachable(errno: i32) -> bool {
 /// The bdev error for librbd's failure `errno` of a `kind` I/O.
 pub(crate) fn rbd_io_error(bdev: &str, kind: IoKind, errno: i32) -> BdevError {
     let what = format!("bdev {bdev}: rbd {kind:?}: {} (errno {errno})", riser_rbd::errno_str(errno));
-    if unreachable(errno) {
+    if errno == libc::ESHUTDOWN {
+        // EBLOCKLISTED: the other gateways fenced this one (see rbd_group).
+        BdevError::Fenced(format!("{what}: this gateway's cluster client is blocklisted"))
+    } else if unreachable(errno) {
         BdevError::Unavailable(format!("{what}: the Ceph cluster does not answer"))
     } else {
         BdevError::Io(what)
@@ -548,7 +551,7 @@ pub(crate) fn rbd_io_error(bdev: &str, kind: IoKind, errno: i32) -> BdevError {
 impl IoChannel for RbdChannel {
     fn submit(&mut self, mut io: BdevIo) {
         if !self.usable() {
-            let e = BdevError::Unavailable(format!(
+            let e = BdevError::Fenced(format!(
                 "bdev {}: this gateway was fenced (blocklisted) by the other gateways of the image and is rejoining; use another path",
                 self.bdev.info.name
             ));
@@ -748,7 +751,7 @@ mod tests {
     #[test]
     fn timeouts_are_unavailable_other_errors_are_io() {
         assert!(matches!(rbd_io_error("R", IoKind::Read, libc::ETIMEDOUT), BdevError::Unavailable(m) if m.contains("does not answer")));
-        assert!(matches!(rbd_io_error("R", IoKind::Write, libc::ESHUTDOWN), BdevError::Unavailable(_)));
+        assert!(matches!(rbd_io_error("R", IoKind::Write, libc::ESHUTDOWN), BdevError::Fenced(_)));
         assert!(matches!(rbd_io_error("R", IoKind::Write, libc::EIO), BdevError::Io(m) if m.contains("bdev R")));
     }
 

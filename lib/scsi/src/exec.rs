@@ -377,6 +377,10 @@ fn bdev_error(kind: IoKind, e: &BdevError) -> CmdError {
         BdevError::Miscompare { offset } => CmdError::miscompare(*offset),
         // A backing store that cannot be reached: a path error (SPC LOGICAL UNIT COMMUNICATION FAILURE).
         BdevError::Unavailable(_) => CmdError::check(SenseKey::HardwareError, Asc::new(0x08, 0x00)),
+        // This gateway was fenced by the others (issue 23): NOT READY, LOGICAL UNIT NOT
+        // ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE, which multipath takes for a path
+        // failure and retries through another gateway (HARDWARE ERROR it would fail upward).
+        BdevError::Fenced(_) => CmdError::check(SenseKey::NotReady, Asc::new(0x04, 0x0C)),
         BdevError::Io(_) => match kind {
             IoKind::Read => CmdError::check(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR),
             _ => CmdError::check(SenseKey::MediumError, Asc::WRITE_ERROR),
