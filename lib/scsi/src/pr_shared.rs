@@ -17,12 +17,14 @@
 //!   to that copy with the same code as a local LUN ([`apply_pr_out`]), writes the result
 //!   back only if the object is still at that version (compare-and-swap; another
 //!   gateway's change in between: read again and redo), takes the new state itself, then
-//!   notifies and waits until every watching gateway has re-read the object (bounded,
-//!   5 s for RBD). So once the initiator sees GOOD, every gateway that acknowledged honours
-//!   the change. A gateway that did not acknowledge in time (killed, or cut off from the
-//!   cluster) is logged, the command still completes GOOD (the change is in the cluster):
-//!   a gateway that was cut off re-reads the object when its watch is re-established, and
-//!   a gateway that starts reads it when it opens the LUN.
+//!   notifies and waits until every watching gateway has re-read the object (bounded: for
+//!   RBD the image's gateway lease, `lease_s`). A gateway that did not acknowledge in time
+//!   (killed, hung, cut off from the cluster, or unable to re-read) is fenced by the
+//!   device before the notify returns (RBD: its client is put on the OSD blocklist, see
+//!   `riser_bdev::gateways`), so once the initiator sees GOOD every gateway that can still
+//!   reach the image honours the change. Only when that fencing itself fails is the
+//!   command still GOOD (the change is in the cluster) with an error logged; a gateway that
+//!   starts, or rejoins after being fenced, reads the object when it opens the LUN.
 //! * **The cluster unreachable**: the worker's reads and writes fail after the cluster
 //!   connection's operation timeout (30 s by default, `rados_osd_op_timeout`), and the PR
 //!   OUT ends with HARDWARE ERROR, LOGICAL UNIT COMMUNICATION FAILURE, the state unchanged.
@@ -429,7 +431,7 @@ pub(super) fn run(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
                 let notice = serde_json::to_vec(&Notice { from: sh.gateway, uas }).unwrap_or_default();
                 if let Err(e) = sh.handle.notify(&notice) {
                     log::warn!(
-                        "LUN {}: the reservation change is in {}, but not every gateway acknowledged it ({e}): one is gone or cut off from the cluster, and reads the state when it is back",
+                        "LUN {}: the reservation change is in {}, but a gateway that did not acknowledge it could not be fenced either ({e}): it may enforce the previous state until it re-reads the object",
                         lun.id(),
                         sh.describe()
                     );
