@@ -122,25 +122,8 @@ impl ObjectStore {
         check("rados_remove", oid, r).map(|_| ())
     }
 
-    /// Notifies the object's watchers with `payload` and waits until every one acknowledged
-    /// or `timeout_ms` passed (then ETIMEDOUT: some watcher did not answer).
-    pub fn notify(&self, oid: &str, payload: &[u8], timeout_ms: u64) -> Result<()> {
-        let o = cstr("object", oid)?;
-        let len = i32::try_from(payload.len()).map_err(|_| RbdError::InvalidArgument("notify payload too large".into()))?;
-        let mut reply: *mut c_char = std::ptr::null_mut();
-        let mut reply_len: usize = 0;
-        // SAFETY: the ioctx is live; o is NUL-terminated; payload is readable for len bytes;
-        // reply/reply_len are valid out-pointers.
-        let r =
-            unsafe { sys::rados_notify2(self.pool.raw, o.as_ptr(), payload.as_ptr().cast::<c_char>(), len, timeout_ms, &mut reply, &mut reply_len) };
-        if !reply.is_null() {
-            // SAFETY: librados allocated the reply; freed once, with its own function.
-            unsafe { sys::rados_buffer_free(reply) };
-        }
-        check("rados_notify2", oid, r).map(|_| ())
-    }
-
-    /// Notifies like [`notify`](Self::notify) and says who answered: the instance ids
+    /// Notifies the object's watchers with `payload`, waits until every one acknowledged or
+    /// `timeout_ms` passed, and says who answered: the instance ids
     /// ([`Cluster::instance_id`]) of the watchers that acknowledged within `timeout_ms` and
     /// of those that did not. A timeout is not an error here (the answer lists the silent
     /// watchers); a watcher whose watch the cluster already dropped is in neither list.
@@ -149,7 +132,8 @@ impl ObjectStore {
         let len = i32::try_from(payload.len()).map_err(|_| RbdError::InvalidArgument("notify payload too large".into()))?;
         let mut reply: *mut c_char = std::ptr::null_mut();
         let mut reply_len: usize = 0;
-        // SAFETY: as in notify.
+        // SAFETY: the ioctx is live; o is NUL-terminated; payload is readable for len bytes;
+        // reply/reply_len are valid out-pointers.
         let r =
             unsafe { sys::rados_notify2(self.pool.raw, o.as_ptr(), payload.as_ptr().cast::<c_char>(), len, timeout_ms, &mut reply, &mut reply_len) };
         let mut out = NotifyReply::default();
