@@ -90,6 +90,12 @@ impl Client {
         }
     }
 
+    /// How long a read for the target's answer waits (10 s at first): longer for a command
+    /// the target may hold on purpose (a PR OUT waiting for another gateway's lease).
+    pub fn set_read_timeout(&mut self, d: Duration) {
+        self.sock.set_read_timeout(Some(d)).ok();
+    }
+
     /// Waits until the target closes the connection; false if it stays open `within`.
     pub fn closed_within(&mut self, within: Duration) -> bool {
         self.sock.set_read_timeout(Some(within)).ok();

@@ -10,7 +10,9 @@
 //!   fenced, rejoins as a new member (a new client id) within a generous bound, and I/O
 //!   through A works again (B reads what A wrote), persistent reservations included (A's
 //!   shared-state handles moved to its new connection).
-//! * The new A is killed (SIGKILL): B fences it within the lease and some slack.
+//! * The new A takes a WRITE EXCLUSIVE reservation and is killed (SIGKILL): B enforces it;
+//!   B's next PR OUT fences the silent A (its watch lingers) before it returns GOOD; B
+//!   fences it within the lease and some slack either way.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -29,8 +31,13 @@ const LEASE: Duration = Duration::from_secs(10);
 /// monitors committing the blocklist, a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(30);
 const GOOD: u8 = 0;
-/// PERSISTENT RESERVE OUT service action REGISTER.
+/// PERSISTENT RESERVE OUT service actions REGISTER, RESERVE, CLEAR; type WRITE EXCLUSIVE.
 const REGISTER: u8 = 0;
+const RESERVE: u8 = 1;
+const CLEAR: u8 = 3;
+const WRITE_EXCLUSIVE: u8 = 1;
+const RESERVATION_CONFLICT: u8 = 0x18;
+const CHECK_CONDITION: u8 = 0x02;
 
 /// PERSISTENT RESERVE IN READ KEYS: the registered keys.
 fn read_keys(c: &mut Client) -> Vec<u64> {
@@ -100,6 +107,20 @@ fn all_live(gws: &[&Gateway], ids: &[u64]) -> bool {
         let v = view(g);
         ids.iter().all(|id| state_of(&v, *id).as_deref() == Some("live"))
     })
+}
+
+/// WRITE(10) of one block of `byte` at `lba`; a unit attention (CHECK CONDITION: ALUA states
+/// move when a gateway is fenced or rejoins) is taken and the write sent again, three times
+/// at most. The last status.
+fn write_past_ua(c: &mut Client, lba: u32, byte: u8) -> Option<u8> {
+    let mut st = c.write10(lba, &[byte; 512]);
+    for _ in 0..3 {
+        if st != Some(CHECK_CONDITION) {
+            break;
+        }
+        st = c.write10(lba, &[byte; 512]);
+    }
+    st
 }
 
 pub fn check(ceph: &CephCluster) {
@@ -180,15 +201,36 @@ pub fn check(ceph: &CephCluster) {
     assert_eq!(ca.pr_out(REGISTER, 0, 0xA4, 0, 0).status, GOOD, "unregister through A");
     assert_eq!(cb.pr_out(REGISTER, 0, 0xB4, 0, 0).status, GOOD, "unregister through B");
 
-    // 3. The new A killed: fenced within the lease and some slack.
+    // 3. A WRITE EXCLUSIVE reservation taken through the new A, then A killed: B enforces
+    // it. B's next PERSISTENT RESERVE OUT waits for the acknowledgement of A's lingering
+    // watch, and fences A before it returns GOOD. A is fenced within the lease and some slack.
     let a2_addr = view(&a)["members"].as_array().and_then(|m| m.iter().find(|m| m["id"] == a2_id).map(|m| m["addr"].as_str().unwrap_or("").to_string()));
     let a2_addr = a2_addr.filter(|s| !s.is_empty()).expect("A's new address");
+    assert_eq!(ca.pr_out(REGISTER, 0, 0, 0xA5, 0).status, GOOD, "REGISTER through A");
+    assert_eq!(ca.pr_out(RESERVE, WRITE_EXCLUSIVE, 0xA5, 0, 0).status, GOOD, "RESERVE WRITE EXCLUSIVE through A");
+    assert_eq!(write_past_ua(&mut cb, 41, 0xB4), Some(RESERVATION_CONFLICT), "a write through B while A holds WRITE EXCLUSIVE");
     drop(ca);
     a.riser.kill();
+    assert_eq!(write_past_ua(&mut cb, 41, 0xB4), Some(RESERVATION_CONFLICT), "a write through B after the holder's gateway was killed");
+    assert_eq!(read_block(&mut cb, 41), vec![0u8; 512], "reads through B are not reserved");
+    // It may wait the whole lease for A's acknowledgement, then fence A.
+    cb.set_read_timeout(LEASE + SLACK);
+    let t = Instant::now();
+    let mut r = cb.pr_out(REGISTER, 0, 0, 0xB5, 0).status;
+    if r == CHECK_CONDITION {
+        // A unit attention first (the fence may have moved the ALUA states already).
+        r = cb.pr_out(REGISTER, 0, 0, 0xB5, 0).status;
+    }
+    eprintln!("fencing: PR OUT through B with the killed A's watch lingering: {r:#x} after {:?}", t.elapsed());
+    assert_eq!(r, GOOD, "REGISTER through B");
+    let bl = blocklist(ceph);
+    assert!(bl.contains(&addr_key(&a2_addr)), "B's PR OUT completed before the silent A ({a2_addr}) was fenced:\n{bl}");
     let took = wait_for("B fencing the killed A", LEASE + SLACK, &[&b], || state_of(&view(&b), a2_id).as_deref() == Some("fenced"));
     eprintln!("fencing: killed A fenced by B after {took:?}");
-    let bl = blocklist(ceph);
-    assert!(bl.contains(&addr_key(&a2_addr)), "A's new address {a2_addr} is not on the blocklist:\n{bl}");
+    // The fence moved the ALUA states: B's nexus has ASYMMETRIC ACCESS STATE CHANGED to
+    // report first, then the answer.
+    assert_eq!(write_past_ua(&mut cb, 41, 0xB4), Some(RESERVATION_CONFLICT), "the reservation held through the fenced A still holds");
+    assert_eq!(cb.pr_out(CLEAR, 0, 0xB5, 0, 0).status, GOOD, "CLEAR through B");
     assert_eq!(cb.write10(40, &[0xB3; 512]), Some(GOOD), "write through B after A was killed");
     assert_eq!(state_of(&view(&b), b_id).as_deref(), Some("live"));
 }
