@@ -66,12 +66,15 @@ use riser_rdma::{
     CmEventType, CmId, CmIdKey, CompletionChannel, CompletionQueue, ConnParam, Context, EventChannel, ProtectionDomain, QpCaps, QpInitAttr,
 };
 
-use super::conn::{Completion, IserConfig, IserDatamover, IserQp, Pool, SendOp, SendWr};
+use super::config::IserConfig;
+use super::conn::IserDatamover;
 use super::error::IserError;
 use super::header::{cm, IserHeader, ISER_HDR_LEN};
 use super::memlock;
+use super::pool::Pool;
 use super::shared_cq::{CqSet, PollerPass};
 use super::verbs::{is_siw, registered_pool, supports_send_with_invalidate, VerbsCq, VerbsQp};
+use super::wr::{Completion, IserQp, SendOp, SendWr};
 
 const LOGIN_SLOT: usize = ISER_HDR_LEN + BHS_LEN + 1024 + 8192;
 const WR_LOGIN_RECV: u64 = 0xA1 << 56;

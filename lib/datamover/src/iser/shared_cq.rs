@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::conn::Completion;
+use super::wr::Completion;
 use super::error::IserError;
 
 /// Low bits of every `wr_id` posted on a shared CQ's QPs: the route to its slot (index in the

@@ -10,7 +10,8 @@ use riser_rdma::{
     SendWr as RSendWr, WorkCompletion, WrData,
 };
 
-use super::conn::{Completion, IserQp, Pool, ReadSink, RegisteredMemory, SendOp, SendWr, Sge};
+use super::pool::{Pool, RegisteredMemory};
+use super::wr::{Completion, IserQp, ReadSink, SendOp, SendWr, Sge};
 use super::error::IserError;
 use super::shared_cq::{CqMember, CqSource, ROUTE_MASK};
 
