@@ -61,7 +61,7 @@ impl Ffp {
     }
 
     /// Sends the next piece of a Text answer: at most what the initiator receives per PDU
-    /// (128 bytes on iSER, see [`super::config::ISER_INITIATOR_RECV_DATA_SEGMENT`]); the rest
+    /// (128 bytes on iSER, see [`crate::ffp::config::ISER_INITIATOR_RECV_DATA_SEGMENT`]); the rest
     /// waits for the initiator's empty continuation request (C=1, RFC 7143 §11.11).
     pub(super) fn send_text_segment(&mut self, itt: Itt, lun: Lun, mut text: Vec<u8>) {
         let max = self.cfg.initiator_mrdsl.max(1) as usize;
