@@ -1,7 +1,8 @@
 //! Unit tests of the full-feature phase state machine.
 
 use super::*;
-use crate::pdu::{LogoutRequest, TaskMgmtRequest};
+use crate::pdu::{tmf, LogoutRequest, TaskMgmtRequest, TextResponse};
+use crate::text::encode_pairs;
 use crate::testing::{data_out, nop_out, read10, scsi_command, text_request};
 use std::time::Duration;
 

@@ -1,0 +1,106 @@
+//! A command's completion and a read's data (RFC 7143 §11.4, §11.7): streamed read pieces
+//! (Put_Data without status, the latest held back for the end) and the SCSI completion,
+//! which sends the last Data-In with the status or a SCSI Response.
+
+use riser_bdev::IoBuf;
+use riser_scsi::Residual;
+
+use super::command::scsi_response;
+use super::{Action, Ffp, ScsiDone};
+use crate::ffp::datamover::PutData;
+use crate::serial::Itt;
+
+impl Ffp {
+    /// A piece of a streamed read's data (`len` bytes of `buf`, from the command's buffer
+    /// offset `offset`): the piece before it goes out (Put_Data without status) and this one
+    /// waits for the next or the end; the task goes on. Pieces come in order; the last one
+    /// comes with the task's [`ScsiDone`].
+    pub fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
+        let sn = self.sn();
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return; // aborted meanwhile
+        };
+        let edtl = t.cmd.expected_data_transfer_length;
+        if !t.cmd.read || offset != t.data_in_sent || offset >= edtl {
+            // Data-In for a command without the R bit is never sent (see on_scsi_done).
+            return;
+        }
+        let len = len.min(edtl - offset);
+        t.data_in_sent = offset + len;
+        if let Some((offset, buf, len)) = t.held_piece.replace((offset, buf, len)) {
+            self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
+        }
+    }
+
+    /// A SCSI completion.
+    pub fn on_scsi_done(&mut self, done: ScsiDone) {
+        let Some(t) = self.tasks.remove(&done.itt) else {
+            // Aborted meanwhile, and finished before the abort reached the SCSI layer.
+            self.scsi_gave_back(done.itt);
+            return;
+        };
+        let immediate = t.cmd.immediate;
+        if !immediate {
+            self.slot_freed();
+        }
+        if t.stream && t.want.is_some() {
+            // The write ended (an error) while a piece was asked for: the datamover forgets
+            // its Get_Data (the SCSI layer has nothing left of the task).
+            self.abort_action(done.itt, t.lun, false);
+        }
+        let s = self.next_stat_sn();
+        let mut residual = done.residual;
+        if done.data_in_len > 0 && !t.cmd.read {
+            // Data-In for a command without the R bit (a READ sent as a write, or with no
+            // data expected): its Data-In EDTL is 0, so nothing is sent and the whole
+            // SCSI-presented length is a residual overflow (RFC 7143 §11.4.5.2), GOOD or not.
+            // libiscsi's iSCSIResiduals.Read10Invalid expects the status to stay as it is.
+            let shown = done.data_in_offset.saturating_add(done.data_in_len);
+            let presented = match done.residual {
+                Residual::Overflow(n) => shown.saturating_add(n),
+                _ => shown,
+            };
+            log::debug!("task {:#x}: {presented} bytes of Data-In without the R bit, not sent", done.itt.0);
+            residual = Residual::Overflow(presented);
+        }
+        let response = scsi_response(done.itt, done.status, &done.sense, residual, s);
+        let edtl = t.cmd.expected_data_transfer_length;
+        let mut t = t;
+        let last_ok = done.data_in.is_some() && done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl;
+        if let Some((offset, buf, len)) = t.held_piece.take() {
+            if !last_ok {
+                // The read ended without a last piece (it failed on the way): the held one
+                // is the last Data-In, the response follows it.
+                self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }));
+                return;
+            }
+            self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: None, sn: s }));
+        }
+        match done.data_in {
+            // The data (whole, or a streamed read's last piece, right after the others).
+            Some(buf) if done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl => {
+                self.actions.push_back(Action::PutData(PutData {
+                    itt: done.itt,
+                    lun: t.lun,
+                    buf,
+                    len: done.data_in_len.min(edtl - done.data_in_offset),
+                    offset: done.data_in_offset,
+                    response: Some(response),
+                    sn: s,
+                }))
+            }
+            // Pieces went out but the last brings no data (the read failed on the way): the
+            // response still closes the stream in the datamover (TCP's ExpDataSN).
+            _ if t.data_in_sent > 0 => self.actions.push_back(Action::PutData(PutData {
+                itt: done.itt,
+                lun: t.lun,
+                buf: IoBuf::empty(),
+                len: 0,
+                offset: t.data_in_sent,
+                response: Some(response),
+                sn: s,
+            })),
+            _ => self.actions.push_back(Action::Send(response)),
+        }
+    }
+}
