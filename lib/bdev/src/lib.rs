@@ -11,24 +11,21 @@
 //! driver, io_uring passthrough with polled completions: `bdev_nvme_*`). [`BdevRegistry`] holds them by unique name, with
 //! claims.
 
-mod file;
 pub mod gateways;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 mod io;
 mod lba;
-mod malloc;
-mod null;
-pub mod rbd;
-mod rbd_group;
-mod rbd_pr;
+mod modules;
 mod shared;
-pub mod nvme;
 mod registry;
 mod sq;
 pub mod rpc;
 pub mod stats;
 mod uring;
+
+use modules::{file, malloc, null};
+pub use modules::{nvme, rbd};
 
 pub use file::{FileBdev, FileError, FileKind};
 pub use io::{
@@ -44,9 +41,6 @@ pub use nvme::{IoPath, NvmeBdev, NvmeCtrlr, NvmeError};
 pub use registry::{BdevRegistry, RegistryError};
 pub use stats::{BdevStats, IoStat, Percentiles, ResetMode};
 pub use uring::{thread_ring_stats, RingStats};
-
-#[cfg(test)]
-mod file_tests;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! (persistent reservations across riser processes, issue 15): one small object with a
 //! version, replaced whole by compare-and-swap, and a notification that the other
 //! gateways acknowledge once they have re-read it. Only devices that live in a shared
-//! store offer it (RBD: a RADOS object in the image's pool, see `rbd_pr`).
+//! store offer it (RBD: a RADOS object in the image's pool, see `rbd::pr`).
 
 use std::sync::Arc;
 

@@ -17,6 +17,9 @@
 //!   ZERO_RANGE; a file's holes are found with SEEK_DATA / SEEK_HOLE ([`Bdev::provisioning`]).
 //! * size: the file's or device's size at creation; [`Bdev::rescan_blocks`] reads it again.
 
+#[cfg(test)]
+mod tests;
+
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsFd;

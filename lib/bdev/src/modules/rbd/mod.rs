@@ -21,6 +21,9 @@
 //!   multipath); other failures are [`BdevError::Io`]; every message names the image and the
 //!   errno.
 
+mod group;
+mod pr;
+
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::rc::Rc;
@@ -33,7 +36,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::io::{validate, DoneQueue, FailedChannel};
-use crate::rbd_group::{ChannelSlot, GroupThread, RbdGroup, DEFAULT_LEASE_S, LEASE_RANGE};
+use group::{ChannelSlot, GroupThread, RbdGroup, DEFAULT_LEASE_S, LEASE_RANGE};
 use crate::GatewayGroup;
 use crate::{Bdev, BdevError, BdevInfo, BdevIo, BdevRegistry, IoChannel, IoCompletion, IoKind, RegistryError, SUPPORTED_BLOCK_SIZES};
 
@@ -256,7 +259,7 @@ pub struct RbdCreate {
     #[serde(default)]
     pub uuid: Option<Uuid>,
     /// riser: how long (s) a gateway exporting the image may go without answering before
-    /// the others fence it (see `rbd_group`); [`DEFAULT_LEASE_S`] when absent.
+    /// the others fence it (see `group`); [`DEFAULT_LEASE_S`] when absent.
     #[serde(default)]
     pub lease_s: Option<u32>,
 }
@@ -356,10 +359,10 @@ impl Bdev for RbdBdev {
         }
     }
 
-    /// A RADOS object next to the image, shared by every gateway (see `rbd_pr`).
+    /// A RADOS object next to the image, shared by every gateway (see `pr`).
     /// On the group's connection, so it moves with it when a fenced gateway rejoins.
     fn shared_state(&self, purpose: &str, on_notify: crate::OnNotify) -> Option<Result<crate::SharedStateHandle, BdevError>> {
-        Some(crate::rbd_pr::open(self.group(), &self.image_id, purpose, on_notify))
+        Some(pr::open(self.group(), &self.image_id, purpose, on_notify))
     }
 
     fn gateway_group(&self) -> Option<crate::GatewayGroupHandle> {
@@ -539,7 +542,7 @@ fn unreachable(errno: i32) -> bool {
 pub(crate) fn rbd_io_error(bdev: &str, kind: IoKind, errno: i32) -> BdevError {
     let what = format!("bdev {bdev}: rbd {kind:?}: {} (errno {errno})", riser_rbd::errno_str(errno));
     if errno == libc::ESHUTDOWN {
-        // EBLOCKLISTED: the other gateways fenced this one (see rbd_group).
+        // EBLOCKLISTED: the other gateways fenced this one (see group.rs).
         BdevError::Fenced(format!("{what}: this gateway's cluster client is blocklisted"))
     } else if unreachable(errno) {
         BdevError::Unavailable(format!("{what}: the Ceph cluster does not answer"))

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use riser_rbd::object::{CasError, Watch, WatchEvent};
 use riser_rbd::RbdError;
 
-use crate::rbd_group::{RbdGroup, StoreCell};
+use super::group::{RbdGroup, StoreCell};
 use crate::{BdevError, OnNotify, SharedError, SharedState, SharedStateHandle};
 
 /// How long a notifier waits for the other gateways' acknowledgements.
@@ -216,7 +216,7 @@ impl SharedState for RbdShared {
     }
 
     /// Waits up to the group's lease for every watching gateway's acknowledgement; one
-    /// that does not answer in that time is fenced (blocklisted, see `rbd_group`) before
+    /// that does not answer in that time is fenced (blocklisted, see `group`) before
     /// this returns Ok, so it cannot act on the state it missed. A silent gateway that
     /// cannot be fenced fails the notify (the change may then not be reported as done).
     fn notify(&self, payload: &[u8]) -> Result<(), SharedError> {

@@ -21,7 +21,7 @@
 //!   makes it independent of that), then the member is marked fenced in the record (CAS:
 //!   when several survivors race, one write wins and the others find it fenced), then
 //!   subscribers get [`GroupEvent::Changed`]. Only then may anyone act on its absence (a
-//!   PR OUT whose notify it did not acknowledge completes, see `rbd_pr`).
+//!   PR OUT whose notify it did not acknowledge completes, see `pr`).
 //! * A fenced gateway notices: its operations fail with EBLOCKLISTED (ESHUTDOWN), or it
 //!   reads the record and finds itself fenced. It emits [`GroupEvent::SelfFenced`]; its
 //!   I/O channels fail new I/O at once ([`BdevError::Unavailable`]: a path that is down,
@@ -145,7 +145,7 @@ impl Liveness {
     }
 }
 
-/// The group's current shared-object store, which the shared-state handles (`rbd_pr`) use
+/// The group's current shared-object store, which the shared-state handles (`pr`) use
 /// too: when a fenced gateway rejoins on a new connection, they move with it. Each handle
 /// has its own cell on the group's store, which records the generation (connection) of
 /// the handle's last successful watch: a rejoin waits until every handle watches on the
