@@ -47,7 +47,6 @@ mod lun;
 mod mode;
 mod opcodes;
 mod pr;
-mod pr_store;
 mod rw;
 mod sanitize;
 pub mod sense;

@@ -14,7 +14,7 @@ use riser_bdev::{Bdev, IoKind, Lba};
 
 use crate::lock::RangeLock;
 use crate::pr::PrState;
-use crate::pr_store::PrStore;
+use crate::pr::store::PrStore;
 use crate::sanitize::SanitizeState;
 use crate::sense::Asc;
 use crate::task::Nexus;

@@ -9,7 +9,7 @@
 //!   default failback (auto) B returns to the preferred states (group 2 standby again).
 //!
 //! Run as part of the `alua` check (after it). Needs the device side of issue 23 (the RBD
-//! gateway group, lib/bdev/src/rbd_group.rs): where the RBD bdev has none it says so and
+//! gateway group, lib/bdev/src/modules/rbd/group.rs): where the RBD bdev has none it says so and
 //! returns (this branch alone); once merged it always runs.
 
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! Gateway liveness and fencing (issue 23, item 1): two riser gateways A and B export one
 //! RBD image and know each other through the group object `riser_gw.<image id>`
-//! (lib/bdev/src/rbd_group.rs; `bdev_get_bdevs`' `driver_specific.rbd.gateways`).
+//! (lib/bdev/src/modules/rbd/group.rs; `bdev_get_bdevs`' `driver_specific.rbd.gateways`).
 //!
 //! * A is stopped (SIGSTOP) beyond the lease (the default 10 s): B fences it — A's client
 //!   address is on the OSD blocklist (`ceph osd blocklist ls`), B's view lists A fenced —

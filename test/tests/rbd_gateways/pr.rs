@@ -1,7 +1,7 @@
 //! Persistent reservations across gateways (issue 15, item 3): two riser processes export
 //! one RBD image (portal groups 1 and 2, same bdev uuid); the reservation state lives in
 //! the RADOS object `riser_pr.<image id>` next to the image, with watch/notify between the
-//! gateways (lib/scsi/src/pr_shared.rs, lib/bdev/src/rbd_pr.rs).
+//! gateways (lib/scsi/src/pr/shared.rs, lib/bdev/src/modules/rbd/pr.rs).
 //!
 //! Initiator ports X and Y (one initiator name, two ISIDs) log in through both gateways:
 //! * X registers through A without ALL_TG_PT and reserves WRITE EXCLUSIVE; through B, Y's

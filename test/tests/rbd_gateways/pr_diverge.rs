@@ -1,6 +1,6 @@
 //! Reservations across gateways that cannot diverge (issue 23, item 3), on the real
-//! cluster: two riser processes export one RBD image (lib/scsi/src/pr_shared.rs,
-//! lib/bdev/src/rbd_pr.rs).
+//! cluster: two riser processes export one RBD image (lib/scsi/src/pr/shared.rs,
+//! lib/bdev/src/modules/rbd/pr.rs).
 //!
 //! * **A gateway that missed a notify raises the unit attention it owes.** The OSD times
 //!   watches out after 6 s here (`osd_client_watch_timeout`, set for this check and put back

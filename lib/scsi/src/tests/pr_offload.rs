@@ -15,8 +15,8 @@ use riser_bdev::Bdev;
 use super::fake_shared::{shared_lun, Store};
 use super::*;
 use crate::pr::work::{tests::UsePool, Pool, WORKERS};
-use crate::pr_store::tests::{on_write, Dir};
-use crate::pr_store::PrStore;
+use crate::pr::store::tests::{on_write, Dir};
+use crate::pr::store::PrStore;
 
 fn prout(sa: u8, key: u64, sark: u64, aptpl: bool) -> (Vec<u8>, Vec<u8>) {
     let mut c = vec![0u8; 10];

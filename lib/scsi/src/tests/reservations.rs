@@ -263,7 +263,7 @@ mod aptpl {
     use riser_bdev::Bdev;
 
     use super::*;
-    use crate::pr_store::{file_name, tests::Dir};
+    use crate::pr::store::{file_name, tests::Dir};
     use crate::pr_type::*;
 
     /// The env's two nexuses on a new LUN over `bdev` with state directory `dir`, their

@@ -1,7 +1,7 @@
 //! Persistent reservations (SPC-4 5.12, 6.15, 6.16) and SPC-2 RESERVE/RELEASE (SPC-2 7.21,
 //! 7.23), and the conflict rules every command is checked against.
 //!
-//! Where the state lives: in the LUN (memory, and the APTPL file of [`crate::pr_store`]
+//! Where the state lives: in the LUN (memory, and the APTPL file of [`crate::pr::store`]
 //! when there is a state directory), or, for a device shared by several gateways (an RBD
 //! image), with the device, see [`shared`]. Either way every command is checked against
 //! the LUN's in-memory copy ([`conflicts`]); only PERSISTENT RESERVE OUT differs: when
@@ -39,9 +39,8 @@ use crate::lun::{Lun, LunState};
 use crate::sense::{Asc, CmdError, CmdResult};
 use crate::task::Nexus;
 
-#[path = "pr_shared.rs"]
 pub(crate) mod shared;
-#[path = "pr_work.rs"]
+pub(crate) mod store;
 pub(crate) mod work;
 
 /// Persistent reservation types (SPC-4 table 170).
@@ -109,7 +108,7 @@ pub(crate) struct PrState {
     pub regs: Vec<Registration>,
     pub reservation: Option<Reservation>,
     /// Persist through power loss: the last REGISTER (AND IGNORE EXISTING KEY) had APTPL=1
-    /// (SPC-4 5.12.5); the state is then in the LUN's state file (see [`crate::pr_store`]).
+    /// (SPC-4 5.12.5); the state is then in the LUN's state file (see [`crate::pr::store`]).
     pub aptpl: bool,
 }
 
@@ -572,7 +571,7 @@ fn pr_out_durable(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
     apply_pr_out(&mut scratch, nexus, req)?;
     if scratch.pr != before && (scratch.pr.aptpl || before.aptpl) {
         #[cfg(test)]
-        crate::pr_store::tests::before_write(store);
+        crate::pr::store::tests::before_write(store);
         let written = if scratch.pr.aptpl { store.save(&scratch.pr) } else { store.remove() };
         if let Err(e) = written {
             log::error!(

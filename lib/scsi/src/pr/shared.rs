@@ -53,7 +53,7 @@
 //!   line, and PR IN and the I/O checks keep using the last state this gateway could read
 //!   (the log says so). The re-read that found it fails, so the notify is not acknowledged.
 //!
-//! The object holds the JSON of [`crate::pr_store`] in the format
+//! The object holds the JSON of [`crate::pr::store`] in the format
 //! `riser-shared-persistent-reservations` with the APTPL bit, device UUID nil and LUN 0:
 //! the object's name ties it to the image, whatever UUID or LUN number each gateway gives
 //! it. The unit-attention log is a top-level member `unit_attentions` beside `state`,
@@ -69,7 +69,7 @@ use uuid::Uuid;
 
 use super::{apply_pr_out, PrOutReq, PrState};
 use crate::lun::{Lun, LunState};
-use crate::pr_store::{decode_as, encode_as};
+use crate::pr::store::{decode_as, encode_as};
 use crate::sense::{Asc, CmdError, CmdResult, SenseKey};
 /// The result the executor polls (exec names it here).
 pub(crate) use super::work::Deferred;
@@ -482,7 +482,7 @@ mod tests {
         // Empty: nothing stored yet.
         assert_eq!(decode(b"").unwrap(), Shared { st: PrState::default(), uas: Some(UaLog::default()) });
         // The local APTPL file's format is not the shared one.
-        let local = crate::pr_store::encode(&st, Uuid::nil(), 0).unwrap();
+        let local = crate::pr::store::encode(&st, Uuid::nil(), 0).unwrap();
         assert!(decode(&local).unwrap_err().contains("format"));
         // A newer version is refused, not read as empty.
         let newer = String::from_utf8(old).unwrap().replace("\"version\": 1", "\"version\": 2");
