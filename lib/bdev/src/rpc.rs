@@ -1,18 +1,17 @@
 //! Block device methods (SPDK names and parameters): create, delete and list null,
 //! malloc, uring and aio bdevs in a [`BdevRegistry`]; rescan uring and aio bdevs; attach,
-//! detach and list NVMe controllers; I/O statistics and latency histograms.
+//! detach and list NVMe controllers; I/O statistics and latency histograms. Each device's
+//! own methods are registered from its folder (`modules/*/rpc.rs`, RBD in `modules/rbd`);
+//! [`register`] calls them.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use riser_rpc::params::{
-    BdevAioCreate, BdevGetBdevs, BdevMallocCreate, BdevNullCreate, BdevNvmeAttachController, BdevNvmeDetachController,
-    BdevNvmeGetControllers, BdevUringCreate, ByName,
-};
+use riser_rpc::params::{BdevGetBdevs, ByName};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde_json::{json, Value};
 
 use crate::stats::{now_ticks, ResetMode, TICK_RATE};
-use crate::{info_json, BdevRegistry, BdevStats, FileKind, RegistryError};
+use crate::{info_json, BdevRegistry, BdevStats, RegistryError};
 
 /// `bdev_get_iostat`'s params.
 #[derive(serde::Deserialize)]
@@ -140,15 +139,15 @@ fn register_stats(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
 }
 
 /// The registry behind its lock; a poisoned lock (a panicked RPC thread) is still usable data.
-struct Bdevs(Arc<Mutex<BdevRegistry>>);
+pub(crate) struct Bdevs(Arc<Mutex<BdevRegistry>>);
 
 impl Bdevs {
-    fn bdevs(&self) -> MutexGuard<'_, BdevRegistry> {
+    pub(crate) fn bdevs(&self) -> MutexGuard<'_, BdevRegistry> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-fn to_rpc(e: RegistryError) -> RpcError {
+pub(crate) fn to_rpc(e: RegistryError) -> RpcError {
     match e {
         RegistryError::Exists(_) => RpcError::exists(e.to_string()),
         RegistryError::NotFound(_) => RpcError::not_found(e.to_string()),
@@ -166,7 +165,7 @@ fn to_rpc(e: RegistryError) -> RpcError {
     }
 }
 
-fn no_metadata(md_size: u32) -> Result<(), RpcError> {
+pub(crate) fn no_metadata(md_size: u32) -> Result<(), RpcError> {
     if md_size != 0 {
         return Err(RpcError::invalid_params("md_size: separate metadata is not supported (use 0)"));
     }
@@ -179,104 +178,10 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     crate::stats::start_clocks(); // "ticks" count from here, about when riser started
     register_stats(reg, &app);
     crate::rbd::register(reg, bdevs, to_rpc);
-    let a = app.clone();
-    reg.add("bdev_malloc_create", move |p: BdevMallocCreate| {
-        no_metadata(p.md_size)?;
-        let name = a
-            .bdevs()
-            .create_malloc_with(p.name.as_deref(), p.num_blocks, p.block_size, p.physical_block_size.filter(|&x| x != 0), p.uuid)
-            .map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let a = app.clone();
-    reg.add("bdev_malloc_delete", move |p: ByName| {
-        a.bdevs().delete(&p.name, Some("Malloc disk")).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-    let a = app.clone();
-    reg.add("bdev_null_create", move |p: BdevNullCreate| {
-        no_metadata(p.md_size)?;
-        let name = a.bdevs().create_null(&p.name, p.num_blocks, p.block_size, p.uuid).map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let a = app.clone();
-    reg.add("bdev_null_delete", move |p: ByName| {
-        a.bdevs().delete(&p.name, Some("Null disk")).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-    for kind in [FileKind::Uring, FileKind::Aio] {
-        let product = kind.product_name();
-        let (delete, rescan) = match kind {
-            FileKind::Uring => ("bdev_uring_delete", "bdev_uring_rescan"),
-            FileKind::Aio => ("bdev_aio_delete", "bdev_aio_rescan"),
-        };
-        let a = app.clone();
-        reg.add(delete, move |p: ByName| {
-            a.bdevs().delete(&p.name, Some(product)).map_err(to_rpc)?;
-            Ok(Value::Bool(true))
-        });
-        let a = app.clone();
-        reg.add(rescan, move |p: ByName| {
-            a.bdevs().rescan(&p.name, Some(product)).map_err(to_rpc)?;
-            Ok(Value::Bool(true))
-        });
-    }
-    let a = app.clone();
-    reg.add("bdev_uring_create", move |p: BdevUringCreate| {
-        let name = a
-            .bdevs()
-            .create_file(FileKind::Uring, &p.name, &p.filename, p.block_size, false, p.uuid)
-            .map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let a = app.clone();
-    reg.add("bdev_aio_create", move |p: BdevAioCreate| {
-        let name = a
-            .bdevs()
-            .create_file(FileKind::Aio, &p.name, &p.filename, p.block_size, p.readonly, p.uuid)
-            .map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let a = app.clone();
-    reg.add("bdev_nvme_attach_controller", move |p: BdevNvmeAttachController| {
-        let fabrics = [("adrfam", &p.adrfam), ("trsvcid", &p.trsvcid), ("subnqn", &p.subnqn), ("hostaddr", &p.hostaddr), ("hostsvcid", &p.hostsvcid)];
-        if let Some((k, _)) = fabrics.iter().find(|(_, v)| v.is_some()) {
-            return Err(RpcError::invalid_params(format!("{k}: a fabrics parameter; riser attaches local PCIe controllers only (trtype PCIe, traddr)")));
-        }
-        if p.prchk_reftag || p.prchk_guard {
-            return Err(RpcError::invalid_params("prchk_reftag/prchk_guard: riser serves namespaces without protection information"));
-        }
-        if p.hdgst || p.ddgst {
-            return Err(RpcError::invalid_params("hdgst/ddgst: NVMe/TCP digests do not apply to PCIe"));
-        }
-        let names = a.bdevs().attach_nvme(&p.name, &p.trtype, &p.traddr).map_err(to_rpc)?;
-        Ok(json!(names))
-    });
-    let a = app.clone();
-    reg.add("bdev_nvme_detach_controller", move |p: BdevNvmeDetachController| {
-        let mut bdevs = a.bdevs();
-        if let Some(addr) = &p.traddr {
-            let want = crate::nvme::canonical_traddr(addr).map_err(|e| RpcError::invalid_params(e.to_string()))?;
-            if !bdevs.nvme_controllers().any(|c| c.name == p.name && c.traddr == want) {
-                return Err(RpcError::not_found(format!("NVMe controller {} at {addr} not found", p.name)));
-            }
-        }
-        bdevs.detach_nvme(&p.name).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-    let a = app.clone();
-    reg.add("bdev_nvme_get_controllers", move |p: BdevNvmeGetControllers| {
-        let bdevs = a.bdevs();
-        let list: Vec<Value> = bdevs
-            .nvme_controllers()
-            .filter(|c| p.name.as_ref().map_or(true, |n| &c.name == n))
-            .map(|c| c.info_json())
-            .collect();
-        if let (Some(n), true) = (&p.name, list.is_empty()) {
-            return Err(RpcError::not_found(format!("NVMe controller {n} not found")));
-        }
-        Ok(json!(list))
-    });
+    crate::malloc::rpc::register(reg, &app);
+    crate::null::rpc::register(reg, &app);
+    crate::file::rpc::register(reg, &app);
+    crate::nvme::rpc::register(reg, &app);
     let a = app.clone();
     reg.add("bdev_get_bdevs", move |p: BdevGetBdevs| {
         let bdevs = a.bdevs();

@@ -17,6 +17,8 @@
 //!   ZERO_RANGE; a file's holes are found with SEEK_DATA / SEEK_HOLE ([`Bdev::provisioning`]).
 //! * size: the file's or device's size at creation; [`Bdev::rescan_blocks`] reads it again.
 
+pub(crate) mod rpc;
+
 #[cfg(test)]
 mod tests;
 

@@ -4,6 +4,8 @@
 //! several reactors may touch the same blocks at once (SCSI gives overlapping commands no
 //! order), and atomics make that well defined without locks or `unsafe`.
 
+pub(crate) mod rpc;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -1,6 +1,8 @@
 //! The null device: reads return zeros, writes are discarded. For measuring everything
 //! above the device.
 
+pub(crate) mod rpc;
+
 use std::sync::Arc;
 
 use uuid::Uuid;

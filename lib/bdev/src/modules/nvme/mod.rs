@@ -28,6 +28,8 @@
 //! zeros (DLFEAT); GET LBA STATUS reads the blocks (NVMe's Get LBA Status is optional and rare: a
 //! zeroed block is reported deallocated, which LBPRZ makes indistinguishable).
 
+pub(crate) mod rpc;
+
 pub mod cmd;
 mod ring;
 
