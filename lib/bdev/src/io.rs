@@ -175,7 +175,7 @@ pub fn validate(info: &BdevInfo, supported: bool, io: &BdevIo) -> Result<(), Bde
     }
     let capacity = info.num_blocks();
     let end = io.offset_blocks.checked_add(io.num_blocks);
-    if end.map_or(true, |e| e.get() > capacity) {
+    if end.is_none_or(|e| e.get() > capacity) {
         return Err(BdevError::OutOfRange { offset: io.offset_blocks, num: io.num_blocks, capacity });
     }
     if io.kind.needs_buffer() {

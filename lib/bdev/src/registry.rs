@@ -139,7 +139,7 @@ impl BdevRegistry {
     ) -> Result<String, RegistryError> {
         check_geometry(num_blocks, block_size)?;
         let pbs = physical_block_size.unwrap_or(block_size);
-        if pbs < block_size || pbs % block_size != 0 || !pbs.is_power_of_two() || pbs > 65536 {
+        if pbs < block_size || !pbs.is_multiple_of(block_size) || !pbs.is_power_of_two() || pbs > 65536 {
             return Err(RegistryError::BadPhysicalBlockSize { pbs, bs: block_size });
         }
         let name = name.map(str::to_string).unwrap_or_else(|| self.next_name("Malloc"));

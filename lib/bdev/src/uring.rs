@@ -81,6 +81,7 @@ impl Op {
         Op { chan, tag, kind, file, buf: Some(buf), bounce: None, offset, len, done: 0, fixed: None, fua, stage: Stage::Rw }
     }
 
+    #[allow(clippy::too_many_arguments)] // one per field of the operation
     pub fn fallocate(chan: u32, tag: u64, kind: IoKind, file: Arc<File>, mode: i32, offset: u64, len: u64, fua: bool) -> Op {
         Op { chan, tag, kind, file, buf: None, bounce: None, offset, len, done: 0, fixed: None, fua, stage: Stage::Fallocate(mode) }
     }
@@ -389,7 +390,7 @@ impl Inner {
     /// a fixed buffer if the table has room.
     fn prepare_buffers(&mut self, op: &mut Op) {
         let Some(buf) = op.buf.as_mut() else { return };
-        let aligned = buf.capacity() > 0 && !buf.mapping_ptr().is_null() && (buf.as_ptr() as usize) % MEM_ALIGN == 0;
+        let aligned = buf.capacity() > 0 && !buf.mapping_ptr().is_null() && (buf.as_ptr() as usize).is_multiple_of(MEM_ALIGN);
         if !aligned {
             let mut b = IoBuf::alloc(buf.len());
             if op.kind == IoKind::Write {

@@ -147,7 +147,7 @@ fn probe(file: &File, path: &Path, block_device: bool, readonly: bool) -> Result
             logical,
             physical,
             size,
-            write_cache: sysfs_queue(file, "write_cache").map_or(true, |s| s != "write through"),
+            write_cache: sysfs_queue(file, "write_cache").is_none_or(|s| s != "write through"),
             // blkdev fallocate: PUNCH_HOLE is a write-zeroes that may unmap (needs the
             // device's support); ZERO_RANGE falls back to writing zeros.
             punch_hole: !readonly && zeroes > 0,

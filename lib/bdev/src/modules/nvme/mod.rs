@@ -326,7 +326,7 @@ fn ns_props(ctrl: &Option<IdCtrl>, ctrl_dev: Option<&File>, ns: &NsDev) -> Resul
     let bs = block_size as u64;
     let (vwc, dsm, write_zeroes) = match (ctrl, &idns) {
         (Some(c), Some(_)) => (c.vwc, c.dsm(), c.write_zeroes()),
-        _ => (read_sys(q.join("write_cache")).map_or(true, |s| s != "write through"), discard_bytes > 0, wz_bytes > 0),
+        _ => (read_sys(q.join("write_cache")).is_none_or(|s| s != "write through"), discard_bytes > 0, wz_bytes > 0),
     };
     let uuid = uuid.or_else(|| {
         // A stable identity from the namespace's own IDs in sysfs.

@@ -42,7 +42,7 @@ pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
         let bdevs = a.bdevs();
         let list: Vec<Value> = bdevs
             .nvme_controllers()
-            .filter(|c| p.name.as_ref().map_or(true, |n| &c.name == n))
+            .filter(|c| p.name.as_ref().is_none_or(|n| &c.name == n))
             .map(|c| c.info_json())
             .collect();
         if let (Some(n), true) = (&p.name, list.is_empty()) {
