@@ -21,10 +21,12 @@ release: deps
 run: release
 	./target/release/riser --default-config $(RISER_ARGS)
 
-# Every test: unit tests of each crate and the integration tests that drive the real binaries.
+# Every test: clippy, unit tests of each crate and the integration tests that drive the real binaries.
 test:
 	@scripts/setup.sh build test
 	$(CARGO) build --workspace
+	# Lints are part of the test: every target (tests, benches, examples) warning-free.
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# The hostile-peers test judges the daemon users run: the release build.
 	$(CARGO) build --release -p riser --bin riser
 	$(CARGO) test --workspace --no-fail-fast

@@ -47,6 +47,19 @@ if ! command -v cargo >/dev/null 2>&1; then
   apt-get install -y -qq cargo rustc >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo is still missing" >&2; exit 1; }
+# make test lints with clippy: rustup's component, or Debian's package beside Debian's cargo.
+if [[ " ${groups[*]} " == *" test "* ]] && ! cargo clippy --version >/dev/null 2>&1; then
+  if command -v rustup >/dev/null 2>&1; then
+    echo "setup.sh: no clippy found; adding rustup's clippy component"
+    rustup component add clippy
+  else
+    echo "setup.sh: no clippy found; installing Debian's rust-clippy"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq rust-clippy >/dev/null
+  fi
+fi
+[[ " ${groups[*]} " != *" test "* ]] || cargo clippy --version >/dev/null 2>&1 || { echo "setup.sh: cargo clippy is still missing" >&2; exit 1; }
 # The workspace's rust-version (Cargo.toml): what the locked dependencies need.
 need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
 have=$(rustc --version | awk '{print $2}')

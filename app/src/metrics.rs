@@ -370,7 +370,8 @@ impl RiserCollector {
         let server = &self.app.server;
         let conns = server.connections().list();
         // (target, transport) -> connections, and the distinct sessions (initiator, ISID, TSIH).
-        let mut by: BTreeMap<(String, String), (i64, Vec<(String, u64, u16)>)> = BTreeMap::new();
+        type Session = (String, u64, u16);
+        let mut by: BTreeMap<(String, String), (i64, Vec<Session>)> = BTreeMap::new();
         for c in &conns {
             let entry = by.entry((c.target_node_name.clone(), c.transport.to_string())).or_default();
             entry.0 += 1;

@@ -202,12 +202,13 @@ impl WorkCompletion {
     pub(crate) fn from_raw(wc: &sys::ibv_wc) -> Self {
         let flags = sys::ibv_wc_flags(wc.wc_flags);
         let zero = sys::ibv_wc_flags(0);
-        // SAFETY (both union reads): the union is two u32 views of the same 4 bytes, every
-        // bit pattern is valid; wc_flags says which one the device filled.
-        let imm = (flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM != zero)
-            .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }));
-        let inv = (flags & sys::ibv_wc_flags::IBV_WC_WITH_INV != zero)
-            .then_some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey });
+        // SAFETY: the union is two u32 views of the same 4 bytes, every bit pattern is
+        // valid; wc_flags says which one the device filled.
+        let imm_data = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+        // SAFETY: as above (the other view of the same 4 bytes).
+        let invalidated_rkey = unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey };
+        let imm = (flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM != zero).then(|| u32::from_be(imm_data));
+        let inv = (flags & sys::ibv_wc_flags::IBV_WC_WITH_INV != zero).then_some(invalidated_rkey);
         WorkCompletion {
             wr_id: wc.wr_id,
             status: WcStatus::from_raw(wc.status),

@@ -89,5 +89,5 @@ fn libiscsi_compliance_suite_passes() {
     let on_file = run_suite(&[&format!("iscsi://127.0.0.1:{port}/{file_iqn}/0")]);
     check("file LUN (bdev_uring)", &on_file, &riser, 23);
     let conns = riser.call("iscsi_get_connections", None).unwrap();
-    assert!(conns.as_array().map_or(false, |a| a.is_empty()), "connections left after the suite: {conns}");
+    assert!(conns.as_array().is_some_and(|a| a.is_empty()), "connections left after the suite: {conns}");
 }

@@ -182,5 +182,5 @@ fn hostile_clients_do_not_hurt_a_healthy_session() {
         "riser grew from {rss_before} KiB to {rss_after} KiB during the hostile run"
     );
     let conns = riser.call("iscsi_get_connections", None).unwrap();
-    assert!(conns.as_array().map_or(false, |a| a.is_empty()), "connections left: {conns}");
+    assert!(conns.as_array().is_some_and(|a| a.is_empty()), "connections left: {conns}");
 }

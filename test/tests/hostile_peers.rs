@@ -101,7 +101,7 @@ fn first_request(c: &mut Client, initiator: &str, target: &str, auth: &str) -> P
 }
 
 /// 1. 300 logins that stop after the first Login Response (both targets), and 300 that send a
-/// wrong CHAP_R, each with its own ISID; then a healthy login of each kind.
+///    wrong CHAP_R, each with its own ISID; then a healthy login of each kind.
 fn abandoned_and_failed_logins(n: &Node) {
     for i in 0..300 {
         let mut c = Client::connect(n.port);
@@ -136,8 +136,8 @@ fn io_loop(mut c: Client, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>) -> thread::
 }
 
 /// 2. A CHAP session doing I/O survives 3 logins that copy its InitiatorName and ISID without
-/// its secret (session reinstatement), and one that copies its TSIH and CID (connection
-/// reinstatement).
+///    its secret (session reinstatement), and one that copies its TSIH and CID (connection
+///    reinstatement).
 fn no_reinstatement_without_authentication(n: &Node) {
     let mut victim = Client::connect(n.port);
     victim.login_chap(CHAP_INITIATOR, &n.chap, CHAP_USER, CHAP_SECRET).unwrap_or_else(|s| panic!("CHAP login: {s:x?}"));
@@ -174,8 +174,8 @@ fn no_reinstatement_without_authentication(n: &Node) {
 }
 
 /// 3. 1024 connections from 4 other source addresses that start a discovery login padded with
-/// unknown keys (each echoed NotUnderstood) and never read; then a healthy login from
-/// 127.0.0.1 succeeds at once.
+///    unknown keys (each echoed NotUnderstood) and never read; then a healthy login from
+///    127.0.0.1 succeeds at once.
 fn logins_that_never_read(n: &Node) {
     let mut padding = String::new();
     for k in 0..400 {
@@ -213,7 +213,7 @@ fn logins_that_never_read(n: &Node) {
 }
 
 /// 4. A logged-in initiator sends 4096 immediate NOP-Outs with 64 KiB pings and never reads
-/// the NOP-Ins: riser's RSS stays within +64 MiB (it stops reading the connection).
+///    the NOP-Ins: riser's RSS stays within +64 MiB (it stops reading the connection).
 fn unread_pings(n: &Node) {
     let rss0 = rss_mib(&n.riser);
     let mut c = Client::connect(n.port);
@@ -257,8 +257,8 @@ fn cmd16(c: &mut Client, opcode: u8, lun: u64, lba: u64, blocks: u32) -> Pdu {
 }
 
 /// 5. Silent writers: four sessions each send 32 WRITE(16) of 16 MiB (streamed), then two
-/// sessions one WRITE AND VERIFY(16) of 32 MiB each (one whole buffer), and never answer an
-/// R2T. A fifth session's 64 KiB write and read-back completes meanwhile.
+///    sessions one WRITE AND VERIFY(16) of 32 MiB each (one whole buffer), and never answer an
+///    R2T. A fifth session's 64 KiB write and read-back completes meanwhile.
 fn silent_writers(n: &Node) {
     const WRITE16: u8 = 0x8a;
     const WRITE_AND_VERIFY16: u8 = 0x8e;

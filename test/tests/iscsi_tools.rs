@@ -70,7 +70,7 @@ fn iscsi_ls_inq_and_readcapacity16() {
     let (ok, _) = tool("iscsi-inq", &[&format!("{portal}/iqn.2016-06.io.riser:nope/0")]);
     assert!(!ok);
     let conns = riser.call("iscsi_get_connections", None).unwrap();
-    assert!(conns.as_array().map_or(false, |a| a.is_empty()), "all tools logged out: {conns}");
+    assert!(conns.as_array().is_some_and(|a| a.is_empty()), "all tools logged out: {conns}");
 }
 
 /// The README's run command serves a malloc LUN on 127.0.0.1:3260 that iscsi-inq reads.

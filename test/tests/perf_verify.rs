@@ -323,7 +323,7 @@ fn verify_against_riser_passes_and_names_changed_blocks() {
     // framer's buffer into the task's when solicited, into the segment that becomes the
     // task's buffer when it is all immediate (riser-perf's 4 KiB writes are).
     let t0 = Instant::now();
-    while riser.rpc_json(&["iscsi_get_connections"]).as_array().map_or(false, |a| !a.is_empty()) {
+    while riser.rpc_json(&["iscsi_get_connections"]).as_array().is_some_and(|a| !a.is_empty()) {
         assert!(t0.elapsed() < Duration::from_secs(10), "riser-perf's connection outlived it\n{}", ctx());
         thread::sleep(Duration::from_millis(50));
     }
@@ -364,7 +364,7 @@ fn large_writes_over_tcp_are_received_straight_into_the_task_buffers() {
     assert!(p.ok, "a clean verify pass with 1 MiB I/Os failed: {p:?}\n{}", ctx());
     assert!(p.stdout.contains(&format!("verify: {BLOCKS} blocks checked, 0 mismatched")), "{p:?}");
     let t0 = Instant::now();
-    while riser.rpc_json(&["iscsi_get_connections"]).as_array().map_or(false, |a| !a.is_empty()) {
+    while riser.rpc_json(&["iscsi_get_connections"]).as_array().is_some_and(|a| !a.is_empty()) {
         assert!(t0.elapsed() < Duration::from_secs(10), "riser-perf's connection outlived it\n{}", ctx());
         thread::sleep(Duration::from_millis(50));
     }

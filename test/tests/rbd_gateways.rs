@@ -110,7 +110,8 @@ fn gateways_in_front_of_one_rbd_image() {
     let t0 = Instant::now();
     let ceph = CephCluster::start("gw");
     eprintln!("rbd_gateways: cluster up in {:?}", t0.elapsed());
-    let checks: [(&str, fn(&CephCluster)); 6] = [
+    type Check = (&'static str, fn(&CephCluster));
+    let checks: [Check; 6] = [
         ("alua", alua::check),
         ("pr", pr::check),
         ("pr_diverge", pr_diverge::check),

@@ -429,9 +429,9 @@ impl Image {
         let mut mismatch = (op == AioOp::CompareAndWrite).then(|| Box::new(0u64));
         let iov_ptr: *const libc::iovec = &mut *iov;
         let r = match op {
-            // SAFETY (Read, Write, CompareAndWrite): the buffer and the iovec are boxed/heap memory
-            // kept in `slots` until the completion is reaped (or Drop waits for it), so librbd's
-            // pointers stay valid; the buffer is not touched by us meanwhile.
+            // SAFETY: (Read, Write, CompareAndWrite) the buffer and the iovec are boxed/heap
+            // memory kept in `slots` until the completion is reaped (or Drop waits for it), so
+            // librbd's pointers stay valid; the buffer is not touched by us meanwhile.
             AioOp::Read => unsafe { sys::rbd_aio_readv(self.raw, iov_ptr.cast(), 1, offset, comp) },
             // SAFETY: as above.
             AioOp::Write => unsafe { sys::rbd_aio_writev(self.raw, iov_ptr.cast(), 1, offset, comp) },

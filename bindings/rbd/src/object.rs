@@ -190,9 +190,9 @@ impl ObjectStore {
         let ack = acking.map(|_| AutoAck { io: self.pool.raw, oid: o.clone() });
         let ctx = Box::into_raw(Box::new(WatchCtx { tx: Mutex::new(tx), ack }));
         let mut cookie: u64 = 0;
-        // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
-        // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
         let (call, r) = match acking {
+            // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
+            // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
             None => ("rados_watch2", unsafe {
                 sys::rados_watch2(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), ctx.cast::<c_void>())
             }),

@@ -143,8 +143,11 @@ impl Drop for MemStream {
 /// handle for connecting after giving it to the server.
 #[derive(Clone, Default)]
 pub struct MemPortal {
-    listening: Arc<Mutex<HashMap<SocketAddr, (PortalSpec, Arc<dyn LoginSink>, Arc<AtomicBool>)>>>,
+    listening: Arc<Mutex<HashMap<SocketAddr, Listening>>>,
 }
+
+/// A listening portal of [`MemPortal`]: its spec, where its logins go, and its stop flag.
+type Listening = (PortalSpec, Arc<dyn LoginSink>, Arc<AtomicBool>);
 
 impl PortalTransport for MemPortal {
     fn kind(&self) -> Transport {
@@ -281,7 +284,7 @@ mod tests {
                 dm.poll(&mut ev);
                 if let Some(i) = ev.iter().position(|e| matches!(e, DmEvent::DataReady { .. } | DmEvent::DataFailed { .. })) {
                     match ev.remove(i) {
-                        DmEvent::DataReady { itt, buf } if itt == Itt(3) => break buf,
+                        DmEvent::DataReady { itt: Itt(3), buf } => break buf,
                         DmEvent::DataFailed { reason, .. } => panic!("Get_Data failed: {reason}"),
                         _ => panic!("DataReady of another task"),
                     }

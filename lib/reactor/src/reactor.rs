@@ -798,7 +798,9 @@ mod tests {
     fn messages_arrive_once_in_order_per_sender() {
         let set = ReactorSet::start(cfg(2, PollMode::Adaptive)).unwrap();
         let h = set.handle();
-        let seen: Arc<Vec<Mutex<Vec<(usize, u32)>>>> = Arc::new((0..2).map(|_| Mutex::new(Vec::new())).collect());
+        // Per reactor: the (sender, sequence number) messages in the order they arrived.
+        type Seen = Arc<Vec<Mutex<Vec<(usize, u32)>>>>;
+        let seen: Seen = Arc::new((0..2).map(|_| Mutex::new(Vec::new())).collect());
         let senders: Vec<_> = (0..4)
             .map(|sender| {
                 let h = h.clone();

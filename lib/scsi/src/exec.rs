@@ -276,6 +276,9 @@ struct Op {
 }
 
 /// How a command handler answers.
+// Moved once from the handler to the channel, never stored: boxing the Job would add an
+// allocation per command.
+#[allow(clippy::large_enum_variant)]
 enum Action {
     /// Data-in produced by emulation, before truncation to the allocation length.
     Data(Vec<u8>, usize),

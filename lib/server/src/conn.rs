@@ -349,7 +349,7 @@ impl<D: Datamover> Connection<D> {
         if work > 0 {
             work += self.dm.flush(&mut self.events);
         }
-        let expired = self.closing_since.map_or(false, |t| now.duration_since(t) > CLOSE_GRACE);
+        let expired = self.closing_since.is_some_and(|t| now.duration_since(t) > CLOSE_GRACE);
         if let Some(why) = &stalled {
             log::warn!("connection {} ({} from {}): {why}", self.info.id, self.info.initiator_name, self.info.initiator_addr);
         }

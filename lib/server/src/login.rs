@@ -370,8 +370,8 @@ impl<'a> Policy<'a> {
             default_time2wait: o.default_time2wait as u16,
             default_time2retain: o.default_time2retain as u16,
             error_recovery_level: 0,
-            header_digest: digest(node.map_or(false, |n| n.header_digest())),
-            data_digest: digest(node.map_or(false, |n| n.data_digest())),
+            header_digest: digest(node.is_some_and(|n| n.header_digest())),
+            data_digest: digest(node.is_some_and(|n| n.data_digest())),
             queue_depth,
             // What the iSER receive ring holds beyond the commands (RFC 7145 §6.4).
             max_outstanding_unexpected_pdus: iser_max_outstanding_unexpected_pdus(queue_depth),

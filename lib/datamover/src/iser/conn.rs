@@ -424,6 +424,8 @@ impl<Q: IserQp> IserDatamover<Q> {
     /// Tries to send one pending item; gives it back when resources are short (it stays
     /// queued). A PDU that cannot be encoded fails the connection: its task (or the
     /// exchange it answers) could never complete, and the queue behind it would stall.
+    // The item comes back by move to stay queued; boxing it would allocate on the data path.
+    #[allow(clippy::result_large_err)]
     fn try_send(&mut self, item: Pending, events: &mut Vec<DmEvent>) -> Result<(), Pending> {
         match item {
             Pending::Control(pdu, inv) => {

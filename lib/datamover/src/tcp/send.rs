@@ -222,7 +222,7 @@ impl<S: ByteStream> TcpDatamover<S> {
                         }
                     }
                     // Drop any empty chunks at the front.
-                    while self.tx.front().map_or(false, |c| chunk_bytes(c, &self.held).len() == self.tx_pos) {
+                    while self.tx.front().is_some_and(|c| chunk_bytes(c, &self.held).len() == self.tx_pos) {
                         self.pop_front();
                     }
                 }

@@ -385,7 +385,7 @@ fn get_data_in_pieces_continues_r2t_sn_and_places_data_at_offset_minus_base() {
         let DmEvent::DataReady { itt, buf } = data_event(&mut dm, &mut ev) else { panic!("expected DataReady") };
         assert_eq!(itt, Itt(9));
         assert!(buf.as_slice() == &cmd[offset as usize..(offset + len) as usize], "piece {k} at buf[BufferOffset - base]");
-        assert_eq!(dm.r2t_sns.get(&Itt(9)).is_some(), more, "R2TSN kept only while more pieces follow");
+        assert_eq!(dm.r2t_sns.contains_key(&Itt(9)), more, "R2TSN kept only while more pieces follow");
     }
     assert_eq!(r2t_sns, vec![0, 1, 2, 3, 4, 5], "R2TSN numbers every R2T of the task");
 

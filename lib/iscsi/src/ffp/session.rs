@@ -547,7 +547,7 @@ impl Ffp {
     }
 
     fn dispatch(&mut self, pdu: Pdu, placed: Option<IoBuf>) {
-        let immediate = cmd_sn_of(pdu.op()).map_or(true, |v| v.0);
+        let immediate = cmd_sn_of(pdu.op()).is_none_or(|v| v.0);
         let is_nop_or_logout_or_text =
             matches!(pdu.op(), Op::NopOut(_) | Op::LogoutRequest(_) | Op::TextRequest(_));
         if self.cfg.discovery && !is_nop_or_logout_or_text {
@@ -573,7 +573,7 @@ impl Ffp {
                 }
                 if n.itt.is_reserved() {
                     // The answer to our ping (RFC 7143 §11.18).
-                    if self.ping.map_or(false, |(t, _)| t == n.ttt) {
+                    if self.ping.is_some_and(|(t, _)| t == n.ttt) {
                         self.ping = None;
                     }
                     return;

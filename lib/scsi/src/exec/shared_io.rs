@@ -36,8 +36,11 @@ struct Queue {
 thread_local! {
     /// This thread's shared channels, by device (the `Arc`'s address, and the device itself
     /// to tell a new device at a reused address); neither kept alive by the map.
-    static CHANNELS: RefCell<HashMap<usize, (std::sync::Weak<dyn Bdev>, Weak<RefCell<Shared>>)>> = RefCell::new(HashMap::new());
+    static CHANNELS: RefCell<HashMap<usize, ChannelEntry>> = RefCell::new(HashMap::new());
 }
+
+/// A [`CHANNELS`] entry: the device (to tell a new one at a reused address) and the channel.
+type ChannelEntry = (std::sync::Weak<dyn Bdev>, Weak<RefCell<Shared>>);
 
 /// A LUN channel's handle on its thread's channel to a device.
 pub(crate) struct IoHandle {

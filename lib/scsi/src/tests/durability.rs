@@ -62,7 +62,10 @@ fn env_on(bdev: Arc<dyn Bdev>) -> Env {
     e
 }
 
-fn recording(write_cache: bool) -> (Env, Arc<Mutex<Vec<(IoKind, bool)>>>) {
+/// The I/O a recording device saw: each request's kind and its FUA bit.
+type Recorded = Arc<Mutex<Vec<(IoKind, bool)>>>;
+
+fn recording(write_cache: bool) -> (Env, Recorded) {
     let inner = Arc::new(MallocBdev::new("R", BLOCKS, BS as u32, None).unwrap());
     let mut info = BdevInfo::new("R", "Malloc disk", BS as u32, BLOCKS, uuid::Uuid::new_v4());
     info.volatile_write_cache = write_cache;

@@ -14,7 +14,7 @@ const INIT3: &str = "iqn.2024-01.test:init3";
 fn tid(text: &str) -> Vec<u8> {
     let mut body = text.as_bytes().to_vec();
     body.push(0);
-    while body.len() % 4 != 0 || body.len() < 20 {
+    while !body.len().is_multiple_of(4) || body.len() < 20 {
         body.push(0);
     }
     let mut v = vec![if text.contains(",i,0x") { 0x45 } else { 0x05 }, 0];

@@ -49,7 +49,7 @@ impl Ffp {
         let itts: Vec<Itt> = self
             .tasks
             .iter()
-            .filter(|(_, t)| lun.map_or(true, |l| t.lun == l))
+            .filter(|(_, t)| lun.is_none_or(|l| t.lun == l))
             .map(|(i, _)| *i)
             .collect();
         for itt in itts {
