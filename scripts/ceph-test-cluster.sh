@@ -74,8 +74,15 @@ start() {
   # loopback network as always, else exactly CEPH_ADDR.
   local public=$addr/32
   [ "$addr" = 127.0.0.1 ] && public=127.0.0.0/8
-  if [ "$addr" != 127.0.0.1 ] && ! ip -o -4 addr show | grep -q " inet $addr/"; then
-    die "CEPH_ADDR $addr is not an address of this machine (ip -4 addr)"
+  if [ "$addr" != 127.0.0.1 ]; then
+    # Read the whole list before matching: `ip ... | grep -q` under pipefail fails when grep
+    # exits at the first match and ip, still writing a long list, dies of SIGPIPE.
+    local addrs
+    addrs=$(ip -o -4 addr show)
+    if [[ $addrs != *" inet $addr/"* ]]; then
+      printf '%s\n' "$addrs" >&2
+      die "CEPH_ADDR $addr is not an address of this machine (ip -4 addr, above)"
+    fi
   fi
   mon="[v2:$addr:$port2,v1:$addr:$port1]"
   cat >"$conf" <<EOF
