@@ -77,8 +77,9 @@ start() {
   if [ "$addr" != 127.0.0.1 ]; then
     # Read the whole list before matching: `ip ... | grep -q` under pipefail fails when grep
     # exits at the first match and ip, still writing a long list, dies of SIGPIPE.
+    # ip's own exit status is not the question either (a device it cannot describe fails it).
     local addrs
-    addrs=$(ip -o -4 addr show)
+    addrs=$(ip -o -4 addr show 2>&1) || true
     if [[ $addrs != *" inet $addr/"* ]]; then
       printf '%s\n' "$addrs" >&2
       die "CEPH_ADDR $addr is not an address of this machine (ip -4 addr, above)"
