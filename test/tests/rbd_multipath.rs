@@ -106,6 +106,14 @@ impl Net {
         for s in steps {
             run(&s).unwrap_or_else(|e| panic!("network namespace setup: {e}"));
         }
+        // The cluster's script checks that CEPH_ADDR is an address of this machine: see it
+        // listed first (with the whole list in the message when it never is).
+        let listed = || run(&["ip", "-o", "-4", "addr", "show"]).unwrap_or_else(|e| e);
+        let t = Instant::now();
+        while !listed().contains(&format!(" inet {CEPH_ADDR}/")) {
+            assert!(t.elapsed() < Duration::from_secs(5), "{CEPH_ADDR} is not listed 5 s after it was added to rgwa0:\n{}", listed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
         net
     }
 
