@@ -549,3 +549,35 @@ impl Drop for Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CQE whose `user_data` names no op in flight (a stale generation, a slot never
+    /// used) is counted and dropped; a closed channel's number waits for its ops.
+    #[test]
+    fn stale_completions_are_dropped_and_a_channel_waits_for_its_ops() {
+        let ring = Ring::new().expect("io_uring is available here");
+        let dir = std::env::temp_dir().join(format!("riser-uring-route-{}", std::process::id()));
+        let file = Arc::new(File::create(&dir).unwrap());
+        let a = ring.open_channel();
+        ring.submit(Op::sync(a, 7, IoKind::Flush, file.clone()));
+        // Forged completions: slot 0 under the wrong generation, and a slot never used.
+        ring.inner.borrow_mut().on_cqe(USER_DATA.encode(Tag { slot: 0, gen: 9, route: a }), 0);
+        ring.inner.borrow_mut().on_cqe(USER_DATA.encode(Tag { slot: 4000, gen: 1, route: a }), 0);
+        assert_eq!(ring.inner.borrow().ops.stale(), 2);
+        assert_eq!(ring.outstanding(a), 1, "the real op is still in flight");
+        ring.close_channel(a);
+        let b = ring.open_channel();
+        assert_ne!(a, b, "not reused while its op is in flight");
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ring.inner.borrow().ops.in_use() > 0 && std::time::Instant::now() < deadline {
+            ring.poll(b, &mut out);
+        }
+        assert!(out.is_empty(), "the closed channel's completion went nowhere");
+        assert_eq!(ring.open_channel(), a, "reused once its op is back");
+        let _ = std::fs::remove_file(&dir);
+    }
+}
