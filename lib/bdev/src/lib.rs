@@ -3,7 +3,8 @@
 //! A [`Bdev`] is shared (`Arc<dyn Bdev>`) and immutable in shape; I/O goes through an
 //! [`IoChannel`] that one reactor opens and owns. [`IoChannel::submit`] never blocks and
 //! never fails synchronously: every I/O, valid or not, comes back exactly once from
-//! [`IoChannel::poll`] on the reactor that submitted it.
+//! [`IoChannel::poll`] on the reactor that submitted it. [`SharedChannel`] is a reactor's one
+//! channel per device, shared by all its users on that thread.
 //!
 //! Devices: [`NullBdev`] (reads return zeros, writes are discarded), [`MallocBdev`] (RAM)
 //! and [`FileBdev`] (a file or block device through io_uring, O_DIRECT: SPDK's
@@ -11,6 +12,7 @@
 //! driver, io_uring passthrough with polled completions: `bdev_nvme_*`). [`BdevRegistry`] holds them by unique name, with
 //! claims.
 
+pub mod channel;
 pub mod gateways;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
@@ -27,6 +29,7 @@ mod uring;
 use modules::{file, malloc, null};
 pub use modules::{nvme, rbd};
 
+pub use channel::SharedChannel;
 pub use file::{FileBdev, FileError, FileKind};
 pub use io::{
     run_sync, validate, BdevError, BdevInfo, BdevIo, IoBuf, IoChannel, IoCompletion,

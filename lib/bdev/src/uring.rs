@@ -6,7 +6,9 @@
 //!   `poll` (all channels' SQEs together), or at once when the SQ is full.
 //! * Completion: any channel's `poll` reaps every CQE of the ring and files each under its
 //!   channel; then it returns its own. A channel dropped with I/O in flight leaves the
-//!   ops (and their buffers) in the ring until the kernel is done with them.
+//!   ops (and their buffers) in the ring until the kernel is done with them. The ops and
+//!   the channels' inboxes are a [`Router`]: an SQE's `user_data` is the op's [`Tag`]
+//!   ([`USER_DATA`]), generation-checked when its CQE comes.
 //! * Memory: data moves by O_DIRECT straight into and out of the caller's [`IoBuf`]; a
 //!   pool buffer is registered once as an io_uring fixed buffer (a sparse table per ring,
 //!   the slot recorded with the mapping through riser-buf's registrations, so a reused
@@ -20,7 +22,6 @@
 //!   a busy reactor pays nothing for it.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -30,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use io_uring::{opcode, squeue, types, IoUring};
+use riser_reactor::{Router, Tag, TagLayout};
 
 use crate::sq::{reap_batch, Backlog, REAP_BATCH};
 
@@ -44,6 +46,8 @@ const FIXED_SLOTS: u32 = 4096;
 const MEM_ALIGN: usize = 4096;
 /// Polls with I/O in flight and no completion before the eventfd wakes the thread.
 const IDLE_POLLS_BEFORE_WAKEUPS: u32 = 256;
+/// An SQE's `user_data`: its op's slot, the slot's generation and the op's channel.
+const USER_DATA: TagLayout = TagLayout::low(32, 16, 16);
 
 /// What an op does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,17 +139,13 @@ pub struct RingStats {
 
 struct Inner {
     uring: IoUring,
-    ops: Vec<Option<Op>>,
-    free_ops: Vec<u32>,
+    /// The ops in flight, and per channel (a route) its completions not yet returned.
+    ops: Router<Op, IoCompletion>,
     /// SQEs that did not fit in the SQ yet.
     backlog: Backlog<squeue::Entry>,
-    /// Per channel: its completions not yet returned, and ops in flight; `None`: closed.
-    chans: Vec<Option<(VecDeque<IoCompletion>, usize)>>,
-    free_chans: Vec<u32>,
     fixed: Option<Fixed>,
     waker: Option<Waker>,
     idle_polls: u32,
-    inflight: usize,
     stats: Arc<RingStats>,
 }
 
@@ -179,7 +179,7 @@ impl Ring {
                     RING.with(|r| {
                         if let Some(ring) = r.borrow().as_ref() {
                             let mut i = ring.inner.borrow_mut();
-                            if i.inflight > 0 {
+                            if i.ops.in_use() > 0 {
                                 i.set_eventfd(true);
                             }
                         }
@@ -233,15 +233,11 @@ impl Ring {
         Ok(Ring {
             inner: RefCell::new(Inner {
                 uring,
-                ops: Vec::new(),
-                free_ops: Vec::new(),
+                ops: Router::new(USER_DATA, RING_ENTRIES as usize),
                 backlog: Backlog::new(),
-                chans: Vec::new(),
-                free_chans: Vec::new(),
                 fixed,
                 waker,
                 idle_polls: 0,
-                inflight: 0,
                 stats,
             }),
         })
@@ -252,35 +248,18 @@ impl Ring {
     }
 
     pub fn open_channel(&self) -> u32 {
-        let mut r = self.inner.borrow_mut();
-        match r.free_chans.pop() {
-            Some(i) => {
-                r.chans[i as usize] = Some((VecDeque::new(), 0));
-                i
-            }
-            None => {
-                r.chans.push(Some((VecDeque::new(), 0)));
-                (r.chans.len() - 1) as u32
-            }
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().open()
     }
 
     /// The channel is gone: its queued completions are dropped, and so are those of its
-    /// ops still in flight when they come.
+    /// ops still in flight when they come (its number is reused once they have).
     pub fn close_channel(&self, chan: u32) {
-        let mut r = self.inner.borrow_mut();
-        if let Some(c) = r.chans.get_mut(chan as usize) {
-            *c = None;
-            r.free_chans.push(chan);
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().close(chan);
     }
 
     /// A completion that needs no kernel (a request that failed validation).
     pub fn complete_now(&self, chan: u32, c: IoCompletion) {
-        let mut r = self.inner.borrow_mut();
-        if let Some(Some((q, _))) = r.chans.get_mut(chan as usize) {
-            q.push_back(c);
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().push(chan, c);
     }
 
     pub fn submit(&self, op: Op) {
@@ -292,22 +271,12 @@ impl Ring {
         let mut r = self.inner.borrow_mut();
         r.flush();
         r.reap();
-        match r.chans.get_mut(chan as usize) {
-            Some(Some((q, _))) => {
-                let n = q.len();
-                out.extend(q.drain(..));
-                n
-            }
-            _ => 0,
-        }
+        r.ops.inboxes_mut().drain(chan, out)
     }
 
     /// Ops in flight plus completions waiting, of `chan`.
     pub fn outstanding(&self, chan: u32) -> usize {
-        match self.inner.borrow().chans.get(chan as usize) {
-            Some(Some((q, n))) => q.len() + n,
-            _ => 0,
-        }
+        self.inner.borrow().ops.inboxes().outstanding(chan)
     }
 }
 
@@ -361,20 +330,17 @@ impl Inner {
         if op.stage == Stage::Rw {
             self.prepare_buffers(&mut op);
         }
-        if let Some(Some((_, n))) = self.chans.get_mut(op.chan as usize) {
-            *n += 1;
-        }
-        self.inflight += 1;
-        let idx = match self.free_ops.pop() {
-            Some(i) => i,
-            None => {
-                self.ops.push(None);
-                (self.ops.len() - 1) as u32
+        let chan = op.chan;
+        match self.ops.reserve(chan, op) {
+            Ok((tag, op)) => {
+                let sqe = sqe_for(op, USER_DATA.encode(tag));
+                self.queue(sqe);
             }
-        };
-        let sqe = sqe_for(&mut op, idx);
-        self.ops[idx as usize] = Some(op);
-        self.queue(sqe);
+            Err(mut op) => {
+                let result = Err(BdevError::Io("too many I/Os in flight on this thread's ring".into()));
+                self.ops.inboxes_mut().push(chan, IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
+            }
+        }
     }
 
     fn queue(&mut self, sqe: squeue::Entry) {
@@ -468,14 +434,14 @@ impl Inner {
             }
             got += n;
             for &(ud, res) in &cqes[..n] {
-                self.on_cqe(ud as u32, res);
+                self.on_cqe(ud, res);
             }
         }
         if got > 0 {
             self.idle_polls = 0;
             self.set_eventfd(false);
             self.flush();
-        } else if self.inflight > 0 {
+        } else if self.ops.in_use() > 0 {
             self.idle_polls = self.idle_polls.saturating_add(1);
             if self.idle_polls == IDLE_POLLS_BEFORE_WAKEUPS {
                 self.set_eventfd(true);
@@ -483,20 +449,21 @@ impl Inner {
         }
     }
 
-    fn on_cqe(&mut self, idx: u32, res: i32) {
-        let Some(mut op) = self.ops.get_mut(idx as usize).and_then(Option::take) else {
-            log::error!("io_uring: completion for unknown op {idx}");
+    fn on_cqe(&mut self, ud: u64, res: i32) {
+        let tag = USER_DATA.decode(ud);
+        let Some(op) = self.ops.get_mut(tag) else {
+            log::error!("io_uring: completion for unknown op {tag:?}");
             return;
         };
         let result = match (op.stage, res) {
-            (_, r) if r == -libc::EAGAIN || r == -libc::EINTR => return self.resubmit(idx, op),
+            (_, r) if r == -libc::EAGAIN || r == -libc::EINTR => return self.resubmit(tag),
             (Stage::Fallocate(_), r) if r == -libc::EOPNOTSUPP => Err(BdevError::Unsupported(op.kind)),
             (_, r) if r < 0 => Err(BdevError::Io(errno_text(r))),
             (Stage::Rw, 0) => Err(BdevError::Io(format!("short {:?} at byte {} of the device (end of file?)", op.kind, op.offset + op.done))),
             (Stage::Rw, n) => {
                 op.done += n as u64;
                 if op.done < op.len {
-                    return self.resubmit(idx, op);
+                    return self.resubmit(tag);
                 }
                 if let (IoKind::Read, Some(b), Some(buf)) = (op.kind, op.bounce.as_ref(), op.buf.as_mut()) {
                     buf.as_mut_slice().copy_from_slice(b.as_slice());
@@ -505,27 +472,23 @@ impl Inner {
             }
             (Stage::Fallocate(_), _) if op.fua => {
                 op.stage = Stage::Sync;
-                return self.resubmit(idx, op);
+                return self.resubmit(tag);
             }
             (Stage::Fallocate(_) | Stage::Sync, _) => Ok(()),
         };
-        self.free_ops.push(idx);
-        self.inflight -= 1;
-        if let Some(Some((q, n))) = self.chans.get_mut(op.chan as usize) {
-            *n -= 1;
-            q.push_back(IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
-        }
+        self.ops.complete(tag, |mut op| IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
     }
 
-    fn resubmit(&mut self, idx: u32, mut op: Op) {
-        let sqe = sqe_for(&mut op, idx);
-        self.ops[idx as usize] = Some(op);
+    /// Queues the next step of the op `tag` names.
+    fn resubmit(&mut self, tag: Tag) {
+        let Some(op) = self.ops.get_mut(tag) else { return };
+        let sqe = sqe_for(op, USER_DATA.encode(tag));
         self.queue(sqe);
     }
 }
 
 /// The SQE for the op's current step.
-fn sqe_for(op: &mut Op, idx: u32) -> squeue::Entry {
+fn sqe_for(op: &mut Op, user_data: u64) -> squeue::Entry {
     let fd = types::Fd(op.file.as_raw_fd());
     let entry = match op.stage {
         Stage::Rw => {
@@ -554,7 +517,7 @@ fn sqe_for(op: &mut Op, idx: u32) -> squeue::Entry {
         Stage::Fallocate(mode) => opcode::Fallocate::new(fd, op.len).offset(op.offset).mode(mode).build(),
         Stage::Sync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
     };
-    entry.user_data(idx as u64)
+    entry.user_data(user_data)
 }
 
 impl Drop for Inner {
@@ -562,7 +525,7 @@ impl Drop for Inner {
     /// the buffers (and the ring) go.
     fn drop(&mut self) {
         let mut spins = 0u32;
-        while self.inflight > 0 {
+        while self.ops.in_use() > 0 {
             self.flush();
             if let Err(e) = self.uring.submit_and_wait(1) {
                 if e.raw_os_error() != Some(libc::EINTR) {
@@ -572,8 +535,8 @@ impl Drop for Inner {
             self.reap();
             if spins > 1000 {
                 // Leak the ops rather than free memory the kernel may still use.
-                log::error!("io_uring: {} ops still in flight at ring teardown; leaking them", self.inflight);
-                std::mem::forget(std::mem::take(&mut self.ops));
+                log::error!("io_uring: {} ops still in flight at ring teardown; leaking them", self.ops.in_use());
+                self.ops.leak();
                 break;
             }
         }
@@ -584,5 +547,37 @@ impl Drop for Inner {
                 let _ = j.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CQE whose `user_data` names no op in flight (a stale generation, a slot never
+    /// used) is counted and dropped; a closed channel's number waits for its ops.
+    #[test]
+    fn stale_completions_are_dropped_and_a_channel_waits_for_its_ops() {
+        let ring = Ring::new().expect("io_uring is available here");
+        let dir = std::env::temp_dir().join(format!("riser-uring-route-{}", std::process::id()));
+        let file = Arc::new(File::create(&dir).unwrap());
+        let a = ring.open_channel();
+        ring.submit(Op::sync(a, 7, IoKind::Flush, file.clone()));
+        // Forged completions: slot 0 under the wrong generation, and a slot never used.
+        ring.inner.borrow_mut().on_cqe(USER_DATA.encode(Tag { slot: 0, gen: 9, route: a }), 0);
+        ring.inner.borrow_mut().on_cqe(USER_DATA.encode(Tag { slot: 4000, gen: 1, route: a }), 0);
+        assert_eq!(ring.inner.borrow().ops.stale(), 2);
+        assert_eq!(ring.outstanding(a), 1, "the real op is still in flight");
+        ring.close_channel(a);
+        let b = ring.open_channel();
+        assert_ne!(a, b, "not reused while its op is in flight");
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ring.inner.borrow().ops.in_use() > 0 && std::time::Instant::now() < deadline {
+            ring.poll(b, &mut out);
+        }
+        assert!(out.is_empty(), "the closed channel's completion went nowhere");
+        assert_eq!(ring.open_channel(), a, "reused once its op is back");
+        let _ = std::fs::remove_file(&dir);
     }
 }

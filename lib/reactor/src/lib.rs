@@ -9,10 +9,14 @@
 //! * [`Ctx`] is what a message, a poller or a timed poller sees of its reactor.
 //! * [`PollMode::Busy`] spins (production); [`PollMode::Adaptive`] backs off to sleeping
 //!   when a reactor has been idle, so a small machine is not starved.
+//! * [`Router`] routes completions back to who submitted them: a typed [`Tag`] (slot,
+//!   generation, route) encoded by a [`TagLayout`], a slot table and per-route [`Inboxes`].
 
 mod mask;
 mod reactor;
+mod route;
 
+pub use route::{Inboxes, Router, Tag, TagLayout};
 pub use mask::{parse_core_mask, CoreMaskError};
 pub use reactor::{
     add_wake_fd, current_waker, remove_wake_fd, Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,

@@ -37,7 +37,6 @@ mod dispatch;
 mod handlers;
 mod jobs;
 mod rmw;
-mod shared_io;
 mod util;
 use rmw::Rmw;
 use util::*;
@@ -303,7 +302,7 @@ pub struct LunChannel {
     lun: Arc<Lun>,
     /// The reactor thread's channel to the LUN's device, shared with the thread's other
     /// connections to it.
-    io: shared_io::IoHandle,
+    io: riser_bdev::SharedChannel,
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
     waiting: VecDeque<usize>,
@@ -430,7 +429,7 @@ impl LunChannel {
     }
 
     pub fn with_allocator(lun: Arc<Lun>, alloc: BufAlloc) -> LunChannel {
-        let io = shared_io::IoHandle::open(lun.bdev());
+        let io = riser_bdev::SharedChannel::open(lun.bdev());
         let counter = lun.ranges.register_counter();
         LunChannel {
             lun,

@@ -4,9 +4,11 @@
 //! * A [`SharedCq`] has a fixed table of slots, one per QP on it (at most [`MAX_SLOTS`]), each
 //!   with a bounded inbox. A QP takes a slot when it is created ([`SharedCq::join`], on the
 //!   portal thread, at CONNECT_REQUEST) and every work request posted on it carries the slot's
-//!   route in the low [`ROUTE_BITS`] bits of its `wr_id`: the slot index and the slot's
-//!   generation (bumped each time the slot is taken, so a completion of a QP that left cannot
-//!   reach the next QP of the same slot).
+//!   route in the low [`ROUTE_BITS`] bits of its `wr_id`: a [`Tag`] of the slot index and the
+//!   slot's generation (bumped each time the slot is taken, so a completion of a QP that left
+//!   cannot reach the next QP of the same slot), encoded by [`ROUTE`]. The table is
+//!   riser-reactor's tag with atomics of its own: slots are taken on the portal thread and
+//!   inboxes read wherever the connection runs.
 //! * The [`CqPoller`] is the only thing that polls the verbs CQ. The portal attaches it to the
 //!   reactor when the CQ opens (`LoginSink::attach_poller`); the reactor runs it once per pass:
 //!   it drains the CQ in batches and puts each completion in the inbox its `wr_id` names: an
@@ -26,23 +28,26 @@
 //! The routing is generic over [`CqSource`] so it is unit-tested without a device.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crossbeam_queue::ArrayQueue;
+use riser_reactor::{Tag, TagLayout};
 
 use super::wr::Completion;
 use super::error::IserError;
 
-/// Low bits of every `wr_id` posted on a shared CQ's QPs: the route to its slot (index in the
-/// low 8 bits, the slot's generation in the next 8). The datamover keeps them zero.
-pub const ROUTE_BITS: u32 = 16;
-pub const ROUTE_MASK: u64 = (1 << ROUTE_BITS) - 1;
+/// The route to a QP's slot in the low bits of every `wr_id` posted on a shared CQ's QPs: the
+/// slot index in the low 8 bits, the slot's generation in the next 8 (the tag's route is the
+/// slot itself: no bits). The datamover keeps them zero.
+pub const ROUTE: TagLayout = TagLayout::low(8, 8, 0);
+pub const ROUTE_BITS: u32 = ROUTE.width();
+pub const ROUTE_MASK: u64 = ROUTE.mask();
 /// Most QPs on one CQ (8 bits of slot index in the route).
-pub const MAX_SLOTS: usize = 256;
-const SLOT_GEN_SHIFT: u32 = 8;
-/// A slot's state: this bit while a QP holds it, the generation in the low 8 bits.
+pub const MAX_SLOTS: usize = ROUTE.slots() as usize;
+/// A slot's state: this bit while a QP holds it, the generation in the low bits.
 const IN_USE: u32 = 1 << 8;
+const GEN_MASK: u32 = IN_USE - 1;
 
 /// Completions drained per CQ poll call.
 const BATCH: usize = 32;
@@ -83,6 +88,8 @@ pub struct SharedCq<H> {
     free: ArrayQueue<u16>,
     /// Set by the poller when it stops: the CQ is handed out no more.
     retired: AtomicBool,
+    /// Completions whose route named no QP on the CQ now (dropped).
+    stale: AtomicU64,
 }
 
 impl<H> SharedCq<H> {
@@ -104,7 +111,7 @@ impl<H> SharedCq<H> {
                 broken: AtomicBool::new(false),
             })
             .collect();
-        Ok(SharedCq { handle, slot_depth, slots, free, retired: AtomicBool::new(false) })
+        Ok(SharedCq { handle, slot_depth, slots, free, retired: AtomicBool::new(false), stale: AtomicU64::new(0) })
     }
 
     pub fn handle(&self) -> &H {
@@ -121,6 +128,11 @@ impl<H> SharedCq<H> {
         self.slots.len() - self.free.len()
     }
 
+    /// Completions dropped because their QP had left (or their route named no slot).
+    pub fn stale(&self) -> u64 {
+        self.stale.load(Ordering::Relaxed)
+    }
+
     /// Takes a slot for a QP of `depth` work requests (send + receive), before anything is
     /// posted on it. Every work request of the QP must carry [`CqMember::route`].
     pub fn join(self: &Arc<Self>, depth: u32) -> Result<CqMember<H>, IserError> {
@@ -132,12 +144,12 @@ impl<H> SharedCq<H> {
             return Err(IserError::CqFull { reserved: capacity, capacity });
         };
         let slot = &self.slots[i as usize];
-        let gen = (slot.state.load(Ordering::Acquire) + 1) & 0xff;
+        let gen = ROUTE.next_gen(slot.state.load(Ordering::Acquire) & GEN_MASK);
         // Left over from a completion routed as the last QP left: not ours.
         while slot.inbox.pop().is_some() {}
         slot.broken.store(false, Ordering::Relaxed);
         slot.state.store(IN_USE | gen, Ordering::Release);
-        Ok(CqMember { cq: self.clone(), slot: i, route: u64::from(i) | (u64::from(gen) << SLOT_GEN_SHIFT) })
+        Ok(CqMember { cq: self.clone(), slot: i, route: ROUTE.encode(Tag { slot: u32::from(i), gen, route: 0 }) })
     }
 }
 
@@ -170,10 +182,13 @@ impl<H> CqMember<H> {
         }
         while n < max {
             let Some(mut c) = slot.inbox.pop() else { break };
-            if c.wr_id & ROUTE_MASK != self.route {
+            let (tag, wr_id) = ROUTE.unpack(c.wr_id);
+            if ROUTE.encode(tag) != self.route {
+                // Routed as the slot changed hands: the QP that left's.
+                self.cq.stale.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            c.wr_id &= !ROUTE_MASK;
+            c.wr_id = wr_id;
             out.push(c);
             n += 1;
         }
@@ -189,7 +204,7 @@ impl<H> CqMember<H> {
 impl<H> Drop for CqMember<H> {
     fn drop(&mut self) {
         let slot = &self.cq.slots[self.slot as usize];
-        let gen = slot.state.load(Ordering::Acquire) & 0xff;
+        let gen = slot.state.load(Ordering::Acquire) & GEN_MASK;
         slot.state.store(gen, Ordering::Release);
         while slot.inbox.pop().is_some() {}
         let _ = self.cq.free.push(self.slot);
@@ -262,17 +277,19 @@ impl<S: CqSource, H> Drop for CqPoller<S, H> {
 /// Puts completion `c` in the inbox its route names; one whose QP is gone is dropped (and so
 /// is what its work request held).
 fn route<H>(cq: &SharedCq<H>, c: Completion) {
-    let idx = (c.wr_id & 0xff) as usize;
-    let gen = ((c.wr_id >> SLOT_GEN_SHIFT) & 0xff) as u32;
-    match cq.slots.get(idx) {
-        Some(s) if s.state.load(Ordering::Acquire) == IN_USE | gen => {
+    let tag = ROUTE.decode(c.wr_id);
+    match cq.slots.get(tag.slot as usize) {
+        Some(s) if s.state.load(Ordering::Acquire) == IN_USE | tag.gen => {
             if s.inbox.push(c).is_err() {
                 // More completions than its QP can have work requests: not a QP of ours.
                 log::error!("iSER: completion {:#x}: its QP's inbox is full", c.wr_id);
                 s.broken.store(true, Ordering::Relaxed);
             }
         }
-        _ => log::debug!("iSER: completion {:#x} for a QP that is gone", c.wr_id),
+        _ => {
+            cq.stale.fetch_add(1, Ordering::Relaxed);
+            log::debug!("iSER: completion {:#x} for a QP that is gone", c.wr_id);
+        }
     }
 }
 
@@ -451,6 +468,7 @@ mod tests {
         b.poll(&mut out, 8);
         a2.poll(&mut out, 8);
         assert_eq!(ids(&out), [10]);
+        assert_eq!(cq.stale(), 3, "A's late completions and the one naming no slot, counted");
     }
 
     #[test]

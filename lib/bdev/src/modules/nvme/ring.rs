@@ -12,9 +12,11 @@
 //! An I/O may need several NVMe commands (transfer size limits, 16-bit block counts,
 //! 256 DSM ranges): they are all submitted at once and the I/O completes when the last one
 //! does, with the first error. A FUA deallocate is followed by a Flush.
+//!
+//! The ops in flight and the channels' inboxes are a [`Router`]: a command's `user_data` is
+//! its op's [`Tag`] with the command's index in the op above it ([`USER_DATA`]).
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use riser_reactor::{Router, Tag, TagLayout};
 
 use crate::sq::{reap_batch, Backlog, REAP_BATCH};
 
@@ -31,6 +34,9 @@ use super::cmd::{status_text, NvmeCmd, NVME_URING_CMD_IO};
 use crate::io::{BdevError, IoBuf, IoCompletion, IoKind};
 
 const RING_ENTRIES: u32 = 256;
+/// A command's `user_data`: its op's slot, the slot's generation and the op's channel in
+/// the low 48 bits, the command's index in the op in the 16 above.
+const USER_DATA: TagLayout = TagLayout::low(20, 12, 16);
 
 type Uring = IoUring<squeue::Entry128, cqueue::Entry32>;
 
@@ -75,21 +81,11 @@ impl PtOp {
 struct Inner {
     uring: Uring,
     polled: bool,
-    ops: Vec<Option<PtOp>>,
-    free_ops: Vec<u32>,
+    /// The ops in flight, and per channel (a route) its completions not yet returned. A
+    /// closed channel's route is reused only once its last I/O is back, so no completion
+    /// reaches a newer channel.
+    ops: Router<PtOp, IoCompletion>,
     backlog: Backlog<squeue::Entry128>,
-    chans: Vec<Chan>,
-    free_chans: Vec<u32>,
-    inflight: usize,
-}
-
-/// A channel's completions not yet returned and its I/Os in flight. A closed channel's slot
-/// is reused only once its last I/O is back, so no completion reaches a newer channel.
-#[derive(Default)]
-struct Chan {
-    done: VecDeque<IoCompletion>,
-    inflight: usize,
-    open: bool,
 }
 
 /// One thread's passthrough ring.
@@ -111,12 +107,20 @@ fn new_uring(polled: bool, entries: u32) -> io::Result<Uring> {
     b.build(entries)
 }
 
-/// The SQE of command `sub` of op `idx`.
-fn sqe(file: &File, cmd: &NvmeCmd, idx: u32, sub: usize) -> squeue::Entry128 {
-    opcode::UringCmd80::new(types::Fd(file.as_raw_fd()), NVME_URING_CMD_IO)
-        .cmd(cmd.to_bytes())
-        .build()
-        .user_data(idx as u64 | ((sub as u64) << 32))
+/// The `user_data` of command `sub` of the op `tag` names.
+fn user_data(tag: Tag, sub: usize) -> u64 {
+    USER_DATA.pack(tag, (sub as u64) << USER_DATA.width())
+}
+
+/// The op's tag and the command's index in a `user_data`.
+fn split_user_data(ud: u64) -> (Tag, usize) {
+    let (tag, rest) = USER_DATA.unpack(ud);
+    (tag, (rest >> USER_DATA.width()) as usize)
+}
+
+/// The SQE of a command, with `user_data`.
+fn sqe(file: &File, cmd: &NvmeCmd, user_data: u64) -> squeue::Entry128 {
+    opcode::UringCmd80::new(types::Fd(file.as_raw_fd()), NVME_URING_CMD_IO).cmd(cmd.to_bytes()).build().user_data(user_data)
 }
 
 fn result_of(res: i32) -> Result<(), BdevError> {
@@ -141,12 +145,8 @@ impl PtRing {
                 inner: RefCell::new(Inner {
                     uring,
                     polled,
-                    ops: Vec::new(),
-                    free_ops: Vec::new(),
+                    ops: Router::new(USER_DATA, RING_ENTRIES as usize),
                     backlog: Backlog::new(),
-                    chans: Vec::new(),
-                    free_chans: Vec::new(),
-                    inflight: 0,
                 }),
             });
             *slot = Some(ring.clone());
@@ -155,39 +155,17 @@ impl PtRing {
     }
 
     pub fn open_channel(&self) -> u32 {
-        let mut r = self.inner.borrow_mut();
-        let fresh = Chan { open: true, ..Chan::default() };
-        match r.free_chans.pop() {
-            Some(i) => {
-                r.chans[i as usize] = fresh;
-                i
-            }
-            None => {
-                r.chans.push(fresh);
-                (r.chans.len() - 1) as u32
-            }
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().open()
     }
 
     /// The channel is gone: its queued completions are dropped, and so are those of its
     /// I/Os still in flight when they come.
     pub fn close_channel(&self, chan: u32) {
-        let mut r = self.inner.borrow_mut();
-        let Some(c) = r.chans.get_mut(chan as usize) else { return };
-        if !c.open {
-            return;
-        }
-        c.open = false;
-        c.done.clear();
-        if c.inflight == 0 {
-            r.free_chans.push(chan);
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().close(chan);
     }
 
     pub fn complete_now(&self, chan: u32, c: IoCompletion) {
-        if let Some(ch) = self.inner.borrow_mut().chans.get_mut(chan as usize).filter(|c| c.open) {
-            ch.done.push_back(c);
-        }
+        self.inner.borrow_mut().ops.inboxes_mut().push(chan, c);
     }
 
     pub fn submit(&self, op: PtOp) {
@@ -199,46 +177,31 @@ impl PtRing {
         let mut r = self.inner.borrow_mut();
         r.flush();
         r.reap();
-        match r.chans.get_mut(chan as usize).filter(|c| c.open) {
-            Some(c) => {
-                let n = c.done.len();
-                out.extend(c.done.drain(..));
-                n
-            }
-            None => 0,
-        }
+        r.ops.inboxes_mut().drain(chan, out)
     }
 
     pub fn outstanding(&self, chan: u32) -> usize {
-        match self.inner.borrow().chans.get(chan as usize).filter(|c| c.open) {
-            Some(c) => c.done.len() + c.inflight,
-            None => 0,
-        }
+        self.inner.borrow().ops.inboxes().outstanding(chan)
     }
 }
 
 impl Inner {
     fn start(&mut self, mut op: PtOp) {
-        if let Some(c) = self.chans.get_mut(op.chan as usize) {
-            c.inflight += 1;
-        }
-        self.inflight += 1;
-        let idx = match self.free_ops.pop() {
-            Some(i) => i,
-            None => {
-                self.ops.push(None);
-                (self.ops.len() - 1) as u32
+        op.pending = op.cmds.len();
+        let chan = op.chan;
+        let (tag, op) = match self.ops.reserve(chan, op) {
+            Ok(r) => r,
+            Err(mut op) => {
+                let result = Err(BdevError::Io("too many I/Os in flight on this thread's NVMe ring".into()));
+                return self.ops.inboxes_mut().push(chan, IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
             }
         };
         if op.cmds.is_empty() {
             // Nothing for the device (a Flush of a namespace without a cache was turned into
             // a Flush command by the channel, so this is a zero-length I/O).
-            self.ops[idx as usize] = Some(op);
-            return self.finish(idx);
+            return self.finish(tag);
         }
-        op.pending = op.cmds.len();
-        let sqes: Vec<squeue::Entry128> = op.cmds.iter().enumerate().map(|(i, c)| sqe(&op.file, c, idx, i)).collect();
-        self.ops[idx as usize] = Some(op);
+        let sqes: Vec<squeue::Entry128> = op.cmds.iter().enumerate().map(|(i, c)| sqe(&op.file, c, user_data(tag, i))).collect();
         for s in sqes {
             self.queue(s);
         }
@@ -256,7 +219,7 @@ impl Inner {
     fn flush(&mut self) {
         // IOPOLL: an enter with GETEVENTS (the crate adds it for IOPOLL rings) is what polls
         // the device's completion queue, so enter whenever anything is in flight.
-        let enter = self.polled && self.inflight > 0;
+        let enter = self.polled && self.ops.in_use() > 0;
         self.backlog.submit(&mut self.uring, enter, "NVMe passthrough ring");
     }
 
@@ -270,7 +233,8 @@ impl Inner {
             }
             got += n;
             for &(ud, res) in &cqes[..n] {
-                self.on_cqe(ud as u32, (ud >> 32) as usize, res);
+                let (tag, sub) = split_user_data(ud);
+                self.on_cqe(tag, sub, res);
             }
         }
         if got > 0 {
@@ -278,16 +242,16 @@ impl Inner {
         }
     }
 
-    fn on_cqe(&mut self, idx: u32, sub: usize, res: i32) {
+    fn on_cqe(&mut self, tag: Tag, sub: usize, res: i32) {
         let polled = self.polled;
-        let Some(op) = self.ops.get_mut(idx as usize).and_then(Option::as_mut) else {
-            log::error!("NVMe passthrough: completion for unknown op {idx}");
+        let Some(op) = self.ops.get_mut(tag) else {
+            log::error!("NVMe passthrough: completion for unknown op {tag:?}");
             return;
         };
         if res == -libc::EAGAIN || res == -libc::EINTR {
             // No request could be allocated (queue full): send it again.
             if let Some(c) = op.cmds.get(sub).copied() {
-                let s = sqe(&op.file, &c, idx, sub);
+                let s = sqe(&op.file, &c, user_data(tag, sub));
                 self.queue(s);
                 return;
             }
@@ -311,29 +275,22 @@ impl Inner {
             if let Some(nsid) = op.flush_after.take() {
                 op.cmds = vec![NvmeCmd::flush(nsid)];
                 op.pending = 1;
-                let s = sqe(&op.file, &op.cmds[0], idx, 0);
+                let s = sqe(&op.file, &op.cmds[0], user_data(tag, 0));
                 self.queue(s);
                 return;
             }
         }
-        self.finish(idx);
+        self.finish(tag);
     }
 
-    fn finish(&mut self, idx: u32) {
-        let Some(mut op) = self.ops.get_mut(idx as usize).and_then(Option::take) else { return };
-        self.free_ops.push(idx);
-        self.inflight -= 1;
-        let Some(c) = self.chans.get_mut(op.chan as usize) else { return };
-        c.inflight = c.inflight.saturating_sub(1);
-        if c.open {
+    fn finish(&mut self, tag: Tag) {
+        self.ops.complete(tag, |mut op| {
             let result = match op.err.take() {
                 Some(e) => Err(e),
                 None => Ok(()),
             };
-            c.done.push_back(IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() });
-        } else if c.inflight == 0 {
-            self.free_chans.push(op.chan);
-        }
+            IoCompletion { tag: op.tag, kind: op.kind, result, buf: op.buf.take() }
+        });
     }
 }
 
@@ -341,13 +298,13 @@ impl Drop for Inner {
     /// The device may still write into buffers of commands in flight: wait for every CQE.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.inflight > 0 {
+        while self.ops.in_use() > 0 {
             self.flush();
             let _ = if self.polled { self.uring.submit() } else { self.uring.submit_and_wait(1) };
             self.reap();
             if Instant::now() > deadline {
-                log::error!("NVMe passthrough: {} I/Os still in flight at ring teardown; leaking them", self.inflight);
-                std::mem::forget(std::mem::take(&mut self.ops));
+                log::error!("NVMe passthrough: {} I/Os still in flight at ring teardown; leaking them", self.ops.in_use());
+                self.ops.leak();
                 break;
             }
         }
@@ -360,7 +317,7 @@ impl Drop for Inner {
 /// command does not complete in time (the device may still write into it).
 pub(crate) fn run_one(file: &File, cmd: &NvmeCmd, polled: bool, keep: IoBuf, timeout: Duration) -> io::Result<(i32, IoBuf)> {
     let mut uring = new_uring(polled, 4)?;
-    let s = sqe(file, cmd, 0, 0);
+    let s = sqe(file, cmd, 0);
     // SAFETY: the command's buffer is `keep`, which lives until the CQE arrives (or is
     // leaked below when it never does).
     #[allow(unsafe_code)]
