@@ -11,6 +11,8 @@
 //!   through any session that executes one command at a time).
 //! - [`url`]: target URLs (`iscsi://` and `iser://`) and the LUN field.
 
+#![forbid(unsafe_code)]
+
 pub mod scsi;
 pub mod session;
 pub mod url;
