@@ -21,7 +21,7 @@ use riser_bdev::{Bdev, BdevIo, BdevRegistry, FileKind, IoBuf, IoChannel, IoCompl
 use riser_reactor::{parse_core_mask, Ctx, PollMode, PollStatus, ReactorConfig, ReactorSet};
 
 use crate::report::{Recorder, Report, Window, WorkerResult};
-use crate::scsi::Dir;
+use riser_initiator::scsi::Dir;
 use crate::workload::{self, PollModeArg, Workload};
 use crate::MAX_BUFFER_BYTES;
 

@@ -28,13 +28,13 @@ use riser_iscsi::pdu::{
 };
 use riser_iscsi::serial::{Itt, Ttt};
 
-use crate::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
-use crate::session::{
+use riser_initiator::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
+use riser_initiator::session::{
     self, AbortStats, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
     SessionState, TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL,
 };
 use crate::sys::wait_fd;
-use crate::url::TargetUrl;
+use riser_initiator::url::TargetUrl;
 
 /// Receive buffer: several maximal PDUs, so that one read(2) picks up many completions.
 const RX_BUF: usize = 1 << 20;
@@ -302,7 +302,7 @@ impl Conn {
         Ok(CmdResult {
             status,
             sense,
-            data: std::mem::take(&mut self.s.mgmt.data),
+            data: self.s.take_mgmt_data(),
         })
     }
 
@@ -356,7 +356,7 @@ impl Conn {
         self.t.busy()
     }
 
-    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    /// `--abort-every N` (after [`Self::start_io`]; see [`riser_initiator::session::Aborter`]).
     pub fn abort_every(&mut self, n: u32) {
         self.t.abort_every(n);
     }
@@ -579,10 +579,10 @@ mod tests {
     #[test]
     fn full_session_against_a_strict_fake_target() {
         use crate::fake_target as ft;
-        use crate::session::INITIATOR_NAME;
+        use riser_initiator::session::INITIATOR_NAME;
         use crate::verify;
         let (port, obs, h) = ft::start();
-        let url = crate::url::parse(&format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0"))
+        let url = riser_initiator::url::parse(&format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0"))
             .unwrap();
         let opts = LoginOptions {
             initiator_name: INITIATOR_NAME.into(),

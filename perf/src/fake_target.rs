@@ -168,7 +168,7 @@ impl Conn {
         };
         let keys = parse_pairs(&p.data).unwrap_or_default();
         let has = |k: &str, v: &str| keys.iter().any(|(a, b)| a == k && b == v);
-        if !has("InitiatorName", crate::session::INITIATOR_NAME) || !has("SessionType", "Normal") {
+        if !has("InitiatorName", riser_initiator::session::INITIATOR_NAME) || !has("SessionType", "Normal") {
             violation(&self.obs, format!("bad security-stage keys {keys:?}"));
         }
         self.exp_cmd_sn = r.cmd_sn;
@@ -750,3 +750,6 @@ pub fn start_opts(
     });
     (port, obs, h)
 }
+
+#[cfg(test)]
+mod tests;

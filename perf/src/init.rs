@@ -274,7 +274,7 @@ fn control(
                 crate::plot::plot_run(path, plan, &hists, window)?;
             }
             if plan.abort_every.is_some() {
-                let mut all = crate::session::AbortStats::default();
+                let mut all = riser_initiator::session::AbortStats::default();
                 for (_, r) in &rs {
                     all.add(&r.aborts);
                 }
@@ -425,7 +425,7 @@ fn counting(is: fn(&Msg) -> bool, already: usize, n: usize) -> impl FnMut(&Msg) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::url::Transport;
+    use riser_initiator::url::Transport;
     use crate::workload::{PollModeArg, Workload};
     use clap::Parser;
 

@@ -37,13 +37,13 @@ use riser_rdma::{
     WorkCompletion, WrData,
 };
 
-use crate::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
-use crate::session::{
+use riser_initiator::scsi::{self, rw_cdb, status, CmdResult, Completion, Dir, IoError, ScsiExec};
+use riser_initiator::session::{
     self, AbortStats, IserKeys, KeyNegotiation, LoginOptions, LoginParams, Negotiated, Outcome, Received,
     SessionState, TaskState, Tasks, Transport, LOGIN_MAX_RECV_DSL, MAX_QD, OUR_INITIATOR_RECV_DSL,
 };
 use crate::sys::wait_fd;
-use crate::url::TargetUrl;
+use riser_initiator::url::TargetUrl;
 
 mod wire;
 pub use wire::{encode_headers, parse_message, rw_header, HDRS};
@@ -741,7 +741,7 @@ impl IserConn {
         self.t.busy()
     }
 
-    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    /// `--abort-every N` (after [`Self::start_io`]; see [`riser_initiator::session::Aborter`]).
     pub fn abort_every(&mut self, n: u32) {
         self.t.abort_every(n);
     }
@@ -929,7 +929,7 @@ impl IserConn {
                 // is the answer, reported by hello().
                 return Ok(());
             }
-            if wc.is_flush() && self.s.mgmt.logout.is_some() {
+            if wc.is_flush() && self.s.logout_answered() {
                 // The target closes after its Logout Response; on iWARP the close flushes
                 // the receives still posted, maybe in the same batch as that response.
                 return Ok(());

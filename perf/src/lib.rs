@@ -9,11 +9,10 @@
 //! - `riser-perf chart RESULTS.json -o FILE.svg`: the table and chart of a benchmark matrix
 //!   ([`plot`], which also draws `--plot FILE.svg`, the latency chart of one run).
 //!
-//! The initiator's protocol logic is kept free of I/O in [`session`]: sequence numbers, the
-//! login exchange, task bookkeeping and the handling of received PDUs. Besides serving the
-//! TCP and iSER transports, it is usable on its own through [`session::PduSession`], which
-//! takes and returns whole [`riser_iscsi::pdu::Pdu`]s: tests can drive a target over an
-//! in-memory transport with it. [`scsi`] has the SCSI side (CDBs, status, sense).
+//! The initiator's protocol logic, free of I/O, is riser-initiator's (sequence numbers, the
+//! login exchange, task bookkeeping, the handling of received PDUs, SCSI CDBs and sense,
+//! target URLs): [`conn`] and [`iser`] keep only their I/O and plug it in through
+//! [`riser_initiator::session::Transport`].
 
 pub mod bdev;
 pub mod conn;
@@ -23,11 +22,8 @@ pub mod init;
 pub mod iser;
 pub mod plot;
 pub mod report;
-pub mod scsi;
-pub mod session;
 pub mod sys;
 pub mod transport;
-pub mod url;
 pub mod verify;
 pub mod workload;
 

@@ -3,9 +3,9 @@
 
 use crate::conn::Conn;
 use crate::iser::IserConn;
-use crate::scsi::{Completion, Dir};
-use crate::session::{AbortStats, IserKeys, LoginOptions, Negotiated};
-use crate::url::{self, TargetUrl};
+use riser_initiator::scsi::{Completion, Dir};
+use riser_initiator::session::{AbortStats, IserKeys, LoginOptions, Negotiated};
+use riser_initiator::url::{self, TargetUrl};
 
 /// One session over either transport: what the client threads drive.
 #[allow(clippy::large_enum_variant)] // one per session, never moved on the data path
@@ -104,7 +104,7 @@ impl Session {
 
     /// Runs one SCSI command without data out (none of the session's I/O in flight) and
     /// waits for its status.
-    pub fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<crate::scsi::CmdResult, String> {
+    pub fn exec(&mut self, cdb: &[u8], read_len: u32) -> Result<riser_initiator::scsi::CmdResult, String> {
         both!(self, c => c.exec(cdb, read_len))
     }
 
@@ -112,7 +112,7 @@ impl Session {
         both!(self, c => c.inflight())
     }
 
-    /// `--abort-every N` (after [`Self::start_io`]; see [`crate::session::Aborter`]).
+    /// `--abort-every N` (after [`Self::start_io`]; see [`riser_initiator::session::Aborter`]).
     pub fn abort_every(&mut self, n: u32) {
         both!(self, c => c.abort_every(n))
     }
@@ -166,9 +166,9 @@ mod tests {
     /// panic.
     #[test]
     fn login_without_rdma_is_a_clear_error() {
-        let url = crate::url::parse("iser://127.0.0.1:3260/iqn.2024-01.test:x/0").unwrap();
+        let url = riser_initiator::url::parse("iser://127.0.0.1:3260/iqn.2024-01.test:x/0").unwrap();
         let opts = LoginOptions {
-            initiator_name: crate::session::INITIATOR_NAME.into(),
+            initiator_name: riser_initiator::session::INITIATOR_NAME.into(),
             header_digest: false,
             data_digest: false,
             timeout: Duration::from_secs(2),

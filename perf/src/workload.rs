@@ -5,7 +5,7 @@
 use clap::ValueEnum;
 use serde::Serialize;
 
-use crate::scsi::Dir;
+use riser_initiator::scsi::Dir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use riser_bdev::testing::FakeGatewayGroup;
 use riser_bdev::MemberState;
 use riser_iscsi::pdu::Lun;
-use riser_perf::session::{Completed, LoginParams, PduSession, Unsolicited, INITIATOR_NAME};
+use riser_initiator::session::{Completed, LoginParams, PduSession, Unsolicited, INITIATOR_NAME};
 
 use common::*;
 

@@ -7,7 +7,7 @@ mod common;
 
 use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use riser_iscsi::pdu::Lun;
-use riser_perf::session::{LoginParams, Negotiated, PduSession, SessionType, INITIATOR_NAME};
+use riser_initiator::session::{LoginParams, Negotiated, PduSession, SessionType, INITIATOR_NAME};
 use serde_json::json;
 
 use common::*;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use riser_buf::Pool;
 use riser_iscsi::pdu::{Lun, Op, Pdu};
 use riser_iscsi::serial::Itt;
-use riser_perf::scsi::{rw_cdb, Dir};
-use riser_perf::session::{Completed, Event};
-use riser_perf::url::lun_field;
+use riser_initiator::scsi::{rw_cdb, Dir};
+use riser_initiator::session::{Completed, Event};
+use riser_initiator::url::lun_field;
 use serde_json::json;
 
 use common::*;

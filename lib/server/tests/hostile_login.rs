@@ -19,7 +19,7 @@ use riser_iscsi::login::{EnableDatamover, LoginRx, LoginTransport, PortalSpec, R
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{Isid, LoginRequest, Lun, Op, Pdu, Stage};
 use riser_iscsi::serial::{Itt, Sn};
-use riser_perf::session::{KeyNegotiation, LoginParams, PduSession, SessionType, INITIATOR_NAME};
+use riser_initiator::session::{KeyNegotiation, LoginParams, PduSession, SessionType, INITIATOR_NAME};
 use serde_json::{json, Value};
 
 use common::*;

@@ -6,7 +6,7 @@
 //! so the target reads them at once) and read the target's PDUs raw, since a well-behaved
 //! initiator ([`PduSession`]) would never send them.
 //!
-//! [`PduSession`]: riser_perf::session::PduSession
+//! [`PduSession`]: riser_initiator::session::PduSession
 
 mod common;
 
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use riser_iscsi::pdu::{tmf, DataOut, Digests, Lun, NopOut, Op, Pdu};
 use riser_iscsi::serial::{Itt, Sn, Ttt};
-use riser_perf::scsi::{rw_cdb, Dir};
+use riser_initiator::scsi::{rw_cdb, Dir};
 use serde_json::json;
 
 use common::*;

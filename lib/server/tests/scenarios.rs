@@ -1,4 +1,4 @@
-//! Scenarios: riser-perf's transport-independent session core ([`PduSession`]) against the
+//! Scenarios: riser-initiator's session core ([`PduSession`]) against the
 //! real server — the login driver, the session table, Enable_Datamover, the connection glue
 //! on a reactor, the iSCSI full-feature phase, SCSI on a malloc bdev — over the in-memory
 //! datamover (`riser_datamover::mem`: the TCP datamover on an in-memory byte pipe). No
@@ -18,8 +18,8 @@ use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use riser_iscsi::login::{EnableDatamover, LoginRx, LoginTransport, PortalSpec, ResourceKeys, TransportError};
 use riser_iscsi::negotiate::Transport;
 use riser_iscsi::pdu::{tmf, Lun, Pdu};
-use riser_perf::scsi::{rw_cdb, Dir};
-use riser_perf::session::{Event, LoginParams, Negotiated, PduSession, Unsolicited, INITIATOR_NAME};
+use riser_initiator::scsi::{rw_cdb, Dir};
+use riser_initiator::session::{Event, LoginParams, Negotiated, PduSession, Unsolicited, INITIATOR_NAME};
 use serde_json::json;
 
 use common::*;

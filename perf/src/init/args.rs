@@ -7,8 +7,8 @@ use clap::{Args, ValueEnum};
 use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig};
 use serde::Serialize;
 
-use crate::session::{INITIATOR_NAME, MAX_QD};
-use crate::url::{self, TargetUrl, Transport};
+use riser_initiator::session::{INITIATOR_NAME, MAX_QD};
+use riser_initiator::url::{self, TargetUrl, Transport};
 use crate::workload::{PollModeArg, Workload};
 use crate::{MAX_BUFFER_BYTES, MAX_SECONDS};
 

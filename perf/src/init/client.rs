@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::{Geometry, Mode, Plan};
 use crate::report::{Recorder, Window};
-use crate::scsi::{Completion, Dir};
-use crate::session::{AbortStats, LoginOptions, Negotiated};
+use riser_initiator::scsi::{Completion, Dir};
+use riser_initiator::session::{AbortStats, LoginOptions, Negotiated};
 use crate::sys::{self, pin_to, thread_cpu};
 use crate::transport::Session;
 use crate::verify::{self, Mismatches};
@@ -675,7 +675,7 @@ impl Client {
         for j in &mut self.jobs {
             let r = j.conn.exec(&[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0)?;
             if r.status != 0 {
-                return Err(format!("{}: SYNCHRONIZE CACHE: {}", j.conn.label(), crate::scsi::status_name(r.status)));
+                return Err(format!("{}: SYNCHRONIZE CACHE: {}", j.conn.label(), riser_initiator::scsi::status_name(r.status)));
             }
             let g = geoms[j.url];
             let first = g.units(true) * j.index as u64 / sessions;
@@ -706,7 +706,7 @@ impl Job {
 
 /// Logs in through one path and readies the session for I/O (TEST UNIT READY until ready,
 /// READ CAPACITY, the task slots).
-fn open_path(plan: &Plan, t: &crate::url::TargetUrl, o: &LoginOptions) -> Result<Session, String> {
+fn open_path(plan: &Plan, t: &riser_initiator::url::TargetUrl, o: &LoginOptions) -> Result<Session, String> {
     let mut conn = Session::login(t, o, plan.qd)?;
     let copy_reads = plan.mode != Mode::Bench;
     let setup = conn

@@ -5,7 +5,7 @@
 use riser_datamover::iser::header::{IserHeader, TaggedBuffer, ISER_HDR_LEN};
 use riser_iscsi::pdu::{raw_data_segment_len, raw_total_ahs_len, Bhs, Op, BHS_LEN};
 
-use crate::scsi::Dir;
+use riser_initiator::scsi::Dir;
 
 /// iSER header + BHS: a bare control-type PDU.
 pub const HDRS: usize = ISER_HDR_LEN + BHS_LEN;
@@ -79,7 +79,7 @@ pub fn parse_message(head: &[u8; HDRS], len: usize) -> Result<(Bhs, usize, usize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scsi::rw_cdb;
+    use riser_initiator::scsi::rw_cdb;
     use riser_iscsi::pdu::Lun;
     use riser_iscsi::pdu::{Opcode, ScsiCommand, ScsiResponse};
     use riser_iscsi::serial::Itt;

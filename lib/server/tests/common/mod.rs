@@ -1,5 +1,5 @@
 //! What the scenario tests share: a target on one reactor behind an in-memory portal
-//! ([`Env`]) and one initiator session on it ([`Client`], riser-perf's [`PduSession`]).
+//! ([`Env`]) and one initiator session on it ([`Client`], riser-initiator's [`PduSession`]).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -11,8 +11,8 @@ use riser_config::IscsiTarget;
 use riser_datamover::mem::{MemClient, MemPortal};
 use riser_iscsi::pdu::{logout, Lun, Pdu};
 use riser_iscsi::serial::Itt;
-use riser_perf::scsi::{rw_cdb, Dir};
-use riser_perf::session::{
+use riser_initiator::scsi::{rw_cdb, Dir};
+use riser_initiator::session::{
     Completed, Event, KeyNegotiation, LoginParams, Negotiated, PduSession, Proposal, Unsolicited, INITIATOR_NAME,
 };
 use riser_reactor::{PollMode, ReactorConfig, ReactorSet};

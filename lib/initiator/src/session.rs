@@ -5,9 +5,9 @@
 //! received PDU asks for (Data-In, R2T, SCSI Response, NOP-In, Async Message, Reject,
 //! Logout / Text / Task Management responses).
 //!
-//! It serves riser-perf's TCP connection ([`crate::conn::Conn`]) and iSER one
-//! ([`crate::iser::IserConn`]), which keep their own I/O (socket reads and writes, RDMA
-//! posts) and plug it in through the crate-internal `Transport` trait; and
+//! It serves riser-perf's TCP connection (`riser_perf::conn::Conn`) and iSER one
+//! (`riser_perf::iser::IserConn`), which keep their own I/O (socket reads and writes, RDMA
+//! posts) and plug it in through the [`Transport`] trait; and
 //! [`PduSession`], the same initiator over whole [`Pdu`](riser_iscsi::pdu::Pdu)s that the
 //! caller carries, for tests that drive a target without sockets.
 
@@ -144,6 +144,18 @@ impl SessionState {
         if next.gt(self.exp_stat_sn) {
             self.exp_stat_sn = next;
         }
+    }
+
+    /// The Data-In of the management command (TCP; taken, for its [`CmdResult`]).
+    ///
+    /// [`CmdResult`]: crate::scsi::CmdResult
+    pub fn take_mgmt_data(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.mgmt.data)
+    }
+
+    /// Whether the Logout Response came.
+    pub fn logout_answered(&self) -> bool {
+        self.mgmt.logout.is_some()
     }
 
     /// Whether the next non-immediate command may go out (CmdSN <= MaxCmdSN).
@@ -347,7 +359,7 @@ impl SessionState {
     /// [`Self::take`] for riser-perf's transports: a Reject, an Async Message asking for
     /// logout or dropping the connection, and an iSCSI response other than "completed" to
     /// an I/O end the run (Err).
-    pub(crate) fn receive(
+    pub fn receive(
         &mut self,
         label: &str,
         op: &Op,
@@ -786,7 +798,7 @@ pub fn data_outs(
 }
 
 /// A transport's part of login, management commands and logout.
-pub(crate) trait Transport: ScsiExec {
+pub trait Transport: ScsiExec {
     fn state(&mut self) -> &mut SessionState;
     /// Sends a control PDU (Login Request, management command, Logout Request) and waits
     /// until it is out.
@@ -800,7 +812,7 @@ pub(crate) trait Transport: ScsiExec {
 /// Logs in with `params` ([`LoginExchange`]) negotiating with `neg`, up to the full-feature
 /// phase, whose first CmdSN and window it takes. Returns the negotiation, for the transport
 /// to check and apply.
-pub(crate) fn login<T: Transport>(
+pub fn login<T: Transport>(
     io: &mut T,
     params: &LoginParams,
     neg: KeyNegotiation,
@@ -824,7 +836,7 @@ pub(crate) fn login<T: Transport>(
 /// Runs one management SCSI command (no data out, `read_len` bytes in) once the window
 /// allows it, and waits for its status: (status, sense, bytes transferred). The data is the
 /// transport's to fetch.
-pub(crate) fn run_mgmt<T: Transport>(
+pub fn run_mgmt<T: Transport>(
     io: &mut T,
     cdb: &[u8],
     read_len: u32,
@@ -843,7 +855,7 @@ pub(crate) fn run_mgmt<T: Transport>(
 
 /// Logs out (close the session), once: the Logout Request, its response, then `close`
 /// (the transport closes the connection), then the outcome. Later calls do nothing.
-pub(crate) fn logout<T: Transport>(
+pub fn logout<T: Transport>(
     io: &mut T,
     deadline: Instant,
     close: impl FnOnce(&mut T),

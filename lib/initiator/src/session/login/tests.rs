@@ -1,8 +1,6 @@
-//! CHAP logins of riser-perf's initiator: against riser's own login state machine in memory
-//! ([`PduSession`]), over TCP against the fake target ([`Conn`]), and a target that
-//! misbehaves, scripted.
-
-use std::time::Duration;
+//! CHAP logins of the initiator: against riser's own login state machine in memory
+//! ([`PduSession`]) and a target that misbehaves, scripted (over TCP against a fake target:
+//! riser-perf's `fake_target` tests).
 
 use riser_iscsi::chap::{ChapAlgorithm, ChapCredentials, ChapInitiatorConfig, ChapSecret, ChapTarget};
 use riser_iscsi::login::{
@@ -15,8 +13,6 @@ use riser_iscsi::serial::Sn;
 use riser_iscsi::text::{encode_pairs, parse_pairs};
 
 use super::*;
-use crate::conn::Conn;
-use crate::fake_target::{self as ft, FakeChap};
 use crate::session::{Negotiated, PduSession, SessionState, INITIATOR_NAME};
 
 const TARGET: &str = "iqn.2016-06.io.riser:chap";
@@ -158,64 +154,6 @@ fn chap_failures_against_riser() {
     let (r, failed) = login_to_riser(Some(md5_only), AuthPolicy::Required(Box::new(sha256_only)));
     assert!(r.is_err());
     assert!(failed.unwrap().1.contains("no CHAP algorithm in common"));
-}
-
-fn tcp_login(chap_target: FakeChap, chap: Option<ChapInitiatorConfig>) -> (Result<Conn, String>, ft::Observed) {
-    let (port, obs, h) = ft::start_with(Some(chap_target));
-    let url = crate::url::parse(&format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0")).unwrap();
-    let opts = LoginOptions {
-        initiator_name: INITIATOR_NAME.into(),
-        header_digest: false,
-        data_digest: false,
-        timeout: Duration::from_secs(10),
-        isid: [0x80, 0, 0, 0, 0, 5],
-        chap,
-    };
-    let r = Conn::login(&url, &opts).map(|mut c| {
-        c.wait_ready().unwrap();
-        c.logout().unwrap();
-        c
-    });
-    h.join().unwrap();
-    let o = std::mem::take(&mut *obs.lock().unwrap());
-    (r, o)
-}
-
-/// riser-perf's TCP transport logs in with CHAP: AuthMethod=CHAP, CHAP_A with T=0, the
-/// response with T=1, then the operational stage.
-#[test]
-fn chap_over_tcp_with_the_fake_target() {
-    for (mutual, msecret) in [(false, None), (true, Some(MSECRET))] {
-        let target = FakeChap {
-            secrets: secrets(),
-            mutual,
-        };
-        let (r, o) = tcp_login(target, Some(chap(SECRET, msecret)));
-        r.unwrap();
-        assert!(o.violations.is_empty(), "{:?}", o.violations);
-        assert_eq!(o.chap_user.as_deref(), Some(USER));
-        assert!(o.logins == 1 && o.logged_out);
-    }
-    // A wrong secret.
-    let target = FakeChap {
-        secrets: secrets(),
-        mutual: false,
-    };
-    let (r, o) = tcp_login(target, Some(chap("wrong-secret-000", None)));
-    assert!(r.err().unwrap().contains("authentication failed"));
-    assert!(o.chap_failure.unwrap().contains("wrong CHAP response"));
-    // The target proves itself with the wrong secret: refused.
-    let mut wrong = secrets();
-    wrong[0].msecret = Some("not-the-target-secret".into());
-    let (r, o) = tcp_login(
-        FakeChap {
-            secrets: wrong,
-            mutual: true,
-        },
-        Some(chap(SECRET, Some(MSECRET))),
-    );
-    assert!(r.err().unwrap().contains("mutual CHAP response is wrong"));
-    assert_eq!(o.logins, 0);
 }
 
 fn response(transit: bool, nsg: Stage, keys: &[(&str, &str)]) -> (Op, Vec<u8>) {

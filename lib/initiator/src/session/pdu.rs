@@ -7,8 +7,8 @@
 //!
 //! ```no_run
 //! use riser_iscsi::pdu::{logout, Lun, Pdu};
-//! use riser_perf::scsi::{rw_cdb, Dir};
-//! use riser_perf::session::{
+//! use riser_initiator::scsi::{rw_cdb, Dir};
+//! use riser_initiator::session::{
 //!     Event, KeyNegotiation, LoginParams, PduSession, Proposal, INITIATOR_NAME,
 //! };
 //!
