@@ -203,7 +203,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(10)",
         Write,
         W,
-        write,
+        write_verify,
         [0x2E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -518,7 +518,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(16)",
         Write,
         W,
-        write,
+        write_verify,
         [
             0x8E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -578,7 +578,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE ATOMIC(16)",
         Write,
         W,
-        write,
+        write_atomic,
         [0x9C, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -653,7 +653,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(12)",
         Write,
         W,
-        write,
+        write_verify,
         [0xAE, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(

@@ -51,25 +51,18 @@ impl LunChannel {
         ))
     }
 
-    /// WRITE (6/10/12/16), WRITE ATOMIC (16) and WRITE AND VERIFY (10/12/16).
+    /// WRITE (6/10/12/16) (SBC-3 5.32-5.35), its data whole or asked for piece by piece.
     pub(crate) fn write(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::open_transfer(lun, &cdb, &mut ctx.xfer)?;
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
         let bs = lun.block_size() as u64;
-        let verify = matches!(
-            cdb.opcode(),
-            op::WRITE_VERIFY10 | op::WRITE_VERIFY12 | op::WRITE_VERIFY16
-        );
         rw::check_writable(lun)?;
+        // FUA (SBC-3 5.35: byte 1 bit 3; WRITE (6) has none).
+        let fua = b.flags & 0x08 != 0;
         if ctx.data_later {
             // The data is asked for piece by piece; only plain WRITEs are sent that way.
             let chunk_blocks = (self.stream_chunk as u64 / bs).max(1);
             let blocks = b.blocks.min(ctx.edtl as u64 / bs);
-            if verify || cdb.opcode() == op::WRITE_ATOMIC16 {
-                log::error!("{:?} with its data to be asked for later: not streamable", cdb.opcode());
-                return Err(CmdError::internal());
-            }
             if blocks == 0 {
                 return Ok(Action::Good);
             }
@@ -79,7 +72,7 @@ impl LunChannel {
                     lba: b.lba,
                     blocks,
                     chunk_blocks,
-                    fua: b.flags & 0x08 != 0,
+                    fua,
                     asked: 0,
                     written: 0,
                     pending: None,
@@ -88,46 +81,69 @@ impl LunChannel {
                 })),
             ));
         }
-        // Whole blocks of data received (EDTL may be shorter than the transfer length).
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let job = Job::Write { lba: b.lba, blocks, buf: Some(buf), fua };
+        Ok(Action::Job(Need::One(b.lba, blocks), job))
+    }
+
+    /// WRITE ATOMIC (16) (SBC-4 5.48): a WRITE that holds its range exclusively, so that no
+    /// other write lands in the middle of it.
+    pub(crate) fn write_atomic(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
+        rw::check_writable(lun)?;
+        not_streamed(ctx)?;
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let fua = b.flags & 0x08 != 0;
+        let job = Job::Write { lba: b.lba, blocks, buf: Some(buf), fua };
+        Ok(Action::Job(Need::Exclusive(b.lba, blocks), job))
+    }
+
+    /// WRITE AND VERIFY (10/12/16) (SBC-3 5.36-5.38): write, then read back and compare
+    /// when BYTCHK is set.
+    pub(crate) fn write_verify(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
+        rw::check_writable(lun)?;
+        not_streamed(ctx)?;
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let check = b.flags & 0x02 != 0;
+        Ok(Action::Job(
+            Need::One(b.lba, blocks),
+            Job::WriteVerify {
+                lba: b.lba,
+                blocks,
+                buf: Some(buf),
+                written: None,
+                check,
+            },
+        ))
+    }
+
+    /// The whole blocks of data received for `b`, in a buffer of exactly their size (EDTL
+    /// may be shorter than the transfer length); `None` when there are none.
+    fn whole_blocks(
+        &mut self,
+        ctx: &Ctx<'_>,
+        data_out: Option<IoBuf>,
+        b: &rw::BlockCmd,
+    ) -> Option<(IoBuf, u64)> {
+        let bs = ctx.lun.block_size() as u64;
         let avail = data_out
             .as_ref()
             .map_or(0, |d| d.as_slice().len() as u64)
             .min(ctx.edtl as u64);
         let blocks = b.blocks.min(avail / bs);
         if blocks == 0 {
-            return Ok(Action::Good);
+            return None;
         }
-        let buf = self.exact(data_out, (blocks * bs) as usize);
-        let atomic = cdb.opcode() == op::WRITE_ATOMIC16;
-        let need = if atomic {
-            Need::Exclusive(b.lba, blocks)
-        } else {
-            Need::One(b.lba, blocks)
-        };
-        if verify {
-            let check = b.flags & 0x02 != 0;
-            return Ok(Action::Job(
-                need,
-                Job::WriteVerify {
-                    lba: b.lba,
-                    blocks,
-                    buf: Some(buf),
-                    written: None,
-                    check,
-                },
-            ));
-        }
-        // FUA (SBC-3 5.35: byte 1 bit 3; WRITE (6) has none).
-        let fua = b.flags & 0x08 != 0;
-        Ok(Action::Job(
-            need,
-            Job::Write {
-                lba: b.lba,
-                blocks,
-                buf: Some(buf),
-                fua,
-            },
-        ))
+        Some((self.exact(data_out, (blocks * bs) as usize), blocks))
     }
 
     /// A buffer of exactly `len` bytes holding the start of `data` (zero-copy when the
@@ -390,17 +406,10 @@ impl LunChannel {
     pub(crate) fn orwrite(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
-        let bs = lun.block_size() as u64;
         rw::check_writable(lun)?;
-        let avail = data_out
-            .as_ref()
-            .map_or(0, |d| d.as_slice().len() as u64)
-            .min(ctx.edtl as u64);
-        let blocks = b.blocks.min(avail / bs);
-        if blocks == 0 {
+        let Some((data, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
             return Ok(Action::Good);
-        }
-        let data = self.exact(data_out, (blocks * bs) as usize);
+        };
         Ok(Action::Job(
             Need::Exclusive(b.lba, blocks),
             Job::Rmw(Rmw::new(b.lba, blocks, data, rmw::or_write)),
@@ -519,4 +528,14 @@ impl LunChannel {
             }),
         ))
     }
+}
+
+/// INTERNAL error for a command whose data the iSCSI layer was to ask for piece by piece:
+/// it streams plain WRITEs only, so this is a bug there, not the initiator's.
+fn not_streamed(ctx: &Ctx<'_>) -> CmdResult<()> {
+    if ctx.data_later {
+        log::error!("{:?} with its data to be asked for later: not streamable", ctx.cdb.opcode());
+        return Err(CmdError::internal());
+    }
+    Ok(())
 }
