@@ -43,32 +43,18 @@ pub(crate) fn decode(cdb: &Cdb) -> BlockCmd {
         op::READ6 | op::WRITE6 => {
             // SBC-3 5.8/5.33: transfer length 0 means 256 blocks.
             let n = cdb.u8(4) as u64;
-            (
-                (cdb.be24(1) & 0x1F_FFFF) as u64,
-                if n == 0 { 256 } else { n },
-                4,
-            )
+            ((cdb.be24(1) & 0x1F_FFFF) as u64, if n == 0 { 256 } else { n }, 4)
         }
-        op::READ10
-        | op::WRITE10
-        | op::WRITE_VERIFY10
-        | op::VERIFY10
-        | op::PRE_FETCH10
-        | op::SYNCHRONIZE_CACHE10
-        | op::WRITE_SAME10 => (cdb.be32(2) as u64, cdb.be16(7) as u64, 7),
-        op::READ12 | op::WRITE12 | op::WRITE_VERIFY12 | op::VERIFY12 => {
-            (cdb.be32(2) as u64, cdb.be32(6) as u64, 6)
+        op::READ10 | op::WRITE10 | op::WRITE_VERIFY10 | op::VERIFY10 | op::PRE_FETCH10 | op::SYNCHRONIZE_CACHE10 | op::WRITE_SAME10 => {
+            (cdb.be32(2) as u64, cdb.be16(7) as u64, 7)
         }
+        op::READ12 | op::WRITE12 | op::WRITE_VERIFY12 | op::VERIFY12 => (cdb.be32(2) as u64, cdb.be32(6) as u64, 6),
         op::COMPARE_AND_WRITE => (cdb.be64(2), cdb.u8(13) as u64, 13),
         op::WRITE_ATOMIC16 => (cdb.be64(2), cdb.be16(12) as u64, 12),
         _ => (cdb.be64(2), cdb.be32(10) as u64, 10),
     };
     // READ(6)/WRITE(6) have no flags byte.
-    let flags = if matches!(cdb.opcode(), op::READ6 | op::WRITE6) {
-        0
-    } else {
-        flags
-    };
+    let flags = if matches!(cdb.opcode(), op::READ6 | op::WRITE6) { 0 } else { flags };
     BlockCmd { lba: Lba::new(lba), blocks, flags, len_byte }
 }
 

@@ -16,11 +16,7 @@ impl LunChannel {
     /// sanitize in progress (NOT READY with the PROGRESS INDICATION, which is how IMMED
     /// sanitize operations are followed) or failed, else NO SENSE; a removable LUN without
     /// medium reports NOT READY.
-    pub(crate) fn request_sense(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn request_sense(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let desc = ctx.cdb.u8(1) & 0x01 != 0;
         let lun = ctx.lun;
         let mut sense = Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE);
@@ -32,12 +28,7 @@ impl LunChannel {
                 sense = Sense::new(SenseKey::UnitAttention, asc);
             } else if st.sanitize.active() {
                 // A sanitize in progress (with its progress) or failed (SBC-3 4.11).
-                if let Err(e) = sanitize::gate(
-                    &st.sanitize,
-                    lun.num_blocks(),
-                    op::TEST_UNIT_READY,
-                    F_MEDIUM,
-                ) {
+                if let Err(e) = sanitize::gate(&st.sanitize, lun.num_blocks(), op::TEST_UNIT_READY, F_MEDIUM) {
                     if let Some(s) = e.sense {
                         sense = s;
                     }
@@ -75,7 +66,6 @@ impl LunChannel {
         Ok(Action::Good)
     }
 
-
     /// INQUIRY (SPC-4 6.6): standard data or a VPD page.
     pub(crate) fn inquiry(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let v = inquiry::inquiry(ctx.lun, ctx.nexus, &ctx.cdb)?;
@@ -83,20 +73,12 @@ impl LunChannel {
     }
 
     /// READ CAPACITY (10) (SBC-3 5.15).
-    pub(crate) fn read_capacity10(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn read_capacity10(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         Ok(Action::Data(inquiry::read_capacity10(ctx.lun, &ctx.cdb)?, 8))
     }
 
     /// READ CAPACITY (16) (SBC-3 5.16).
-    pub(crate) fn read_capacity16(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn read_capacity16(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let v = inquiry::read_capacity16(ctx.lun, &ctx.cdb)?;
         Ok(Action::Data(v, ctx.cdb.be32(10) as usize))
     }
@@ -105,22 +87,14 @@ impl LunChannel {
     pub(crate) fn mode_sense(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let cdb = ctx.cdb;
         let v = crate::mode::mode_sense(ctx.lun, &cdb)?;
-        let alloc = if cdb.opcode() == op::MODE_SENSE6 {
-            cdb.u8(4) as usize
-        } else {
-            cdb.be16(7) as usize
-        };
+        let alloc = if cdb.opcode() == op::MODE_SENSE6 { cdb.u8(4) as usize } else { cdb.be16(7) as usize };
         Ok(Action::Data(v, alloc))
     }
 
     /// MODE SELECT (6/10) (SPC-4 6.9, 6.10) with its parameter list.
     pub(crate) fn mode_select(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let cdb = ctx.cdb;
-        let len = if cdb.opcode() == op::MODE_SELECT6 {
-            cdb.u8(4) as u64
-        } else {
-            cdb.be16(7) as u64
-        };
+        let len = if cdb.opcode() == op::MODE_SELECT6 { cdb.u8(4) as u64 } else { cdb.be16(7) as u64 };
         ctx.xfer = len;
         let p = param(&data_out, len, ctx.edtl);
         Ok(match crate::mode::mode_select(ctx.lun, ctx.nexus, &cdb, p)? {
@@ -138,21 +112,13 @@ impl LunChannel {
     }
 
     /// REPORT SUPPORTED OPERATION CODES (SPC-4 6.35), from the command table.
-    pub(crate) fn report_supported_opcodes(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn report_supported_opcodes(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let v = opcodes::report_supported_opcodes(ctx.lun, &ctx.cdb)?;
         Ok(Action::Data(v, ctx.cdb.be32(6) as usize))
     }
 
     /// REPORT TARGET PORT GROUPS (SPC-4 6.36).
-    pub(crate) fn report_target_port_groups(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn report_target_port_groups(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let v = report_target_port_groups(ctx.nexus, &ctx.cdb)?;
         Ok(Action::Data(v, ctx.cdb.be32(6) as usize))
     }
@@ -206,11 +172,7 @@ impl LunChannel {
     }
 
     /// READ DEFECT DATA (10/12) (SBC-3 5.11, 5.12): an empty list.
-    pub(crate) fn read_defect_data(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn read_defect_data(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         Ok(read_defect_data(&ctx.cdb))
     }
 
@@ -225,22 +187,14 @@ impl LunChannel {
             return Ok(Action::Good);
         };
         rw::check_writable(lun)?;
-        let record = if plan.discard {
-            None
-        } else {
-            Some((ctx.nexus.key().clone(), plan.list_id))
-        };
+        let record = if plan.discard { None } else { Some((ctx.nexus.key().clone(), plan.list_id)) };
         if let Some(k) = &record {
             // A new copy with this list identifier replaces older results.
             lun.lock().copies.by_list.remove(k);
         }
         if plan.segments.is_empty() {
             if let Some(k) = record {
-                let st = CopyStatus {
-                    ok: true,
-                    segments_processed: 0,
-                    blocks: 0,
-                };
+                let st = CopyStatus { ok: true, segments_processed: 0, blocks: 0 };
                 lun.lock().copies.by_list.insert(k, st);
             }
             return Ok(Action::Good);
@@ -248,24 +202,12 @@ impl LunChannel {
         let ranges = plan.segments.iter().map(|s| (s.dst, s.blocks)).collect();
         Ok(Action::Job(
             Need::Shared(ranges),
-            Job::Copy(CopyJob {
-                segments: plan.segments,
-                idx: 0,
-                pos: 0,
-                chunk: 0,
-                writing: false,
-                copied: 0,
-                record,
-            }),
+            Job::Copy(CopyJob { segments: plan.segments, idx: 0, pos: 0, chunk: 0, writing: false, copied: 0, record }),
         ))
     }
 
     /// RECEIVE COPY RESULTS (SPC-4 6.18): COPY STATUS or OPERATING PARAMETERS.
-    pub(crate) fn receive_copy_results(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        _data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn receive_copy_results(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let v = xcopy::receive_copy_results(ctx.lun, ctx.nexus.key(), &ctx.cdb)?;
         Ok(Action::Data(v, ctx.cdb.be32(10) as usize))
     }
