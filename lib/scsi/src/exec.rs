@@ -25,7 +25,7 @@ use crate::inquiry::{
 };
 use crate::lock::{FastCounter, RangeGrant, WriteAdmission};
 use crate::lun::{Lun, ATTN_RESERVED, ATTN_SANITIZE, MODE_DSENSE, MODE_NO_MEDIUM, MODE_WCE};
-use crate::opcodes::{self, CmdDesc, F_MEDIUM, F_WRITE};
+use crate::opcodes::{self, CmdDesc, F_MEDIUM};
 use crate::pr;
 use crate::rw;
 use crate::sanitize::{self, SanitizeOp, SanitizeState};
@@ -71,7 +71,7 @@ type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
 
 /// What a multi-step command needs from the range lock before it starts.
 #[derive(Debug)]
-enum Need {
+pub(crate) enum Need {
     None,
     /// A write of these `(lba, blocks)` ranges.
     Shared(Vec<(Lba, u64)>),
@@ -95,7 +95,7 @@ const STREAM_WINDOW: usize = 4;
 /// into its own buffer, taken from the budget when the piece is submitted, and handed up
 /// (in order) as soon as it and the pieces before it are in, so a READ of any size holds
 /// at most [`STREAM_WINDOW`] pieces of memory.
-struct StreamRead {
+pub(crate) struct StreamRead {
     lba: Lba,
     /// Bytes to deliver (EDTL or the transfer length, the smaller).
     ret_len: usize,
@@ -122,7 +122,7 @@ impl StreamRead {
 /// it comes (one write at a time, each admitted by the range lock for its own blocks), so a
 /// WRITE of any size holds at most two pieces of memory: one being written, one being
 /// fetched (or waiting for its turn).
-struct StreamWrite {
+pub(crate) struct StreamWrite {
     lba: Lba,
     blocks: u64,
     chunk_blocks: u64,
@@ -149,7 +149,7 @@ impl StreamWrite {
 }
 
 /// The block-level work of a command.
-enum Job {
+pub(crate) enum Job {
     ReadStream(Box<StreamRead>),
     WriteStream(Box<StreamWrite>),
     Read {
@@ -225,7 +225,7 @@ enum Job {
     Deferred(Arc<crate::pr::shared::Deferred>),
 }
 
-struct SanitizeJob {
+pub(crate) struct SanitizeJob {
     op: SanitizeOp,
     ause: bool,
     /// IMMED: GOOD was returned when the operation started.
@@ -242,7 +242,7 @@ struct SanitizeJob {
     buf_pass: Option<u8>,
 }
 
-struct CopyJob {
+pub(crate) struct CopyJob {
     segments: Vec<Segment>,
     /// Current segment and blocks of it already copied.
     idx: usize,
@@ -278,7 +278,7 @@ struct Op {
 // Moved once from the handler to the channel, never stored: boxing the Job would add an
 // allocation per command.
 #[allow(clippy::large_enum_variant)]
-enum Action {
+pub(crate) enum Action {
     /// Data-in produced by emulation, before truncation to the allocation length.
     Data(Vec<u8>, usize),
     Good,
@@ -286,7 +286,7 @@ enum Action {
 }
 
 /// Per-task facts a handler fills in.
-struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     lun: &'a Arc<Lun>,
     nexus: &'a Arc<Nexus>,
     cdb: Cdb,

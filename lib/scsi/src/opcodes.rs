@@ -1,14 +1,33 @@
 //! The table of implemented commands. Dispatch and REPORT SUPPORTED OPERATION CODES
 //! (SPC-4 6.35) both read it, so what is reported is exactly what is accepted.
+//!
+//! # Adding a command
+//!
+//! One row in [`COMMANDS`] and one handler. The row (kept sorted by opcode and service
+//! action) gives the opcode, the service action, the name, the CDB usage data, the
+//! reservation class, the flags and the handler: a method of `LunChannel` of shape
+//! [`Handler`], in `exec/handlers.rs` (block commands) or `exec/handlers/spc.rs` (emulated
+//! ones). Dispatch runs the checks every command shares (unit attentions unless
+//! [`F_NO_UA`], reservations by the class, sanitize, ALUA, medium with [`F_MEDIUM`]) and
+//! calls the handler through the row, without a match on the opcode. A handler of a READ-
+//! or WRITE-like command opens with `rw::open` (decode, transfer length, protection field,
+//! its own CDB checks, length limit, range); one that writes the medium has [`F_WRITE`] and
+//! calls `rw::check_writable` where the command's sense order puts it. A new CDB layout
+//! goes in `rw::decode`, a new opcode in `cdb::op`; `offered` says when an LU does not
+//! offer a command it implements.
+
+use riser_bdev::IoBuf;
 
 use crate::cdb::{op, put_be16, put_be32, Cdb};
+use crate::exec::{Action, Ctx, LunChannel};
 use crate::lun::Lun;
 use crate::pr::PrClass;
 use crate::sense::{CmdError, CmdResult};
 
 /// Needs the medium (NOT READY, MEDIUM NOT PRESENT when a removable medium is ejected).
 pub(crate) const F_MEDIUM: u8 = 1;
-/// Writes the medium: refused when the LUN is write protected.
+/// Writes the medium: its handler refuses it when the LUN is write protected
+/// (`rw::check_writable`).
 pub(crate) const F_WRITE: u8 = 2;
 /// Reported without a pending unit attention getting in the way (SAM-5 5.14:
 /// INQUIRY, REPORT LUNS, REQUEST SENSE).
@@ -22,13 +41,28 @@ pub(crate) struct CmdDesc {
     pub usage: &'static [u8],
     pub pr: PrClass,
     pub flags: u8,
+    /// What runs the command once `dispatch`'s common checks passed.
+    pub handler: Handler,
 }
+
+/// A command handler (a method of [`LunChannel`], in `exec/handlers.rs` or
+/// `exec/handlers/spc.rs`): validates the CDB and its data-out, sets the transfer length
+/// in the context, and answers (data, GOOD) or describes the block-level job.
+pub(crate) type Handler = fn(&mut LunChannel, &mut Ctx<'_>, Option<IoBuf>) -> CmdResult<Action>;
 
 use PrClass::*;
 
 macro_rules! cmd {
-    ($op:expr, $sa:expr, $name:expr, $pr:expr, $flags:expr, [$($u:expr),*]) => {
-        CmdDesc { opcode: $op, sa: $sa, name: $name, usage: &[$($u),*], pr: $pr, flags: $flags }
+    ($op:expr, $sa:expr, $name:expr, $pr:expr, $flags:expr, $handler:ident, [$($u:expr),*]) => {
+        CmdDesc {
+            opcode: $op,
+            sa: $sa,
+            name: $name,
+            usage: &[$($u),*],
+            pr: $pr,
+            flags: $flags,
+            handler: LunChannel::$handler,
+        }
     };
 }
 
@@ -43,6 +77,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "TEST UNIT READY",
         AllowedPr,
         M,
+        test_unit_ready,
         [0x00, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -51,6 +86,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "REQUEST SENSE",
         Allowed,
         F_NO_UA,
+        request_sense,
         [0x03, 0x01, 0, 0, 0xFF, 0]
     ),
     cmd!(
@@ -59,6 +95,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ(6)",
         Read,
         M,
+        read,
         [0x08, 0x1F, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -67,6 +104,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE(6)",
         Write,
         W,
+        write,
         [0x0A, 0x1F, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -75,6 +113,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "INQUIRY",
         Allowed,
         F_NO_UA,
+        inquiry,
         [0x12, 0x01, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -83,6 +122,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "MODE SELECT(6)",
         Write,
         0,
+        mode_select,
         [0x15, 0x11, 0, 0, 0xFF, 0]
     ),
     cmd!(
@@ -91,6 +131,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RESERVE(6)",
         Spc2,
         0,
+        reserve,
         [0x16, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -99,6 +140,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RELEASE(6)",
         Spc2,
         0,
+        release,
         [0x17, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -107,6 +149,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "MODE SENSE(6)",
         ReadState,
         0,
+        mode_sense,
         [0x1A, 0x08, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -115,6 +158,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "START STOP UNIT",
         Write,
         0,
+        start_stop,
         [0x1B, 0x01, 0, 0x0F, 0xF7, 0]
     ),
     cmd!(
@@ -123,6 +167,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PREVENT ALLOW MEDIUM REMOVAL",
         Write,
         0,
+        prevent_allow,
         [0x1E, 0, 0, 0, 0x03, 0]
     ),
     cmd!(
@@ -131,6 +176,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ CAPACITY(10)",
         Allowed,
         M,
+        read_capacity10,
         [0x25, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0]
     ),
     cmd!(
@@ -139,6 +185,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ(10)",
         Read,
         M,
+        read,
         [0x28, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -147,6 +194,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE(10)",
         Write,
         W,
+        write,
         [0x2A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -155,6 +203,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(10)",
         Write,
         W,
+        write_verify,
         [0x2E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -163,6 +212,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "VERIFY(10)",
         Read,
         M,
+        verify,
         [0x2F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -171,6 +221,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PRE-FETCH(10)",
         Read,
         M,
+        pre_fetch,
         [0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -179,6 +230,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SYNCHRONIZE CACHE(10)",
         Write,
         M,
+        synchronize_cache,
         [0x35, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -187,6 +239,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ DEFECT DATA(10)",
         Read,
         M,
+        read_defect_data,
         [0x37, 0, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -195,6 +248,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE SAME(10)",
         Write,
         W,
+        write_same,
         [0x41, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -203,6 +257,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "UNMAP",
         Write,
         W,
+        unmap,
         [0x42, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -211,6 +266,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SANITIZE: OVERWRITE",
         Write,
         W,
+        sanitize,
         [0x48, 0xA0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -219,6 +275,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SANITIZE: BLOCK ERASE",
         Write,
         W,
+        sanitize,
         [0x48, 0xA0, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -227,6 +284,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SANITIZE: CRYPTOGRAPHIC ERASE",
         Write,
         W,
+        sanitize,
         [0x48, 0xA0, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -235,6 +293,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SANITIZE: EXIT FAILURE MODE",
         Write,
         W,
+        sanitize,
         [0x48, 0x80, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -243,6 +302,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "MODE SELECT(10)",
         Write,
         0,
+        mode_select,
         [0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -251,6 +311,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RESERVE(10)",
         Spc2,
         0,
+        reserve,
         [0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -259,6 +320,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RELEASE(10)",
         Spc2,
         0,
+        release,
         [0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0]
     ),
     cmd!(
@@ -267,6 +329,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "MODE SENSE(10)",
         ReadState,
         0,
+        mode_sense,
         [0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -275,6 +338,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE IN: READ KEYS",
         Pr,
         0,
+        pr_in,
         [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -283,6 +347,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE IN: READ RESERVATION",
         Pr,
         0,
+        pr_in,
         [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -291,6 +356,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE IN: REPORT CAPABILITIES",
         Pr,
         0,
+        pr_in,
         [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -299,6 +365,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE IN: READ FULL STATUS",
         Pr,
         0,
+        pr_in,
         [0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -307,6 +374,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: REGISTER",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -315,6 +383,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: RESERVE",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -323,6 +392,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: RELEASE",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -331,6 +401,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: CLEAR",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -339,6 +410,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: PREEMPT",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -347,6 +419,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: PREEMPT AND ABORT",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -355,6 +428,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: REGISTER AND IGNORE EXISTING KEY",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -363,6 +437,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PERSISTENT RESERVE OUT: REGISTER AND MOVE",
         Pr,
         0,
+        pr_out,
         [0x5F, 0, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0]
     ),
     cmd!(
@@ -371,6 +446,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "EXTENDED COPY(LID1)",
         Write,
         W,
+        extended_copy,
         [0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -379,6 +455,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RECEIVE COPY RESULTS: COPY STATUS",
         Read,
         0,
+        receive_copy_results,
         [0x84, 0, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -387,6 +464,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "RECEIVE COPY RESULTS: OPERATING PARAMETERS",
         Read,
         0,
+        receive_copy_results,
         [0x84, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -395,6 +473,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ(16)",
         Read,
         M,
+        read,
         [
             0x88, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -406,6 +485,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "COMPARE AND WRITE",
         Write,
         W,
+        compare_and_write,
         [0x89, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -414,6 +494,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE(16)",
         Write,
         W,
+        write,
         [
             0x8A, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -425,6 +506,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "ORWRITE(16)",
         Write,
         W,
+        orwrite,
         [
             0x8B, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -436,6 +518,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(16)",
         Write,
         W,
+        write_verify,
         [
             0x8E, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -447,6 +530,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "VERIFY(16)",
         Read,
         M,
+        verify,
         [
             0x8F, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -458,6 +542,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "PRE-FETCH(16)",
         Read,
         M,
+        pre_fetch,
         [
             0x90, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -469,6 +554,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "SYNCHRONIZE CACHE(16)",
         Write,
         M,
+        synchronize_cache,
         [
             0x91, 0x06, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -480,6 +566,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE SAME(16)",
         Write,
         W,
+        write_same,
         [
             0x93, 0xF9, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
             0x1F, 0
@@ -491,6 +578,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE ATOMIC(16)",
         Write,
         W,
+        write_atomic,
         [0x9C, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -499,6 +587,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ CAPACITY(16)",
         Allowed,
         M,
+        read_capacity16,
         [
             0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01,
             0
@@ -510,6 +599,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "GET LBA STATUS",
         Read,
         M,
+        get_lba_status,
         [0x9E, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -518,6 +608,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "REPORT LUNS",
         Allowed,
         F_NO_UA,
+        report_luns,
         [0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -526,6 +617,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "REPORT TARGET PORT GROUPS",
         Allowed,
         0,
+        report_target_port_groups,
         [0xA3, 0xE0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -534,6 +626,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "REPORT SUPPORTED OPERATION CODES",
         Allowed,
         0,
+        report_supported_opcodes,
         [0xA3, 0, 0x87, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
     cmd!(
@@ -542,6 +635,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ(12)",
         Read,
         M,
+        read,
         [0xA8, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -550,6 +644,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE(12)",
         Write,
         W,
+        write,
         [0xAA, 0xFA, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -558,6 +653,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "WRITE AND VERIFY(12)",
         Write,
         W,
+        write_verify,
         [0xAE, 0xF2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -566,6 +662,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "VERIFY(12)",
         Read,
         M,
+        verify,
         [0xAF, 0xF6, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0]
     ),
     cmd!(
@@ -574,6 +671,7 @@ pub(crate) static COMMANDS: &[CmdDesc] = &[
         "READ DEFECT DATA(12)",
         Read,
         M,
+        read_defect_data,
         [0xB7, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0]
     ),
 ];

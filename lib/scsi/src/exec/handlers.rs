@@ -1,80 +1,22 @@
-//! Command handlers of the executor: decode and validate a CDB and its data, then answer
-//! directly (emulated commands) or describe the block-level job (SBC-3 commands).
+//! Command handlers of the executor, each named by its row of [`crate::opcodes::COMMANDS`]
+//! (shape [`crate::opcodes::Handler`]): decode and validate a CDB and its data, then answer
+//! directly (emulated commands, in `spc`) or describe the block-level job (the SBC-3
+//! commands, here; the read/write ones open with [`rw::open`]).
 
 use riser_bdev::{IoBuf, IoKind, Lba};
 
 use super::rmw::{self, Rmw};
 use super::*;
+use crate::rw::Limit;
+
+mod spc;
 
 impl LunChannel {
-    /// REQUEST SENSE (SPC-4 6.29): reports (and clears) a pending unit attention, then a
-    /// sanitize in progress (NOT READY with the PROGRESS INDICATION, which is how IMMED
-    /// sanitize operations are followed) or failed, else NO SENSE; a removable LUN without
-    /// medium reports NOT READY.
-    pub(super) fn request_sense(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
-        let desc = ctx.cdb.u8(1) & 0x01 != 0;
+    /// READ (6/10/12/16) (SBC-3 5.8-5.11).
+    pub(crate) fn read(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let mut sense = Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE);
-        {
-            let mut st = lun.lock();
-            let n = st.nexus(ctx.nexus.key());
-            if !n.ua.is_empty() {
-                let asc = n.ua.remove(0);
-                sense = Sense::new(SenseKey::UnitAttention, asc);
-            } else if st.sanitize.active() {
-                // A sanitize in progress (with its progress) or failed (SBC-3 4.11).
-                if let Err(e) = sanitize::gate(
-                    &st.sanitize,
-                    lun.num_blocks(),
-                    op::TEST_UNIT_READY,
-                    F_MEDIUM,
-                ) {
-                    if let Some(s) = e.sense {
-                        sense = s;
-                    }
-                }
-            } else if lun.mode_bits() & MODE_NO_MEDIUM != 0 {
-                sense = Sense::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
-            }
-            lun.refresh_attn(&st);
-        }
-        let b = sense.encode(desc);
-        Ok(Action::Data(b.as_slice().to_vec(), ctx.cdb.u8(4) as usize))
-    }
-
-    /// START STOP UNIT (SBC-3 5.25): riser's medium is always spinning. A power condition
-    /// other than 0 is accepted and changes nothing (START and LOEJ are then ignored).
-    /// LOEJ ejects (START=0) or loads (START=1) a removable medium unless an I_T nexus
-    /// prevents removal (SBC-3 5.13); a fixed medium cannot be ejected.
-    pub(super) fn start_stop(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
-        let cdb = ctx.cdb;
-        let lun = ctx.lun;
-        let pc = cdb.u8(4) >> 4;
-        let loej = cdb.u8(4) & 0x02 != 0;
-        let start = cdb.u8(4) & 0x01 != 0;
-        if pc != 0 || !loej {
-            return Ok(Action::Good);
-        }
-        if !lun.config().removable {
-            return Err(CmdError::invalid_cdb(4, Some(1)));
-        }
-        let st = lun.lock();
-        if Lun::removal_prevented(&st) {
-            return Err(CmdError::illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
-        }
-        lun.set_mode_bit(MODE_NO_MEDIUM, !start);
-        Ok(Action::Good)
-    }
-
-    pub(super) fn read(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
-        let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
         let bs = lun.block_size() as u64;
-        ctx.xfer = b.blocks * bs;
-        rw::check_protect(&b)?;
-        rw::check_transfer(lun, &cdb, b.blocks)?;
-        rw::check_range(lun, b.lba, b.blocks)?;
         // Only what fits in EDTL is transferred (RFC 7143 11.4.5.2: the rest is residual).
         let want = (ctx.edtl as u64).min(b.blocks * bs);
         let blocks = want.div_ceil(bs);
@@ -109,36 +51,18 @@ impl LunChannel {
         ))
     }
 
-    /// WRITE (6/10/12/16), WRITE ATOMIC (16) and WRITE AND VERIFY (10/12/16).
-    pub(super) fn write(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-        wp: bool,
-    ) -> CmdResult<Action> {
+    /// WRITE (6/10/12/16) (SBC-3 5.32-5.35), its data whole or asked for piece by piece.
+    pub(crate) fn write(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
         let bs = lun.block_size() as u64;
-        ctx.xfer = b.blocks * bs;
-        rw::check_protect(&b)?;
-        rw::check_transfer(lun, &cdb, b.blocks)?;
-        rw::check_range(lun, b.lba, b.blocks)?;
-        let verify = matches!(
-            cdb.opcode(),
-            op::WRITE_VERIFY10 | op::WRITE_VERIFY12 | op::WRITE_VERIFY16
-        );
-        if wp {
-            return Err(CmdError::write_protected());
-        }
+        rw::check_writable(lun)?;
+        // FUA (SBC-3 5.35: byte 1 bit 3; WRITE (6) has none).
+        let fua = b.flags & 0x08 != 0;
         if ctx.data_later {
             // The data is asked for piece by piece; only plain WRITEs are sent that way.
             let chunk_blocks = (self.stream_chunk as u64 / bs).max(1);
             let blocks = b.blocks.min(ctx.edtl as u64 / bs);
-            if verify || cdb.opcode() == op::WRITE_ATOMIC16 {
-                log::error!("{:?} with its data to be asked for later: not streamable", cdb.opcode());
-                return Err(CmdError::internal());
-            }
             if blocks == 0 {
                 return Ok(Action::Good);
             }
@@ -148,7 +72,7 @@ impl LunChannel {
                     lba: b.lba,
                     blocks,
                     chunk_blocks,
-                    fua: b.flags & 0x08 != 0,
+                    fua,
                     asked: 0,
                     written: 0,
                     pending: None,
@@ -157,46 +81,69 @@ impl LunChannel {
                 })),
             ));
         }
-        // Whole blocks of data received (EDTL may be shorter than the transfer length).
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let job = Job::Write { lba: b.lba, blocks, buf: Some(buf), fua };
+        Ok(Action::Job(Need::One(b.lba, blocks), job))
+    }
+
+    /// WRITE ATOMIC (16) (SBC-4 5.48): a WRITE that holds its range exclusively, so that no
+    /// other write lands in the middle of it.
+    pub(crate) fn write_atomic(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
+        rw::check_writable(lun)?;
+        not_streamed(ctx)?;
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let fua = b.flags & 0x08 != 0;
+        let job = Job::Write { lba: b.lba, blocks, buf: Some(buf), fua };
+        Ok(Action::Job(Need::Exclusive(b.lba, blocks), job))
+    }
+
+    /// WRITE AND VERIFY (10/12/16) (SBC-3 5.36-5.38): write, then read back and compare
+    /// when BYTCHK is set.
+    pub(crate) fn write_verify(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
+        rw::check_writable(lun)?;
+        not_streamed(ctx)?;
+        let Some((buf, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
+            return Ok(Action::Good);
+        };
+        let check = b.flags & 0x02 != 0;
+        Ok(Action::Job(
+            Need::One(b.lba, blocks),
+            Job::WriteVerify {
+                lba: b.lba,
+                blocks,
+                buf: Some(buf),
+                written: None,
+                check,
+            },
+        ))
+    }
+
+    /// The whole blocks of data received for `b`, in a buffer of exactly their size (EDTL
+    /// may be shorter than the transfer length); `None` when there are none.
+    fn whole_blocks(
+        &mut self,
+        ctx: &Ctx<'_>,
+        data_out: Option<IoBuf>,
+        b: &rw::BlockCmd,
+    ) -> Option<(IoBuf, u64)> {
+        let bs = ctx.lun.block_size() as u64;
         let avail = data_out
             .as_ref()
             .map_or(0, |d| d.as_slice().len() as u64)
             .min(ctx.edtl as u64);
         let blocks = b.blocks.min(avail / bs);
         if blocks == 0 {
-            return Ok(Action::Good);
+            return None;
         }
-        let buf = self.exact(data_out, (blocks * bs) as usize);
-        let atomic = cdb.opcode() == op::WRITE_ATOMIC16;
-        let need = if atomic {
-            Need::Exclusive(b.lba, blocks)
-        } else {
-            Need::One(b.lba, blocks)
-        };
-        if verify {
-            let check = b.flags & 0x02 != 0;
-            return Ok(Action::Job(
-                need,
-                Job::WriteVerify {
-                    lba: b.lba,
-                    blocks,
-                    buf: Some(buf),
-                    written: None,
-                    check,
-                },
-            ));
-        }
-        // FUA (SBC-3 5.35: byte 1 bit 3; WRITE (6) has none).
-        let fua = b.flags & 0x08 != 0;
-        Ok(Action::Job(
-            need,
-            Job::Write {
-                lba: b.lba,
-                blocks,
-                buf: Some(buf),
-                fua,
-            },
-        ))
+        Some((self.exact(data_out, (blocks * bs) as usize), blocks))
     }
 
     /// A buffer of exactly `len` bytes holding the start of `data` (zero-copy when the
@@ -215,28 +162,20 @@ impl LunChannel {
     }
 
     /// VERIFY (10/12/16) (SBC-3 5.26-5.28).
-    pub(super) fn verify(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-    ) -> CmdResult<Action> {
+    pub(crate) fn verify(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
-        let bs = lun.block_size() as u64;
-        let bytchk = (b.flags >> 1) & 0x03;
-        ctx.xfer = match bytchk {
+        let bytes = |b: &rw::BlockCmd, bs| match b.bytchk() {
             0 => 0,
             1 => b.blocks * bs,
             3 if b.blocks > 0 => bs,
             _ => 0,
         };
-        rw::check_protect(&b)?;
-        if bytchk == 2 {
-            return Err(CmdError::invalid_cdb(1, Some(1)));
-        }
-        rw::check_transfer(lun, &cdb, b.blocks)?;
-        rw::check_range(lun, b.lba, b.blocks)?;
+        let own = |b: &rw::BlockCmd| match b.bytchk() {
+            2 => Err(CmdError::invalid_cdb(1, Some(1))),
+            _ => Ok(()),
+        };
+        let b = rw::open(lun, &ctx.cdb, &mut ctx.xfer, bytes, own, Limit::Transfer)?;
+        let bytchk = b.bytchk();
         if bytchk == 0 || b.blocks == 0 {
             // Medium verification: RAM has nothing to verify.
             return Ok(Action::Good);
@@ -262,50 +201,71 @@ impl LunChannel {
         ))
     }
 
+    /// PRE-FETCH (10/16) (SBC-3 5.9): riser has no cache to stage blocks into, so the blocks
+    /// are not "transferred to the cache" and the command completes with GOOD rather than
+    /// CONDITION MET.
+    pub(crate) fn pre_fetch(&mut self, ctx: &mut Ctx<'_>, _data_out: Option<IoBuf>) -> CmdResult<Action> {
+        let b = rw::decode(&ctx.cdb);
+        rw::check_range(ctx.lun, b.lba, b.blocks)?;
+        Ok(Action::Good)
+    }
+
+    /// SYNCHRONIZE CACHE (10/16) (SBC-3 5.22, 5.23): a flush of the range (0 blocks: from
+    /// the LBA to the end of the medium; LBA 0 and 0 blocks: all of it).
+    pub(crate) fn synchronize_cache(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        _data_out: Option<IoBuf>,
+    ) -> CmdResult<Action> {
+        let lun = ctx.lun;
+        let b = rw::decode(&ctx.cdb);
+        rw::check_range(lun, b.lba, b.blocks)?;
+        let (lba, blocks) = if b.lba == Lba::ZERO && b.blocks == 0 {
+            (Lba::ZERO, 0)
+        } else {
+            (b.lba, b.blocks)
+        };
+        let blocks = if blocks == 0 && lba != Lba::ZERO {
+            lun.end_lba() - lba
+        } else {
+            blocks
+        };
+        Ok(Action::Job(Need::None, Job::Flush { lba, blocks }))
+    }
+
     /// WRITE SAME (10/16) (SBC-3 5.41, 5.42). NUMBER OF LOGICAL BLOCKS 0 means "to the end
     /// of the medium" (WSNZ=0); with UNMAP set the blocks are deallocated (and read back
     /// as zeros, LBPRZ) whatever the data block holds.
-    pub(super) fn write_same(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-        wp: bool,
-    ) -> CmdResult<Action> {
+    pub(crate) fn write_same(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
+        // NDOB (no data-out buffer) exists in WRITE SAME (16) only.
+        let ndob = cdb.opcode() == op::WRITE_SAME16 && cdb.u8(1) & 0x01 != 0;
+        let own = |b: &rw::BlockCmd| {
+            if b.flags & 0x10 != 0 {
+                // ANCHOR requires ANC_SUP, which riser does not report (SBC-3 5.41).
+                return Err(CmdError::invalid_cdb(1, Some(4)));
+            }
+            if b.flags & 0x08 != 0 && !lun.thin_provisioned() {
+                return Err(CmdError::invalid_cdb(1, Some(3)));
+            }
+            Ok(())
+        };
+        let bytes = |_: &rw::BlockCmd, bs| if ndob { 0 } else { bs };
+        let b = rw::open(lun, &cdb, &mut ctx.xfer, bytes, own, Limit::Handler)?;
         let bs = lun.block_size() as u64;
         let unmap = b.flags & 0x08 != 0;
-        let anchor = b.flags & 0x10 != 0;
-        let ndob = cdb.opcode() == op::WRITE_SAME16 && b.flags & 0x01 != 0;
-        let len_byte = if cdb.opcode() == op::WRITE_SAME10 {
-            7
-        } else {
-            10
-        };
-        ctx.xfer = if ndob { 0 } else { bs };
-        rw::check_protect(&b)?;
-        if anchor {
-            // ANCHOR requires ANC_SUP, which riser does not report (SBC-3 5.41).
-            return Err(CmdError::invalid_cdb(1, Some(4)));
-        }
-        if unmap && !lun.thin_provisioned() {
-            return Err(CmdError::invalid_cdb(1, Some(3)));
-        }
-        rw::check_range(lun, b.lba, b.blocks)?;
         let blocks = if b.blocks == 0 {
             lun.end_lba() - b.lba
         } else {
             b.blocks
         };
         if blocks > MAX_WRITE_SAME_BLOCKS {
-            return Err(CmdError::invalid_cdb(len_byte, None));
+            return Err(CmdError::invalid_cdb(b.len_byte, None));
         }
         // A write-protected LUN refuses before the data is looked at (libiscsi's ReadOnly
         // test sends WRITE SAME with UNMAP and no data).
-        if wp {
-            return Err(CmdError::write_protected());
-        }
+        rw::check_writable(lun)?;
         // Exactly one logical block of data (none with NDOB).
         let got = data_out
             .as_ref()
@@ -345,12 +305,7 @@ impl LunChannel {
     }
 
     /// UNMAP (SBC-3 5.28) with its parameter list.
-    pub(super) fn unmap(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-        wp: bool,
-    ) -> CmdResult<Action> {
+    pub(crate) fn unmap(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
         let len = cdb.be16(7) as usize;
@@ -393,9 +348,7 @@ impl LunChannel {
                 ranges.push((lba, cnt));
             }
         }
-        if wp {
-            return Err(CmdError::write_protected());
-        }
+        rw::check_writable(lun)?;
         if ranges.is_empty() {
             return Ok(Action::Good);
         }
@@ -406,22 +359,16 @@ impl LunChannel {
     }
 
     /// COMPARE AND WRITE (SBC-3 5.2): atomic against every other write to the range.
-    pub(super) fn compare_and_write(
+    pub(crate) fn compare_and_write(
         &mut self,
         ctx: &mut Ctx<'_>,
         data_out: Option<IoBuf>,
-        wp: bool,
     ) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
+        let bytes = |b: &rw::BlockCmd, bs| 2 * b.blocks * bs;
+        let limit = Limit::Blocks(MAX_CAW_BLOCKS);
+        let b = rw::open(lun, &ctx.cdb, &mut ctx.xfer, bytes, |_| Ok(()), limit)?;
         let bs = lun.block_size() as u64;
-        ctx.xfer = 2 * b.blocks * bs;
-        rw::check_protect(&b)?;
-        if b.blocks > MAX_CAW_BLOCKS {
-            return Err(CmdError::invalid_cdb(13, None));
-        }
-        rw::check_range(lun, b.lba, b.blocks)?;
         let need_len = (2 * b.blocks * bs) as usize;
         if (ctx.edtl as usize) != need_len {
             // SBC-3 5.2: the Data-Out buffer holds exactly the verify and the write instance
@@ -434,9 +381,7 @@ impl LunChannel {
         if b.blocks == 0 {
             return Ok(Action::Good);
         }
-        if wp {
-            return Err(CmdError::write_protected());
-        }
+        rw::check_writable(lun)?;
         let have = data_out
             .as_ref()
             .map_or(0, |d| d.as_slice().len())
@@ -458,32 +403,13 @@ impl LunChannel {
     }
 
     /// ORWRITE (16) (SBC-3 5.9): read, OR the data in, write; atomic like COMPARE AND WRITE.
-    pub(super) fn orwrite(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-        wp: bool,
-    ) -> CmdResult<Action> {
+    pub(crate) fn orwrite(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
-        let cdb = ctx.cdb;
-        let b = rw::decode(&cdb);
-        let bs = lun.block_size() as u64;
-        ctx.xfer = b.blocks * bs;
-        rw::check_protect(&b)?;
-        rw::check_transfer(lun, &cdb, b.blocks)?;
-        rw::check_range(lun, b.lba, b.blocks)?;
-        if wp {
-            return Err(CmdError::write_protected());
-        }
-        let avail = data_out
-            .as_ref()
-            .map_or(0, |d| d.as_slice().len() as u64)
-            .min(ctx.edtl as u64);
-        let blocks = b.blocks.min(avail / bs);
-        if blocks == 0 {
+        let b = rw::open_transfer(lun, &ctx.cdb, &mut ctx.xfer)?;
+        rw::check_writable(lun)?;
+        let Some((data, blocks)) = self.whole_blocks(ctx, data_out, &b) else {
             return Ok(Action::Good);
-        }
-        let data = self.exact(data_out, (blocks * bs) as usize);
+        };
         Ok(Action::Job(
             Need::Exclusive(b.lba, blocks),
             Job::Rmw(Rmw::new(b.lba, blocks, data, rmw::or_write)),
@@ -495,7 +421,11 @@ impl LunChannel {
     /// as many as the allocation length holds. Otherwise blocks that read as zeros are
     /// reported deallocated (LBPRZ: an unmapped block reads as zeros, and a zeroed block is
     /// as good as unmapped), read one window at a time.
-    pub(super) fn get_lba_status(&mut self, ctx: &mut Ctx<'_>) -> CmdResult<Action> {
+    pub(crate) fn get_lba_status(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        _data_out: Option<IoBuf>,
+    ) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
         let lba = Lba::new(cdb.be64(2));
@@ -536,12 +466,7 @@ impl LunChannel {
 
     /// SANITIZE (SBC-3; see the `sanitize` module): validates, then runs the operation over
     /// the whole medium as one job, exclusive of every write.
-    pub(super) fn sanitize(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data_out: Option<IoBuf>,
-        wp: bool,
-    ) -> CmdResult<Action> {
+    pub(crate) fn sanitize(&mut self, ctx: &mut Ctx<'_>, data_out: Option<IoBuf>) -> CmdResult<Action> {
         let lun = ctx.lun;
         let cdb = ctx.cdb;
         let len = cdb.be16(7) as u64;
@@ -568,9 +493,7 @@ impl LunChannel {
             }
             sanitize::Request::Start { op, immed, ause } => (op, immed, ause),
         };
-        if wp {
-            return Err(CmdError::write_protected());
-        }
+        rw::check_writable(lun)?;
         {
             let mut st = lun.lock();
             if let SanitizeState::Running { .. } = st.sanitize {
@@ -605,4 +528,14 @@ impl LunChannel {
             }),
         ))
     }
+}
+
+/// INTERNAL error for a command whose data the iSCSI layer was to ask for piece by piece:
+/// it streams plain WRITEs only, so this is a bug there, not the initiator's.
+fn not_streamed(ctx: &Ctx<'_>) -> CmdResult<()> {
+    if ctx.data_later {
+        log::error!("{:?} with its data to be asked for later: not streamable", ctx.cdb.opcode());
+        return Err(CmdError::internal());
+    }
+    Ok(())
 }

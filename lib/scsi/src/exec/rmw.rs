@@ -10,10 +10,10 @@ use crate::sense::{CmdError, CmdResult};
 
 /// The combine step: turns the blocks read (`cur`) into the blocks to write, from the
 /// command's Data-Out buffer (`data`). An error ends the command and nothing is written.
-pub(super) type Combine = fn(cur: &mut [u8], data: &[u8]) -> CmdResult<()>;
+pub(crate) type Combine = fn(cur: &mut [u8], data: &[u8]) -> CmdResult<()>;
 
 /// A read-modify-write of `[lba, lba + blocks)`.
-pub(super) struct Rmw {
+pub(crate) struct Rmw {
     pub lba: Lba,
     pub blocks: u64,
     /// The Data-Out buffer, exactly as long as `combine` expects.
