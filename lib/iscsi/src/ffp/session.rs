@@ -9,12 +9,13 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
-use riser_bdev::IoBuf;
-use riser_buf::{Account, Pool, Waiter};
-pub use riser_scsi::Residual;
-use riser_scsi::{Asc, Sense, SenseKey, Status};
+use riser_buf::{Account, IoBuf, Pool, Waiter};
+pub use riser_scsi::task::{DataOut, Residual, ScsiResult, TaskEvent};
+use riser_scsi::task::{Nexus, ScsiTask, TaskAttr};
+use riser_scsi::{Asc, LunId, Sense, SenseKey, Status};
 
 use super::config::FfpConfig;
 use super::datamover::{GetData, PutData, SnState};
@@ -22,7 +23,7 @@ use crate::pdu::{logout, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, Rejec
 use crate::serial::{Itt, Sn, TagMap, Ttt};
 use crate::text::{Pairs, TextAssembler};
 
-/// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
+/// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of a SCSI Response.
 pub const STATUS_GOOD: u8 = Status::Good as u8;
 pub const STATUS_CHECK_CONDITION: u8 = Status::CheckCondition as u8;
 /// SCSI status TASK SET FULL (SAM-5 5.3.1): a command the task set has no room for.
@@ -50,12 +51,9 @@ pub struct ScsiRequest {
     pub read: bool,
     pub write: bool,
     pub attr: u8,
-    /// Write data (EDTL bytes, `data_out_len` of them received).
-    pub data_out: Option<IoBuf>,
-    pub data_out_len: u32,
-    /// A streamed write: no data yet; the SCSI layer asks for it piece by piece
-    /// ([`Ffp::on_scsi_want`]) and gets each piece through [`Action::WriteData`].
-    pub data_out_later: bool,
+    /// Write data: all of it (EDTL bytes), or streamed (the SCSI layer asks for it piece by
+    /// piece with [`TaskEvent::Want`] and gets each piece through [`Action::WriteData`]).
+    pub data_out: DataOut,
 }
 
 impl ScsiRequest {
@@ -67,23 +65,27 @@ impl ScsiRequest {
             &self.ext_cdb
         }
     }
+
+    /// Bytes of write data handed over with the command (0 when streamed or none).
+    pub fn data_out_len(&self) -> u32 {
+        self.data_out.buf().map_or(0, |b| b.len() as u32)
+    }
+
+    /// The SCSI task for this command on the I_T nexus `nexus` (the session's), tagged with
+    /// the ITT: every [`TaskEvent`] of it comes back with that tag ([`Ffp::on_scsi`]).
+    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask {
+        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus.clone());
+        task.read = self.read;
+        task.write = self.write;
+        task.data_out = self.data_out;
+        task.attr = TaskAttr::from_iscsi(self.attr);
+        task
+    }
 }
 
-/// A finished SCSI command.
-pub struct ScsiDone {
-    pub itt: Itt,
-    pub status: u8,
-    /// Sense data (fixed format), empty when none.
-    pub sense: Vec<u8>,
-    /// Read data: the first `data_in_len` bytes go to the initiator.
-    pub data_in: Option<IoBuf>,
-    pub data_in_len: u32,
-    /// The command's buffer offset of `data_in[0]`: 0, or where the last piece of a streamed
-    /// read starts (the pieces before it came through [`Ffp::on_scsi_data`]).
-    pub data_in_offset: u32,
-    pub residual: Residual,
-    /// The write buffer given with the request, returned for reuse.
-    pub data_out: Option<IoBuf>,
+/// The SCSI layer's LUN number for a PDU's LUN field.
+pub fn lun_id(lun: Lun) -> LunId {
+    LunId::from_field(lun.0.to_be_bytes())
 }
 
 /// What the connection driver must do.
@@ -94,7 +96,7 @@ pub enum Action {
     GetData(GetData),
     Execute(ScsiRequest),
     /// A piece of a streamed write's data for the SCSI layer: the command's bytes from
-    /// `offset` (as asked for with [`Ffp::on_scsi_want`]).
+    /// `offset` (as asked for with a [`TaskEvent::Want`]).
     WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
     /// datamover's resources for it (Deallocate_Task_Resources). The driver carries it out
@@ -262,7 +264,7 @@ impl Ffp {
     /// Streams plain WRITEs (6/10/12/16) larger than `bytes` whose data is not all
     /// unsolicited: the command goes to the SCSI layer once its unsolicited data is in, and
     /// the SCSI layer asks for the rest piece by piece, each piece's buffer taken from the
-    /// budget when it is asked for (see [`Self::on_scsi_want`]). 0: never (the default).
+    /// budget when it is asked for (a [`TaskEvent::Want`]). 0: never (the default).
     pub fn set_write_stream_chunk(&mut self, bytes: u32) {
         self.write_stream_chunk = bytes;
     }

@@ -2,8 +2,9 @@
 //! flags and its immediate data, the task it becomes, its hand-over to the SCSI layer
 //! ([`Action::Execute`]), and the responses of commands that fail in this layer.
 
-use riser_bdev::IoBuf;
-use riser_scsi::{Residual, Sense};
+use riser_buf::IoBuf;
+use riser_scsi::task::{DataOut, Residual};
+use riser_scsi::Sense;
 
 use super::{
     Action, Ffp, Immediate, ScsiRequest, Task, TaskState, SENSE_DATA_PHASE_ERROR, SENSE_WRITE_TOO_LARGE,
@@ -159,7 +160,11 @@ impl Ffp {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         t.state = TaskState::Executing;
         t.in_scsi = true;
-        let data_out_len = if t.buf.is_some() { t.cmd.expected_data_transfer_length } else { 0 };
+        let data_out = match t.buf.take() {
+            Some(buf) => DataOut::Whole(buf),
+            None if t.stream => DataOut::Streamed,
+            None => DataOut::None,
+        };
         self.actions.push_back(Action::Execute(ScsiRequest {
             itt,
             lun: t.lun,
@@ -169,9 +174,7 @@ impl Ffp {
             read: t.cmd.read,
             write: t.cmd.write,
             attr: t.cmd.attr,
-            data_out: t.buf.take(),
-            data_out_len,
-            data_out_later: t.stream,
+            data_out,
         }));
     }
 

@@ -154,7 +154,7 @@ mod tests {
         drop(g);
         assert_eq!(pool.stats().in_use_bytes, 0);
         // Data arriving late for the failed task changes nothing.
-        f.on_data_ready(Itt(1), riser_bdev::IoBuf::empty());
+        f.on_data_ready(Itt(1), riser_buf::IoBuf::empty());
         assert!(drain(&mut f).is_empty());
     }
 

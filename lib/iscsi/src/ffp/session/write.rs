@@ -1,9 +1,9 @@
 //! A write's data (RFC 7143 §11.7, §13.10, §13.14): unsolicited data (immediate data and
 //! unsolicited Data-Out), the solicited rest asked for with Get_Data (R2Ts on TCP, RDMA
 //! Reads on iSER) once the buffer budget grants its memory, and streamed writes, whose data
-//! the SCSI layer asks for piece by piece ([`Ffp::on_scsi_want`]).
+//! the SCSI layer asks for piece by piece ([`riser_scsi::TaskEvent::Want`]).
 
-use riser_bdev::IoBuf;
+use riser_buf::IoBuf;
 
 use super::{gather, Action, Ffp, TaskState, MAX_SPARE, SENSE_DATA_PHASE_ERROR};
 use crate::ffp::datamover::GetData;
@@ -85,7 +85,7 @@ impl Ffp {
     /// The SCSI layer asks for a piece of a streamed write's data (the command's bytes
     /// `[offset, offset+len)`): its buffer from the budget (in turn with every other write),
     /// then the unsolicited bytes it covers, then Get_Data for the rest.
-    pub fn on_scsi_want(&mut self, itt: Itt, offset: u32, len: u32) {
+    pub(super) fn on_scsi_want(&mut self, itt: Itt, offset: u32, len: u32) {
         let Some(t) = self.tasks.get_mut(&itt) else {
             return; // aborted or failed meanwhile
         };
