@@ -7,7 +7,7 @@ use riser_buf::IoBuf;
 use riser_scsi::task::{Residual, ScsiResult, TaskEvent};
 
 use super::command::scsi_response;
-use super::{Action, Ffp};
+use super::{Action, Ffp, ReadOut, TaskState};
 use crate::ffp::datamover::PutData;
 use crate::serial::Itt;
 
@@ -36,13 +36,16 @@ impl Ffp {
             return; // aborted meanwhile
         };
         let edtl = t.cmd.expected_data_transfer_length;
-        if !t.cmd.read || offset != t.data_in_sent || offset >= edtl {
+        let TaskState::Executing(out) = &mut t.state else {
+            return; // not a read in the SCSI layer
+        };
+        if !t.cmd.read || offset != out.sent || offset >= edtl {
             // Data-In for a command without the R bit is never sent (see on_scsi_done).
             return;
         }
         let len = len.min(edtl - offset);
-        t.data_in_sent = offset + len;
-        if let Some((offset, buf, len)) = t.held_piece.replace((offset, buf, len)) {
+        out.sent = offset + len;
+        if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
             self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
         }
     }
@@ -60,7 +63,12 @@ impl Ffp {
         if !immediate {
             self.slot_freed();
         }
-        if t.stream && t.want.is_some() {
+        let wanting = matches!(t.state, TaskState::Streaming { want: Some(_) });
+        let out = match t.state {
+            TaskState::Executing(out) => out,
+            _ => ReadOut::default(),
+        };
+        if wanting {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
             self.abort_action(itt, t.lun, false);
@@ -82,9 +90,8 @@ impl Ffp {
         }
         let response = scsi_response(itt, done.status.code(), done.sense_bytes(), residual, s);
         let edtl = t.cmd.expected_data_transfer_length;
-        let mut t = t;
-        let last_ok = done.data_in.is_some() && data_in_len > 0 && t.cmd.read && data_in_offset == t.data_in_sent && data_in_offset < edtl;
-        if let Some((offset, buf, len)) = t.held_piece.take() {
+        let last_ok = done.data_in.is_some() && data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl;
+        if let Some((offset, buf, len)) = out.held {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
@@ -95,7 +102,7 @@ impl Ffp {
         }
         match done.data_in {
             // The data (whole, or a streamed read's last piece, right after the others).
-            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == t.data_in_sent && data_in_offset < edtl => {
+            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => {
                 self.actions.push_back(Action::PutData(PutData {
                     itt,
                     lun: t.lun,
@@ -108,12 +115,12 @@ impl Ffp {
             }
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
-            _ if t.data_in_sent > 0 => self.actions.push_back(Action::PutData(PutData {
+            _ if out.sent > 0 => self.actions.push_back(Action::PutData(PutData {
                 itt,
                 lun: t.lun,
                 buf: IoBuf::empty(),
                 len: 0,
-                offset: t.data_in_sent,
+                offset: out.sent,
                 response: Some(response),
                 sn: s,
             })),

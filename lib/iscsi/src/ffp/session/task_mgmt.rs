@@ -54,7 +54,7 @@ impl Ffp {
                 if !t.cmd.immediate {
                     self.slot_freed();
                 }
-                self.abort_action(itt, t.lun, t.in_scsi);
+                self.abort_action(itt, t.lun, t.state.in_scsi());
             }
         }
     }
@@ -69,7 +69,7 @@ impl Ffp {
                         if !task.cmd.immediate {
                             self.slot_freed();
                         }
-                        self.abort_action(itt, task.lun, task.in_scsi);
+                        self.abort_action(itt, task.lun, task.state.in_scsi());
                         tmf::response::FUNCTION_COMPLETE
                     }
                     // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the
