@@ -446,7 +446,7 @@ impl DeviceChannel {
             || self.channels.values().any(|ch| ch.busy())
     }
 
-    /// Tasks submitted whose result has not been returned by `poll` yet.
+    /// Tasks in flight, plus the events waiting for `poll` (see [`LunChannel::outstanding`]).
     pub fn outstanding(&self) -> usize {
         self.done.len()
             + self

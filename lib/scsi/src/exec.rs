@@ -574,7 +574,8 @@ impl LunChannel {
         &self.lun
     }
 
-    /// Tasks submitted whose result has not been returned by `poll` yet.
+    /// Tasks in flight, plus the events waiting for `poll` (results, and a streamed read's
+    /// pieces and a streamed write's wants not taken yet).
     pub fn outstanding(&self) -> usize {
         self.active + self.done.len()
     }

@@ -277,7 +277,7 @@ pub struct Ffp {
     /// reports aborted results ([`Self::set_aborted_results`]): they keep their place under
     /// the task cap, so aborting in a loop cannot pile up work in the SCSI layer.
     aborted_in_scsi: Vec<Itt>,
-    /// The driver reports every aborted SCSI result ([`Self::on_scsi_aborted`]).
+    /// The driver hands over every [`TaskEvent::Aborted`] ([`Self::set_aborted_results`]).
     aborted_results: bool,
     /// Plain WRITEs with more solicited data than this stream: their data is asked for
     /// piece by piece by the SCSI layer (0: never).

@@ -236,3 +236,30 @@ fn a_streamed_write_waiting_for_data_keeps_no_reactor_busy_and_aborts_cleanly() 
     e.dc.poll(&mut out);
     assert!(matches!(out.as_slice(), [TaskEvent::Done(r)] if r.tag == tag && r.status == Status::CheckCondition), "{out:?}");
 }
+
+/// A want still waiting for `poll` when its write ends goes with it: the abort is the task's
+/// last event, and its only one after the abort.
+#[test]
+fn a_want_queued_when_its_write_ends_is_withdrawn() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.dc.set_stream_chunk(Some(CHUNK));
+    let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out = DataOut::Streamed;
+    let tag = t.tag;
+    e.dc.submit(t);
+    let mut out = Vec::new();
+    e.dc.poll(&mut out);
+    assert!(matches!(out.as_slice(), [TaskEvent::Want(w)] if w.offset == 0), "{out:?}");
+    out.clear();
+    // The first piece is written while the second is asked for; the task is aborted before
+    // that want is taken.
+    e.dc.write_data(LunId::new(e.lun.id()), tag, 0, IoBuf::from(vec![0u8; CHUNK]));
+    assert!(e.ch().abort_task(&a, tag));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && e.ch().busy() {
+        e.dc.poll(&mut out);
+    }
+    assert!(matches!(out.as_slice(), [r] if r.tag() == tag && r.is_aborted()), "{out:?}");
+}

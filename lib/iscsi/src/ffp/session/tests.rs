@@ -932,3 +932,21 @@ fn an_aborted_task_keeps_its_place_under_the_cap_until_the_scsi_layer_gives_it_b
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 16, true, false, 512))), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(7)));
 }
+
+/// The iSCSI layer builds the SCSI task itself: tag = ITT, the LUN number from the LUN
+/// field, the task attribute from ATTR, the write data as a `DataOut`.
+#[test]
+fn a_request_becomes_the_scsi_task() {
+    let (mut f, now) = ffp(FfpConfig::default());
+    let mut c = cmd(5, 10, true, false, 512);
+    c.lun = Lun(0x0001_0000_0000_0000);
+    c.attr = 2;
+    f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
+    let Some(Action::Execute(req)) = drain(&mut f).into_iter().next() else { panic!("expected Execute") };
+    let nexus = Arc::new(riser_scsi::Nexus::new("iqn.2024-01.test:i", 1, "iqn.2024-01.test:t", 1));
+    let t = req.into_task(&nexus);
+    assert_eq!((t.tag, t.lun, t.edtl, t.read, t.write), (5, 1, 512, true, false));
+    assert_eq!((t.cdb.opcode(), t.attr), (0x28, riser_scsi::TaskAttr::Ordered));
+    assert!(matches!(t.data_out, DataOut::None));
+    assert!(Arc::ptr_eq(&t.nexus, &nexus));
+}
