@@ -80,7 +80,7 @@ impl<D: Datamover> Connection<D> {
         scsi.set_stream_chunk(Some(STREAM_CHUNK));
         let mut ffp = ffp;
         ffp.set_write_stream_chunk(STREAM_CHUNK as u32);
-        // Every SCSI result comes back here, aborted ones too (see `complete`): an aborted
+        // Every SCSI result comes back here, aborted ones too (see `collect_scsi`): an aborted
         // task keeps its place under the task cap until the SCSI layer has given it back.
         ffp.set_aborted_results(true);
         // Immediate data goes straight into write buffers from the same pool and account.
