@@ -20,7 +20,7 @@ use crate::cdb::{op, put_be32, Cdb};
 use crate::exec::{BufAlloc, LunChannel};
 use crate::lun::{Lun, ResetKind};
 use crate::sense::{Asc, CmdError, CmdResult, Sense, SenseKey, Status};
-use crate::task::{Nexus, Residual, ScsiResult, ScsiTask};
+use crate::task::{Nexus, Residual, ScsiResult, ScsiTask, TaskEvent};
 
 /// A LUN number: what the 8-byte LUN field of a command addresses.
 ///
@@ -272,10 +272,8 @@ fn data_result(task: &ScsiTask, mut v: Vec<u8>, alloc: usize) -> ScsiResult {
             None
         },
         data_len: n,
-        residual,
-        aborted: false,
         data_offset: 0,
-        partial: false,
+        residual,
     }
 }
 
@@ -286,10 +284,8 @@ fn error_result(task: &ScsiTask, e: CmdError) -> ScsiResult {
         sense: e.sense.map(|s| s.fixed()),
         data_in: None,
         data_len: 0,
-        residual: Residual::compute(0, task.edtl),
-        aborted: false,
         data_offset: 0,
-        partial: false,
+        residual: Residual::compute(0, task.edtl),
     }
 }
 
@@ -310,7 +306,7 @@ pub struct DeviceChannel {
     /// are done, then dropped.
     retired: Vec<LunChannel>,
     /// Results answered at target level, for the next poll.
-    done: Vec<ScsiResult>,
+    done: Vec<TaskEvent>,
     alloc: Option<BufAllocFactory>,
     /// What the connection holds of the buffer budget; every LUN channel charges its reads.
     account: riser_buf::Account,
@@ -347,13 +343,6 @@ impl DeviceChannel {
             ch.set_stream_chunk(bytes);
         }
         self.stream_chunk = bytes;
-    }
-
-    /// Moves the pieces of data the streamed writes of every LUN ask for into `out`.
-    pub fn take_wants(&mut self, out: &mut Vec<crate::DataWant>) {
-        for ch in self.channels.values_mut() {
-            ch.take_wants(out);
-        }
     }
 
     /// Data for a streamed write on LUN `lun` (see [`LunChannel::write_data`]).
@@ -415,17 +404,17 @@ impl DeviceChannel {
     pub fn submit(&mut self, task: ScsiTask) {
         if is_target_level(&task.cdb) {
             let r = self.dev.report_luns(&task);
-            self.done.push(r);
+            self.done.push(TaskEvent::Done(r));
             return;
         }
         match self.channel(LunId(task.lun)) {
             Some(ch) => ch.submit(task),
-            None => self.done.push(no_such_lun(&task)),
+            None => self.done.push(TaskEvent::Done(no_such_lun(&task))),
         }
     }
 
-    /// Moves finished tasks into `out`; returns how many.
-    pub fn poll(&mut self, out: &mut Vec<ScsiResult>) -> usize {
+    /// Moves the tasks' events (see [`TaskEvent`]) into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<TaskEvent>) -> usize {
         let mut n = self.done.len();
         out.append(&mut self.done);
         for ch in self.channels.values_mut() {
@@ -438,6 +427,17 @@ impl DeviceChannel {
         n
     }
 
+    /// Moves the events already queued (answers at target level, pieces, wants) into `out`
+    /// without polling the devices: for tests that serve a streamed write's wants before its
+    /// writes in flight complete.
+    #[cfg(test)]
+    pub(crate) fn take_events(&mut self, out: &mut Vec<TaskEvent>) {
+        out.append(&mut self.done);
+        for ch in self.channels.values_mut() {
+            ch.take_events(out);
+        }
+    }
+
     /// Whether `poll` has work to do (results to return, I/O in flight, tasks waiting for
     /// a range lock, a background SANITIZE): keep polling while true.
     pub fn busy(&self) -> bool {
@@ -446,7 +446,7 @@ impl DeviceChannel {
             || self.channels.values().any(|ch| ch.busy())
     }
 
-    /// Tasks submitted whose result has not been returned by `poll` yet.
+    /// Tasks in flight, plus the events waiting for `poll` (see [`LunChannel::outstanding`]).
     pub fn outstanding(&self) -> usize {
         self.done.len()
             + self

@@ -30,7 +30,7 @@ use crate::pr;
 use crate::rw;
 use crate::sanitize::{self, SanitizeOp, SanitizeState};
 use crate::sense::{Asc, CmdError, CmdResult, Sense, SenseKey, Status};
-use crate::task::{DataWant, Nexus, Residual, ScsiResult, ScsiTask};
+use crate::task::{DataOut, DataPiece, DataWant, Nexus, Residual, ScsiResult, ScsiTask, TaskEvent};
 use crate::xcopy::{self, CopyStatus, Segment};
 
 mod dispatch;
@@ -117,7 +117,7 @@ impl StreamRead {
     }
 }
 
-/// A plain WRITE whose data is asked for piece by piece (`ScsiTask::data_out_later`): the
+/// A plain WRITE whose data is asked for piece by piece ([`DataOut::Streamed`]): the
 /// next piece is asked for when the last one starts being written, and each is written as
 /// it comes (one write at a time, each admitted by the range lock for its own blocks), so a
 /// WRITE of any size holds at most two pieces of memory: one being written, one being
@@ -293,7 +293,7 @@ pub(crate) struct Ctx<'a> {
     edtl: u32,
     /// The command's SCSI transfer length in bytes (for the residual).
     xfer: u64,
-    /// The write data is asked for piece by piece (`ScsiTask::data_out_later`).
+    /// The write data is asked for piece by piece ([`DataOut::Streamed`]).
     data_later: bool,
 }
 
@@ -306,7 +306,9 @@ pub struct LunChannel {
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
     waiting: VecDeque<usize>,
-    done: Vec<ScsiResult>,
+    /// Events for the next poll, in the order they happened: results, read pieces, and the
+    /// wants of streamed writes.
+    done: Vec<TaskEvent>,
     comps: Vec<IoCompletion>,
     counter: Arc<FastCounter>,
     seen: IdSet,
@@ -323,8 +325,6 @@ pub struct LunChannel {
     /// Slots of streamed reads waiting for budget for their next piece, and of streamed
     /// writes whose piece waits for range admission.
     pumping: Vec<usize>,
-    /// Pieces of data streamed writes ask for (see [`Self::take_wants`]).
-    wants: Vec<DataWant>,
     /// Streamed writes among the ops.
     write_streams: usize,
 }
@@ -448,30 +448,30 @@ impl LunChannel {
             deferred: Vec::new(),
             stream_chunk: 0,
             pumping: Vec::new(),
-            wants: Vec::new(),
             write_streams: 0,
         }
     }
 
     /// Streams READs larger than `bytes` (rounded down to whole blocks, at least one) in
     /// pieces of that size: each piece comes out of [`poll`](Self::poll) as a
-    /// [`ScsiResult`] with `partial` set as soon as it (and every piece before it) is read,
-    /// and the last one with the task's status. `None` (the default): every READ returns
-    /// its data whole, in one buffer.
+    /// [`TaskEvent::Data`] as soon as it (and every piece before it) is read, and the last
+    /// one in the task's [`TaskEvent::Done`]. `None` (the default): every READ returns its
+    /// data whole, in one buffer.
     ///
-    /// The same size cuts streamed WRITEs (tasks with `data_out_later`) into the pieces
-    /// their data is asked for in.
+    /// The same size cuts streamed WRITEs ([`DataOut::Streamed`]) into the pieces their
+    /// data is asked for in ([`TaskEvent::Want`]).
     pub fn set_stream_chunk(&mut self, bytes: Option<usize>) {
         self.stream_chunk = bytes.unwrap_or(0);
     }
 
-    /// Moves the pieces of data streamed writes ask for into `out`.
-    pub fn take_wants(&mut self, out: &mut Vec<DataWant>) {
-        out.append(&mut self.wants);
+    /// Moves the events already queued into `out`, without polling the device (tests).
+    #[cfg(test)]
+    pub(crate) fn take_events(&mut self, out: &mut Vec<TaskEvent>) {
+        out.append(&mut self.done);
     }
 
     /// Data for a streamed write: the command's bytes from `offset`, as asked for by a
-    /// [`DataWant`]. Data for a task that is gone (aborted, failed) or not asked for is
+    /// [`TaskEvent::Want`]. Data for a task that is gone (aborted, failed) or not asked for is
     /// dropped.
     pub fn write_data(&mut self, tag: u64, offset: u32, buf: IoBuf) {
         let bs = self.lun.block_size() as u64;
@@ -509,7 +509,7 @@ impl LunChannel {
         let first = j.asked * j.chunk_blocks;
         let n = (j.blocks - first).min(j.chunk_blocks);
         j.asked += 1;
-        self.wants.push(DataWant { tag: *tag, lun, offset: (first * bs) as u32, len: (n * bs) as u32 });
+        self.done.push(TaskEvent::Want(DataWant { tag: *tag, lun, offset: (first * bs) as u32, len: (n * bs) as u32 }));
     }
 
     /// Writes a streamed write's pending piece if none is being written and the range lock
@@ -573,7 +573,8 @@ impl LunChannel {
         &self.lun
     }
 
-    /// Tasks submitted whose result has not been returned by `poll` yet.
+    /// Tasks in flight, plus the events waiting for `poll` (results, and a streamed read's
+    /// pieces and a streamed write's wants not taken yet).
     pub fn outstanding(&self) -> usize {
         self.active + self.done.len()
     }
@@ -581,7 +582,8 @@ impl LunChannel {
     /// Whether `poll` has work to do (results to return, I/O in flight, or tasks waiting
     /// for a range lock): a reactor in adaptive mode should keep polling while true.
     pub fn busy(&self) -> bool {
-        let work = self.outstanding() + self.wants.len();
+        // Wants not yet taken are among the events counted by `outstanding`.
+        let work = self.outstanding();
         if self.write_streams == 0 {
             return work > 0;
         }
@@ -615,9 +617,13 @@ impl LunChannel {
             cdb: task.cdb,
             edtl,
             xfer: 0,
-            data_later: task.data_out_later,
+            data_later: task.data_out.is_streamed(),
         };
-        let action = self.dispatch(&mut ctx, task.data_out);
+        let data_out = match task.data_out {
+            DataOut::Whole(b) => Some(b),
+            DataOut::None | DataOut::Streamed => None,
+        };
+        let action = self.dispatch(&mut ctx, data_out);
         let xfer = ctx.xfer;
         match action {
             Ok(Action::Data(mut v, alloc_len)) => {
@@ -626,17 +632,11 @@ impl LunChannel {
                 let residual = Residual::compute(v.len() as u64, edtl);
                 v.truncate(n);
                 let buf = Self::vec_buf(v);
-                self.done.push(ScsiResult {
-                    tag,
-                    status: Status::Good,
-                    sense: None,
+                self.done.push(TaskEvent::Done(ScsiResult {
                     data_in: if n > 0 { Some(buf) } else { None },
                     data_len: n,
-                    residual,
-                    aborted: false,
-                    data_offset: 0,
-                    partial: false,
-                });
+                    ..ScsiResult::new(tag, Status::Good, residual)
+                }));
             }
             Ok(Action::Good) => self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense),
             Err(e) => self.finish_now(tag, edtl, xfer, Err(e), dsense),
@@ -739,8 +739,8 @@ impl LunChannel {
         });
     }
 
-    /// Moves finished tasks into `out`; returns how many.
-    pub fn poll(&mut self, out: &mut Vec<ScsiResult>) -> usize {
+    /// Moves the events of the tasks (pieces, wants, ends) into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<TaskEvent>) -> usize {
         if self
             .lun
             .sanitize_orphan
@@ -785,7 +785,7 @@ impl LunChannel {
     }
 
     /// ABORT TASK: aborts the task `tag` of `nexus`. Returns whether it was found. A task
-    /// whose bdev I/O is in flight is reported (with `aborted` set) once the I/O
+    /// whose bdev I/O is in flight is reported ([`TaskEvent::Aborted`]) once the I/O
     /// completes; one not started yet is reported at the next poll.
     pub fn abort_task(&mut self, nexus: &Nexus, tag: u64) -> bool {
         self.abort_where(|o| o.nexus_id == nexus.id && o.tag == tag) > 0
@@ -817,17 +817,7 @@ impl LunChannel {
                     // The task goes, the sanitize operation does not (SBC-3 4.11: it
                     // continues through aborts and resets).
                     o.detached = true;
-                    self.done.push(ScsiResult {
-                        tag: o.tag,
-                        status: Status::Good,
-                        sense: None,
-                        data_in: None,
-                        data_len: 0,
-                        residual: Residual::None,
-                        aborted: true,
-                        data_offset: 0,
-                        partial: false,
-                    });
+                    self.done.push(TaskEvent::Aborted { tag: o.tag });
                     continue;
                 }
                 o.aborted = true;
@@ -853,17 +843,10 @@ impl LunChannel {
             Ok(s) => (s, None),
             Err(e) => (e.status, e.sense.map(|s| s.encode(dsense))),
         };
-        self.done.push(ScsiResult {
-            tag,
-            status,
+        self.done.push(TaskEvent::Done(ScsiResult {
             sense,
-            data_in: None,
-            data_len: 0,
-            residual: Residual::compute(xfer, edtl),
-            aborted: false,
-            data_offset: 0,
-            partial: false,
-        });
+            ..ScsiResult::new(tag, status, Residual::compute(xfer, edtl))
+        }));
     }
 
     /// Completes the op in `slot` (releasing its range admission) with its error, its
@@ -878,8 +861,15 @@ impl LunChannel {
         let Some(mut o) = self.ops[slot].take() else {
             return;
         };
-        if matches!(o.job, Job::WriteStream(_)) {
+        if let Job::WriteStream(j) = &o.job {
             self.write_streams -= 1;
+            if j.asked > j.written + u64::from(j.writing) + u64::from(j.pending.is_some()) {
+                // It ends with a piece asked for and not in (an error, an abort): a want
+                // still waiting for the next poll goes with it (one already taken is the
+                // iSCSI layer's to drop when the end comes).
+                let tag = o.tag;
+                self.done.retain(|e| !matches!(e, TaskEvent::Want(w) if w.tag == tag));
+            }
         }
         if let Job::Sanitize(j) = &o.job {
             self.sanitize_ended(j.ause, o.err.is_some());
@@ -901,29 +891,21 @@ impl LunChannel {
         if o.detached {
             return;
         }
-        let mut r = ScsiResult {
-            tag: o.tag,
-            status: Status::Good,
-            sense: None,
-            data_in: None,
-            data_len: 0,
-            residual: Residual::compute(o.xfer, o.edtl),
-            aborted: o.aborted,
-            data_offset: 0,
-            partial: false,
-        };
-        if let Some(e) = o.err.filter(|_| !o.aborted) {
+        if o.aborted {
+            self.done.push(TaskEvent::Aborted { tag: o.tag });
+            return;
+        }
+        let mut r = ScsiResult::new(o.tag, Status::Good, Residual::compute(o.xfer, o.edtl));
+        if let Some(e) = o.err {
             r.status = e.status;
             r.sense = e.sense.map(|s| s.encode(o.dsense));
-        } else if !o.aborted {
-            if let Some((buf, len)) = data {
-                let n = len.min((o.edtl as usize).saturating_sub(data_offset)).min(buf.as_slice().len());
-                r.data_len = n;
-                r.data_in = Some(buf);
-                r.data_offset = data_offset;
-            }
+        } else if let Some((buf, len)) = data {
+            let n = len.min((o.edtl as usize).saturating_sub(data_offset)).min(buf.as_slice().len());
+            r.data_len = n;
+            r.data_in = Some(buf);
+            r.data_offset = data_offset;
         }
-        self.done.push(r);
+        self.done.push(TaskEvent::Done(r));
     }
 
     fn finish(&mut self, slot: usize) {

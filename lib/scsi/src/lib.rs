@@ -6,7 +6,7 @@
 //!   the sanitize state (a SANITIZE outlives its task, its session and resets; the next
 //!   [`LunChannel`] to poll takes over one whose channel went away).
 //! * [`LunChannel`] — the per-reactor executor for one LUN: [`submit`](LunChannel::submit)
-//!   a [`ScsiTask`], collect [`ScsiResult`]s with [`poll`](LunChannel::poll) (results only
+//!   a [`ScsiTask`], collect its [`TaskEvent`]s with [`poll`](LunChannel::poll) (results only
 //!   ever come from `poll`, even for emulated commands). Abort with
 //!   [`abort_task`](LunChannel::abort_task), [`abort_nexus`](LunChannel::abort_nexus),
 //!   [`abort_all`](LunChannel::abort_all).
@@ -26,10 +26,13 @@
 //!    target name + portal group tag; per connection, one [`DeviceChannel`] on its
 //!    reactor ([`DeviceChannel::set_device`] when the LUN map changes).
 //! 3. Per SCSI Command PDU: a [`ScsiTask`] (LUN number from [`LunId::from_field`], the
-//!    gathered Data-Out in `data_out`) to [`DeviceChannel::submit`].
-//! 4. Each poll pass: [`DeviceChannel::poll`]; for each [`ScsiResult`] send `data()` as
-//!    Data-In, then the SCSI Response with `status`, `sense` and `residual` (skip results
-//!    with `aborted` set: they only say the task is gone).
+//!    Data-Out as a [`DataOut`]: whole, or streamed) to [`DeviceChannel::submit`]. The
+//!    types of this protocol are in [`task`].
+//! 4. Each poll pass: [`DeviceChannel::poll`]; for each [`TaskEvent`]: a read's piece goes
+//!    out as Data-In, a streamed write's want is fetched and handed back with
+//!    [`DeviceChannel::write_data`], a [`ScsiResult`] ends the task (its `data()` as
+//!    Data-In, then the SCSI Response with `status`, `sense` and `residual`), and an abort
+//!    only says the task is gone.
 //! 5. Task management: ABORT TASK → [`DeviceChannel::abort_task`]; LOGICAL UNIT RESET →
 //!    [`DeviceChannel::reset_lun`]; target reset → [`DeviceChannel::reset_target`];
 //!    connection end → [`DeviceChannel::teardown`]. Each resets the shared LUN state
@@ -45,12 +48,13 @@ mod lu_events;
 mod lu_shared;
 mod lun;
 mod mode;
+mod nexus;
 mod opcodes;
 mod pr;
 mod rw;
 mod sanitize;
 pub mod sense;
-mod task;
+pub mod task;
 mod xcopy;
 
 pub use alua::{AccessState, Alua, Change as AluaChange, Failback, GroupView, Liveness, PortGroup, Why as AluaWhy};
@@ -63,7 +67,7 @@ pub use lun::{Lun, LunConfig, ResetKind, IEEE_COMPANY_ID};
 pub use opcodes::command_name;
 pub use pr::pr_type;
 pub use sense::{Asc, CmdError, Sense, SenseBuf, SenseKey, Status};
-pub use task::{DataWant, Nexus, Residual, ScsiResult, ScsiTask, TaskAttr};
+pub use task::{DataOut, DataPiece, DataWant, Nexus, Residual, ScsiResult, ScsiTask, TaskAttr, TaskEvent};
 
 #[cfg(test)]
 mod tests;

@@ -175,6 +175,13 @@ impl SenseBuf {
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
+
+    /// Sense data given as bytes (at most 32 kept).
+    pub fn from_slice(b: &[u8]) -> SenseBuf {
+        let mut s = SenseBuf { len: b.len().min(32) as u8, bytes: [0; 32] };
+        s.bytes[..s.len as usize].copy_from_slice(&b[..s.len as usize]);
+        s
+    }
 }
 
 impl fmt::Debug for SenseBuf {

@@ -1,13 +1,17 @@
-//! What the iSCSI layer hands in (a [`ScsiTask`]) and gets back (a [`ScsiResult`]).
+//! The protocol between the iSCSI and the SCSI layer for one task: what the iSCSI layer hands
+//! in (a [`ScsiTask`], its write data as a [`DataOut`], streamed pieces with
+//! `write_data`) and what comes back from `poll` ([`TaskEvent`]s: read pieces, wants for a
+//! streamed write's data, the end with a [`ScsiResult`], or the abort), with the status,
+//! sense and residual types both layers use.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use riser_bdev::IoBuf;
+use riser_buf::IoBuf;
 
 use crate::cdb::Cdb;
-use crate::sense::{SenseBuf, Status};
+pub use crate::nexus::Nexus;
+pub use crate::sense::{SenseBuf, Status};
 
 /// SAM-5 task attributes (iSCSI ATTR field, RFC 7143 11.3.1.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -20,107 +24,51 @@ pub enum TaskAttr {
     Aca,
 }
 
-/// One I_T nexus: an initiator port talking to a target port (SAM-5 4.7). Reservations and
-/// unit attentions belong to nexuses, so every session presents the same `Nexus` (by
-/// [`key`](Nexus::key)) for all its commands; a new session of the same initiator port
-/// (same initiator name and ISID) through the same target port is the same I_T nexus.
-#[derive(Debug)]
-pub struct Nexus {
-    /// Unique per `Nexus` object (per session instance); lets executors cache per-nexus facts.
-    pub id: u64,
-    /// iSCSI initiator name (`iqn.…`), without the ISID.
-    pub initiator_name: String,
-    /// The 48-bit ISID of the session.
-    pub isid: u64,
-    /// iSCSI target name (`iqn.…`).
-    pub target_name: String,
-    /// Target portal group tag of the session.
-    pub tpgt: u16,
-    /// RELATIVE TARGET PORT IDENTIFIER reported in VPD page 0x83 (nonzero).
-    pub rel_target_port: u16,
-    /// TARGET PORT GROUP reported in VPD page 0x83.
-    pub target_port_group: u16,
-    /// The target node's ALUA description (REPORT TARGET PORT GROUPS, access states);
-    /// `None`: one active/optimized group, this nexus's.
-    pub alua: Option<Arc<crate::alua::Alua>>,
-    key: Arc<str>,
+impl TaskAttr {
+    /// The ATTR field of an iSCSI SCSI Command PDU (its low 3 bits).
+    pub fn from_iscsi(attr: u8) -> TaskAttr {
+        match attr & 7 {
+            0 | 1 => TaskAttr::Simple,
+            2 => TaskAttr::Ordered,
+            3 => TaskAttr::HeadOfQueue,
+            _ => TaskAttr::Aca,
+        }
+    }
 }
 
-static NEXT_NEXUS_ID: AtomicU64 = AtomicU64::new(1);
+/// A command's write data (Data-Out) as the SCSI layer gets it.
+#[derive(Default)]
+pub enum DataOut {
+    /// None: a command without write data.
+    #[default]
+    None,
+    /// Gathered by the iSCSI layer: EDTL bytes, or fewer if the initiator sent fewer
+    /// (unsolicited + solicited data).
+    Whole(IoBuf),
+    /// A plain WRITE (6/10/12/16) whose data the SCSI layer asks for itself, piece by piece,
+    /// once the command has passed its checks: each piece is asked for with a
+    /// [`TaskEvent::Want`] and comes back with `write_data` (see
+    /// [`crate::LunChannel::set_stream_chunk`]).
+    Streamed,
+}
 
-impl Nexus {
-    /// An I_T nexus. `rel_target_port` and `target_port_group` are usually derived from the
-    /// portal group tag (riser uses the tag for both).
-    pub fn new(initiator_name: &str, isid: u64, target_name: &str, tpgt: u16) -> Nexus {
-        Nexus::with_port(initiator_name, isid, target_name, tpgt, tpgt.max(1), tpgt)
-    }
-
-    pub fn with_port(
-        initiator_name: &str,
-        isid: u64,
-        target_name: &str,
-        tpgt: u16,
-        rel_target_port: u16,
-        target_port_group: u16,
-    ) -> Nexus {
-        let isid = isid & 0xFFFF_FFFF_FFFF;
-        let key: Arc<str> = format!(
-            "{},i,0x{:012x}|{},t,0x{:04x}",
-            initiator_name, isid, target_name, tpgt
-        )
-        .into();
-        Nexus {
-            id: NEXT_NEXUS_ID.fetch_add(1, Ordering::Relaxed),
-            initiator_name: initiator_name.to_string(),
-            isid,
-            target_name: target_name.to_string(),
-            tpgt,
-            rel_target_port,
-            target_port_group,
-            alua: None,
-            key,
+impl DataOut {
+    /// The buffer of [`DataOut::Whole`].
+    pub fn buf(&self) -> Option<&IoBuf> {
+        match self {
+            DataOut::Whole(b) => Some(b),
+            _ => None,
         }
     }
 
-    /// The same nexus under the target node's ALUA description.
-    pub fn with_alua(mut self, alua: Arc<crate::alua::Alua>) -> Nexus {
-        self.alua = Some(alua);
-        self
-    }
-
-    /// The identity of the nexus across sessions: initiator port and target port names.
-    pub fn key(&self) -> &Arc<str> {
-        &self.key
-    }
-
-    /// iSCSI initiator port name (RFC 7143 13.8; SPC-4 7.6.4.6): `name,i,0x<ISID>`.
-    pub fn initiator_port(&self) -> String {
-        format!("{},i,0x{:012x}", self.initiator_name, self.isid)
-    }
-
-    /// iSCSI target port name: `name,t,0x<TPGT>`.
-    pub fn target_port(&self) -> String {
-        format!("{},t,0x{:04x}", self.target_name, self.tpgt)
-    }
-
-    /// The initiator's TransportID (SPC-4 7.6.4.6, iSCSI, format 01b: name with ISID),
-    /// padded to a multiple of 4 bytes.
-    pub fn transport_id(&self) -> Vec<u8> {
-        let name = self.initiator_port();
-        let mut len = name.len() + 1; // NUL terminated
-        len = (len + 3) & !3;
-        len = len.max(20);
-        let mut v = vec![0u8; 4 + len];
-        v[0] = 0x40 | 0x05; // format 01b, protocol identifier 5 (iSCSI)
-        v[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-        v[4..4 + name.len()].copy_from_slice(name.as_bytes());
-        v
+    pub fn is_streamed(&self) -> bool {
+        matches!(self, DataOut::Streamed)
     }
 }
 
 /// A SCSI command as the iSCSI layer received it.
 pub struct ScsiTask {
-    /// The caller's handle (e.g. the Initiator Task Tag); returned in the result.
+    /// The caller's handle (e.g. the Initiator Task Tag); returned in every event.
     pub tag: u64,
     /// The LUN field as addressed (decoded LUN number).
     pub lun: u64,
@@ -130,26 +78,10 @@ pub struct ScsiTask {
     /// The R and W bits of the SCSI Command PDU.
     pub read: bool,
     pub write: bool,
-    /// Write data gathered by the iSCSI layer: EDTL bytes, or fewer if the initiator sent
-    /// fewer (unsolicited + solicited data). `None` when there is none.
-    pub data_out: Option<IoBuf>,
-    /// A plain WRITE (6/10/12/16) whose data the SCSI layer asks for itself, piece by piece,
-    /// once the command has passed its checks: each piece comes out of the channel's
-    /// `take_wants` as a [`DataWant`] and goes back in with `write_data` (see
-    /// [`crate::LunChannel::set_stream_chunk`]). `data_out` is then `None`.
-    pub data_out_later: bool,
+    /// The write data.
+    pub data_out: DataOut,
     pub nexus: Arc<Nexus>,
     pub attr: TaskAttr,
-}
-
-/// A streamed WRITE asks for its next piece of data: the command's bytes
-/// `[offset, offset+len)` of task `tag` on LUN `lun`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DataWant {
-    pub tag: u64,
-    pub lun: u64,
-    pub offset: u32,
-    pub len: u32,
 }
 
 impl fmt::Debug for ScsiTask {
@@ -163,7 +95,11 @@ impl fmt::Debug for ScsiTask {
             .field("write", &self.write)
             .field(
                 "data_out",
-                &self.data_out.as_ref().map(|b| b.as_slice().len()),
+                &match &self.data_out {
+                    DataOut::None => "none".to_string(),
+                    DataOut::Whole(b) => b.as_slice().len().to_string(),
+                    DataOut::Streamed => "streamed".to_string(),
+                },
             )
             .field("nexus", &self.nexus.key())
             .finish()
@@ -180,16 +116,103 @@ impl ScsiTask {
             edtl,
             read: false,
             write: false,
-            data_out: None,
-            data_out_later: false,
+            data_out: DataOut::None,
             nexus,
             attr: TaskAttr::Simple,
         }
     }
 
     pub fn data_out_slice(&self) -> &[u8] {
-        self.data_out.as_ref().map_or(&[][..], |b| b.as_slice())
+        self.data_out.buf().map_or(&[][..], |b| b.as_slice())
     }
+}
+
+/// What the SCSI layer reports about a task, in order: for a streamed read its pieces, for
+/// a streamed write its wants, then exactly one [`Done`](TaskEvent::Done) or
+/// [`Aborted`](TaskEvent::Aborted), after which nothing more of the task comes.
+pub enum TaskEvent {
+    /// A piece of a streamed read's data, to go out now; more pieces and then the end (with
+    /// the status and the last piece) follow.
+    Data(DataPiece),
+    /// A streamed write asks for its next piece of data.
+    Want(DataWant),
+    /// The task ended.
+    Done(ScsiResult),
+    /// The task was aborted by task management: no SCSI Response goes out for it. It is
+    /// reported only so that the caller knows its resources are released.
+    Aborted { tag: u64 },
+}
+
+impl TaskEvent {
+    /// The task's tag.
+    pub fn tag(&self) -> u64 {
+        match self {
+            TaskEvent::Data(p) => p.tag,
+            TaskEvent::Want(w) => w.tag,
+            TaskEvent::Done(r) => r.tag,
+            TaskEvent::Aborted { tag } => *tag,
+        }
+    }
+
+    /// Whether this is the task's last event (its end or its abort).
+    pub fn ends_task(&self) -> bool {
+        matches!(self, TaskEvent::Done(_) | TaskEvent::Aborted { .. })
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, TaskEvent::Aborted { .. })
+    }
+
+    /// The result of a [`Done`](TaskEvent::Done).
+    pub fn into_result(self) -> Option<ScsiResult> {
+        match self {
+            TaskEvent::Done(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for TaskEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskEvent::Data(p) => f
+                .debug_struct("Data")
+                .field("tag", &p.tag)
+                .field("offset", &p.offset)
+                .field("len", &p.len)
+                .finish(),
+            TaskEvent::Want(w) => w.fmt(f),
+            TaskEvent::Done(r) => r.fmt(f),
+            TaskEvent::Aborted { tag } => f.debug_struct("Aborted").field("tag", tag).finish(),
+        }
+    }
+}
+
+/// A piece of a streamed read's data: `len` bytes of `buf`, the command's bytes from
+/// `offset`.
+pub struct DataPiece {
+    pub tag: u64,
+    pub offset: u32,
+    pub buf: IoBuf,
+    pub len: u32,
+}
+
+impl DataPiece {
+    /// The piece's valid bytes.
+    pub fn data(&self) -> &[u8] {
+        let s = self.buf.as_slice();
+        &s[..(self.len as usize).min(s.len())]
+    }
+}
+
+/// A streamed WRITE asks for its next piece of data: the command's bytes
+/// `[offset, offset+len)` of task `tag` on LUN `lun`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataWant {
+    pub tag: u64,
+    pub lun: u64,
+    pub offset: u32,
+    pub len: u32,
 }
 
 /// Residual for the SCSI Response (RFC 7143 11.4.5): the difference between the Expected
@@ -225,7 +248,8 @@ impl Residual {
     }
 }
 
-/// The outcome of a task.
+/// The end of a task: its status, sense and residual, and its read data (all of it, or a
+/// streamed read's last piece).
 pub struct ScsiResult {
     pub tag: u64,
     pub status: Status,
@@ -235,20 +259,26 @@ pub struct ScsiResult {
     /// than EDTL).
     pub data_in: Option<IoBuf>,
     pub data_len: usize,
-    pub residual: Residual,
-    /// The task was aborted by task management: send no SCSI Response for it. It is
-    /// reported only so that the caller knows its resources are released.
-    pub aborted: bool,
     /// Where `data_in` lies in the task's data: the byte offset of its first byte. 0 unless
-    /// the read streams in pieces (see [`crate::LunChannel::set_stream_chunk`]).
+    /// the read streamed in pieces ([`TaskEvent::Data`]) before this last one.
     pub data_offset: usize,
-    /// A piece of a streamed read's data, not the task's end: `data_in` holds `data_len`
-    /// bytes from `data_offset`, to go out now; more pieces and then the final result (with
-    /// the status and the last piece) follow. Status, sense and residual mean nothing here.
-    pub partial: bool,
+    pub residual: Residual,
 }
 
 impl ScsiResult {
+    /// A result without data or sense.
+    pub fn new(tag: u64, status: Status, residual: Residual) -> ScsiResult {
+        ScsiResult {
+            tag,
+            status,
+            sense: None,
+            data_in: None,
+            data_len: 0,
+            data_offset: 0,
+            residual,
+        }
+    }
+
     /// The valid bytes of `data_in`.
     pub fn data(&self) -> &[u8] {
         match &self.data_in {
@@ -282,10 +312,8 @@ impl fmt::Debug for ScsiResult {
             .field("status", &self.status)
             .field("sense", &self.sense_triplet())
             .field("data_len", &self.data_len)
-            .field("residual", &self.residual)
-            .field("aborted", &self.aborted)
             .field("data_offset", &self.data_offset)
-            .field("partial", &self.partial)
+            .field("residual", &self.residual)
             .finish()
     }
 }

@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use riser_config::{Lun, TargetNode};
-use riser_iscsi::ffp::{Action, CopyStats, Datamover, DmEvent, Ffp, ScsiDone, ScsiRequest, TxLimit};
-use riser_iscsi::pdu::Lun as PduLun;
+use riser_iscsi::ffp::{lun_id, Action, CopyStats, Datamover, DmEvent, Ffp, ScsiRequest, TxLimit};
 use riser_reactor::{Ctx, PollStatus};
-use riser_scsi::{DataWant, DeviceChannel, LunId, Nexus, ResetKind, ResetPending, ScsiDevice, ScsiResult, ScsiTask, TaskAttr};
+use riser_scsi::{DeviceChannel, Nexus, ResetKind, ResetPending, ScsiDevice, TaskEvent};
 
 use crate::registry::{ConnInfo, ConnRegistry};
 
@@ -41,8 +40,8 @@ pub struct Connection<D: Datamover> {
     scsi: DeviceChannel,
     nexus: Arc<Nexus>,
     events: Vec<DmEvent>,
-    results: Vec<ScsiResult>,
-    wants: Vec<DataWant>,
+    /// The SCSI layer's events of the last poll (pieces, wants, ends).
+    results: Vec<TaskEvent>,
     closing_since: Option<Instant>,
     last_timer: Instant,
     /// A reset's announcement to the other gateways in flight: the actions after it (its
@@ -81,7 +80,7 @@ impl<D: Datamover> Connection<D> {
         scsi.set_stream_chunk(Some(STREAM_CHUNK));
         let mut ffp = ffp;
         ffp.set_write_stream_chunk(STREAM_CHUNK as u32);
-        // Every SCSI result comes back here, aborted ones too (see `complete`): an aborted
+        // Every SCSI result comes back here, aborted ones too (see `collect_scsi`): an aborted
         // task keeps its place under the task cap until the SCSI layer has given it back.
         ffp.set_aborted_results(true);
         // Immediate data goes straight into write buffers from the same pool and account.
@@ -98,7 +97,6 @@ impl<D: Datamover> Connection<D> {
             nexus,
             events: Vec::with_capacity(64),
             results: Vec::with_capacity(64),
-            wants: Vec::new(),
             closing_since: None,
             last_timer: now,
             reset_wait: None,
@@ -159,68 +157,28 @@ impl<D: Datamover> Connection<D> {
         // One atomic load per command: a LUN added a moment ago is visible to the very
         // command that sees its REPORTED LUNS DATA HAS CHANGED unit attention.
         self.refresh_luns();
-        let lun = lun_id(req.lun);
-        let mut task = ScsiTask::new(req.itt.0 as u64, lun.get(), req.cdb(), req.edtl, self.nexus.clone());
-        task.read = req.read;
-        task.write = req.write;
-        task.data_out = req.data_out;
-        task.data_out_later = req.data_out_later;
-        task.attr = match req.attr & 7 {
-            0 | 1 => TaskAttr::Simple,
-            2 => TaskAttr::Ordered,
-            3 => TaskAttr::HeadOfQueue,
-            _ => TaskAttr::Aca,
-        };
-        self.scsi.submit(task);
+        self.scsi.submit(req.into_task(&self.nexus));
         self.in_flight = self.in_flight.saturating_add(1);
         self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
     }
 
-    fn complete(&mut self, r: ScsiResult) {
-        let itt = riser_iscsi::serial::Itt(r.tag as u32);
-        if r.partial {
-            // A piece of a streamed read: out at once, the task goes on.
-            if let Some(buf) = r.data_in {
-                self.ffp.on_scsi_data(itt, r.data_offset as u32, buf, r.data_len as u32);
-            }
-            return;
-        }
-        self.info.tasks_done.fetch_add(1, Ordering::Relaxed);
-        if r.aborted {
-            self.ffp.on_scsi_aborted(itt);
-            return;
-        }
-        self.ffp.on_scsi_done(ScsiDone {
-            itt,
-            status: r.status.code(),
-            sense: r.sense_bytes().to_vec(),
-            data_in_len: r.data_len as u32,
-            data_in_offset: r.data_offset as u32,
-            data_in: r.data_in,
-            residual: r.residual,
-            data_out: None,
-        });
-    }
-
-    /// SCSI results into the FFP; returns how many.
+    /// The SCSI layer's events into the FFP; returns how many results and read pieces
+    /// came (a streamed write's wants are not counted: the Get_Data they lead to goes out
+    /// with the next pass's actions).
     fn collect_scsi(&mut self) -> usize {
         self.scsi.poll(&mut self.results);
         let mut results = std::mem::take(&mut self.results);
-        let n = results.len();
-        let ended = results.iter().filter(|r| !r.partial).count() as u32;
+        let n = results.iter().filter(|e| !matches!(e, TaskEvent::Want(_))).count();
+        let ended = results.iter().filter(|e| e.ends_task()).count() as u32;
         if ended > 0 {
             self.in_flight = self.in_flight.saturating_sub(ended);
             self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
+            self.info.tasks_done.fetch_add(u64::from(ended), Ordering::Relaxed);
         }
-        for r in results.drain(..) {
-            self.complete(r);
+        for ev in results.drain(..) {
+            self.ffp.on_scsi(ev);
         }
         self.results = results;
-        // Streamed writes asking for their next piece of data.
-        self.scsi.take_wants(&mut self.wants);
-        for w in self.wants.drain(..) {
-            self.ffp.on_scsi_want(riser_iscsi::serial::Itt(w.tag as u32), w.offset, w.len);
-        }
         n
     }
 
@@ -414,11 +372,6 @@ impl<D: Datamover> Drop for Connection<D> {
     fn drop(&mut self) {
         self.teardown("reactor shutting down");
     }
-}
-
-/// The LUN addressed by a PDU's LUN field.
-fn lun_id(lun: PduLun) -> LunId {
-    LunId::from_field(lun.0.to_be_bytes())
 }
 
 /// A node's LUNs as one SCSI device.

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use riser_bdev::{BdevRegistry, IoBuf};
 use riser_scsi::cdb::{cdb_len, Cdb};
 use riser_scsi::{
-    command_name, DeviceChannel, Lun, LunConfig, LunId, Nexus, ResetKind, ScsiDevice, ScsiResult,
-    ScsiTask, TaskAttr,
+    command_name, DataOut, DeviceChannel, Lun, LunConfig, LunId, Nexus, ResetKind, ScsiDevice,
+    ScsiTask, TaskAttr, TaskEvent,
 };
 
 /// Polls allowed for the tasks in flight to finish before it counts as a hang.
@@ -121,7 +121,7 @@ pub fn run(data: &[u8]) {
         task.read = ctl & 2 != 0;
         task.write = ctl & 4 != 0;
         if task.write {
-            task.data_out = Some(IoBuf::from(dout));
+            task.data_out = DataOut::Whole(IoBuf::from(dout));
         }
         task.attr = match (ctl >> 5) & 3 {
             0 => TaskAttr::Simple,
@@ -146,7 +146,7 @@ pub fn run(data: &[u8]) {
 /// Polls until `tag` (or every task) has its result.
 fn settle(
     dc: &mut DeviceChannel,
-    out: &mut Vec<ScsiResult>,
+    out: &mut Vec<TaskEvent>,
     pending: &mut HashSet<u64>,
     edtls: &std::collections::HashMap<u64, u32>,
     tag: Option<u64>,
@@ -154,8 +154,10 @@ fn settle(
     for _ in 0..MAX_POLLS {
         out.clear();
         dc.poll(out);
-        for r in out.iter() {
-            assert!(pending.remove(&r.tag), "task {} completed twice (or never started)", r.tag);
+        for ev in out.iter() {
+            assert!(pending.remove(&ev.tag()), "task {} completed twice (or never started)", ev.tag());
+            // No streaming here: every event is a task's end; an abort brings no data.
+            let TaskEvent::Done(r) = ev else { continue };
             let edtl = edtls.get(&r.tag).copied().unwrap_or(0);
             assert!(
                 r.data().len() <= edtl as usize,

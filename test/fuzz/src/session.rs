@@ -24,11 +24,11 @@ use riser_datamover::mem::{stream_pair, MemStream};
 use riser_datamover::tcp::ByteStream;
 use riser_datamover::TcpDatamover;
 use riser_iscsi::ffp::{
-    Action, Datamover, DatamoverParams, DmEvent, Ffp, FfpConfig, ScsiDone, TextResponder, LARGEST_WRITE,
+    lun_id, Action, Datamover, DatamoverParams, DmEvent, Ffp, FfpConfig, TextResponder, LARGEST_WRITE,
 };
 use riser_iscsi::pdu::MAX_AHS_LENGTH;
 use riser_iscsi::{Digests, Framer, FramerLimits, Pairs, Sn};
-use riser_scsi::{DeviceChannel, LunId, Nexus, ResetKind, ScsiDevice, ScsiTask, TaskAttr};
+use riser_scsi::{DeviceChannel, Nexus, ResetKind, ScsiDevice, TaskEvent};
 use std::io::Read;
 
 const MRDSL: [u32; 4] = [8192, 512, 65_536, 262_144];
@@ -56,7 +56,7 @@ struct Conn {
     scsi: DeviceChannel,
     nexus: Arc<Nexus>,
     events: Vec<DmEvent>,
-    results: Vec<riser_scsi::ScsiResult>,
+    results: Vec<TaskEvent>,
     closed: bool,
 }
 
@@ -80,21 +80,9 @@ impl Conn {
         if self.scsi.busy() {
             work += 1;
         }
-        for r in std::mem::take(&mut self.results) {
+        for ev in std::mem::take(&mut self.results) {
             work += 1;
-            if r.aborted {
-                continue;
-            }
-            self.ffp.on_scsi_done(ScsiDone {
-                itt: riser_iscsi::Itt(r.tag as u32),
-                status: r.status.code(),
-                sense: r.sense_bytes().to_vec(),
-                data_in_len: r.data_len as u32,
-                data_in_offset: r.data_offset as u32,
-                data_in: r.data_in,
-                residual: r.residual,
-                data_out: None,
-            });
+            self.ffp.on_scsi(ev);
         }
         while let Some(a) = self.ffp.poll_action() {
             work += 1;
@@ -102,32 +90,20 @@ impl Conn {
                 Action::Send(p) => self.dm.send_control(p),
                 Action::PutData(p) => self.dm.put_data(p),
                 Action::GetData(g) => self.dm.get_data(g),
-                Action::Execute(req) => {
-                    let lun = LunId::from_field(req.lun.0.to_be_bytes());
-                    let mut task = ScsiTask::new(u64::from(req.itt.0), lun.get(), req.cdb(), req.edtl, self.nexus.clone());
-                    task.read = req.read;
-                    task.write = req.write;
-                    task.data_out = req.data_out;
-                    task.attr = match req.attr & 7 {
-                        0 | 1 => TaskAttr::Simple,
-                        2 => TaskAttr::Ordered,
-                        3 => TaskAttr::HeadOfQueue,
-                        _ => TaskAttr::Aca,
-                    };
-                    self.scsi.submit(task);
-                }
+                Action::Execute(req) => self.scsi.submit(req.into_task(&self.nexus)),
                 Action::WriteData { itt, lun, offset, buf } => {
-                    self.scsi.write_data(LunId::from_field(lun.0.to_be_bytes()), u64::from(itt.0), offset, buf)
+                    self.scsi.write_data(lun_id(lun), u64::from(itt.0), offset, buf)
                 }
                 Action::Abort { itt, lun } => {
-                    let lun = LunId::from_field(lun.0.to_be_bytes());
-                    self.scsi.abort_task(&self.nexus, lun, u64::from(itt.0));
+                    self.scsi.abort_task(&self.nexus, lun_id(lun), u64::from(itt.0));
                     let _ = self.dm.deallocate_task_resources(itt);
                 }
                 Action::ResetLun(lun) => {
-                    self.scsi.reset_lun(LunId::from_field(lun.0.to_be_bytes()), ResetKind::LunReset)
+                    self.scsi.reset_lun(lun_id(lun), ResetKind::LunReset);
                 }
-                Action::ResetTarget => self.scsi.reset_target(ResetKind::TargetWarmReset),
+                Action::ResetTarget => {
+                    self.scsi.reset_target(ResetKind::TargetWarmReset);
+                }
                 Action::Close { .. } => {
                     self.dm.connection_terminate();
                     self.closed = true;

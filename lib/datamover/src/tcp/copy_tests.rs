@@ -123,7 +123,7 @@ impl Glue {
     /// The write data the iSCSI layer handed to the SCSI layer for `itt`.
     fn written(&self, itt: u32) -> &[u8] {
         let req = self.executed.iter().find(|r| r.itt == Itt(itt)).expect("the write executed");
-        req.data_out.as_deref().expect("with its data")
+        req.data_out.buf().map(|b| b.as_slice()).expect("with its data")
     }
 
     /// (unsolicited bytes copied once, staged bytes copied again).

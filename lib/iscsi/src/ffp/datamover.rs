@@ -5,8 +5,7 @@
 //! and RDMA operations) and feeds the datamover's events back. Both datamovers implement
 //! this trait and the iSCSI layer is the same for both.
 
-use riser_bdev::IoBuf;
-use riser_buf::{Account, Pool};
+use riser_buf::{Account, IoBuf, Pool};
 
 use crate::pdu::{Bhs, Lun, Op, Pdu, RejectReason};
 use crate::serial::{Itt, Sn};

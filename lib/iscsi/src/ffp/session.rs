@@ -9,12 +9,13 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
-use riser_bdev::IoBuf;
-use riser_buf::{Account, Pool, Waiter};
-pub use riser_scsi::Residual;
-use riser_scsi::{Asc, Sense, SenseKey, Status};
+use riser_buf::{Account, IoBuf, Pool, Waiter};
+pub use riser_scsi::task::{DataOut, Residual, ScsiResult, TaskEvent};
+use riser_scsi::task::{Nexus, ScsiTask, TaskAttr};
+use riser_scsi::{Asc, LunId, Sense, SenseKey, Status};
 
 use super::config::FfpConfig;
 use super::datamover::{GetData, PutData, SnState};
@@ -22,7 +23,7 @@ use crate::pdu::{logout, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, Rejec
 use crate::serial::{Itt, Sn, TagMap, Ttt};
 use crate::text::{Pairs, TextAssembler};
 
-/// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of [`ScsiDone::status`].
+/// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of a SCSI Response.
 pub const STATUS_GOOD: u8 = Status::Good as u8;
 pub const STATUS_CHECK_CONDITION: u8 = Status::CheckCondition as u8;
 /// SCSI status TASK SET FULL (SAM-5 5.3.1): a command the task set has no room for.
@@ -50,12 +51,9 @@ pub struct ScsiRequest {
     pub read: bool,
     pub write: bool,
     pub attr: u8,
-    /// Write data (EDTL bytes, `data_out_len` of them received).
-    pub data_out: Option<IoBuf>,
-    pub data_out_len: u32,
-    /// A streamed write: no data yet; the SCSI layer asks for it piece by piece
-    /// ([`Ffp::on_scsi_want`]) and gets each piece through [`Action::WriteData`].
-    pub data_out_later: bool,
+    /// Write data: all of it (EDTL bytes), or streamed (the SCSI layer asks for it piece by
+    /// piece with [`TaskEvent::Want`] and gets each piece through [`Action::WriteData`]).
+    pub data_out: DataOut,
 }
 
 impl ScsiRequest {
@@ -67,23 +65,27 @@ impl ScsiRequest {
             &self.ext_cdb
         }
     }
+
+    /// Bytes of write data handed over with the command (0 when streamed or none).
+    pub fn data_out_len(&self) -> u32 {
+        self.data_out.buf().map_or(0, |b| b.len() as u32)
+    }
+
+    /// The SCSI task for this command on the I_T nexus `nexus` (the session's), tagged with
+    /// the ITT: every [`TaskEvent`] of it comes back with that tag ([`Ffp::on_scsi`]).
+    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask {
+        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus.clone());
+        task.read = self.read;
+        task.write = self.write;
+        task.data_out = self.data_out;
+        task.attr = TaskAttr::from_iscsi(self.attr);
+        task
+    }
 }
 
-/// A finished SCSI command.
-pub struct ScsiDone {
-    pub itt: Itt,
-    pub status: u8,
-    /// Sense data (fixed format), empty when none.
-    pub sense: Vec<u8>,
-    /// Read data: the first `data_in_len` bytes go to the initiator.
-    pub data_in: Option<IoBuf>,
-    pub data_in_len: u32,
-    /// The command's buffer offset of `data_in[0]`: 0, or where the last piece of a streamed
-    /// read starts (the pieces before it came through [`Ffp::on_scsi_data`]).
-    pub data_in_offset: u32,
-    pub residual: Residual,
-    /// The write buffer given with the request, returned for reuse.
-    pub data_out: Option<IoBuf>,
+/// The SCSI layer's LUN number for a PDU's LUN field.
+pub fn lun_id(lun: Lun) -> LunId {
+    LunId::from_field(lun.0.to_be_bytes())
 }
 
 /// What the connection driver must do.
@@ -94,7 +96,7 @@ pub enum Action {
     GetData(GetData),
     Execute(ScsiRequest),
     /// A piece of a streamed write's data for the SCSI layer: the command's bytes from
-    /// `offset` (as asked for with [`Ffp::on_scsi_want`]).
+    /// `offset` (as asked for with a [`TaskEvent::Want`]).
     WriteData { itt: Itt, lun: Lun, offset: u32, buf: IoBuf },
     /// Abort a task in the SCSI layer (its completion must be dropped) and free the
     /// datamover's resources for it (Deallocate_Task_Resources). The driver carries it out
@@ -121,16 +123,111 @@ pub trait TextResponder {
     fn respond(&mut self, request: &Pairs) -> Pairs;
 }
 
-/// Where a task is.
+/// Where a task is, with what it holds there.
 enum TaskState {
     /// Collecting unsolicited data (immediate data done; Data-Out with TTT 0xffffffff).
-    Unsolicited,
+    Unsolicited { since: Option<Instant> },
     /// Waiting for budgeted buffer memory before its solicited data is asked for.
-    WaitingBuffer,
+    WaitingBuffer(BufferWait),
     /// Solicited data requested from the datamover.
-    Fetching,
-    /// In the SCSI layer.
-    Executing,
+    Fetching { since: Option<Instant> },
+    /// In the SCSI layer; a read's data goes out from here.
+    Executing(ReadOut),
+    /// A streamed write in the SCSI layer, which asks for its data piece by piece: the piece
+    /// asked for and not handed over yet, if any.
+    Streaming { want: Option<Want> },
+}
+
+impl TaskState {
+    /// Handed to the SCSI layer ([`Action::Execute`]): an abort of it comes back as a result.
+    fn in_scsi(&self) -> bool {
+        matches!(self, TaskState::Executing(_) | TaskState::Streaming { .. })
+    }
+
+    /// The Data-Out timeout's clock of the data now due (see `timeouts`): write data asked
+    /// for, or unsolicited data promised; `None` when no data is due.
+    fn data_out_clock(&mut self) -> Option<&mut Option<Instant>> {
+        match self {
+            TaskState::Unsolicited { since }
+            | TaskState::Fetching { since }
+            | TaskState::Streaming { want: Some(Want { step: WantStep::Fetching { since }, .. }) } => Some(since),
+            _ => None,
+        }
+    }
+
+    /// The buffer memory the task waits for: its length and its place in the queue.
+    fn buffer_wait(&mut self) -> Option<&mut BufferWait> {
+        match self {
+            TaskState::WaitingBuffer(w) | TaskState::Streaming { want: Some(Want { step: WantStep::WaitingBuffer(w), .. }) } => {
+                Some(w)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A wait for budgeted buffer memory (see [`Ffp::grant_buffers`]).
+struct BufferWait {
+    /// Bytes wanted.
+    len: u32,
+    /// The task's place in the queue for budgeted memory (dropped with the task).
+    waiter: Option<Waiter>,
+}
+
+impl BufferWait {
+    fn new(len: u32) -> BufferWait {
+        BufferWait { len, waiter: None }
+    }
+}
+
+/// A read's data handed out so far.
+#[derive(Default)]
+struct ReadOut {
+    /// Read data already handed to the datamover in pieces (a streamed read).
+    sent: u32,
+    /// A streamed read's latest piece (offset, buffer, length), held until the next one or
+    /// the end comes, so that the last Data-In always goes out with the status (or with the
+    /// F bit before a separate response, even when the read fails after its pieces).
+    held: Option<(u32, IoBuf, u32)>,
+}
+
+/// The piece of a streamed write's data the SCSI layer asked for: the command's bytes
+/// `[offset, offset+len)`, and where it is.
+struct Want {
+    offset: u32,
+    len: u32,
+    step: WantStep,
+}
+
+enum WantStep {
+    /// Waiting for its buffer.
+    WaitingBuffer(BufferWait),
+    /// Its solicited part requested from the datamover.
+    Fetching { since: Option<Instant> },
+}
+
+/// A write's data as it comes before the solicited part: unsolicited data (immediate data
+/// and unsolicited Data-Out), and the buffer it goes into.
+#[derive(Default)]
+struct WriteIn {
+    /// The write buffer (EDTL bytes): taken at once when all the data is unsolicited,
+    /// else from the budget when the solicited part is about to be asked for.
+    buf: Option<IoBuf>,
+    /// Unsolicited data received before the buffer exists (immediate data the datamover
+    /// could not put straight into a buffer, unsolicited Data-Out), in order: the PDUs' own
+    /// segments, copied into `buf` (or a streamed write's pieces) when it comes (counted as
+    /// staged).
+    staged: Vec<Vec<u8>>,
+    /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
+    staged_from: u32,
+    /// A streamed write's first piece, its immediate data already at its start (the
+    /// datamover placed it there): the buffer for the SCSI layer's first want.
+    first_piece: Option<IoBuf>,
+    /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
+    received: u32,
+    /// Unsolicited bytes the initiator may still send.
+    expected: u32,
+    next_data_sn: Sn,
 }
 
 struct Task {
@@ -139,40 +236,9 @@ struct Task {
     cdb: [u8; 16],
     /// The whole CDB when an Extended CDB AHS makes it longer than 16 bytes, else empty.
     ext_cdb: Vec<u8>,
+    /// The unsolicited write data (nothing for a command without write data).
+    data: WriteIn,
     state: TaskState,
-    /// The write buffer (EDTL bytes): taken at once when all the data is unsolicited,
-    /// else from the budget when the solicited part is about to be asked for.
-    buf: Option<IoBuf>,
-    /// Unsolicited data received before the buffer exists (immediate data the datamover
-    /// could not put straight into a buffer, unsolicited Data-Out), in order from offset 0:
-    /// the PDUs' own segments, copied into `buf` when it comes (counted as staged).
-    staged: Vec<Vec<u8>>,
-    /// The task's place in the queue for budgeted memory (dropped with the task).
-    waiter: Option<Waiter>,
-    /// Unsolicited bytes received (immediate data and unsolicited Data-Out).
-    received: u32,
-    /// Unsolicited bytes the initiator may still send.
-    unsolicited_expected: u32,
-    next_data_sn: Sn,
-    /// Read data already handed to the datamover in pieces (a streamed read).
-    data_in_sent: u32,
-    /// A streamed read's latest piece (offset, buffer, length), held until the next one or
-    /// the end comes, so that the last Data-In always goes out with the status (or with the
-    /// F bit before a separate response, even when the read fails after its pieces).
-    held_piece: Option<(u32, IoBuf, u32)>,
-    /// A streamed write: the SCSI layer asks for its data piece by piece.
-    stream: bool,
-    /// The piece of a streamed write asked for and not yet handed over: (offset, len).
-    want: Option<(u32, u32)>,
-    /// A streamed write's first piece, its immediate data already at its start (the
-    /// datamover placed it there): the buffer for the SCSI layer's first want.
-    first_piece: Option<IoBuf>,
-    /// The command offset of `staged[0]`: 0, or the immediate bytes in `first_piece`.
-    staged_from: u32,
-    /// Handed to the SCSI layer ([`Action::Execute`]): an abort of it comes back as a result.
-    in_scsi: bool,
-    /// When the Data-Out timeout's clock started for the data now due (see `timeouts`).
-    data_out_since: Option<Instant>,
 }
 
 /// The full-feature phase of one connection.
@@ -211,7 +277,7 @@ pub struct Ffp {
     /// reports aborted results ([`Self::set_aborted_results`]): they keep their place under
     /// the task cap, so aborting in a loop cannot pile up work in the SCSI layer.
     aborted_in_scsi: Vec<Itt>,
-    /// The driver reports every aborted SCSI result ([`Self::on_scsi_aborted`]).
+    /// The driver hands over every [`TaskEvent::Aborted`] ([`Self::set_aborted_results`]).
     aborted_results: bool,
     /// Plain WRITEs with more solicited data than this stream: their data is asked for
     /// piece by piece by the SCSI layer (0: never).
@@ -262,7 +328,7 @@ impl Ffp {
     /// Streams plain WRITEs (6/10/12/16) larger than `bytes` whose data is not all
     /// unsolicited: the command goes to the SCSI layer once its unsolicited data is in, and
     /// the SCSI layer asks for the rest piece by piece, each piece's buffer taken from the
-    /// budget when it is asked for (see [`Self::on_scsi_want`]). 0: never (the default).
+    /// budget when it is asked for (a [`TaskEvent::Want`]). 0: never (the default).
     pub fn set_write_stream_chunk(&mut self, bytes: u32) {
         self.write_stream_chunk = bytes;
     }
@@ -327,28 +393,26 @@ impl Ffp {
         let mut served = 0;
         while let Some(&itt) = self.waiting_buf.front() {
             let pool = self.pool;
-            let Some(edtl) = self
-                .tasks
-                .get(&itt)
-                .filter(|t| matches!(t.state, TaskState::WaitingBuffer))
-                .map(|t| t.want.map_or(t.cmd.expected_data_transfer_length, |(_, len)| len))
-            else {
+            let Some(t) = self.tasks.get_mut(&itt) else {
                 // Aborted (or otherwise gone) meanwhile: its place went with it.
                 self.waiting_buf.pop_front();
                 continue;
             };
-            let Some(t) = self.tasks.get_mut(&itt) else { break };
-            let Some(mut buf) = pool.try_alloc_for(edtl as usize, &mut t.waiter, &self.account) else {
+            let Some(w) = t.state.buffer_wait() else {
+                self.waiting_buf.pop_front();
+                continue;
+            };
+            let Some(mut buf) = pool.try_alloc_for(w.len as usize, &mut w.waiter, &self.account) else {
                 break;
             };
             self.waiting_buf.pop_front();
             served += 1;
-            if t.stream {
+            if matches!(t.state, TaskState::Streaming { .. }) {
                 self.serve_want(itt, buf);
                 continue;
             }
-            self.staged_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
-            t.buf = Some(buf);
+            self.staged_bytes += gather(&mut t.data.staged, &mut buf, &mut self.spare);
+            t.data.buf = Some(buf);
             self.fetch(itt);
         }
         served
@@ -406,7 +470,7 @@ impl Ffp {
     /// (`queue_depth` tasks, see `on_scsi_command`) and the CmdSN window, each command
     /// holding at most FirstBurstLength of unsolicited data (RFC 7143 §13.14).
     pub fn staged_held_bytes(&self) -> usize {
-        let staged: usize = self.tasks.values().flat_map(|t| t.staged.iter()).map(Vec::len).sum();
+        let staged: usize = self.tasks.values().flat_map(|t| t.data.staged.iter()).map(Vec::len).sum();
         let held: usize = self.held.values().map(|(p, _)| p.data.len()).sum();
         staged + held
     }

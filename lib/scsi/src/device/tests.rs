@@ -7,6 +7,7 @@ use riser_bdev::IoBuf;
 
 use super::*;
 use crate::lun::LunConfig;
+use crate::task::DataOut;
 use crate::tests::{malloc_lun, pattern, rw10, BS};
 
 const TUR: [u8; 6] = [op::TEST_UNIT_READY, 0, 0, 0, 0, 0];
@@ -45,7 +46,7 @@ fn report_luns_cdb(select: u8, alloc: u32) -> Vec<u8> {
 /// A device channel and the results it returned that were not asked for yet.
 struct H {
     dc: DeviceChannel,
-    got: Vec<ScsiResult>,
+    got: Vec<TaskEvent>,
 }
 
 impl H {
@@ -68,14 +69,22 @@ impl H {
     ) {
         let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
         t.write = data.is_some();
-        t.data_out = data.map(IoBuf::from);
+        t.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));
         self.dc.submit(t);
     }
 
     /// Polls until `tag` is reported.
     fn wait(&mut self, tag: u64) -> ScsiResult {
+        match self.wait_event(tag) {
+            TaskEvent::Done(r) => r,
+            other => panic!("expected the task's result, got {other:?}"),
+        }
+    }
+
+    /// Polls until `tag` ends; returns its last event.
+    fn wait_event(&mut self, tag: u64) -> TaskEvent {
         for _ in 0..1_000_000 {
-            if let Some(p) = self.got.iter().position(|r| r.tag == tag) {
+            if let Some(p) = self.got.iter().position(|r| r.tag() == tag && r.ends_task()) {
                 return self.got.remove(p);
             }
             self.dc.poll(&mut self.got);
@@ -209,7 +218,8 @@ fn report_luns_lists_the_device() {
     while out.is_empty() {
         ch.poll(&mut out);
     }
-    assert_eq!(out[0].sense_triplet(), Some((5, 0x20, 0)));
+    let TaskEvent::Done(r) = &out[0] else { panic!("expected a result") };
+    assert_eq!(r.sense_triplet(), Some((5, 0x20, 0)));
 }
 
 #[test]
@@ -374,13 +384,13 @@ fn task_management() {
     assert!(!h.dc.abort_task(&a, LunId::new(0), 30));
     assert!(!h.dc.abort_task(&b, LunId::new(1), 30));
     assert!(h.dc.abort_task(&a, LunId::new(1), 30));
-    assert!(h.wait(30).aborted);
+    assert!(h.wait_event(30).is_aborted());
     // LOGICAL UNIT RESET: that LUN only.
     h.submit(31, 0, &a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
     h.submit(32, 1, &a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
     h.dc.reset_lun(LunId::new(1), ResetKind::LunReset);
-    assert!(!h.wait(31).aborted);
-    assert!(h.wait(32).aborted);
+    assert!(!h.wait_event(31).is_aborted());
+    assert!(h.wait_event(32).is_aborted());
     assert_eq!(l0.pending_ua(&b), vec![]);
     assert_eq!(
         l1.pending_ua(&b),
@@ -390,7 +400,7 @@ fn task_management() {
     // Target reset: every LUN, every task.
     h.submit(33, 0, &a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
     h.dc.reset_target(ResetKind::TargetWarmReset);
-    assert!(h.wait(33).aborted);
+    assert!(h.wait_event(33).is_aborted());
     assert_eq!(
         l0.pending_ua(&a),
         vec![Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET]
@@ -416,7 +426,7 @@ fn task_management() {
     assert_eq!(r.status, Status::ReservationConflict);
     h.submit(34, 1, &a, &rw10(op::READ10, 0, 1, 0), BS as u32, None);
     h.dc.teardown(&a);
-    assert!(h.wait(34).aborted);
+    assert!(h.wait_event(34).is_aborted());
     let r = h.run(0, &b, &w, BS as u32, Some(vec![0; BS]));
     assert_eq!(r.status, Status::Good);
     assert!(!h.dc.busy());

@@ -345,17 +345,7 @@ impl LunChannel {
             if j.delivered == j.pieces() {
                 return self.complete_at(slot, Some((b, len)), offset);
             }
-            self.done.push(ScsiResult {
-                tag,
-                status: Status::Good,
-                sense: None,
-                data_in: Some(b),
-                data_len: len,
-                residual: crate::task::Residual::None,
-                aborted: false,
-                data_offset: offset,
-                partial: true,
-            });
+            self.done.push(TaskEvent::Data(DataPiece { tag, offset: offset as u32, buf: b, len: len as u32 }));
         }
         self.stream_pump(slot);
     }

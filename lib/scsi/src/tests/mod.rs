@@ -29,9 +29,45 @@ use riser_bdev::{BdevRegistry, IoBuf};
 
 use crate::cdb::op;
 use crate::{
-    DeviceChannel, Lun, LunChannel, LunConfig, LunId, Nexus, Residual, ScsiDevice, ScsiResult,
-    ScsiTask, Status,
+    DataOut, DeviceChannel, Lun, LunChannel, LunConfig, LunId, Nexus, Residual, ScsiDevice,
+    ScsiResult, ScsiTask, Status, TaskEvent,
 };
+
+/// Polls a channel for the results of tasks that end (tests without streaming or aborts:
+/// any other event fails the test).
+pub(crate) trait PollResults {
+    fn poll_results(&mut self, out: &mut Vec<ScsiResult>) -> usize;
+}
+
+fn push_results(events: Vec<TaskEvent>, out: &mut Vec<ScsiResult>) -> usize {
+    let n = events.len();
+    out.extend(events.into_iter().map(done));
+    n
+}
+
+impl PollResults for DeviceChannel {
+    fn poll_results(&mut self, out: &mut Vec<ScsiResult>) -> usize {
+        let mut ev = Vec::new();
+        self.poll(&mut ev);
+        push_results(ev, out)
+    }
+}
+
+impl PollResults for LunChannel {
+    fn poll_results(&mut self, out: &mut Vec<ScsiResult>) -> usize {
+        let mut ev = Vec::new();
+        self.poll(&mut ev);
+        push_results(ev, out)
+    }
+}
+
+/// The result of a task's last event (which must be its end, not an abort).
+pub(crate) fn done(ev: TaskEvent) -> ScsiResult {
+    match ev {
+        TaskEvent::Done(r) => r,
+        other => panic!("expected the task's result, got {other:?}"),
+    }
+}
 
 pub(crate) const BS: usize = 512;
 pub(crate) const BLOCKS: u64 = 8192;
@@ -150,7 +186,7 @@ impl Env {
         let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
         t.write = data.is_some();
         t.read = data.is_none() && edtl > 0;
-        t.data_out = data.map(IoBuf::from);
+        t.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));
         t
     }
 
@@ -183,8 +219,8 @@ impl Env {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
             self.dc.poll(&mut out);
-            if let Some(p) = out.iter().position(|r| r.tag == tag) {
-                return out.swap_remove(p);
+            if let Some(p) = out.iter().position(|r| r.tag() == tag && r.ends_task()) {
+                return done(out.swap_remove(p));
             }
         }
         panic!("task {tag} never completed");

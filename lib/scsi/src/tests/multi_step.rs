@@ -77,11 +77,11 @@ fn compare_and_write_is_atomic_across_reactors() {
             let mut run = |ch: &mut LunChannel, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>| {
                 tag += 1;
                 let mut task = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
-                task.data_out = data.map(IoBuf::from);
+                task.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));
                 ch.submit(task);
                 let mut out = vec![];
                 loop {
-                    ch.poll(&mut out);
+                    ch.poll_results(&mut out);
                     if let Some(r) = out.pop() {
                         return r;
                     }

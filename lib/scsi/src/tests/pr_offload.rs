@@ -55,7 +55,7 @@ fn poll_for(e: &mut Env, for_: Duration) -> Vec<ScsiResult> {
     let mut out = Vec::new();
     let t0 = Instant::now();
     while t0.elapsed() < for_ {
-        e.dc.poll(&mut out);
+        e.dc.poll_results(&mut out);
     }
     out
 }
@@ -68,7 +68,7 @@ fn wait_for(e: &mut Env, out: &mut Vec<ScsiResult>, tag: u64) -> ScsiResult {
             return out.swap_remove(i);
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "task {tag} never completed");
-        e.dc.poll(out);
+        e.dc.poll_results(out);
     }
 }
 
@@ -129,7 +129,7 @@ fn an_aptpl_write_does_not_hold_up_the_reactor_and_completes_once_durable() {
     let mut out = Vec::new();
     let t0 = Instant::now();
     let writer = loop {
-        e.dc.poll(&mut out);
+        e.dc.poll_results(&mut out);
         if let Ok(t) = entered_rx.try_recv() {
             break t;
         }
@@ -153,7 +153,7 @@ fn an_aptpl_write_does_not_hold_up_the_reactor_and_completes_once_durable() {
     let mut out2 = Vec::new();
     let t0 = Instant::now();
     while !out2.iter().any(|r: &ScsiResult| r.tag == 9000) {
-        dc2.poll(&mut out2);
+        dc2.poll_results(&mut out2);
         assert!(t0.elapsed() < Duration::from_secs(10), "another channel's read never completed");
     }
     assert_eq!(out2[0].status, Status::Good);
@@ -257,7 +257,7 @@ fn a_full_backlog_answers_busy() {
     let mut out = Vec::new();
     let t0 = Instant::now();
     while store.reads.load(Ordering::Acquire) == reads {
-        e.dc.poll(&mut out);
+        e.dc.poll_results(&mut out);
         assert!(t0.elapsed() < Duration::from_secs(10), "the first PR OUT never started");
     }
     // One running, three waiting: the fifth is refused.
@@ -302,7 +302,7 @@ fn a_flooded_lun_gets_busy_and_another_lun_is_still_served() {
     let mut out = Vec::new();
     let t0 = Instant::now();
     while slow.reads.load(Ordering::Acquire) == reads {
-        es.dc.poll(&mut out);
+        es.dc.poll_results(&mut out);
         assert!(t0.elapsed() < Duration::from_secs(10), "the first PR OUT never started");
     }
     // One running, three waiting: the next ones on this LUN are refused.
@@ -349,7 +349,7 @@ fn a_reset_reaches_the_other_gateway_while_pr_work_is_full() {
     let mut out = Vec::new();
     let t0 = Instant::now();
     while slow.reads.load(Ordering::Acquire) == reads {
-        es.dc.poll(&mut out);
+        es.dc.poll_results(&mut out);
         assert!(t0.elapsed() < Duration::from_secs(10), "the first PR OUT never started");
     }
     tags.extend((2..=4).map(|k| submit_prout(&mut es, &a, 6, 0, k, false)));

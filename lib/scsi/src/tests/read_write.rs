@@ -143,7 +143,7 @@ fn read_residuals() {
     e.ch().submit(t);
     let mut out = vec![];
     while out.is_empty() {
-        e.ch().poll(&mut out);
+        e.ch().poll_results(&mut out);
     }
     assert_eq!(out[0].status, Status::Good);
 }
@@ -242,7 +242,7 @@ fn a_read_waits_for_budgeted_memory() {
     let run = |ch: &mut LunChannel, tag: u64, cdb: &[u8], edtl: u32, out: &mut Vec<ScsiResult>| {
         ch.submit(ScsiTask::new(tag, 0, cdb, edtl, n.clone()));
         for _ in 0..1000 {
-            ch.poll(out);
+            ch.poll_results(out);
         }
     };
     run(&mut ch, 1, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, &mut out); // power-on UA
@@ -252,7 +252,7 @@ fn a_read_waits_for_budgeted_memory() {
     assert_eq!(pool.stats().waiting, 1);
     drop(hog);
     for _ in 0..1000 {
-        ch.poll(&mut out);
+        ch.poll_results(&mut out);
         if !out.is_empty() {
             break;
         }

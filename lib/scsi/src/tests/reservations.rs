@@ -529,7 +529,7 @@ mod shared_state {
         let mut out = Vec::new();
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(100) {
-            ga.dc.poll(&mut out);
+            ga.dc.poll_results(&mut out);
         }
         assert!(out.iter().all(|r| r.tag != tag), "PR OUT finished while the cluster stalled");
         // The executor goes on with other commands meanwhile.
@@ -538,7 +538,7 @@ mod shared_state {
         store.stalled.store(false, Ordering::Release);
         let t0 = Instant::now();
         let r = loop {
-            ga.dc.poll(&mut out);
+            ga.dc.poll_results(&mut out);
             if let Some(i) = out.iter().position(|r| r.tag == tag) {
                 break out.swap_remove(i);
             }
@@ -554,7 +554,7 @@ mod shared_state {
         ga.dc.submit(t);
         let t0 = Instant::now();
         let r = loop {
-            ga.dc.poll(&mut out);
+            ga.dc.poll_results(&mut out);
             if let Some(i) = out.iter().position(|r| r.tag == tag) {
                 break out.swap_remove(i);
             }

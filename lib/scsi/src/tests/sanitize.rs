@@ -202,10 +202,15 @@ fn submit(e: &mut Env, n: &Arc<Nexus>, cdb: &[u8]) -> u64 {
 
 /// Polls until `tag` is reported; returns it.
 fn wait(e: &mut Env, tag: u64) -> ScsiResult {
+    done(wait_event(e, tag))
+}
+
+/// Polls until `tag` is reported; returns its event.
+fn wait_event(e: &mut Env, tag: u64) -> TaskEvent {
     let mut out = Vec::new();
     for _ in 0..1_000_000 {
         e.ch().poll(&mut out);
-        if let Some(p) = out.iter().position(|r| r.tag == tag) {
+        if let Some(p) = out.iter().position(|r| r.tag() == tag) {
             return out.swap_remove(p);
         }
     }
@@ -298,8 +303,8 @@ fn sanitize_survives_abort_and_lost_channel() {
     let mut out = Vec::new();
     e.ch().poll(&mut out);
     assert!(e.ch().abort_task(&a, tag));
-    let r = wait(&mut e, tag);
-    assert!(r.aborted);
+    let r = wait_event(&mut e, tag);
+    assert!(r.is_aborted());
     assert!(e.lun.lock().sanitize.active());
     wait_sanitized(&mut e);
     assert_ne!(e.read16(&a, 0, 1), vec![b'x'; BS]);

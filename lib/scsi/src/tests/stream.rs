@@ -17,16 +17,24 @@ fn collect(ch: &mut LunChannel, tag: u64, data: &mut Vec<u8>) -> (Vec<(usize, us
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         ch.poll(&mut out);
-        for r in out.drain(..) {
-            assert_eq!(r.tag, tag);
-            if r.data_len > 0 {
-                assert_eq!(r.data_offset, data.len(), "pieces come in order, contiguous");
-                data.extend_from_slice(r.data());
-            }
-            if r.partial {
-                pieces.push((r.data_offset, r.data_len));
-            } else {
-                return (pieces, r);
+        for ev in out.drain(..) {
+            assert_eq!(ev.tag(), tag);
+            match ev {
+                TaskEvent::Data(p) => {
+                    if p.len > 0 {
+                        assert_eq!(p.offset as usize, data.len(), "pieces come in order, contiguous");
+                        data.extend_from_slice(p.data());
+                    }
+                    pieces.push((p.offset as usize, p.len as usize));
+                }
+                TaskEvent::Done(r) => {
+                    if r.data_len > 0 {
+                        assert_eq!(r.data_offset, data.len(), "pieces come in order, contiguous");
+                        data.extend_from_slice(r.data());
+                    }
+                    return (pieces, r);
+                }
+                other => panic!("a streamed read reports pieces and its end only: {other:?}"),
             }
         }
     }
@@ -120,8 +128,8 @@ fn an_aborted_streamed_read_ends_quietly() {
     }
     for r in out.drain(..) {
         assert!(!ended, "nothing after the task's result");
-        if !r.partial {
-            assert!(r.aborted);
+        if r.ends_task() {
+            assert!(r.is_aborted());
             ended = true;
         }
     }
@@ -133,28 +141,31 @@ fn an_aborted_streamed_read_ends_quietly() {
 /// wants seen.
 fn feed(e: &mut Env, tag: u64, data: &[u8]) -> (ScsiResult, Vec<(u32, u32)>) {
     let mut seen = Vec::new();
-    let mut wants = Vec::new();
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         e.dc.poll(&mut out);
-        if let Some(r) = out.pop() {
-            assert_eq!(r.tag, tag);
-            return (r, seen);
-        }
         // Each piece served at once, before the writes in flight complete (as a fast
         // initiator and a slow device do): the next want may come while one is written.
         loop {
-            e.dc.take_wants(&mut wants);
-            if wants.is_empty() {
+            if out.is_empty() {
                 break;
             }
-            for w in wants.drain(..) {
+            for ev in out.drain(..) {
+                let w = match ev {
+                    TaskEvent::Want(w) => w,
+                    TaskEvent::Done(r) => {
+                        assert_eq!(r.tag, tag);
+                        return (r, seen);
+                    }
+                    other => panic!("a streamed write reports wants and its end only: {other:?}"),
+                };
                 assert_eq!((w.tag, w.lun), (tag, e.lun.id()));
                 seen.push((w.offset, w.len));
                 let (o, n) = (w.offset as usize, w.len as usize);
                 e.dc.write_data(LunId::new(w.lun), tag, w.offset, IoBuf::from(data[o..o + n].to_vec()));
             }
+            e.dc.take_events(&mut out);
         }
     }
     panic!("task {tag} never completed");
@@ -168,7 +179,7 @@ fn a_streamed_write_asks_for_its_data_piece_by_piece() {
     let data = pattern(600 * BS);
     let mut t = e.task(&a, &rw16(op::WRITE16, 50, 600, 0), 600 * BS as u32, None);
     t.write = true;
-    t.data_out_later = true;
+    t.data_out = DataOut::Streamed;
     let tag = t.tag;
     e.dc.submit(t);
     let (r, seen) = feed(&mut e, tag, &data);
@@ -182,7 +193,7 @@ fn a_streamed_write_asks_for_its_data_piece_by_piece() {
     // A WRITE that fails its checks asks for nothing: out of range.
     let mut t = e.task(&a, &rw16(op::WRITE16, BLOCKS - 10, 600, 0), 600 * BS as u32, None);
     t.write = true;
-    t.data_out_later = true;
+    t.data_out = DataOut::Streamed;
     let tag = t.tag;
     e.dc.submit(t);
     let (r, seen) = feed(&mut e, tag, &data);
@@ -197,18 +208,17 @@ fn a_streamed_write_waiting_for_data_keeps_no_reactor_busy_and_aborts_cleanly() 
     e.dc.set_stream_chunk(Some(CHUNK));
     let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
     t.write = true;
-    t.data_out_later = true;
+    t.data_out = DataOut::Streamed;
     let tag = t.tag;
     e.dc.submit(t);
-    let mut wants = Vec::new();
     let mut out = Vec::new();
     e.dc.poll(&mut out);
-    e.dc.take_wants(&mut wants);
+    let wants: Vec<_> = out.drain(..).filter(|ev| matches!(ev, TaskEvent::Want(_))).collect();
     assert_eq!(wants.len(), 1);
     assert!(!e.ch().busy(), "waiting for the initiator's data is not work");
     assert!(e.ch().abort_task(&a, tag));
     e.dc.poll(&mut out);
-    assert!(matches!(out.as_slice(), [r] if r.tag == tag && r.aborted));
+    assert!(matches!(out.as_slice(), [r] if r.tag() == tag && r.is_aborted()));
     // Data after the abort is dropped; the LUN serves on.
     e.dc.write_data(LunId::new(e.lun.id()), tag, 0, IoBuf::from(vec![0u8; CHUNK]));
     assert_eq!(e.read16(&a, 0, 8).len(), 8 * BS);
@@ -217,13 +227,39 @@ fn a_streamed_write_waiting_for_data_keeps_no_reactor_busy_and_aborts_cleanly() 
     // for the piece it needs.
     let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
     t.write = true;
-    t.data_out_later = true;
+    t.data_out = DataOut::Streamed;
     let tag = t.tag;
     e.dc.submit(t);
     e.dc.poll(&mut out);
-    e.dc.take_wants(&mut wants);
     e.dc.write_data(LunId::new(e.lun.id()), tag, CHUNK as u32, IoBuf::from(vec![0u8; CHUNK]));
     out.clear();
     e.dc.poll(&mut out);
-    assert!(matches!(out.as_slice(), [r] if r.tag == tag && r.status == Status::CheckCondition), "{out:?}");
+    assert!(matches!(out.as_slice(), [TaskEvent::Done(r)] if r.tag == tag && r.status == Status::CheckCondition), "{out:?}");
+}
+
+/// A want still waiting for `poll` when its write ends goes with it: the abort is the task's
+/// last event, and its only one after the abort.
+#[test]
+fn a_want_queued_when_its_write_ends_is_withdrawn() {
+    let mut e = env();
+    let a = e.a.clone();
+    e.dc.set_stream_chunk(Some(CHUNK));
+    let mut t = e.task(&a, &rw16(op::WRITE16, 0, 600, 0), 600 * BS as u32, None);
+    t.write = true;
+    t.data_out = DataOut::Streamed;
+    let tag = t.tag;
+    e.dc.submit(t);
+    let mut out = Vec::new();
+    e.dc.poll(&mut out);
+    assert!(matches!(out.as_slice(), [TaskEvent::Want(w)] if w.offset == 0), "{out:?}");
+    out.clear();
+    // The first piece is written while the second is asked for; the task is aborted before
+    // that want is taken.
+    e.dc.write_data(LunId::new(e.lun.id()), tag, 0, IoBuf::from(vec![0u8; CHUNK]));
+    assert!(e.ch().abort_task(&a, tag));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && e.ch().busy() {
+        e.dc.poll(&mut out);
+    }
+    assert!(matches!(out.as_slice(), [r] if r.tag() == tag && r.is_aborted()), "{out:?}");
 }

@@ -17,8 +17,8 @@ fn abort_tasks() {
         e.ch().poll(&mut out);
     }
     assert_eq!(out.len(), 1);
-    assert!(out[0].aborted);
-    assert!(out[0].data_in.is_none());
+    // Aborted: no result, no data.
+    assert!(out[0].is_aborted());
     // A COMPARE AND WRITE waiting for its range is dropped by abort_nexus.
     let g = {
         e.lun.ranges.begin_exclusive();
@@ -34,7 +34,7 @@ fn abort_tasks() {
     assert_eq!(e.ch().abort_nexus(&a), 1);
     e.ch().poll(&mut out);
     assert_eq!(out.len(), 1);
-    assert!(out[0].aborted);
+    assert!(out[0].is_aborted());
     e.lun.ranges.release(g);
     assert!(e.lun.ranges.idle());
     assert_eq!(e.ch().outstanding(), 0);

@@ -2,11 +2,12 @@
 //! flags and its immediate data, the task it becomes, its hand-over to the SCSI layer
 //! ([`Action::Execute`]), and the responses of commands that fail in this layer.
 
-use riser_bdev::IoBuf;
-use riser_scsi::{Residual, Sense};
+use riser_buf::IoBuf;
+use riser_scsi::task::{DataOut, Residual};
+use riser_scsi::Sense;
 
 use super::{
-    Action, Ffp, Immediate, ScsiRequest, Task, TaskState, SENSE_DATA_PHASE_ERROR, SENSE_WRITE_TOO_LARGE,
+    Action, Ffp, Immediate, ReadOut, ScsiRequest, Task, TaskState, WriteIn, SENSE_DATA_PHASE_ERROR, SENSE_WRITE_TOO_LARGE,
     STATUS_CHECK_CONDITION, STATUS_TASK_SET_FULL,
 };
 use crate::ffp::datamover::SnState;
@@ -96,21 +97,8 @@ impl Ffp {
             lun: cmd.lun,
             cdb: cmd.cdb,
             ext_cdb,
-            state: TaskState::Executing,
-            buf: None,
-            staged: Vec::new(),
-            waiter: None,
-            received: imm,
-            unsolicited_expected: 0,
-            next_data_sn: Sn(0),
-            data_in_sent: 0,
-            held_piece: None,
-            stream: false,
-            want: None,
-            first_piece: None,
-            staged_from: 0,
-            in_scsi: false,
-            data_out_since: None,
+            data: WriteIn { received: imm, ..WriteIn::default() },
+            state: TaskState::Unsolicited { since: None },
             cmd,
         };
         if task.cmd.write && edtl > 0 {
@@ -118,16 +106,16 @@ impl Ffp {
             // (RFC 7143 §13.10, §13.14).
             if !self.cfg.initial_r2t && !task.cmd.final_bit {
                 let first_burst = self.cfg.first_burst_length.min(edtl);
-                task.unsolicited_expected = first_burst.saturating_sub(imm);
+                task.data.expected = first_burst.saturating_sub(imm);
             }
             match data {
                 // The datamover had the budget's room for the task's buffer and copied the
                 // immediate data straight into it: the one copy; the rest is asked for at once.
-                Immediate::Placed { buf, .. } if buf.len() == edtl as usize => task.buf = Some(buf),
+                Immediate::Placed { buf, .. } if buf.len() == edtl as usize => task.data.buf = Some(buf),
                 // The first piece of a write that streams: the immediate data is at its start.
                 Immediate::Placed { buf, len } if len as usize <= buf.len() && buf.len() < edtl as usize => {
-                    task.first_piece = Some(buf);
-                    task.staged_from = len;
+                    task.data.first_piece = Some(buf);
+                    task.data.staged_from = len;
                 }
                 Immediate::Placed { buf, .. } => {
                     log::error!("task {:#x}: placed write buffer of {} bytes for EDTL {edtl}", task.cmd.itt.0, buf.len());
@@ -137,29 +125,33 @@ impl Ffp {
                 }
                 // All of it came as immediate data: the segment itself becomes the write
                 // buffer, no copy (at most FirstBurstLength per command, within the window).
-                Immediate::Segment(data) if imm == edtl => task.buf = Some(IoBuf::from_vec(data)),
+                Immediate::Segment(data) if imm == edtl => task.data.buf = Some(IoBuf::from_vec(data)),
                 // More follows (unsolicited Data-Out, or solicited) and the datamover did not
                 // place it (no room in the budget then): no buffer yet, the immediate data
                 // waits in its segment, copied into the buffer when the budget grants it.
-                Immediate::Segment(data) if imm > 0 => task.staged.push(data),
+                Immediate::Segment(data) if imm > 0 => task.data.staged.push(data),
                 Immediate::Segment(_) => {}
             }
-            task.state = TaskState::Unsolicited;
             let itt = task.cmd.itt;
             self.tasks.insert(itt, task);
             self.after_unsolicited(itt);
         } else {
             let itt = task.cmd.itt;
             self.tasks.insert(itt, task);
-            self.execute(itt);
+            self.execute(itt, false);
         }
     }
 
-    pub(super) fn execute(&mut self, itt: Itt) {
+    /// Hands the task to the SCSI layer, with its data gathered (in `data.buf`), or, when
+    /// `streamed`, to be asked for piece by piece.
+    pub(super) fn execute(&mut self, itt: Itt, streamed: bool) {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
-        t.state = TaskState::Executing;
-        t.in_scsi = true;
-        let data_out_len = if t.buf.is_some() { t.cmd.expected_data_transfer_length } else { 0 };
+        let data_out = match t.data.buf.take() {
+            Some(buf) => DataOut::Whole(buf),
+            None if streamed => DataOut::Streamed,
+            None => DataOut::None,
+        };
+        t.state = if streamed { TaskState::Streaming { want: None } } else { TaskState::Executing(ReadOut::default()) };
         self.actions.push_back(Action::Execute(ScsiRequest {
             itt,
             lun: t.lun,
@@ -169,9 +161,7 @@ impl Ffp {
             read: t.cmd.read,
             write: t.cmd.write,
             attr: t.cmd.attr,
-            data_out: t.buf.take(),
-            data_out_len,
-            data_out_later: t.stream,
+            data_out,
         }));
     }
 

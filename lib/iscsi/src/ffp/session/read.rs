@@ -1,102 +1,126 @@
-//! A command's completion and a read's data (RFC 7143 §11.4, §11.7): streamed read pieces
-//! (Put_Data without status, the latest held back for the end) and the SCSI completion,
-//! which sends the last Data-In with the status or a SCSI Response.
+//! The SCSI layer's events for a task ([`TaskEvent`]), and a read's data and a command's
+//! completion (RFC 7143 §11.4, §11.7): streamed read pieces (Put_Data without status, the
+//! latest held back for the end) and the SCSI completion, which sends the last Data-In with
+//! the status or a SCSI Response.
 
-use riser_bdev::IoBuf;
-use riser_scsi::Residual;
+use riser_buf::IoBuf;
+use riser_scsi::task::{Residual, ScsiResult, TaskEvent};
 
 use super::command::scsi_response;
-use super::{Action, Ffp, ScsiDone};
+use super::{Action, Ffp, ReadOut, TaskState};
 use crate::ffp::datamover::PutData;
 use crate::serial::Itt;
 
 impl Ffp {
+    /// What the SCSI layer reports about a task (its tag is the ITT, see
+    /// [`super::ScsiRequest::into_task`]): a streamed read's piece, a streamed write's want,
+    /// the end, or the abort. Events of a task this layer no longer has (aborted, failed
+    /// meanwhile) are dropped.
+    pub fn on_scsi(&mut self, ev: TaskEvent) {
+        let itt = Itt(ev.tag() as u32);
+        match ev {
+            TaskEvent::Data(p) => self.on_scsi_data(itt, p.offset, p.buf, p.len),
+            TaskEvent::Want(w) => self.on_scsi_want(itt, w.offset, w.len),
+            TaskEvent::Done(r) => self.on_scsi_done(r),
+            TaskEvent::Aborted { .. } => self.scsi_gave_back(itt),
+        }
+    }
+
     /// A piece of a streamed read's data (`len` bytes of `buf`, from the command's buffer
     /// offset `offset`): the piece before it goes out (Put_Data without status) and this one
     /// waits for the next or the end; the task goes on. Pieces come in order; the last one
-    /// comes with the task's [`ScsiDone`].
-    pub fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
+    /// comes with the task's result.
+    fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
         let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else {
             return; // aborted meanwhile
         };
         let edtl = t.cmd.expected_data_transfer_length;
-        if !t.cmd.read || offset != t.data_in_sent || offset >= edtl {
+        let TaskState::Executing(out) = &mut t.state else {
+            return; // not a read in the SCSI layer
+        };
+        if !t.cmd.read || offset != out.sent || offset >= edtl {
             // Data-In for a command without the R bit is never sent (see on_scsi_done).
             return;
         }
         let len = len.min(edtl - offset);
-        t.data_in_sent = offset + len;
-        if let Some((offset, buf, len)) = t.held_piece.replace((offset, buf, len)) {
+        out.sent = offset + len;
+        if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
             self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
         }
     }
 
     /// A SCSI completion.
-    pub fn on_scsi_done(&mut self, done: ScsiDone) {
-        let Some(t) = self.tasks.remove(&done.itt) else {
+    fn on_scsi_done(&mut self, done: ScsiResult) {
+        let itt = Itt(done.tag as u32);
+        let Some(t) = self.tasks.remove(&itt) else {
             // Aborted meanwhile, and finished before the abort reached the SCSI layer.
-            self.scsi_gave_back(done.itt);
+            self.scsi_gave_back(itt);
             return;
         };
+        let (data_in_len, data_in_offset) = (done.data_len as u32, done.data_offset as u32);
         let immediate = t.cmd.immediate;
         if !immediate {
             self.slot_freed();
         }
-        if t.stream && t.want.is_some() {
+        let wanting = matches!(t.state, TaskState::Streaming { want: Some(_) });
+        let out = match t.state {
+            TaskState::Executing(out) => out,
+            _ => ReadOut::default(),
+        };
+        if wanting {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
-            self.abort_action(done.itt, t.lun, false);
+            self.abort_action(itt, t.lun, false);
         }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
-        if done.data_in_len > 0 && !t.cmd.read {
+        if data_in_len > 0 && !t.cmd.read {
             // Data-In for a command without the R bit (a READ sent as a write, or with no
             // data expected): its Data-In EDTL is 0, so nothing is sent and the whole
             // SCSI-presented length is a residual overflow (RFC 7143 §11.4.5.2), GOOD or not.
             // libiscsi's iSCSIResiduals.Read10Invalid expects the status to stay as it is.
-            let shown = done.data_in_offset.saturating_add(done.data_in_len);
+            let shown = data_in_offset.saturating_add(data_in_len);
             let presented = match done.residual {
                 Residual::Overflow(n) => shown.saturating_add(n),
                 _ => shown,
             };
-            log::debug!("task {:#x}: {presented} bytes of Data-In without the R bit, not sent", done.itt.0);
+            log::debug!("task {:#x}: {presented} bytes of Data-In without the R bit, not sent", itt.0);
             residual = Residual::Overflow(presented);
         }
-        let response = scsi_response(done.itt, done.status, &done.sense, residual, s);
+        let response = scsi_response(itt, done.status.code(), done.sense_bytes(), residual, s);
         let edtl = t.cmd.expected_data_transfer_length;
-        let mut t = t;
-        let last_ok = done.data_in.is_some() && done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl;
-        if let Some((offset, buf, len)) = t.held_piece.take() {
+        let last_ok = done.data_in.is_some() && data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl;
+        if let Some((offset, buf, len)) = out.held {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
-                self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }));
+                self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }));
                 return;
             }
-            self.actions.push_back(Action::PutData(PutData { itt: done.itt, lun: t.lun, buf, len, offset, response: None, sn: s }));
+            self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }));
         }
         match done.data_in {
             // The data (whole, or a streamed read's last piece, right after the others).
-            Some(buf) if done.data_in_len > 0 && t.cmd.read && done.data_in_offset == t.data_in_sent && done.data_in_offset < edtl => {
+            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => {
                 self.actions.push_back(Action::PutData(PutData {
-                    itt: done.itt,
+                    itt,
                     lun: t.lun,
                     buf,
-                    len: done.data_in_len.min(edtl - done.data_in_offset),
-                    offset: done.data_in_offset,
+                    len: data_in_len.min(edtl - data_in_offset),
+                    offset: data_in_offset,
                     response: Some(response),
                     sn: s,
                 }))
             }
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
-            _ if t.data_in_sent > 0 => self.actions.push_back(Action::PutData(PutData {
-                itt: done.itt,
+            _ if out.sent > 0 => self.actions.push_back(Action::PutData(PutData {
+                itt,
                 lun: t.lun,
                 buf: IoBuf::empty(),
                 len: 0,
-                offset: t.data_in_sent,
+                offset: out.sent,
                 response: Some(response),
                 sn: s,
             })),

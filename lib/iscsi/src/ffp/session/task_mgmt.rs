@@ -18,19 +18,16 @@ impl Ffp {
         self.actions.push_back(Action::Abort { itt, lun });
     }
 
-    /// The driver promises to report every SCSI result of an aborted task with
-    /// [`Self::on_scsi_aborted`] (the ones it drops): an aborted task then counts against
-    /// the task cap until the SCSI layer gives it back, not only until the abort is sent.
+    /// The driver promises to hand over every [`TaskEvent::Aborted`] with [`Self::on_scsi`]:
+    /// an aborted task then counts against the task cap until the SCSI layer gives it back,
+    /// not only until the abort is sent.
+    ///
+    /// [`TaskEvent::Aborted`]: riser_scsi::TaskEvent::Aborted
     pub fn set_aborted_results(&mut self, on: bool) {
         self.aborted_results = on;
         if !on {
             self.aborted_in_scsi.clear();
         }
-    }
-
-    /// The SCSI layer gave back aborted task `itt` (its result, dropped).
-    pub fn on_scsi_aborted(&mut self, itt: Itt) {
-        self.scsi_gave_back(itt);
     }
 
     /// An aborted task `itt` is out of the SCSI layer.
@@ -57,7 +54,7 @@ impl Ffp {
                 if !t.cmd.immediate {
                     self.slot_freed();
                 }
-                self.abort_action(itt, t.lun, t.in_scsi);
+                self.abort_action(itt, t.lun, t.state.in_scsi());
             }
         }
     }
@@ -72,7 +69,7 @@ impl Ffp {
                         if !task.cmd.immediate {
                             self.slot_freed();
                         }
-                        self.abort_action(itt, task.lun, task.in_scsi);
+                        self.abort_action(itt, task.lun, task.state.in_scsi());
                         tmf::response::FUNCTION_COMPLETE
                     }
                     // RFC 7143 §11.5.1 b): a command not received yet (RefCmdSN within the

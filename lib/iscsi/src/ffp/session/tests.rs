@@ -1,6 +1,7 @@
 //! Unit tests of the full-feature phase state machine.
 
 use super::*;
+use riser_scsi::task::{DataPiece, DataWant, SenseBuf};
 use crate::pdu::{tmf, LogoutRequest, TaskMgmtRequest, TextResponse};
 use crate::text::encode_pairs;
 use crate::testing::{data_out, nop_out, read10, scsi_command, text_request};
@@ -50,16 +51,7 @@ fn read_executes_and_response_carries_window() {
     let a = drain(&mut f);
     let Action::Execute(req) = &a[0] else { panic!("expected Execute") };
     assert_eq!((req.itt, req.edtl, req.cdb[0]), (Itt(1), 512, 0x28));
-    f.on_scsi_done(ScsiDone {
-        itt: Itt(1),
-        status: STATUS_GOOD,
-        sense: vec![],
-        data_in: Some(IoBuf::from(vec![7u8; 512])),
-        data_in_len: 512,
-        data_in_offset: 0,
-        residual: Residual::None,
-        data_out: None,
-    });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: 1, status: Status::Good, sense: None, data_in: Some(IoBuf::from(vec![7u8; 512])), data_len: 512, data_offset: 0, residual: Residual::None }));
     let a = drain(&mut f);
     let Action::PutData(p) = &a[0] else { panic!("expected PutData") };
     let Op::ScsiResponse(r) = &p.response.as_ref().expect("a response").bhs.op else { panic!() };
@@ -120,7 +112,7 @@ fn write_with_immediate_unsolicited_and_solicited_data() {
     f.on_data_ready(g.itt, g.buf);
     let a = drain(&mut f);
     let Action::Execute(r) = &a[0] else { panic!("expected Execute") };
-    assert_eq!(r.data_out_len, 8192);
+    assert_eq!(r.data_out_len(), 8192);
 }
 
 #[test]
@@ -168,7 +160,7 @@ fn logout_closes_and_tmf_aborts() {
     let Op::TaskMgmtResponse(r) = &sent(&a[1]).bhs.op else { panic!() };
     assert_eq!(r.response, tmf::response::FUNCTION_COMPLETE);
     // The aborted task's completion is dropped.
-    f.on_scsi_done(ScsiDone { itt: Itt(1), status: 0, sense: vec![], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: 1, status: Status::Good, sense: None, data_in: None, data_len: 0, data_offset: 0, residual: Residual::None }));
     assert!(drain(&mut f).is_empty());
     let l = LogoutRequest { immediate: true, reason_code: logout::CLOSE_SESSION, itt: Itt(3), cid: 0, cmd_sn: Sn(11), exp_stat_sn: Sn(0) };
     f.on_pdu(Pdu::new(Op::LogoutRequest(l)), now);
@@ -275,16 +267,7 @@ fn read_cdb_sent_as_write(edtl: u32, data_in_len: u32, residual: Residual) -> Ve
     let Some(Action::GetData(g)) = drain(&mut f).into_iter().next() else { panic!("expected GetData") };
     f.on_data_ready(g.itt, g.buf);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
-    f.on_scsi_done(ScsiDone {
-        itt: Itt(1),
-        status: STATUS_GOOD,
-        sense: vec![],
-        data_in: Some(IoBuf::from(vec![7u8; data_in_len as usize])),
-        data_in_len,
-        data_in_offset: 0,
-        residual,
-        data_out: None,
-    });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: 1, status: Status::Good, sense: None, data_in: Some(IoBuf::from(vec![7u8; data_in_len as usize])), data_len: data_in_len as usize, data_offset: 0, residual }));
     drain(&mut f)
 }
 
@@ -389,7 +372,7 @@ fn small_pool() -> &'static Pool {
 
 /// The SCSI layer finishing task `itt` with GOOD and no data.
 fn done(f: &mut Ffp, itt: u32) {
-    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: itt.into(), status: Status::Good, sense: None, data_in: None, data_len: 0, data_offset: 0, residual: Residual::None }));
 }
 
 #[test]
@@ -497,7 +480,7 @@ fn immediate_data_waits_in_its_segment_then_is_copied_once() {
     let c = cmd(3, 11, false, true, 1024);
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![1; 1024]), now);
     let a = drain(&mut f);
-    assert!(matches!(&a[..], [Action::Execute(r)] if r.data_out.as_ref().map(|b| b.len()) == Some(1024)));
+    assert!(matches!(&a[..], [Action::Execute(r)] if r.data_out.buf().map(|b| b.len()) == Some(1024)));
 }
 
 #[test]
@@ -524,7 +507,7 @@ fn an_unsolicited_burst_ended_early_keeps_its_data() {
     f.on_pdu(Pdu::with_data(Op::DataOut(data_out(Itt(2), Ttt::RESERVED, Sn(0), 512)), vec![0x44; 512]), now);
     let a = drain(&mut f);
     let [Action::Execute(r)] = &a[..] else { panic!("expected Execute") };
-    let b = r.data_out.as_ref().expect("the write buffer");
+    let b = r.data_out.buf().expect("the write buffer");
     assert!(b[..512].iter().all(|&x| x == 0x33) && b[512..].iter().all(|&x| x == 0x44));
 }
 
@@ -685,26 +668,17 @@ fn a_streamed_read_goes_out_piece_by_piece() {
     let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(1, 10, true, false, 2500))), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
-    f.on_scsi_data(Itt(1), 0, IoBuf::from(vec![1u8; 1024]), 1024);
+    f.on_scsi(TaskEvent::Data(DataPiece { tag: 1, offset: 0, buf: IoBuf::from(vec![1u8; 1024]), len: 1024 }));
     assert!(drain(&mut f).is_empty(), "the latest piece waits for the next");
-    f.on_scsi_data(Itt(1), 2048, IoBuf::from(vec![9u8; 1024]), 1024); // out of order: dropped
-    f.on_scsi_data(Itt(1), 1024, IoBuf::from(vec![2u8; 1024]), 1024);
-    f.on_scsi_data(Itt(7), 0, IoBuf::from(vec![3u8; 1024]), 1024); // no such task
+    f.on_scsi(TaskEvent::Data(DataPiece { tag: 1, offset: 2048, buf: IoBuf::from(vec![9u8; 1024]), len: 1024 })); // out of order: dropped
+    f.on_scsi(TaskEvent::Data(DataPiece { tag: 1, offset: 1024, buf: IoBuf::from(vec![2u8; 1024]), len: 1024 }));
+    f.on_scsi(TaskEvent::Data(DataPiece { tag: 7, offset: 0, buf: IoBuf::from(vec![3u8; 1024]), len: 1024 })); // no such task
     let a = drain(&mut f);
     let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
     assert_eq!((p.offset, p.len, p.response.is_none()), (0, 1024, true));
     assert_eq!(p.sn.stat_sn, Sn(100), "no StatSN taken by a piece");
     // The last piece: 1024 bytes presented, 452 of them within EDTL.
-    f.on_scsi_done(ScsiDone {
-        itt: Itt(1),
-        status: STATUS_GOOD,
-        sense: vec![],
-        data_in: Some(IoBuf::from(vec![4u8; 1024])),
-        data_in_len: 1024,
-        data_in_offset: 2048,
-        residual: Residual::Overflow(572),
-        data_out: None,
-    });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: 1, status: Status::Good, sense: None, data_in: Some(IoBuf::from(vec![4u8; 1024])), data_len: 1024, data_offset: 2048, residual: Residual::Overflow(572) }));
     let a = drain(&mut f);
     let [Action::PutData(held), Action::PutData(p)] = a.as_slice() else { panic!("expected two PutData") };
     assert_eq!((held.offset, held.len, held.response.is_none()), (1024, 1024, true));
@@ -715,8 +689,8 @@ fn a_streamed_read_goes_out_piece_by_piece() {
     // A piece out, then the read fails: the held piece goes with the response.
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(2, 11, true, false, 4096))), now);
     drain(&mut f);
-    f.on_scsi_data(Itt(2), 0, IoBuf::from(vec![1u8; 1024]), 1024);
-    f.on_scsi_done(ScsiDone { itt: Itt(2), status: STATUS_CHECK_CONDITION, sense: vec![0x70; 18], data_in: None, data_in_len: 0, data_in_offset: 0, residual: Residual::None, data_out: None });
+    f.on_scsi(TaskEvent::Data(DataPiece { tag: 2, offset: 0, buf: IoBuf::from(vec![1u8; 1024]), len: 1024 }));
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: 2, status: Status::CheckCondition, sense: Some(SenseBuf::from_slice(&[0x70; 18])), data_in: None, data_len: 0, data_offset: 0, residual: Residual::None }));
     let a = drain(&mut f);
     let [Action::PutData(p)] = a.as_slice() else { panic!("expected one PutData") };
     assert_eq!((p.offset, p.len), (0, 1024));
@@ -742,10 +716,10 @@ fn a_large_write_is_fetched_piece_by_piece() {
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(c), vec![5u8; 8192]), now);
     let a = drain(&mut f);
     let [Action::Execute(req)] = a.as_slice() else { panic!("executed at once") };
-    assert!(req.data_out_later && req.data_out.is_none());
+    assert!(req.data_out.is_streamed());
     assert_eq!(pool.stats().in_use_bytes, 0, "no buffer before the SCSI layer asks");
     // The first piece: the immediate data copied in, the rest asked for.
-    f.on_scsi_want(Itt(1), 0, MIB);
+    f.on_scsi(TaskEvent::Want(DataWant { tag: 1, lun: 0, offset: 0, len: MIB }));
     let a = drain(&mut f);
     let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
     assert_eq!((g.offset, g.len, g.base, g.more, g.buf.len()), (8192, MIB - 8192, 0, true, MIB as usize));
@@ -756,7 +730,7 @@ fn a_large_write_is_fetched_piece_by_piece() {
     let [Action::WriteData { itt: Itt(1), offset: 0, buf, .. }] = a.as_slice() else { panic!("expected WriteData") };
     assert_eq!(buf.len(), MIB as usize);
     // The last piece (4 KiB), with nothing unsolicited in it.
-    f.on_scsi_want(Itt(1), 2 * MIB, 4096);
+    f.on_scsi(TaskEvent::Want(DataWant { tag: 1, lun: 0, offset: 2 * MIB, len: 4096 }));
     let a = drain(&mut f);
     let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
     assert_eq!((g.offset, g.len, g.base, g.more), (2 * MIB, 4096, 2 * MIB, false));
@@ -767,7 +741,7 @@ fn a_large_write_is_fetched_piece_by_piece() {
     // A want this layer cannot serve (beyond EDTL) fails the command the same way.
     f.on_pdu(Pdu::with_data(Op::ScsiCommand(scsi_command(Itt(2), Sn(11), false, true, edtl, &cdb)), vec![5u8; 8192]), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(_)]));
-    f.on_scsi_want(Itt(2), 2 * MIB, 8192);
+    f.on_scsi(TaskEvent::Want(DataWant { tag: 2, lun: 0, offset: 2 * MIB, len: 8192 }));
     let a = drain(&mut f);
     assert!(matches!(a.as_slice(), [Action::Abort { itt: Itt(2), .. }, Action::Send(_)]), "{}", a.len());
 }
@@ -796,8 +770,8 @@ fn a_streamed_write_uses_its_placed_first_piece() {
     let mut pdu = pdu;
     pdu.bhs.data_segment_length = 8192;
     f.on_command_placed(pdu, first, now);
-    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.data_out_later));
-    f.on_scsi_want(Itt(3), 0, MIB);
+    assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.data_out.is_streamed()));
+    f.on_scsi(TaskEvent::Want(DataWant { tag: 3, lun: 0, offset: 0, len: MIB }));
     let a = drain(&mut f);
     let [Action::GetData(g)] = a.as_slice() else { panic!("expected GetData") };
     assert_eq!((g.offset, g.len, g.base), (8192, MIB - 8192, 0));
@@ -872,7 +846,7 @@ fn immediate_writes_with_their_data_staged_are_capped_at_the_queue_depth() {
 /// The SCSI layer finishing READ `itt` with `len` bytes of `fill`.
 fn read_done(f: &mut Ffp, itt: u32, fill: u8, len: u32) {
     let data = IoBuf::from(vec![fill; len as usize]);
-    f.on_scsi_done(ScsiDone { itt: Itt(itt), status: STATUS_GOOD, sense: vec![], data_in: Some(data), data_in_len: len, data_in_offset: 0, residual: Residual::None, data_out: None });
+    f.on_scsi(TaskEvent::Done(ScsiResult { tag: itt.into(), status: Status::Good, sense: None, data_in: Some(data), data_len: len as usize, data_offset: 0, residual: Residual::None }));
 }
 
 #[test]
@@ -936,7 +910,7 @@ fn an_aborted_task_keeps_its_place_under_the_cap_until_the_scsi_layer_gives_it_b
     let [Action::Send(p)] = &a[..] else { panic!("expected one response") };
     assert!(matches!(&p.bhs.op, Op::ScsiResponse(r) if r.itt == Itt(3) && r.status == STATUS_TASK_SET_FULL));
     // Its aborted result comes back (the driver drops it): room again.
-    f.on_scsi_aborted(Itt(1));
+    f.on_scsi(TaskEvent::Aborted { tag: 1 });
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(4, 13, true, false, 512))), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(4)));
     // A task that finished before its abort reached the SCSI layer is given back by its
@@ -957,4 +931,22 @@ fn an_aborted_task_keeps_its_place_under_the_cap_until_the_scsi_layer_gives_it_b
     drain(&mut f);
     f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(7, 16, true, false, 512))), now);
     assert!(matches!(drain(&mut f).as_slice(), [Action::Execute(r)] if r.itt == Itt(7)));
+}
+
+/// The iSCSI layer builds the SCSI task itself: tag = ITT, the LUN number from the LUN
+/// field, the task attribute from ATTR, the write data as a `DataOut`.
+#[test]
+fn a_request_becomes_the_scsi_task() {
+    let (mut f, now) = ffp(FfpConfig::default());
+    let mut c = cmd(5, 10, true, false, 512);
+    c.lun = Lun(0x0001_0000_0000_0000);
+    c.attr = 2;
+    f.on_pdu(Pdu::new(Op::ScsiCommand(c)), now);
+    let Some(Action::Execute(req)) = drain(&mut f).into_iter().next() else { panic!("expected Execute") };
+    let nexus = Arc::new(riser_scsi::Nexus::new("iqn.2024-01.test:i", 1, "iqn.2024-01.test:t", 1));
+    let t = req.into_task(&nexus);
+    assert_eq!((t.tag, t.lun, t.edtl, t.read, t.write), (5, 1, 512, true, false));
+    assert_eq!((t.cdb.opcode(), t.attr), (0x28, riser_scsi::TaskAttr::Ordered));
+    assert!(matches!(t.data_out, DataOut::None));
+    assert!(Arc::ptr_eq(&t.nexus, &nexus));
 }

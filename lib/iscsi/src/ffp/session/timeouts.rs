@@ -39,11 +39,11 @@ impl Ffp {
         }
         let mut expired: Vec<Itt> = Vec::new();
         for (itt, t) in self.tasks.iter_mut() {
-            if !matches!(t.state, TaskState::Fetching | TaskState::Unsolicited) {
+            let Some(since) = t.state.data_out_clock() else {
                 continue;
-            }
-            match t.data_out_since {
-                None => t.data_out_since = Some(now),
+            };
+            match *since {
+                None => *since = Some(now),
                 Some(since) if now.duration_since(since) >= limit => expired.push(*itt),
                 Some(_) => {}
             }
@@ -56,13 +56,13 @@ impl Ffp {
     fn data_out_timed_out(&mut self, itt: Itt) {
         let Some(t) = self.tasks.remove(&itt) else { return };
         let edtl = t.cmd.expected_data_transfer_length;
-        let (what, outstanding) = match t.state {
-            TaskState::Unsolicited => ("unsolicited Data-Out", t.unsolicited_expected),
-            _ if t.stream => {
-                let (offset, len) = t.want.unwrap_or((0, 0));
-                ("solicited data", (offset + len).saturating_sub(offset.max(t.received)))
+        let (what, outstanding) = match &t.state {
+            TaskState::Unsolicited { .. } => ("unsolicited Data-Out", t.data.expected),
+            TaskState::Streaming { want } => {
+                let (offset, len) = want.as_ref().map_or((0, 0), |w| (w.offset, w.len));
+                ("solicited data", (offset + len).saturating_sub(offset.max(t.data.received)))
             }
-            _ => ("solicited data", edtl.saturating_sub(t.received)),
+            _ => ("solicited data", edtl.saturating_sub(t.data.received)),
         };
         log::warn!(
             "initiator {}: task {:#x} (EDTL {edtl}): {outstanding} bytes of {what} not in after {} s (data_out_timeout): \
@@ -75,7 +75,7 @@ impl Ffp {
         // command, in the SCSI layer waiting for this piece, ends without a completion.
         // Through abort_action: the ITT stays in use until the abort is taken, and a task in
         // the SCSI layer keeps its place under the task cap until its result comes back.
-        self.abort_action(itt, t.lun, t.in_scsi);
+        self.abort_action(itt, t.lun, t.state.in_scsi());
         self.respond_check(itt, t.cmd.immediate, SENSE_INITIATOR_RESPONSE_TIMEOUT, edtl, false);
     }
 }
@@ -154,7 +154,7 @@ mod tests {
         drop(g);
         assert_eq!(pool.stats().in_use_bytes, 0);
         // Data arriving late for the failed task changes nothing.
-        f.on_data_ready(Itt(1), riser_bdev::IoBuf::empty());
+        f.on_data_ready(Itt(1), riser_buf::IoBuf::empty());
         assert!(drain(&mut f).is_empty());
     }
 

@@ -1,11 +1,11 @@
 //! A write's data (RFC 7143 §11.7, §13.10, §13.14): unsolicited data (immediate data and
 //! unsolicited Data-Out), the solicited rest asked for with Get_Data (R2Ts on TCP, RDMA
 //! Reads on iSER) once the buffer budget grants its memory, and streamed writes, whose data
-//! the SCSI layer asks for piece by piece ([`Ffp::on_scsi_want`]).
+//! the SCSI layer asks for piece by piece ([`riser_scsi::TaskEvent::Want`]).
 
-use riser_bdev::IoBuf;
+use riser_buf::IoBuf;
 
-use super::{gather, Action, Ffp, TaskState, MAX_SPARE, SENSE_DATA_PHASE_ERROR};
+use super::{gather, Action, BufferWait, Ffp, TaskState, Want, WantStep, MAX_SPARE, SENSE_DATA_PHASE_ERROR};
 use crate::ffp::datamover::GetData;
 use crate::pdu::{Op, Pdu, RejectReason};
 use crate::serial::Itt;
@@ -15,51 +15,52 @@ impl Ffp {
     /// the rest, or execute.
     pub(super) fn after_unsolicited(&mut self, itt: Itt) {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
-        if t.unsolicited_expected > 0 {
+        let d = &mut t.data;
+        if d.expected > 0 {
             return;
         }
         let edtl = t.cmd.expected_data_transfer_length;
-        if t.received < edtl && t.buf.is_some() {
+        if d.received < edtl && d.buf.is_some() {
             // The buffer came with the immediate data (the datamover placed it there): the
             // budget granted it already.
             return self.fetch(itt);
         }
         let plain_write = t.ext_cdb.is_empty() && matches!(t.cdb[0], 0x0a | 0x2a | 0xaa | 0x8a);
-        if t.received < edtl && plain_write && self.write_stream_chunk > 0 && edtl - t.received > self.write_stream_chunk {
+        let plain_write = plain_write && d.received < edtl;
+        if plain_write && self.write_stream_chunk > 0 && edtl - d.received > self.write_stream_chunk {
             // A large WRITE: to the SCSI layer now, which asks for the data piece by piece
             // once the command has passed its checks (on_scsi_want).
-            t.stream = true;
-            return self.execute(itt);
+            return self.execute(itt, true);
         }
-        if let Some(first) = t.first_piece.take() {
+        if let Some(first) = d.first_piece.take() {
             // Placed as a first piece, but the write does not stream after all (not a plain
             // WRITE): its immediate data waits with the rest, copied once more.
-            let imm = t.staged_from as usize;
-            t.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
-            t.staged_from = 0;
+            let imm = d.staged_from as usize;
+            d.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
+            d.staged_from = 0;
         }
-        if t.received < edtl {
+        if d.received < edtl {
             // Solicited data follows: first the memory for it, in turn with every other
             // write of every connection (grant_buffers), then Get_Data.
-            t.state = TaskState::WaitingBuffer;
+            t.state = TaskState::WaitingBuffer(BufferWait::new(edtl));
             self.waiting_buf.push_back(itt);
             if self.waiting_buf.len() == 1 {
                 self.grant_buffers();
             }
             return;
         }
-        if t.buf.is_none() {
+        if d.buf.is_none() {
             // All of it came unsolicited, in segments: one segment is the buffer as it is;
             // several are copied into one (the memory they hold is freed as it is used).
-            t.buf = Some(if t.staged.len() == 1 && t.staged[0].len() == edtl as usize {
-                IoBuf::from_vec(t.staged.remove(0))
+            d.buf = Some(if d.staged.len() == 1 && d.staged[0].len() == edtl as usize {
+                IoBuf::from_vec(d.staged.remove(0))
             } else {
                 let mut buf = IoBuf::alloc(edtl as usize);
-                self.staged_bytes += gather(&mut t.staged, &mut buf, &mut self.spare);
+                self.staged_bytes += gather(&mut d.staged, &mut buf, &mut self.spare);
                 buf
             });
         }
-        self.execute(itt);
+        self.execute(itt, false);
     }
 
     /// Get_Data for a write whose buffer is there.
@@ -67,15 +68,14 @@ impl Ffp {
         let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else { return };
         let edtl = t.cmd.expected_data_transfer_length;
-        let Some(buf) = t.buf.take() else { return };
-        t.state = TaskState::Fetching;
-        t.data_out_since = None;
+        let Some(buf) = t.data.buf.take() else { return };
+        t.state = TaskState::Fetching { since: None };
         self.actions.push_back(Action::GetData(GetData {
             itt,
             lun: t.lun,
             buf,
-            offset: t.received,
-            len: edtl - t.received,
+            offset: t.data.received,
+            len: edtl - t.data.received,
             base: 0,
             more: false,
             sn,
@@ -85,12 +85,13 @@ impl Ffp {
     /// The SCSI layer asks for a piece of a streamed write's data (the command's bytes
     /// `[offset, offset+len)`): its buffer from the budget (in turn with every other write),
     /// then the unsolicited bytes it covers, then Get_Data for the rest.
-    pub fn on_scsi_want(&mut self, itt: Itt, offset: u32, len: u32) {
+    pub(super) fn on_scsi_want(&mut self, itt: Itt, offset: u32, len: u32) {
         let Some(t) = self.tasks.get_mut(&itt) else {
             return; // aborted or failed meanwhile
         };
         let edtl = t.cmd.expected_data_transfer_length;
-        if !t.stream || t.want.is_some() || len == 0 || offset.checked_add(len).is_none_or(|end| end > edtl) {
+        let idle_stream = matches!(t.state, TaskState::Streaming { want: None });
+        if !idle_stream || len == 0 || offset.checked_add(len).is_none_or(|end| end > edtl) {
             // Not a want this layer can serve: the command fails rather than waits forever.
             log::error!("task {:#x}: the SCSI layer asked for data [{offset}, +{len}) it cannot have: the command fails", itt.0);
             let (lun, immediate) = (t.lun, t.cmd.immediate);
@@ -99,18 +100,19 @@ impl Ffp {
             self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, false);
             return;
         }
-        t.want = Some((offset, len));
-        if let Some(first) = t.first_piece.take() {
+        let d = &mut t.data;
+        if let Some(first) = d.first_piece.take() {
             if offset == 0 && first.len() == len as usize {
                 // Its buffer came with the command (taken from the budget then).
+                t.state = TaskState::Streaming { want: Some(Want { offset, len, step: WantStep::Fetching { since: None } }) };
                 return self.serve_want(itt, first);
             }
             // Not the piece it was taken for: its immediate data waits with the rest.
-            let imm = t.staged_from as usize;
-            t.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
-            t.staged_from = 0;
+            let imm = d.staged_from as usize;
+            d.staged.insert(0, first.as_slice()[..imm.min(first.len())].to_vec());
+            d.staged_from = 0;
         }
-        t.state = TaskState::WaitingBuffer;
+        t.state = TaskState::Streaming { want: Some(Want { offset, len, step: WantStep::WaitingBuffer(BufferWait::new(len)) }) };
         self.waiting_buf.push_back(itt);
         if self.waiting_buf.len() == 1 {
             self.grant_buffers();
@@ -122,12 +124,14 @@ impl Ffp {
     pub(super) fn serve_want(&mut self, itt: Itt, mut buf: IoBuf) {
         let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else { return };
-        let Some((offset, len)) = t.want else { return };
+        let TaskState::Streaming { want: Some(want) } = &mut t.state else { return };
+        let (offset, len) = (want.offset, want.len);
         let end = offset + len;
         // Unsolicited bytes [staged_from, received) wait in their segments, in order (those
         // before staged_from are in the first piece already).
-        let mut at = t.staged_from;
-        for seg in &t.staged {
+        let d = &t.data;
+        let mut at = d.staged_from;
+        for seg in &d.staged {
             let seg_end = at + seg.len() as u32;
             let (from, to) = (at.max(offset), seg_end.min(end));
             if from < to {
@@ -138,16 +142,14 @@ impl Ffp {
             at = seg_end;
         }
         let edtl = t.cmd.expected_data_transfer_length;
-        if end <= t.received {
-            t.want = None;
-            t.state = TaskState::Executing;
+        if end <= d.received {
+            t.state = TaskState::Streaming { want: None };
             let lun = t.lun;
             self.actions.push_back(Action::WriteData { itt, lun, offset, buf });
             return;
         }
-        let from = offset.max(t.received);
-        t.state = TaskState::Fetching;
-        t.data_out_since = None;
+        let from = offset.max(d.received);
+        want.step = WantStep::Fetching { since: None };
         self.actions.push_back(Action::GetData(GetData { itt, lun: t.lun, buf, offset: from, len: end - from, base: offset, more: end < edtl, sn }));
     }
 
@@ -162,15 +164,16 @@ impl Ffp {
             }
             return;
         };
-        if !d.ttt.is_reserved() || !matches!(t.state, TaskState::Unsolicited) || t.unsolicited_expected == 0 {
+        if !d.ttt.is_reserved() || !matches!(t.state, TaskState::Unsolicited { .. }) || t.data.expected == 0 {
             // Solicited data is the datamover's; unsolicited data beyond FirstBurstLength or
             // for a task not expecting it is a protocol error (RFC 7143 §13.14).
             return self.reject(&header, RejectReason::ProtocolError);
         }
         let len = pdu.data.len() as u32;
         let edtl = t.cmd.expected_data_transfer_length;
-        let in_order = d.data_sn == t.next_data_sn && d.buffer_offset == t.received;
-        if !in_order || len > t.unsolicited_expected || d.buffer_offset.saturating_add(len) > edtl {
+        let w = &mut t.data;
+        let in_order = d.data_sn == w.next_data_sn && d.buffer_offset == w.received;
+        if !in_order || len > w.expected || d.buffer_offset.saturating_add(len) > edtl {
             // ERL 0: the command fails, the connection lives.
             let itt = d.itt;
             let t = self.tasks.remove(&itt);
@@ -179,7 +182,7 @@ impl Ffp {
             }
             return;
         }
-        match t.buf.as_mut() {
+        match w.buf.as_mut() {
             Some(buf) => {
                 let off = d.buffer_offset as usize;
                 if let Some(dst) = buf.as_mut_slice().get_mut(off..off + len as usize) {
@@ -191,42 +194,40 @@ impl Ffp {
                 }
             }
             // In order from offset 0 (checked above): kept as it came until the buffer is.
-            None => t.staged.push(pdu.data),
+            None => w.staged.push(pdu.data),
         }
-        t.received += len;
-        t.unsolicited_expected -= len;
-        t.next_data_sn = t.next_data_sn.next();
-        if d.final_bit || t.unsolicited_expected == 0 {
-            t.unsolicited_expected = 0;
+        w.received += len;
+        w.expected -= len;
+        w.next_data_sn = w.next_data_sn.next();
+        if d.final_bit || w.expected == 0 {
+            w.expected = 0;
             self.after_unsolicited(d.itt);
         }
     }
 
     /// Data_Completion_Notify for a Get_Data.
     pub fn on_data_ready(&mut self, itt: Itt, buf: IoBuf) {
-        if let Some(t) = self.tasks.get_mut(&itt).filter(|t| t.stream) {
+        let Some(t) = self.tasks.get_mut(&itt) else { return };
+        if let TaskState::Streaming { want } = &mut t.state {
             // A streamed write's piece: on to the SCSI layer, which asks for the next.
-            if let Some((offset, _)) = t.want.take() {
-                t.state = TaskState::Executing;
+            if let Some(w) = want.take() {
                 let lun = t.lun;
-                self.actions.push_back(Action::WriteData { itt, lun, offset, buf });
+                self.actions.push_back(Action::WriteData { itt, lun, offset: w.offset, buf });
             }
             return;
         }
-        if let Some(t) = self.tasks.get_mut(&itt) {
-            t.received = t.cmd.expected_data_transfer_length;
-            t.buf = Some(buf);
-            self.execute(itt);
-        }
+        t.data.received = t.cmd.expected_data_transfer_length;
+        t.data.buf = Some(buf);
+        self.execute(itt, false);
     }
 
     /// Get_Data failed: the command ends with CHECK CONDITION.
     pub fn on_data_failed(&mut self, itt: Itt, reason: &str) {
         if let Some(t) = self.tasks.remove(&itt) {
             log::warn!("task {:#x}: write data failed: {reason}", itt.0);
-            if t.stream {
+            if let TaskState::Streaming { .. } = t.state {
                 // The command is in the SCSI layer already, waiting for this piece.
-                self.abort_action(itt, t.lun, t.in_scsi);
+                self.abort_action(itt, t.lun, true);
             }
             self.respond_check(itt, t.cmd.immediate, SENSE_DATA_PHASE_ERROR, t.cmd.expected_data_transfer_length, false);
         }
