@@ -7,7 +7,8 @@
 //! to what those pools would hold. riser's extensions share the budget fairly between
 //! connections (riser-buf's crate docs, "Fair shares"): `max_buffer_share_percent`, the
 //! most of it one connection holds while it holds any, and `buffer_reserve_percent`, the
-//! part kept for connections holding little.
+//! part kept for connections holding little. The parameters are
+//! [`riser_rpc::params::IobufSetOptions`] (the `riser-rpc` CLI's arguments too).
 
 use riser_buf::{Pool, DEFAULT_RESERVE_PERCENT, DEFAULT_SHARE_PERCENT, MIN_MAX_BYTES};
 use riser_rpc::params::{IobufSetOptions as SetOptions, NoParams};
