@@ -4,11 +4,13 @@
 //! from rpc.py's arguments (list strings, CHAP secret strings, ALUA group strings), and the
 //! types whose fields are the arguments are subcommands themselves (`Cmd` names them).
 
+use clap::builder::PossibleValuesParser;
 use clap::Args;
 use riser_config::node::alua::{AluaGroupParam, IscsiTargetNodeSetAlua as SetAlua};
 use riser_config::portal_group::{PortParam, PortalParam};
 use riser_config::target_node::{LunParam, PgIgMap};
 use riser_config::{auth_group, initiator_group, options, portal_group, target_node};
+use riser_scsi::{AccessState, Failback};
 
 use crate::UsageError;
 
@@ -611,8 +613,6 @@ pub(crate) struct IscsiAuthGroupRemoveSecret {
 
 // ---- ALUA (riser's extension) ------------------------------------------------------------
 
-/// ALUA states as the RPCs name them.
-pub(crate) const ALUA_STATES: [&str; 5] = ["active_optimized", "active_non_optimized", "standby", "unavailable", "transitioning"];
 
 #[derive(Args, Debug)]
 pub(crate) struct IscsiTargetNodeSetAlua {
@@ -624,7 +624,7 @@ pub(crate) struct IscsiTargetNodeSetAlua {
     pub(crate) groups: Vec<String>,
     /// When a fenced gateway's groups are served again: auto (return to these states) or
     /// manual (stay failed over until iscsi_target_node_alua_failback); omitted: unchanged
-    #[arg(long, value_parser = ["auto", "manual"])]
+    #[arg(long, value_parser = PossibleValuesParser::new(Failback::ALL.map(Failback::name)))]
     pub(crate) failback: Option<String>,
 }
 
@@ -636,8 +636,9 @@ impl IscsiTargetNodeSetAlua {
             let mut parts = g.split(':');
             let tpg_id: u32 = parts.next().unwrap_or_default().parse().map_err(|_| bad("TPG is not a number"))?;
             let state = parts.next().ok_or_else(|| bad("no STATE"))?;
-            if !ALUA_STATES.contains(&state) {
-                return Err(bad(&format!("unknown STATE (one of {})", ALUA_STATES.join(", "))));
+            if AccessState::from_name(state).is_none() {
+                let names: Vec<&str> = AccessState::ALL.iter().map(|a| a.name()).collect();
+                return Err(bad(&format!("unknown STATE (one of {})", names.join(", "))));
             }
             let mut group = AluaGroupParam { tpg_id, state: state.to_string(), pref: false, rel_port_ids: Vec::new() };
             for part in parts {
