@@ -30,7 +30,7 @@ if [ -z "${RISER_BIN_DIR:-}" ]; then
   for b in "${bins[@]}"; do [ -x "target/release/$b" ] || RISER_BIN_DIR=$PWD/target/debug; done
 fi
 for b in "${bins[@]}"; do
-  [ -x "$RISER_BIN_DIR/$b" ] || { echo "bench-matrix-rxe: $RISER_BIN_DIR/$b missing: cargo build --release -p riser -p riser-rpc -p riser-perf" >&2; exit 1; }
+  [ -x "$RISER_BIN_DIR/$b" ] || { echo "bench-matrix-rxe: $RISER_BIN_DIR/$b missing: cargo build --release -p riser -p riser-rpc-cli -p riser-perf" >&2; exit 1; }
 done
 export RISER_BIN_DIR
 export RISER_VM_SMP=${RISER_VM_SMP:-2}

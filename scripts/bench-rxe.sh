@@ -26,7 +26,7 @@ if [ -z "${RISER_BIN_DIR:-}" ]; then
   else RISER_BIN_DIR=$PWD/target/debug; fi
 fi
 for b in riser riser-rpc; do
-  [ -x "$RISER_BIN_DIR/$b" ] || { echo "bench-rxe: $RISER_BIN_DIR/$b missing: cargo build --release -p riser -p riser-rpc" >&2; exit 1; }
+  [ -x "$RISER_BIN_DIR/$b" ] || { echo "bench-rxe: $RISER_BIN_DIR/$b missing: cargo build --release -p riser -p riser-rpc-cli" >&2; exit 1; }
 done
 export RISER_BIN_DIR
 export RISER_VM_SMP=${RISER_VM_SMP:-2}

@@ -18,7 +18,7 @@ root=$PWD
 corpus=$(realpath -m "${1:-test/fuzz/corpus}")
 command -v iscsi-test-cu >/dev/null || { echo "libiscsi-bin missing: apt-get install libiscsi-bin" >&2; exit 2; }
 
-[ -n "${FUZZ_SEEDS_NO_BUILD:-}" ] || cargo build -q -p riser -p riser-rpc -p riser-perf
+[ -n "${FUZZ_SEEDS_NO_BUILD:-}" ] || cargo build -q -p riser -p riser-rpc-cli -p riser-perf
 work=$(mktemp -d /tmp/fuzz-seeds.XXXXXX)
 # A copy, so that a build running meanwhile does not swap them mid-capture.
 bin=$work/bin

@@ -2,35 +2,14 @@
 
 use std::sync::{Arc, OnceLock};
 
+use riser_rpc::params::{FrameworkGetConfig, NoParams, RpcGetMethods};
 use riser_rpc::{RpcError, RpcRegistry};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::App;
 
 /// Subsystems in dependency order, as `framework_get_subsystems` lists them.
 const SUBSYSTEMS: &[(&str, &[&str])] = &[("iobuf", &[]), ("bdev", &["iobuf"]), ("iscsi", &["bdev"])];
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParams {}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GetMethods {
-    #[serde(default)]
-    #[allow(dead_code)]
-    current: bool,
-    #[serde(default)]
-    #[allow(dead_code)]
-    include_aliases: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GetConfig {
-    name: String,
-}
 
 static METHODS: OnceLock<Vec<String>> = OnceLock::new();
 
@@ -68,7 +47,7 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
             "fields": {"major": major, "minor": minor, "patch": patch, "suffix": ""}
         }))
     });
-    reg.add("rpc_get_methods", |_: GetMethods| {
+    reg.add("rpc_get_methods", |_: RpcGetMethods| {
         Ok(json!(METHODS.get().cloned().unwrap_or_default()))
     });
     let a = app.clone();
@@ -102,7 +81,7 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
         ))
     });
     let a = app.clone();
-    reg.add("framework_get_config", move |p: GetConfig| {
+    reg.add("framework_get_config", move |p: FrameworkGetConfig| {
         subsystem_config(&a, &p.name)
             .map(Value::Array)
             .ok_or_else(|| RpcError::not_found(format!("subsystem {} not found", p.name)))

@@ -7,31 +7,13 @@
 //! to what those pools would hold. riser's extensions share the budget fairly between
 //! connections (riser-buf's crate docs, "Fair shares"): `max_buffer_share_percent`, the
 //! most of it one connection holds while it holds any, and `buffer_reserve_percent`, the
-//! part kept for connections holding little.
+//! part kept for connections holding little. The parameters are
+//! [`riser_rpc::params::IobufSetOptions`] (the `riser-rpc` CLI's arguments too).
 
 use riser_buf::{Pool, DEFAULT_RESERVE_PERCENT, DEFAULT_SHARE_PERCENT, MIN_MAX_BYTES};
+use riser_rpc::params::{IobufSetOptions as SetOptions, NoParams};
 use riser_rpc::{RpcError, RpcRegistry};
-use serde::Deserialize;
 use serde_json::{json, Value};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SetOptions {
-    /// The budget in bytes: memory mapped for I/O buffers, in use and kept for reuse.
-    max_bytes: Option<u64>,
-    small_pool_count: Option<u64>,
-    large_pool_count: Option<u64>,
-    small_bufsize: Option<u64>,
-    large_bufsize: Option<u64>,
-    /// The most of the budget one connection holds while it holds any (percent, 1..=100).
-    max_buffer_share_percent: Option<u32>,
-    /// The part of the budget kept for connections holding little (percent, 0..=50).
-    buffer_reserve_percent: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParams {}
 
 /// SPDK v24.01's defaults, for SPDK fields given without their partners.
 const SPDK_SMALL: (u64, u64) = (8192, 8 * 1024);

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
+use riser_rpc::params::{LogSetLevel, NoParams};
 use riser_rpc::{RpcError, RpcRegistry};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// SPDK's log levels (spdk/log.h), the names its `log_*_level` RPCs take and give.
@@ -207,17 +207,7 @@ pub fn set_level(level: SpdkLevel) {
     log::set_max_level(level.filter());
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LevelParams {
-    level: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParams {}
-
-fn set_level_rpc(p: LevelParams) -> Result<Value, RpcError> {
+fn set_level_rpc(p: LogSetLevel) -> Result<Value, RpcError> {
     let level = SpdkLevel::parse(&p.level)
         .ok_or_else(|| RpcError::invalid_params(format!("invalid log level {:?}: ERROR, WARNING (or WARN), NOTICE, INFO or DEBUG", p.level)))?;
     set_level(level);
@@ -291,7 +281,7 @@ mod tests {
 
     #[test]
     fn bad_level_is_a_clear_invalid_params_error() {
-        let e = set_level_rpc(LevelParams { level: "LOUD".into() }).unwrap_err();
+        let e = set_level_rpc(LogSetLevel { level: "LOUD".into() }).unwrap_err();
         let text = format!("{e:?}");
         assert!(text.contains("-32602") && text.contains("LOUD"), "{text}");
     }

@@ -73,7 +73,7 @@ rpc() { "$bin/riser-rpc" -s "$sock" "$@"; }
 
 riser_start() {
   local config=$1; shift
-  [ -x "$bin/riser" ] && [ -x "$bin/riser-rpc" ] || fail "$bin/riser or riser-rpc missing: cargo build -p riser -p riser-rpc on the host"
+  [ -x "$bin/riser" ] && [ -x "$bin/riser-rpc" ] || fail "$bin/riser or riser-rpc missing: cargo build -p riser -p riser-rpc-cli on the host"
   RISER_LOG=${RISER_LOG:-debug} "$bin/riser" -r "$sock" --json "$config" "$@" >>"$logs/riser.log" 2>&1 &
   riser_pid=$!
   local _

@@ -60,7 +60,7 @@ pings=$(grep -c 'ping data: rdma-ping-' "$logs/rping-client.log" || true)
 grep 'ping data' "$logs/rping-client.log"
 
 step "riser (host-built $bin/riser) in the guest"
-[ -x "$bin/riser" ] && [ -x "$bin/riser-rpc" ] || fail "$bin/riser or riser-rpc missing: cargo build -p riser -p riser-rpc on the host"
+[ -x "$bin/riser" ] && [ -x "$bin/riser-rpc" ] || fail "$bin/riser or riser-rpc missing: cargo build -p riser -p riser-rpc-cli on the host"
 "$bin/riser" --poll-mode adaptive -r "$sock" --default-config >"$logs/riser.log" 2>&1 &
 riser_pid=$!
 ok=0

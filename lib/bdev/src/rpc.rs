@@ -6,39 +6,74 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use riser_rpc::params::{BdevGetBdevs, ByName};
+use riser_rpc::params::{is_false, is_zero_u64, ByName};
 use riser_rpc::{RpcError, RpcRegistry};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::stats::{now_ticks, ResetMode, TICK_RATE};
 use crate::{info_json, BdevRegistry, BdevStats, RegistryError};
 
-/// `bdev_get_iostat`'s params.
-#[derive(serde::Deserialize)]
+// Each device's parameter types, defined beside its handlers, for the `riser-rpc` CLI.
+pub use crate::file::rpc::{BdevAioCreate, BdevUringCreate};
+pub use crate::malloc::rpc::BdevMallocCreate;
+pub use crate::null::rpc::BdevNullCreate;
+pub use crate::nvme::rpc::{BdevNvmeAttachController, BdevNvmeDetachController, BdevNvmeGetControllers};
+pub use crate::rbd::{BdevRbdCreate, BdevRbdGetClustersInfo, BdevRbdRegisterCluster, BdevRbdResize};
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `bdev_get_bdevs`: all bdevs, or the one of that name or UUID.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
-struct GetIostat {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    per_channel: bool,
+pub struct BdevGetBdevs {
+    /// Only this bdev
+    #[cfg_attr(feature = "cli", arg(short = 'b', long))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// SPDK's wait-for-bdev timeout; riser's bdevs exist as soon as they are created.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub timeout: u64,
 }
 
-/// `bdev_reset_iostat`'s params.
-#[derive(serde::Deserialize)]
+/// `bdev_get_iostat`: all bdevs, or one (per reactor with `per_channel`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
-struct ResetIostat {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    mode: Option<String>,
+pub struct BdevGetIostat {
+    /// Only this bdev
+    #[cfg_attr(feature = "cli", arg(short = 'b', long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Per reactor (needs -b)
+    #[cfg_attr(feature = "cli", arg(short = 'c', long = "per-channel", requires = "name"))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub per_channel: bool,
 }
 
-/// `bdev_enable_histogram`'s params.
-#[derive(serde::Deserialize)]
+/// `bdev_reset_iostat`: all bdevs, or one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
-struct EnableHistogram {
-    name: String,
-    enable: bool,
+pub struct BdevResetIostat {
+    /// Only this bdev
+    #[cfg_attr(feature = "cli", arg(short = 'b', long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What to reset: all (default) or maxmin (the min/max latencies only)
+    #[cfg_attr(feature = "cli", arg(short = 'm', long, value_parser = ["all", "maxmin"]))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+/// `bdev_enable_histogram`: turn a bdev's latency histogram on or off.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevEnableHistogram {
+    pub name: String,
+    pub enable: bool,
 }
 
 /// One device's `bdev_get_iostat` entry (SPDK's shape, plus the queue depth now).
@@ -72,7 +107,7 @@ fn stats_of(bdevs: &BdevRegistry, name: &str) -> Result<Arc<BdevStats>, RpcError
 /// `bdev_get_histogram`.
 fn register_stats(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
     let a = app.clone();
-    reg.add("bdev_get_iostat", move |p: GetIostat| {
+    reg.add("bdev_get_iostat", move |p: BdevGetIostat| {
         let bdevs = a.bdevs();
         let head = |o: &mut serde_json::Map<String, Value>| {
             o.insert("tick_rate".into(), json!(TICK_RATE));
@@ -113,7 +148,7 @@ fn register_stats(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
         Ok(Value::Object(o))
     });
     let a = app.clone();
-    reg.add("bdev_reset_iostat", move |p: ResetIostat| {
+    reg.add("bdev_reset_iostat", move |p: BdevResetIostat| {
         let mode = match p.mode.as_deref() {
             None | Some("all") => ResetMode::All,
             Some("maxmin") => ResetMode::MaxMin,
@@ -127,7 +162,7 @@ fn register_stats(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
         Ok(Value::Bool(true))
     });
     let a = app.clone();
-    reg.add("bdev_enable_histogram", move |p: EnableHistogram| {
+    reg.add("bdev_enable_histogram", move |p: BdevEnableHistogram| {
         stats_of(&a.bdevs(), &p.name)?.enable_histogram(p.enable);
         Ok(Value::Bool(true))
     });
@@ -198,4 +233,26 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
         }
         Ok(json!(list))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use riser_rpc::server::decode_params;
+    use serde_json::json;
+
+    use super::*;
+
+    /// What is encoded leaves the server's defaults out and decodes back to the same value.
+    #[test]
+    fn encoding_leaves_defaults_out_and_round_trips() {
+        let malloc = BdevMallocCreate { num_blocks: 8, block_size: 512, ..Default::default() };
+        let encoded = serde_json::to_value(&malloc).unwrap();
+        assert_eq!(encoded, json!({"num_blocks": 8, "block_size": 512}));
+        assert_eq!(serde_json::to_value(BdevGetBdevs::default()).unwrap(), json!({}));
+        assert_eq!(decode_params::<BdevMallocCreate>(encoded), Ok(malloc));
+        let h = BdevEnableHistogram { name: "M0".into(), enable: false };
+        assert_eq!(serde_json::to_value(&h).unwrap(), json!({"name": "M0", "enable": false}));
+        assert_eq!(serde_json::to_value(BdevGetIostat::default()).unwrap(), json!({}));
+        assert!(decode_params::<BdevResetIostat>(json!({"mode": "all", "x": 1})).is_err());
+    }
 }

@@ -35,10 +35,9 @@
 
 use std::sync::Arc;
 
-use riser_rpc::params::{
-    AuthSecretParam, ByTag, IscsiAuthGroupAddSecret, IscsiAuthGroupRemoveSecret, IscsiCreateAuthGroup, NoParams,
-};
+use riser_rpc::params::{not_null, ByTag, NoParams, Secret};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use zeroize::Zeroizing;
 
@@ -512,6 +511,111 @@ impl IscsiTarget {
     pub(crate) fn auth_groups_json(&self) -> Value {
         Value::Array(self.lock().auth_groups.iter().map(AuthGroup::info_json).collect())
     }
+}
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// One CHAP secret of an auth group: what the initiator `user` proves it knows (`secret`),
+/// and for mutual CHAP what the target answers with (`muser`, `msecret`, both or neither;
+/// checked by the server). Debug never shows the secrets.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSecretParam {
+    pub user: String,
+    pub secret: Secret,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub muser: Option<String>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub msecret: Option<Secret>,
+    /// riser's extension: the user may log in only as one of the initiator names this
+    /// initiator group admits (as LIO binds credentials to an ACL). Absent: any name.
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiator_group: Option<u32>,
+}
+
+impl std::fmt::Debug for AuthSecretParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (m, ms, ig) = (self.muser.as_deref(), self.msecret.is_some(), self.initiator_group);
+        debug_secret(f, "AuthSecretParam", None, &self.user, m, ms, ig)
+    }
+}
+
+/// Debug of a secret-holding parameter: names shown, secrets never.
+fn debug_secret(
+    f: &mut std::fmt::Formatter<'_>,
+    ty: &str,
+    tag: Option<u32>,
+    user: &str,
+    muser: Option<&str>,
+    msecret: bool,
+    initiator_group: Option<u32>,
+) -> std::fmt::Result {
+    let mut d = f.debug_struct(ty);
+    if let Some(t) = tag {
+        d.field("tag", &t);
+    }
+    d.field("user", &user).field("secret", &"<redacted>").field("muser", &muser);
+    if msecret {
+        d.field("msecret", &"<redacted>");
+    }
+    if let Some(ig) = initiator_group {
+        d.field("initiator_group", &ig);
+    }
+    d.finish()
+}
+
+/// `iscsi_create_auth_group`: a new group, with its secrets (none when absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateAuthGroup {
+    /// 1 or more (checked by the server).
+    pub tag: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<AuthSecretParam>,
+}
+
+/// `iscsi_auth_group_add_secret`. Debug never shows the secrets.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiAuthGroupAddSecret {
+    pub tag: u32,
+    pub user: String,
+    pub secret: Secret,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub muser: Option<String>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub msecret: Option<Secret>,
+    /// riser's extension: see [`AuthSecretParam::initiator_group`].
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiator_group: Option<u32>,
+}
+
+impl IscsiAuthGroupAddSecret {
+    /// The secret without its group tag.
+    pub fn secret_param(self) -> AuthSecretParam {
+        AuthSecretParam {
+            user: self.user,
+            secret: self.secret,
+            muser: self.muser,
+            msecret: self.msecret,
+            initiator_group: self.initiator_group,
+        }
+    }
+}
+
+impl std::fmt::Debug for IscsiAuthGroupAddSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (m, ms, ig) = (self.muser.as_deref(), self.msecret.is_some(), self.initiator_group);
+        debug_secret(f, "IscsiAuthGroupAddSecret", Some(self.tag), &self.user, m, ms, ig)
+    }
+}
+
+/// `iscsi_auth_group_remove_secret`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiAuthGroupRemoveSecret {
+    pub tag: u32,
+    pub user: String,
 }
 
 /// Registers the auth group methods.

@@ -13,8 +13,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use riser_rpc::params::{ByTag, IscsiChangeInitiatorGroup, IscsiCreateInitiatorGroup, NoParams};
+use riser_rpc::params::{not_null, ByTag, NoParams};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::rpc::ok;
@@ -323,6 +324,31 @@ impl IscsiTarget {
     pub(crate) fn initiator_groups_json(&self) -> Value {
         Value::Array(self.lock().initiator_groups.iter().map(InitiatorGroup::info_json).collect())
     }
+}
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `iscsi_create_initiator_group`: both lists are required (they may be empty).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateInitiatorGroup {
+    pub tag: u32,
+    /// iSCSI names or `ANY`, either after `!` to deny it.
+    pub initiators: Vec<String>,
+    /// `ANY`, an address or address/prefix-length.
+    pub netmasks: Vec<String>,
+}
+
+/// `iscsi_initiator_group_add_initiators` and `iscsi_initiator_group_remove_initiators`:
+/// either list may be absent (nothing of that kind changes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiChangeInitiatorGroup {
+    pub tag: u32,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub initiators: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub netmasks: Option<Vec<String>>,
 }
 
 /// Registers the initiator group methods.

@@ -11,8 +11,9 @@
 //! groups, in SPDK's `iscsi_subsystem.c`, get their own here): its
 //! types, its `impl IscsiTarget` block (create, change, delete, list), its RPC methods and its
 //! part of save_config. This file holds what they share: the target and its lock, errors,
-//! hooks and the login queries. The methods' parameters are defined once, in
-//! [`riser_rpc::params`], for this server and the `riser-rpc` CLI.
+//! hooks and the login queries. Each method's parameter type is defined once, beside its
+//! handler in its concept's file: this server decodes it, the `riser-rpc` CLI (rpc/cli)
+//! encodes it, and with the `cli` feature most of them carry their subcommand's arguments.
 //!
 //! Lock order: the target's lock, then the bdev registry's lock (never the other way round),
 //! then a node's own small lock. Hooks run with no lock held.

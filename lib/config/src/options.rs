@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use riser_rpc::params::{IscsiSetDiscoveryAuth, NoParams};
+use riser_rpc::params::{is_false, is_zero_u32, NoParams};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::rpc::ok;
@@ -16,7 +17,7 @@ use crate::target_node::Chap;
 use crate::{IscsiTarget, TargetError};
 
 /// `iscsi_set_options` parameters: each one given replaces the current value.
-pub use riser_rpc::params::IscsiSetOptions as OptionsUpdate;
+pub use self::IscsiSetOptions as OptionsUpdate;
 
 /// Prefix put in front of target node names given without `iqn.`/`eui.`/`naa.`.
 pub const DEFAULT_NODE_BASE: &str = "iqn.2016-06.io.riser";
@@ -311,6 +312,99 @@ impl IscsiTarget {
     pub(crate) fn options_json(&self) -> Value {
         self.lock().options.info_json()
     }
+}
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `iscsi_set_options`: each option given replaces the current value (a `null` one is taken
+/// as not given).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSetOptions {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_base: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nop_timeout: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nop_in_interval: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disable_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_group: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_session: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_time2wait: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_time2retain: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_burst_length: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub immediate_data: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_recovery_level: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_duplicated_isid: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_large_datain_per_connection: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_r2t_per_connection: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pdu_pool_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub immediate_data_pool_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_out_pool_size: Option<u32>,
+    /// riser's extension: bytes a connection may queue for sending outside the I/O buffer
+    /// budget (NOP-In echoes, Rejects, text responses, headers) before it stops reading the
+    /// initiator's PDUs until they are taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tx_queue_bytes: Option<u32>,
+    /// riser's extension: seconds before overdue write data fails its command.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_out_timeout: Option<u32>,
+    /// riser extension: seconds a login may take (default 15).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login_timeout: Option<u32>,
+    /// riser extension: most logins in progress (default 1024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_logins: Option<u32>,
+    /// riser extension: most logins in progress from one source address (default 32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_logins_per_source: Option<u32>,
+    /// riser extension: most discovery sessions (default 64).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_discovery_sessions: Option<u32>,
+    /// riser extension: most discovery sessions from one source address, an IPv6 /64
+    /// counting as one (default 4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_discovery_sessions_per_source: Option<u32>,
+}
+
+/// `iscsi_set_discovery_auth`: the CHAP policy of discovery sessions, replaced whole (an
+/// absent flag is `false`, an absent `chap_group` 0), as SPDK does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSetDiscoveryAuth {
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+    /// The auth group whose secrets discovery logins use; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub chap_group: u32,
 }
 
 /// Registers `iscsi_set_options` and `iscsi_get_options`.

@@ -8,12 +8,11 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use riser_rpc::params::{ByTag, IscsiCreatePortalGroup, NoParams};
+use riser_rpc::params::{is_false, ByTag, NoParams};
 use riser_rpc::RpcRegistry;
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-/// A portal and its port as `iscsi_create_portal_group` takes them.
-pub use riser_rpc::params::{PortParam, PortalParam};
 
 use crate::rpc::ok;
 use crate::{Inner, IscsiTarget, TargetError};
@@ -206,6 +205,67 @@ impl IscsiTarget {
 
     pub(crate) fn portal_groups_json(&self) -> Value {
         Value::Array(self.lock().portal_groups.iter().map(PortalGroup::info_json).collect())
+    }
+}
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `iscsi_create_portal_group`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreatePortalGroup {
+    pub tag: u32,
+    pub portals: Vec<PortalParam>,
+    /// Not returned by SendTargets.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub private: bool,
+    /// Do not listen until `iscsi_start_portal_group`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait: bool,
+}
+
+/// One portal of `iscsi_create_portal_group`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalParam {
+    /// IPv4, or IPv6 with or without brackets (checked by the server).
+    pub host: String,
+    pub port: PortParam,
+    /// riser's extension: an iSER portal (RDMA CM on that address and port), not a TCP one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub iser: bool,
+}
+
+/// A port as SPDK sends it (a string, "3260") or as a number; sent as a string, as rpc.py
+/// does. The server checks it is a port number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortParam(pub String);
+
+impl<'de> Deserialize<'de> for PortParam {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PortParam;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a port number or a string holding one")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<PortParam, E> {
+                Ok(PortParam(s.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<PortParam, E> {
+                Ok(PortParam(n.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<PortParam, E> {
+                Ok(PortParam(n.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for PortParam {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

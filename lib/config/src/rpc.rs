@@ -1,6 +1,6 @@
 //! The iSCSI JSON-RPC methods: SPDK's names, parameters and result shapes. Each concept file
 //! registers its own methods (options, portal groups, initiator groups, auth groups, target
-//! nodes); the parameters are [`riser_rpc::params`]'s, shared with the `riser-rpc` CLI.
+//! nodes), each with its parameter types beside its handlers, shared with the `riser-rpc` CLI.
 //! Creating and deleting return `true`; getters return SPDK's objects. Errors: -32602 for a
 //! bad value (the message names the field), -17 exists, -19 not found, -16 in use.
 
@@ -125,3 +125,6 @@ mod tests {
         assert_eq!(e.reg.methods(), want);
     }
 }
+
+#[cfg(test)]
+mod params_tests;

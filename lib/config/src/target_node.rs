@@ -16,16 +16,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, RegistryError};
-use riser_rpc::params::{
-    ByName, IscsiCreateTargetNode, IscsiNodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeSetAuth, NoParams,
-};
+use riser_rpc::params::{is_false, is_zero_u32, not_null, ByName, NoParams};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-/// A portal group ↔ initiator group pair: initiators of `ig_tag` may log in through the
-/// portals of `pg_tag`.
-pub use riser_rpc::params::PgIgMap;
 
 use crate::initiator_group::MAX_ISCSI_NAME_LEN;
 use crate::rpc::ok;
@@ -696,6 +690,111 @@ impl IscsiTarget {
     }
 }
 
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// A portal group ↔ initiator group pair: initiators of `ig_tag` may log in through the
+/// portals of `pg_tag`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgIgMap {
+    pub pg_tag: u32,
+    pub ig_tag: u32,
+}
+
+/// One LUN of `iscsi_create_target_node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunParam {
+    pub bdev_name: String,
+    /// 0..=1023 (checked by the server).
+    pub lun_id: u32,
+    /// riser's extension: a removable medium.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
+    /// riser's extension: write-protected.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+}
+
+/// `iscsi_create_target_node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiCreateTargetNode {
+    /// A full `iqn.`/`eui.`/`naa.` name, or a short one the server puts after node_base.
+    pub name: String,
+    /// Required by SPDK; optional here (no alias).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias_name: Option<String>,
+    pub pg_ig_maps: Vec<PgIgMap>,
+    pub luns: Vec<LunParam>,
+    /// Required by SPDK; defaults here to the max_queue_depth option.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+    /// Absent: 0.
+    #[serde(default, deserialize_with = "not_null", skip_serializing_if = "Option::is_none")]
+    pub chap_group: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub header_digest: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub data_digest: bool,
+}
+
+/// `iscsi_target_node_add_lun`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeAddLun {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    pub name: String,
+    /// Bdev to export
+    pub bdev_name: String,
+    /// LUN id (the lowest free one when absent or -1)
+    #[cfg_attr(feature = "cli", arg(short = 'i', long, allow_negative_numbers = true))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lun_id: Option<i64>,
+    /// riser's extension: report a removable medium (PREVENT ALLOW MEDIUM REMOVAL, START STOP
+    /// UNIT eject and load)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
+    /// riser's extension: the LUN is write-protected (writes fail with DATA PROTECT)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+}
+
+/// `iscsi_target_node_add_pg_ig_maps` and `iscsi_target_node_remove_pg_ig_maps`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiNodeMaps {
+    pub name: String,
+    pub pg_ig_maps: Vec<PgIgMap>,
+}
+
+/// `iscsi_target_node_set_auth`: the node's whole CHAP policy is replaced (an absent flag is
+/// `false`, an absent `chap_group` 0), as SPDK does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeSetAuth {
+    /// The full name, or the short name given to `iscsi_create_target_node`.
+    pub name: String,
+    /// The auth group whose secrets CHAP logins to this node use; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub chap_group: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+}
+
 /// Registers the target node methods.
 pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     let t = target.clone();
@@ -809,7 +908,7 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-mod alua;
+pub mod alua;
 mod gateways;
 pub use alua::{AluaGroupParam, IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
 pub use gateways::GatewayView;

@@ -2,15 +2,11 @@
 
 use std::sync::Arc;
 
+use riser_rpc::params::NoParams;
 use riser_rpc::RpcRegistry;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::IscsiServer;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParams {}
 
 /// Registers the server's methods on `reg`.
 pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {

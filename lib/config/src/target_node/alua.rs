@@ -20,7 +20,8 @@
 
 use riser_rpc::{RpcError, RpcRegistry};
 use riser_scsi::{AccessState, Failback, PortGroup};
-use serde::Deserialize;
+use riser_rpc::params::is_false;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::TargetNode;
@@ -34,42 +35,48 @@ pub const MAX_ALUA_GROUPS: usize = 256;
 /// Most relative target ports per group (TARGET PORT COUNT is one byte).
 pub const MAX_GROUP_PORTS: usize = 255;
 
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
 /// One group of `iscsi_target_node_set_alua`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AluaGroupParam {
     pub tpg_id: u32,
     pub state: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub pref: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rel_port_ids: Vec<u32>,
 }
 
 /// `iscsi_target_node_set_alua`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiTargetNodeSetAlua {
     pub name: String,
     pub groups: Vec<AluaGroupParam>,
     /// `auto` or `manual`; omitted: the node's policy stays as it is (`auto` at first).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failback: Option<String>,
 }
 
 /// `iscsi_target_node_alua_failback`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiTargetNodeAluaFailback {
     pub name: String,
 }
 
 /// `iscsi_target_node_set_alua_state`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
 pub struct IscsiTargetNodeSetAluaState {
+    /// Target node name
     pub name: String,
+    /// Target port group (portal group tag)
     pub tpg_id: u32,
+    /// active_optimized, active_non_optimized, standby, unavailable or transitioning
     pub state: String,
 }
 

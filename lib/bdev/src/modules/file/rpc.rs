@@ -2,12 +2,49 @@
 
 use std::sync::Arc;
 
-use riser_rpc::params::{BdevAioCreate, BdevUringCreate, ByName};
+use riser_rpc::params::{is_false, ByName};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use uuid::Uuid;
 
 use crate::rpc::{to_rpc, Bdevs};
 use crate::FileKind;
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `bdev_uring_create`: a file or block device through io_uring.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevUringCreate {
+    pub name: String,
+    pub filename: String,
+    /// Detected when absent (or 0): the device's logical block size, 512 for a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    /// Random when absent (SPDK v24.05's field; riser's save_config keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+}
+
+/// `bdev_aio_create`: the same engine as `bdev_uring_create`, SPDK's AIO parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevAioCreate {
+    pub name: String,
+    pub filename: String,
+    /// Detected when absent (or 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub readonly: bool,
+    /// SPDK's: write zeroes by fallocate. riser probes the file system for it instead.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fallocate: bool,
+    /// Random when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+}
 
 /// Registers the file methods on `reg` (called by [`crate::rpc::register`]).
 pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {

@@ -2,11 +2,38 @@
 
 use std::sync::Arc;
 
-use riser_rpc::params::{BdevMallocCreate, ByName};
+use riser_rpc::params::{is_zero_u32, ByName};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use uuid::Uuid;
 
 use crate::rpc::{no_metadata, to_rpc, Bdevs};
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `bdev_malloc_create`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevMallocCreate {
+    /// The server picks one when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    /// Random when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+    /// Accepted for SPDK configs; riser's malloc has no I/O boundary.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub optimal_io_boundary: u32,
+    /// Separate metadata per block: only 0 is supported.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub md_size: u32,
+    /// SPDK's name: several logical blocks per physical block (e.g. 4096 over 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub physical_block_size: Option<u32>,
+}
 
 /// Registers the malloc methods on `reg` (called by [`crate::rpc::register`]).
 pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {

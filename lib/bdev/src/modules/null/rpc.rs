@@ -2,11 +2,30 @@
 
 use std::sync::Arc;
 
-use riser_rpc::params::{BdevNullCreate, ByName};
+use riser_rpc::params::{is_zero_u32, ByName};
 use riser_rpc::RpcRegistry;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use uuid::Uuid;
 
 use crate::rpc::{no_metadata, to_rpc, Bdevs};
+
+// ---- RPC parameters (the server decodes them, riser-rpc encodes them) -------------------
+
+/// `bdev_null_create`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevNullCreate {
+    pub name: String,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    /// Random when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+    /// Separate metadata per block: only 0 is supported.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub md_size: u32,
+}
 
 /// Registers the null methods on `reg` (called by [`crate::rpc::register`]).
 pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {

@@ -23,6 +23,7 @@
 
 mod group;
 mod pr;
+mod rpc;
 
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
@@ -30,13 +31,13 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use riser_rbd::{AioDone, AioOp, Cluster, ClusterConfig, Image, Pool, RbdError};
-use riser_rpc::{RpcError, RpcRegistry};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::io::{validate, DoneQueue, FailedChannel};
 use group::{ChannelSlot, GroupThread, RbdGroup, DEFAULT_LEASE_S, LEASE_RANGE};
+pub(crate) use rpc::register;
+pub use rpc::{BdevRbdCreate, BdevRbdGetClustersInfo, BdevRbdRegisterCluster, BdevRbdResize};
 use crate::GatewayGroup;
 use crate::{Bdev, BdevError, BdevInfo, BdevIo, BdevRegistry, IoChannel, IoCompletion, IoKind, RegistryError, SUPPORTED_BLOCK_SIZES};
 
@@ -139,7 +140,7 @@ impl BdevRegistry {
     }
 
     /// `bdev_rbd_create`.
-    pub fn create_rbd(&mut self, p: RbdCreate) -> Result<String, RegistryError> {
+    pub fn create_rbd(&mut self, p: BdevRbdCreate) -> Result<String, RegistryError> {
         let name = match &p.name {
             Some(n) => n.clone(),
             None => self.next_name("Ceph"),
@@ -241,29 +242,6 @@ fn cluster_json(c: &RegisteredCluster) -> Value {
     v
 }
 
-/// `bdev_rbd_create`'s params (SPDK's names; `config` is rpc.py's `--config-param`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RbdCreate {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub user_id: Option<String>,
-    pub pool_name: String,
-    pub rbd_name: String,
-    pub block_size: u32,
-    #[serde(default, alias = "config_param")]
-    pub config: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub cluster_name: Option<String>,
-    #[serde(default)]
-    pub uuid: Option<Uuid>,
-    /// riser: how long (s) a gateway exporting the image may go without answering before
-    /// the others fence it (see `group`); [`DEFAULT_LEASE_S`] when absent.
-    #[serde(default)]
-    pub lease_s: Option<u32>,
-}
-
 /// The namespace of the UUIDs [`image_uuid`] derives (a constant of riser's).
 const IMAGE_UUID_NAMESPACE: Uuid = Uuid::from_u128(0x5597_5f8c_002e_4b95_adc9_60e0_2d87_4e2d);
 
@@ -296,7 +274,7 @@ pub struct RbdBdev {
     /// The control handle: size and resize (I/O goes through each channel's own handle).
     /// Shared with the group, which reopens it on a new connection after a fence.
     ctl: Arc<Mutex<Image>>,
-    params: RbdCreate,
+    params: BdevRbdCreate,
     /// The image's id (names its shared objects).
     image_id: String,
     /// The gateways exporting the image (membership, liveness, fencing); its thread stops
@@ -305,7 +283,7 @@ pub struct RbdBdev {
 }
 
 impl RbdBdev {
-    fn open(name: &str, cluster: Arc<Cluster>, cfg: ClusterConfig, mut p: RbdCreate) -> Result<RbdBdev, RegistryError> {
+    fn open(name: &str, cluster: Arc<Cluster>, cfg: ClusterConfig, mut p: BdevRbdCreate) -> Result<RbdBdev, RegistryError> {
         let pool = Pool::open(&cluster, &p.pool_name).map_err(|e| match e.errno() {
             libc::ENOENT => RegistryError::NotFound(format!("rbd pool {}", p.pool_name)),
             _ => rbd_err(e),
@@ -646,96 +624,6 @@ impl IoChannel for RbdChannel {
     }
 }
 
-// ---- RPCs ---------------------------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegisterCluster {
-    name: String,
-    #[serde(default)]
-    user_id: Option<String>,
-    #[serde(default)]
-    config_param: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    config_file: Option<String>,
-    #[serde(default)]
-    key_file: Option<String>,
-    /// SPDK's librados thread mask: riser leaves librados' threads to the OS.
-    #[serde(default)]
-    #[allow(dead_code)]
-    core_mask: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClusterName {
-    name: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClustersInfo {
-    #[serde(default)]
-    name: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RbdResize {
-    name: String,
-    /// MiB.
-    new_size: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RbdDelete {
-    name: String,
-}
-
-/// Registers the `bdev_rbd_*` methods.
-pub(crate) fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>, to_rpc: fn(RegistryError) -> RpcError) {
-    let lock = |b: &Arc<Mutex<BdevRegistry>>| -> Arc<Mutex<BdevRegistry>> { b.clone() };
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_register_cluster", move |p: RegisterCluster| {
-        if p.config_file.is_none() && p.config_param.is_none() && p.key_file.is_some() {
-            return Err(RpcError::invalid_params("key_file needs config_file or config_param (where are the monitors?)"));
-        }
-        let mut r = b.lock().unwrap_or_else(|e| e.into_inner());
-        let name = r.rbd_register_cluster(&p.name, p.user_id, p.config_param, p.config_file, p.key_file).map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_unregister_cluster", move |p: ClusterName| {
-        b.lock().unwrap_or_else(|e| e.into_inner()).rbd_unregister_cluster(&p.name).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_get_clusters_info", move |p: ClustersInfo| {
-        let list = b.lock().unwrap_or_else(|e| e.into_inner()).rbd_clusters_info(p.name.as_deref()).map_err(to_rpc)?;
-        Ok(match p.name {
-            // SPDK answers one object for a named cluster.
-            Some(_) => list.into_iter().next().unwrap_or(Value::Null),
-            None => Value::Array(list),
-        })
-    });
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_create", move |p: RbdCreate| {
-        let name = b.lock().unwrap_or_else(|e| e.into_inner()).create_rbd(p).map_err(to_rpc)?;
-        Ok(Value::String(name))
-    });
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_delete", move |p: RbdDelete| {
-        b.lock().unwrap_or_else(|e| e.into_inner()).delete(&p.name, Some(PRODUCT)).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-    let b = lock(bdevs);
-    reg.add("bdev_rbd_resize", move |p: RbdResize| {
-        b.lock().unwrap_or_else(|e| e.into_inner()).rbd_resize(&p.name, p.new_size).map_err(to_rpc)?;
-        Ok(Value::Bool(true))
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -759,20 +647,6 @@ mod tests {
     }
 
     #[test]
-    fn create_params_take_spdks_names() {
-        let p: RbdCreate = serde_json::from_value(json!({
-            "pool_name": "rbd", "rbd_name": "img", "block_size": 512, "config": {"mon_host": "127.0.0.1:13300"}
-        }))
-        .unwrap();
-        assert_eq!(p.config.unwrap()["mon_host"], "127.0.0.1:13300");
-        let p: RbdCreate =
-            serde_json::from_value(json!({"pool_name": "rbd", "rbd_name": "img", "block_size": 4096, "config_param": {"a": "b"}})).unwrap();
-        assert_eq!(p.config.unwrap()["a"], "b");
-        assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "block_size": 512})).is_err());
-        assert!(serde_json::from_value::<RbdCreate>(json!({"pool_name": "rbd", "rbd_name": "x", "block_size": 512, "bogus": 1})).is_err());
-    }
-
-    #[test]
     fn image_uuids_are_name_based_and_stable() {
         let a = name_uuid("ceph-rbd:0b1c2d3e-0000-4000-8000-000000000001/2/10a2b3c4d5e6");
         assert_eq!(a.get_version_num(), 5);
@@ -787,7 +661,7 @@ mod tests {
     #[test]
     fn registry_errors_without_a_cluster() {
         let mut r = BdevRegistry::new();
-        let p = |bs, cluster: Option<&str>| RbdCreate {
+        let p = |bs, cluster: Option<&str>| BdevRbdCreate {
             name: Some("Ceph0".into()),
             user_id: None,
             pool_name: "rbd".into(),
@@ -802,7 +676,7 @@ mod tests {
         assert!(matches!(r.create_rbd(p(512, Some("nope"))), Err(RegistryError::NotFound(m)) if m.contains("rbd cluster nope")));
         // A lease out of range is refused before any connection.
         for bad in [0, 2, 601] {
-            let e = r.create_rbd(RbdCreate { lease_s: Some(bad), ..p(512, Some("c")) }).unwrap_err();
+            let e = r.create_rbd(BdevRbdCreate { lease_s: Some(bad), ..p(512, Some("c")) }).unwrap_err();
             assert!(e.to_string().contains(&format!("lease_s {bad} is out of range")), "{e}");
         }
         assert!(matches!(r.rbd_unregister_cluster("nope"), Err(RegistryError::NotFound(_))));

@@ -1,10 +1,16 @@
 //! iSCSI subcommands (rpc.py's `rpc/iscsi.py`): rpc.py-style list arguments and their
-//! parsers, portal/initiator/auth groups, target nodes, CHAP, ALUA.
+//! parsers, portal/initiator/auth groups, target nodes, CHAP, ALUA. The parameters are
+//! riser-config's types, each defined beside its handler; the args structs here build them
+//! from rpc.py's arguments (list strings, CHAP secret strings, ALUA group strings), and the
+//! types whose fields are the arguments are subcommands themselves (`Cmd` names them).
 
+use clap::builder::PossibleValuesParser;
 use clap::Args;
-use riser_rpc::params::{self, LunParam, PgIgMap, PortParam, PortalParam};
-use serde::Serialize;
-use serde_json::Value;
+use riser_config::node::alua::{AluaGroupParam, IscsiTargetNodeSetAlua as SetAlua};
+use riser_config::portal_group::{PortParam, PortalParam};
+use riser_config::target_node::{LunParam, PgIgMap};
+use riser_config::{auth_group, initiator_group, options, portal_group, target_node};
+use riser_scsi::{AccessState, Failback};
 
 use crate::UsageError;
 
@@ -225,9 +231,9 @@ impl IscsiSetOptions {
     /// Only what was given is sent: each key present replaces the current value. Unlike
     /// rpc.py, a given 0 is sent too (rpc.py drops it, so it cannot set e.g. an
     /// error_recovery_level of 0).
-    pub(crate) fn params(self) -> params::IscsiSetOptions {
+    pub(crate) fn params(self) -> options::IscsiSetOptions {
         let flag = |b: bool| b.then_some(true);
-        params::IscsiSetOptions {
+        options::IscsiSetOptions {
             auth_file: self.auth_file,
             node_base: self.node_base,
             nop_timeout: self.nop_timeout,
@@ -294,8 +300,8 @@ pub(crate) struct IscsiCreatePortalGroup {
 impl IscsiCreatePortalGroup {
     /// Several list arguments (`a b` given as two arguments, or `'a b'` as one) are sent as
     /// one list.
-    pub(crate) fn params(&self) -> params::IscsiCreatePortalGroup {
-        params::IscsiCreatePortalGroup {
+    pub(crate) fn params(&self) -> portal_group::IscsiCreatePortalGroup {
+        portal_group::IscsiCreatePortalGroup {
             tag: self.tag,
             portals: self.portals.iter().flat_map(|l| &l.0).map(PortalArg::param).collect(),
             private: self.private,
@@ -321,8 +327,8 @@ pub(crate) struct IscsiCreateInitiatorGroup {
 }
 
 impl IscsiCreateInitiatorGroup {
-    pub(crate) fn params(self) -> params::IscsiCreateInitiatorGroup {
-        params::IscsiCreateInitiatorGroup { tag: self.tag, initiators: self.initiators.0, netmasks: self.netmasks.0 }
+    pub(crate) fn params(self) -> initiator_group::IscsiCreateInitiatorGroup {
+        initiator_group::IscsiCreateInitiatorGroup { tag: self.tag, initiators: self.initiators.0, netmasks: self.netmasks.0 }
     }
 }
 
@@ -340,8 +346,8 @@ pub(crate) struct IscsiChangeInitiatorGroup {
 }
 
 impl IscsiChangeInitiatorGroup {
-    pub(crate) fn params(self) -> params::IscsiChangeInitiatorGroup {
-        params::IscsiChangeInitiatorGroup {
+    pub(crate) fn params(self) -> initiator_group::IscsiChangeInitiatorGroup {
+        initiator_group::IscsiChangeInitiatorGroup {
             tag: self.tag,
             initiators: self.initiators.map(|l| l.0),
             netmasks: self.netmasks.map(|l| l.0),
@@ -386,8 +392,8 @@ pub(crate) struct IscsiCreateTargetNode {
 }
 
 impl IscsiCreateTargetNode {
-    pub(crate) fn params(self) -> params::IscsiCreateTargetNode {
-        params::IscsiCreateTargetNode {
+    pub(crate) fn params(self) -> target_node::IscsiCreateTargetNode {
+        target_node::IscsiCreateTargetNode {
             name: self.name,
             alias_name: Some(self.alias_name),
             pg_ig_maps: self.pg_ig_maps.0,
@@ -399,36 +405,6 @@ impl IscsiCreateTargetNode {
             chap_group: self.chap_group,
             header_digest: self.header_digest,
             data_digest: self.data_digest,
-        }
-    }
-}
-
-#[derive(Args, Debug)]
-pub(crate) struct IscsiTargetNodeAddLun {
-    /// Target node name (full, or as given to iscsi_create_target_node)
-    pub(crate) name: String,
-    /// Bdev to export
-    pub(crate) bdev_name: String,
-    /// LUN id (the lowest free one when absent or -1)
-    #[arg(short = 'i', long, allow_negative_numbers = true)]
-    pub(crate) lun_id: Option<i64>,
-    /// riser's extension: report a removable medium (PREVENT ALLOW MEDIUM REMOVAL, START STOP
-    /// UNIT eject and load)
-    #[arg(long)]
-    pub(crate) removable: bool,
-    /// riser's extension: the LUN is write-protected (writes fail with DATA PROTECT)
-    #[arg(long)]
-    pub(crate) read_only: bool,
-}
-
-impl IscsiTargetNodeAddLun {
-    pub(crate) fn params(self) -> params::IscsiTargetNodeAddLun {
-        params::IscsiTargetNodeAddLun {
-            name: self.name,
-            bdev_name: self.bdev_name,
-            lun_id: self.lun_id,
-            removable: self.removable,
-            read_only: self.read_only,
         }
     }
 }
@@ -467,8 +443,8 @@ pub(crate) struct IscsiSetDiscoveryAuth {
 }
 
 impl IscsiSetDiscoveryAuth {
-    pub(crate) fn params(self) -> params::IscsiSetDiscoveryAuth {
-        params::IscsiSetDiscoveryAuth {
+    pub(crate) fn params(self) -> options::IscsiSetDiscoveryAuth {
+        options::IscsiSetDiscoveryAuth {
             disable_chap: self.disable_chap,
             require_chap: self.require_chap,
             mutual_chap: self.mutual_chap,
@@ -496,8 +472,8 @@ pub(crate) struct IscsiTargetNodeSetAuth {
 }
 
 impl IscsiTargetNodeSetAuth {
-    pub(crate) fn params(self) -> params::IscsiTargetNodeSetAuth {
-        params::IscsiTargetNodeSetAuth {
+    pub(crate) fn params(self) -> target_node::IscsiTargetNodeSetAuth {
+        target_node::IscsiTargetNodeSetAuth {
             name: self.name,
             chap_group: self.chap_group.unwrap_or(0),
             disable_chap: self.disable_chap,
@@ -528,9 +504,9 @@ impl std::fmt::Debug for IscsiCreateAuthGroup {
 }
 
 impl IscsiCreateAuthGroup {
-    pub(crate) fn params(self) -> Result<params::IscsiCreateAuthGroup, UsageError> {
+    pub(crate) fn params(self) -> Result<auth_group::IscsiCreateAuthGroup, UsageError> {
         let secrets = parse_secrets(self.secrets.as_deref().unwrap_or_default())?;
-        Ok(params::IscsiCreateAuthGroup { tag: self.tag, secrets })
+        Ok(auth_group::IscsiCreateAuthGroup { tag: self.tag, secrets })
     }
 }
 
@@ -539,7 +515,7 @@ impl IscsiCreateAuthGroup {
 /// `initiator_group` (a tag); a value runs from
 /// the first ':' (rpc.py refuses a ':' in it). An empty text is no secrets. Errors name the
 /// item and word, never a value.
-pub(crate) fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, UsageError> {
+pub(crate) fn parse_secrets(text: &str) -> Result<Vec<auth_group::AuthSecretParam>, UsageError> {
     let items = text.split(',').map(str::trim).filter(|i| !i.is_empty());
     let mut out = Vec::new();
     for (n, item) in items.enumerate() {
@@ -569,7 +545,7 @@ pub(crate) fn parse_secrets(text: &str) -> Result<Vec<params::AuthSecretParam>, 
             None => None,
             Some(t) => Some(parse_tag(&t).map_err(|_| UsageError(format!("--secrets item {n}: initiator_group: not a tag")))?),
         };
-        out.push(params::AuthSecretParam {
+        out.push(auth_group::AuthSecretParam {
             user,
             secret: secret.into(),
             muser,
@@ -613,8 +589,8 @@ impl std::fmt::Debug for IscsiAuthGroupAddSecret {
 }
 
 impl IscsiAuthGroupAddSecret {
-    pub(crate) fn params(self) -> params::IscsiAuthGroupAddSecret {
-        params::IscsiAuthGroupAddSecret {
+    pub(crate) fn params(self) -> auth_group::IscsiAuthGroupAddSecret {
+        auth_group::IscsiAuthGroupAddSecret {
             tag: self.tag,
             user: self.user,
             secret: self.secret.into(),
@@ -637,8 +613,6 @@ pub(crate) struct IscsiAuthGroupRemoveSecret {
 
 // ---- ALUA (riser's extension) ------------------------------------------------------------
 
-/// ALUA states as the RPCs name them.
-pub(crate) const ALUA_STATES: [&str; 5] = ["active_optimized", "active_non_optimized", "standby", "unavailable", "transitioning"];
 
 #[derive(Args, Debug)]
 pub(crate) struct IscsiTargetNodeSetAlua {
@@ -650,58 +624,41 @@ pub(crate) struct IscsiTargetNodeSetAlua {
     pub(crate) groups: Vec<String>,
     /// When a fenced gateway's groups are served again: auto (return to these states) or
     /// manual (stay failed over until iscsi_target_node_alua_failback); omitted: unchanged
-    #[arg(long, value_parser = ["auto", "manual"])]
+    #[arg(long, value_parser = PossibleValuesParser::new(Failback::ALL.map(Failback::name)))]
     pub(crate) failback: Option<String>,
 }
 
 impl IscsiTargetNodeSetAlua {
-    pub(crate) fn params(self) -> Result<Value, UsageError> {
+    pub(crate) fn params(self) -> Result<SetAlua, UsageError> {
         let mut groups = Vec::new();
         for g in &self.groups {
             let bad = |why: &str| UsageError(format!("group {g:?}: {why} (TPG:STATE[:pref][:PORT,PORT])"));
             let mut parts = g.split(':');
-            let tpg: u32 = parts.next().unwrap_or_default().parse().map_err(|_| bad("TPG is not a number"))?;
+            let tpg_id: u32 = parts.next().unwrap_or_default().parse().map_err(|_| bad("TPG is not a number"))?;
             let state = parts.next().ok_or_else(|| bad("no STATE"))?;
-            if !ALUA_STATES.contains(&state) {
-                return Err(bad(&format!("unknown STATE (one of {})", ALUA_STATES.join(", "))));
+            if AccessState::from_name(state).is_none() {
+                let names: Vec<&str> = AccessState::ALL.iter().map(|a| a.name()).collect();
+                return Err(bad(&format!("unknown STATE (one of {})", names.join(", "))));
             }
-            let mut o = serde_json::Map::new();
-            o.insert("tpg_id".into(), tpg.into());
-            o.insert("state".into(), state.into());
+            let mut group = AluaGroupParam { tpg_id, state: state.to_string(), pref: false, rel_port_ids: Vec::new() };
             for part in parts {
                 if part == "pref" {
-                    o.insert("pref".into(), true.into());
+                    group.pref = true;
                 } else {
                     let ports: Result<Vec<u32>, _> = part.split(',').map(str::parse::<u32>).collect();
-                    let ports = ports.map_err(|_| bad(&format!("{part:?} is neither pref nor a list of port ids")))?;
-                    o.insert("rel_port_ids".into(), ports.into());
+                    group.rel_port_ids = ports.map_err(|_| bad(&format!("{part:?} is neither pref nor a list of port ids")))?;
                 }
             }
-            groups.push(Value::Object(o));
+            groups.push(group);
         }
-        let mut v = serde_json::json!({"name": self.name, "groups": groups});
-        if let (Some(f), Some(m)) = (self.failback, v.as_object_mut()) {
-            m.insert("failback".into(), f.into());
-        }
-        Ok(v)
+        Ok(SetAlua { name: self.name, groups, failback: self.failback })
     }
 }
-
-#[derive(Args, Serialize, Debug)]
-pub(crate) struct IscsiTargetNodeSetAluaState {
-    /// Target node name
-    pub(crate) name: String,
-    /// Target port group (portal group tag)
-    pub(crate) tpg_id: u32,
-    /// active_optimized, active_non_optimized, standby, unavailable or transitioning
-    pub(crate) state: String,
-}
-
 
 #[cfg(test)]
 mod alua_cli_tests {
     use clap::{CommandFactory, FromArgMatches};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
     use crate::{Action, Cli};

@@ -1,6 +1,6 @@
 //! Unit tests of the command line: what each subcommand sends, and usage errors.
 
-use riser_rpc::params::{LunParam, PgIgMap};
+use riser_config::target_node::{LunParam, PgIgMap};
 use serde_json::json;
 
 use super::*;

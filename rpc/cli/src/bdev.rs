@@ -1,13 +1,16 @@
 //! bdev subcommands (rpc.py's `rpc/bdev.py`): malloc, null, uring, aio, NVMe, iostat and
-//! histograms, Ceph RBD.
+//! histograms, Ceph RBD. The parameters are riser-bdev's types ([`riser_bdev::rpc`], each
+//! defined beside its handler); those whose fields are the command line's arguments are
+//! subcommands themselves (`Cmd` names them), the others have an args struct here that
+//! builds them (sizes in MiB, rpc.py's `key=value` lists, -e/-d flags).
+
+use std::collections::BTreeMap;
 
 use clap::Args;
-use riser_rpc::params;
-use serde::Serialize;
-use serde_json::Value;
+use riser_bdev::rpc as params;
 use uuid::Uuid;
 
-use crate::{is_false, UsageError};
+use crate::UsageError;
 
 #[derive(Args, Debug)]
 pub(crate) struct BdevMallocCreate {
@@ -75,6 +78,12 @@ pub(crate) struct BdevUringCreate {
     pub(crate) block_size: Option<u32>,
 }
 
+impl BdevUringCreate {
+    pub(crate) fn params(self) -> params::BdevUringCreate {
+        params::BdevUringCreate { name: self.name, filename: self.filename, block_size: self.block_size, uuid: self.uuid }
+    }
+}
+
 #[derive(Args, Debug)]
 pub(crate) struct BdevAioCreate {
     /// UUID of the bdev (random when absent)
@@ -91,6 +100,21 @@ pub(crate) struct BdevAioCreate {
     pub(crate) block_size: Option<u32>,
 }
 
+impl BdevAioCreate {
+    pub(crate) fn params(self) -> params::BdevAioCreate {
+        params::BdevAioCreate {
+            name: self.name,
+            filename: self.filename,
+            block_size: self.block_size,
+            readonly: self.readonly,
+            uuid: self.uuid,
+            ..Default::default()
+        }
+    }
+}
+
+/// The local-PCIe subset of `bdev_nvme_attach_controller` (SPDK's fabrics parameters are
+/// refused by riser, so the command line does not offer them).
 #[derive(Args, Debug)]
 pub(crate) struct BdevNvmeAttachController {
     /// Name of the controller (its bdevs are NAMEn1, NAMEn2, ...)
@@ -104,11 +128,10 @@ pub(crate) struct BdevNvmeAttachController {
     pub(crate) traddr: String,
 }
 
-#[derive(Args, Debug)]
-pub(crate) struct BdevNvmeGetControllers {
-    /// Name of one controller
-    #[arg(short = 'n', long)]
-    pub(crate) name: Option<String>,
+impl BdevNvmeAttachController {
+    pub(crate) fn params(self) -> params::BdevNvmeAttachController {
+        params::BdevNvmeAttachController { name: self.name, trtype: self.trtype, traddr: self.traddr, ..Default::default() }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -117,38 +140,7 @@ pub(crate) struct BdevName {
     pub(crate) name: String,
 }
 
-#[derive(Args, Debug)]
-pub(crate) struct BdevGetBdevs {
-    /// Only this bdev
-    #[arg(short = 'b', long)]
-    pub(crate) name: Option<String>,
-}
-
-// Statistics: bdev_get_iostat, bdev_reset_iostat, bdev_enable_histogram (rpc.py's flags).
-#[derive(Args, Serialize, Debug)]
-pub(crate) struct BdevGetIostat {
-    /// Only this bdev
-    #[arg(short = 'b', long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
-    /// Per reactor (needs -b)
-    #[arg(short = 'c', long = "per-channel", requires = "name")]
-    #[serde(skip_serializing_if = "is_false")]
-    pub(crate) per_channel: bool,
-}
-
-#[derive(Args, Serialize, Debug)]
-pub(crate) struct BdevResetIostat {
-    /// Only this bdev
-    #[arg(short = 'b', long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
-    /// What to reset: all (default) or maxmin (the min/max latencies only)
-    #[arg(short = 'm', long, value_parser = ["all", "maxmin"])]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) mode: Option<String>,
-}
-
+/// bdev_enable_histogram: rpc.py's -e / -d flags.
 #[derive(Args, Debug)]
 pub(crate) struct BdevEnableHistogram {
     /// Turn it on (the default)
@@ -159,6 +151,12 @@ pub(crate) struct BdevEnableHistogram {
     pub(crate) disable: bool,
     /// Bdev name
     pub(crate) name: String,
+}
+
+impl BdevEnableHistogram {
+    pub(crate) fn params(self) -> params::BdevEnableHistogram {
+        params::BdevEnableHistogram { name: self.name, enable: !self.disable }
+    }
 }
 
 /// The number of blocks of a size in MiB, refusing a size that is not a whole number of
@@ -184,17 +182,18 @@ pub(crate) fn num_blocks(total_size_mib: f64, block_size: u32) -> Result<u64, Us
 
 // ---- Ceph RBD (rpc.py's bdev_rbd_* arguments) ---------------------------------------------
 
-/// `key=value` list arguments (rpc.py's --config-param / --config), as a JSON object.
-pub(crate) fn key_values(items: &[String], what: &str) -> Result<Option<serde_json::Map<String, Value>>, UsageError> {
+/// `key=value` list arguments (rpc.py's --config-param / --config), as a map (a key given
+/// twice: the last value).
+pub(crate) fn key_values(items: &[String], what: &str) -> Result<Option<BTreeMap<String, String>>, UsageError> {
     if items.is_empty() {
         return Ok(None);
     }
-    let mut m = serde_json::Map::new();
+    let mut m = BTreeMap::new();
     for kv in items {
         let Some((k, v)) = kv.split_once('=').filter(|(k, _)| !k.is_empty()) else {
             return Err(UsageError(format!("{what} {kv:?}: use key=value")));
         };
-        m.insert(k.to_string(), Value::String(v.to_string()));
+        m.insert(k.to_string(), v.to_string());
     }
     Ok(Some(m))
 }
@@ -218,30 +217,16 @@ pub(crate) struct BdevRbdRegisterCluster {
 }
 
 impl BdevRbdRegisterCluster {
-    pub(crate) fn params(self) -> Result<Value, UsageError> {
-        let mut o = serde_json::Map::new();
-        o.insert("name".into(), Value::String(self.name));
-        let opt = |o: &mut serde_json::Map<String, Value>, k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                o.insert(k.into(), Value::String(v));
-            }
-        };
-        opt(&mut o, "user_id", self.user_id);
-        if let Some(m) = key_values(&self.config_param, "--config-param")? {
-            o.insert("config_param".into(), Value::Object(m));
-        }
-        opt(&mut o, "config_file", self.config_file);
-        opt(&mut o, "key_file", self.key_file);
-        Ok(Value::Object(o))
+    pub(crate) fn params(self) -> Result<params::BdevRbdRegisterCluster, UsageError> {
+        Ok(params::BdevRbdRegisterCluster {
+            name: self.name,
+            user_id: self.user_id,
+            config_param: key_values(&self.config_param, "--config-param")?,
+            config_file: self.config_file,
+            key_file: self.key_file,
+            core_mask: None,
+        })
     }
-}
-
-#[derive(Args, Serialize, Debug)]
-pub(crate) struct BdevRbdGetClustersInfo {
-    /// Only this cluster
-    #[arg(short = 'b', long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -274,42 +259,25 @@ pub(crate) struct BdevRbdCreate {
 }
 
 impl BdevRbdCreate {
-    pub(crate) fn params(self) -> Result<Value, UsageError> {
-        let mut o = serde_json::Map::new();
-        let opt = |o: &mut serde_json::Map<String, Value>, k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                o.insert(k.into(), Value::String(v));
-            }
-        };
-        opt(&mut o, "name", self.name);
-        opt(&mut o, "user_id", self.user_id);
-        o.insert("pool_name".into(), Value::String(self.pool_name));
-        o.insert("rbd_name".into(), Value::String(self.rbd_name));
-        o.insert("block_size".into(), Value::from(self.block_size));
-        if let Some(m) = key_values(&self.config, "--config")? {
-            o.insert("config".into(), Value::Object(m));
-        }
-        opt(&mut o, "cluster_name", self.cluster_name);
-        opt(&mut o, "uuid", self.uuid.map(|u| u.to_string()));
-        if let Some(l) = self.lease_s {
-            o.insert("lease_s".into(), Value::from(l));
-        }
-        Ok(Value::Object(o))
+    pub(crate) fn params(self) -> Result<params::BdevRbdCreate, UsageError> {
+        Ok(params::BdevRbdCreate {
+            name: self.name,
+            user_id: self.user_id,
+            pool_name: self.pool_name,
+            rbd_name: self.rbd_name,
+            block_size: self.block_size,
+            config: key_values(&self.config, "--config")?,
+            cluster_name: self.cluster_name,
+            uuid: self.uuid,
+            lease_s: self.lease_s,
+        })
     }
-}
-
-#[derive(Args, Serialize, Debug)]
-pub(crate) struct BdevRbdResize {
-    /// Bdev name
-    pub(crate) name: String,
-    /// New size in MiB (RBD bdevs only grow)
-    pub(crate) new_size: u64,
 }
 
 #[cfg(test)]
 mod rbd_cli_tests {
     use clap::{CommandFactory, FromArgMatches};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
     use crate::{Action, Cli};

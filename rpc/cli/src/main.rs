@@ -1,15 +1,25 @@
 //! `riser-rpc`: command-line client for riser's JSON-RPC socket, used like SPDK's
 //! `scripts/rpc.py` (`riser-rpc bdev_malloc_create -b Malloc0 64 512`).
 //!
-//! Adding a method: a variant in [`Cmd`] (its doc comment is the `--help` line), an args
-//! struct deriving `Args` that becomes the method's params (for iSCSI and bdev methods the
-//! struct of [`riser_rpc::params`], the very type the server decodes), and one line in
-//! [`Cmd::into_action`]. Methods without a subcommand still work through the raw mode.
-//! rpc.py's list arguments (`'Malloc0:0 Malloc1:1'`, one quoted argument) are parsed by a
-//! clap value parser into a [`List`], so bad syntax is a usage error before anything is sent.
+//! Each method's parameters are one type, defined beside the method's handler in the module
+//! that owns the concept: riser-bdev's ([`riser_bdev::rpc`]), riser-config's (its
+//! `options`, `portal_group`, `initiator_group`, `auth_group`, `target_node` modules) and, for
+//! the methods the `riser` binary serves itself, [`riser_rpc::params`]. The server decodes
+//! that type; this CLI encodes it, never JSON of its own. Where the command line's arguments
+//! are the type's fields, the type is the subcommand's arguments (clap derives on it, behind
+//! its crate's `cli` feature); where they differ (sizes in MiB, rpc.py's list arguments, CHAP
+//! secret strings, ALUA groups) an args struct here builds it ([`Cmd::into_action`] is the
+//! table).
+//!
+//! Adding a method: its parameter type beside its handler (with clap attributes when the
+//! arguments are its fields), a variant in [`Cmd`] (its doc comment is the `--help` line),
+//! and one line in [`Cmd::into_action`]. Methods without a subcommand still work through the
+//! raw mode. rpc.py's list arguments (`'Malloc0:0 Malloc1:1'`, one quoted argument) are
+//! parsed by a clap value parser into a [`List`], so bad syntax is a usage error before
+//! anything is sent.
 //!
 //! The args structs live per subsystem, as SPDK's `rpc/bdev.py` / `rpc/iscsi.py`: [`bdev`],
-//! [`iscsi`], [`misc`] (rpc, framework, log, iobuf, call) and [`config_file`] (save/load_config).
+//! [`iscsi`], [`misc`] (call) and [`config_file`] (save/load_config).
 //!
 //! Exit status: 0 success, 1 RPC error or connection failure, 2 usage error.
 
@@ -20,7 +30,11 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use riser_rpc::client::{ClientError, RpcClient, DEFAULT_SOCKET_PATH};
-use riser_rpc::params::{self, ByName, ByTag};
+use riser_bdev::rpc::{BdevGetBdevs, BdevGetIostat, BdevNvmeGetControllers, BdevRbdGetClustersInfo, BdevRbdResize, BdevResetIostat};
+use riser_config::auth_group::IscsiAuthGroupRemoveSecret as RemoveSecret;
+use riser_config::node::alua::{IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAluaState};
+use riser_config::node::{IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun};
+use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogSetLevel, RpcGetMethods};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -194,11 +208,11 @@ enum Cmd {
     /// Show the I/O buffer pool: mapped, in use, kept, waiting requests, reuse counts
     IobufGetStats,
     /// Set the log level: ERROR, WARNING (or WARN), NOTICE, INFO or DEBUG
-    LogSetLevel(LogLevel),
+    LogSetLevel(LogSetLevel),
     /// Show the log level
     LogGetLevel,
     /// Set the log level (riser has one log sink: the same level as log_set_level)
-    LogSetPrintLevel(LogLevel),
+    LogSetPrintLevel(LogSetLevel),
     /// Show the log level (the same as log_get_level)
     LogGetPrintLevel,
     /// Call any method with optional JSON params
@@ -234,35 +248,19 @@ impl Cmd {
             | Cmd::BdevUringRescan(a)
             | Cmd::BdevAioDelete(a)
             | Cmd::BdevAioRescan(a) => to_params(&ByName { name: a.name })?,
-            Cmd::BdevUringCreate(a) => to_params(&params::BdevUringCreate {
-                name: a.name,
-                filename: a.filename,
-                block_size: a.block_size,
-                uuid: a.uuid,
-            })?,
-            Cmd::BdevAioCreate(a) => to_params(&params::BdevAioCreate {
-                name: a.name,
-                filename: a.filename,
-                block_size: a.block_size,
-                readonly: a.readonly,
-                uuid: a.uuid,
-                ..Default::default()
-            })?,
+            Cmd::BdevUringCreate(a) => to_params(&a.params())?,
+            Cmd::BdevAioCreate(a) => to_params(&a.params())?,
             Cmd::BdevNullCreate(a) => to_params(&a.params()?)?,
-            Cmd::BdevGetBdevs(a) => to_params(&params::BdevGetBdevs { name: a.name, ..Default::default() })?,
-            Cmd::BdevNvmeAttachController(a) => to_params(&params::BdevNvmeAttachController {
+            Cmd::BdevGetBdevs(a) => to_params(&a)?,
+            Cmd::BdevNvmeAttachController(a) => to_params(&a.params())?,
+            Cmd::BdevNvmeDetachController(a) => to_params(&riser_bdev::rpc::BdevNvmeDetachController {
                 name: a.name,
-                trtype: a.trtype,
-                traddr: a.traddr,
                 ..Default::default()
             })?,
-            Cmd::BdevNvmeDetachController(a) => {
-                to_params(&params::BdevNvmeDetachController { name: a.name, ..Default::default() })?
-            }
-            Cmd::BdevNvmeGetControllers(a) => to_params(&params::BdevNvmeGetControllers { name: a.name })?,
+            Cmd::BdevNvmeGetControllers(a) => to_params(&a)?,
             Cmd::BdevGetIostat(a) => to_params(&a)?,
             Cmd::BdevResetIostat(a) => to_params(&a)?,
-            Cmd::BdevEnableHistogram(a) => to_params(&serde_json::json!({"name": a.name, "enable": !a.disable}))?,
+            Cmd::BdevEnableHistogram(a) => to_params(&a.params())?,
             Cmd::BdevGetHistogram(a) => to_params(&ByName { name: a.name })?,
             Cmd::BdevRbdRegisterCluster(a) => to_params(&a.params()?)?,
             Cmd::BdevRbdUnregisterCluster(a) | Cmd::BdevRbdDelete(a) => to_params(&ByName { name: a.name })?,
@@ -297,21 +295,19 @@ impl Cmd {
             Cmd::IscsiSetDiscoveryAuth(a) => to_params(&a.params())?,
             Cmd::IscsiCreateAuthGroup(a) => to_params(&a.params()?)?,
             Cmd::IscsiAuthGroupAddSecret(a) => to_params(&a.params())?,
-            Cmd::IscsiAuthGroupRemoveSecret(a) => {
-                to_params(&params::IscsiAuthGroupRemoveSecret { tag: a.tag, user: a.user })?
-            }
+            Cmd::IscsiAuthGroupRemoveSecret(a) => to_params(&RemoveSecret { tag: a.tag, user: a.user })?,
             Cmd::IscsiTargetNodeSetAuth(a) => to_params(&a.params())?,
             Cmd::IscsiCreateInitiatorGroup(a) => to_params(&a.params())?,
             Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a.params())?,
             Cmd::IscsiCreateTargetNode(a) => to_params(&a.params())?,
-            Cmd::IscsiTargetNodeAddLun(a) => to_params(&a.params())?,
+            Cmd::IscsiTargetNodeAddLun(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => {
-                to_params(&params::IscsiNodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
+                to_params(&NodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
             }
             Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
             Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
             Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
-            Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&ByName { name: a.name })?,
+            Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&IscsiTargetNodeAluaFailback { name: a.name })?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent, output: a.output }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
@@ -328,10 +324,6 @@ fn to_params<T: Serialize>(args: &T) -> Result<Option<Value>, UsageError> {
         Value::Object(ref m) if m.is_empty() => None,
         v => Some(v),
     })
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 /// Raw mode: `riser-rpc METHOD [JSON]` for a method without a subcommand.
