@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use riser_bdev::{BdevError, BdevIo, IoBuf, IoCompletion, IoKind, Lba};
 use riser_buf::{Account, Pool, Waiter};
+use riser_reactor::{Tag, TagLayout};
 
 use crate::cdb::{get_be16, get_be32, get_be64, op, Cdb};
 use crate::inquiry::{
@@ -90,6 +91,19 @@ enum Adm {
 
 /// How many pieces of a streamed read may be read ahead of the one going out.
 const STREAM_WINDOW: usize = 4;
+
+/// Where an op's bdev I/O tag keeps what the op table needs back, in riser-reactor's one tag
+/// layout: the op's slot, and a piece number (a streamed read's piece, read back to put the
+/// piece in order; a streamed write's piece + 1, never read back) in the route field. No
+/// generation: an op's slot is taken again only once every I/O of the op is back. The top 16
+/// bits are the shared bdev channel's ([`riser_bdev::channel::ROUTE`]); a piece keeps its low
+/// 16 bits, enough for [`STREAM_WINDOW`]'s ring.
+const OP_TAG: TagLayout = TagLayout::low(32, 0, 16);
+
+/// The tag of an I/O of the op in `slot`, for `piece`.
+fn op_tag(slot: usize, piece: u64) -> u64 {
+    OP_TAG.encode(Tag { slot: slot as u32, gen: 0, route: piece as u32 })
+}
 
 /// A READ that goes out in pieces ([`LunChannel::set_stream_chunk`]): each piece is read
 /// into its own buffer, taken from the budget when the piece is submitted, and handed up
@@ -540,7 +554,7 @@ impl LunChannel {
         // While this piece is written the next one is fetched: one piece writing, one
         // coming in (then pending until this one is done).
         let more = j.asked < j.pieces();
-        self.submit_tagged(slot, slot as u64 | ((piece + 1) << 32), IoKind::Write, lba, n, Some(buf));
+        self.submit_tagged(slot, op_tag(slot, piece + 1), IoKind::Write, lba, n, Some(buf));
         if more {
             self.ask_piece(slot);
         }
@@ -752,8 +766,7 @@ impl LunChannel {
             let mut comps = std::mem::take(&mut self.comps);
             self.io.poll(&mut comps);
             for c in comps.drain(..) {
-                // The low half is the op's slot; the high half a streamed read's piece.
-                let slot = (c.tag & 0xffff_ffff) as usize;
+                let slot = OP_TAG.decode(c.tag).slot as usize;
                 self.on_completion(slot, c);
             }
             self.comps = comps;

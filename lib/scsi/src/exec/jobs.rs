@@ -308,7 +308,7 @@ impl LunChannel {
             };
             let (lba, piece) = (j.lba + first, j.next);
             j.next += 1;
-            self.submit_tagged(slot, slot as u64 | (piece << 32), IoKind::Read, lba, n, Some(b));
+            self.submit_tagged(slot, op_tag(slot, piece), IoKind::Read, lba, n, Some(b));
         }
     }
 
@@ -352,7 +352,7 @@ impl LunChannel {
 
     pub(super) fn on_completion(&mut self, slot: usize, c: IoCompletion) {
         match self.ops.get(slot) {
-            Some(Some(Op { job: Job::ReadStream(_), .. })) => return self.stream_piece(slot, c.tag >> 32, c),
+            Some(Some(Op { job: Job::ReadStream(_), .. })) => return self.stream_piece(slot, u64::from(OP_TAG.decode(c.tag).route), c),
             Some(Some(Op { job: Job::WriteStream(_), .. })) => return self.stream_write_done(slot, c),
             _ => {}
         }
