@@ -1,8 +1,11 @@
 //! Changes to a live target are safe: the real `riser`, configured through the real
-//! `riser-rpc`, changed while initiators are logged in (LUN added, target node deleted,
-//! session reinstated), and the iSCSI configuration surviving save_config and a restart.
+//! `riser-rpc`, changed while initiators are logged in (LUN added or removed, null and
+//! malloc bdevs resized, target node deleted, session reinstated), and the iSCSI
+//! configuration surviving save_config and a restart.
 //! Needs `cargo build --workspace` first.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use riser_iscsi::pdu::{Isid, Lun, Op, Pdu, Stage};
@@ -14,6 +17,12 @@ use riser_tests::*;
 const CHECK_CONDITION: u8 = 0x02;
 /// Sense key UNIT ATTENTION.
 const UNIT_ATTENTION: u8 = 0x6;
+/// UNIT ATTENTION, REPORTED LUNS DATA HAS CHANGED (SPC-4 §6.33).
+const REPORTED_LUNS_CHANGED: (u8, u8, u8) = (UNIT_ATTENTION, 0x3f, 0x0e);
+/// UNIT ATTENTION, CAPACITY DATA HAS CHANGED (SBC-3).
+const CAPACITY_CHANGED: (u8, u8, u8) = (UNIT_ATTENTION, 0x2a, 0x09);
+/// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED (SPC-4 §6.6.2).
+const LUN_NOT_SUPPORTED: (u8, u8, u8) = (0x5, 0x25, 0x00);
 
 /// The 8-byte LUN field for LUN `id` (SAM peripheral / flat addressing, id < 16384).
 fn lun_field(id: u16) -> Lun {
@@ -535,4 +544,210 @@ fn cli_refuses_bad_iscsi_syntax_and_reports_server_errors() {
     let out = riser.rpc(&["iscsi_create_target_node", "--help"]);
     assert_eq!(out.code(), Some(0), "{out:?}");
     assert!(out.stdout.contains("BDEV:LUN") && out.stdout.contains("--header-digest"), "{}", out.stdout);
+}
+
+/// READ CAPACITY(16) of `lun`: (blocks, block length).
+fn read_capacity16(c: &mut Client, lun: u16) -> (u64, u32) {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x9e;
+    cdb[1] = 0x10;
+    cdb[10..14].copy_from_slice(&32u32.to_be_bytes());
+    let r = command(c, lun, &cdb, true, 32, Vec::new()).expect("READ CAPACITY(16): connection lost");
+    assert_eq!(r.status, 0, "READ CAPACITY(16) of LUN {lun}: {r:?}");
+    let last = u64::from_be_bytes(r.data[..8].try_into().expect("8 bytes"));
+    (last + 1, u32::from_be_bytes(r.data[8..12].try_into().expect("4 bytes")))
+}
+
+/// Runs `f` again while it answers a unit attention (what an initiator does); returns the
+/// answer and the unit attentions seen.
+fn retrying_uas(c: &mut Client, mut f: impl FnMut(&mut Client) -> Reply) -> (Reply, Vec<(u8, u8, u8)>) {
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        let r = f(c);
+        match r.sense() {
+            Some(s) if r.status == CHECK_CONDITION && s.0 == UNIT_ATTENTION => seen.push(s),
+            _ => return (r, seen),
+        }
+    }
+    panic!("unit attentions never end: {seen:?}");
+}
+
+/// The error line riser-rpc printed for a refused call (exit 1), checked to contain `needle`.
+fn refused(riser: &Riser, args: &[&str], needle: &str) {
+    let out = riser.rpc(args);
+    assert_eq!(out.code(), Some(1), "{args:?} was not refused: {out:?}");
+    assert!(out.stderr.contains(needle), "{args:?}: {:?} lacks {needle:?}", out.stderr);
+}
+
+#[test]
+fn a_lun_removed_while_another_session_does_io_on_lun_0() {
+    let riser = Riser::start();
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("rmlun", port, &[8]);
+    let mut a = session(&riser, port, &iqn);
+    let mut b = session(&riser, port, &iqn);
+
+    // A LUN added, written and read back.
+    riser.rpc_json(&["bdev_malloc_create", "-b", "Leaving", "4", "512"]);
+    assert_eq!(riser.rpc(&["iscsi_target_node_add_lun", &iqn, "Leaving", "-i", "1"]).json(), json!(true));
+    let r = test_unit_ready(&mut a, 0).expect("connection lost");
+    assert_eq!(r.sense(), Some(REPORTED_LUNS_CHANGED), "adding a LUN is announced: {r:?}");
+    clear_unit_attentions(&mut a, 1);
+    write_and_verify(&mut a, 1, 0, 40);
+    write_and_verify(&mut a, 1, 8184, 41);
+    clear_unit_attentions(&mut b, 0);
+
+    // B writes and verifies LUN 0 all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let io = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut rounds, mut uas) = (0u32, Vec::new());
+            while !stop.load(Ordering::Acquire) || rounds < 4 {
+                let lba = (rounds % 64) * 8;
+                let data = pattern(1000 + rounds, 4096);
+                let (w, mut seen) = retrying_uas(&mut b, |c| write10(c, 0, lba, &data));
+                assert_eq!((w.status, w.sense()), (0, None), "B: WRITE(10) to LUN 0, round {rounds}");
+                let (r, seen2) = retrying_uas(&mut b, |c| read10(c, 0, lba, 8));
+                assert_eq!((r.status, r.sense()), (0, None), "B: READ(10) from LUN 0, round {rounds}");
+                assert!(r.data == data, "B: LUN 0 LBA {lba} reads back other data, round {rounds}");
+                seen.extend(seen2);
+                uas.extend(seen);
+                rounds += 1;
+            }
+            (b, rounds, uas)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    let t0 = Instant::now();
+    let out = riser.rpc(&["iscsi_target_node_remove_lun", &iqn, "1"]);
+    assert_eq!(out.json(), json!(true), "{out:?}\nriser log:\n{}", riser.log());
+    let took = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(150));
+    stop.store(true, Ordering::Release);
+    let (mut b, rounds, uas) = io.join().expect("B's I/O failed");
+    assert!(rounds >= 4, "B did {rounds} rounds");
+    assert_eq!(uas, [REPORTED_LUNS_CHANGED], "B's nexus is told once, and of nothing else");
+    assert!(took < Duration::from_secs(5), "iscsi_target_node_remove_lun took {took:?}");
+
+    // A's nexus is told too; REPORT LUNS lists LUN 0 only; LUN 1 is a LUN that never was.
+    let r = test_unit_ready(&mut a, 0).expect("connection lost");
+    assert_eq!((r.status, r.sense()), (CHECK_CONDITION, Some(REPORTED_LUNS_CHANGED)), "{r:?}");
+    let r = report_luns(&mut a);
+    assert_eq!((r.status, reported_ids(&r.data)), (0, vec![0]));
+    for reply in [test_unit_ready(&mut a, 1).expect("connection lost"), read10(&mut a, 1, 0, 8)] {
+        assert_eq!((reply.status, reply.sense()), (CHECK_CONDITION, Some(LUN_NOT_SUPPORTED)), "{reply:?}");
+    }
+    let inquiry = command(&mut a, 1, &[0x12, 0, 0, 0, 36, 0], true, 36, Vec::new()).expect("INQUIRY");
+    assert_eq!((inquiry.status, inquiry.data.first()), (0, Some(&0x7f)), "peripheral qualifier 011b: no LUN here");
+    let node = &riser.rpc_json(&["iscsi_get_target_nodes"])[0];
+    assert_eq!(node["luns"], json!([{"bdev_name": "rmlun_m0", "lun_id": 0}]));
+
+    // The bdev was released: it can be deleted; LUN 0's cannot.
+    let out = riser.rpc(&["bdev_malloc_delete", "Leaving"]);
+    assert!(out.status.success(), "the removed LUN's bdev is still claimed: {out:?}");
+    refused(&riser, &["bdev_malloc_delete", "rmlun_m0"], "claimed");
+
+    // Bad requests are refused, and the target serves on.
+    refused(&riser, &["iscsi_target_node_remove_lun", "iqn.2016-06.io.riser:nope", "1"], "not found");
+    refused(&riser, &["iscsi_target_node_remove_lun", &iqn, "1"], "has no LUN 1");
+    refused(&riser, &["iscsi_target_node_remove_lun", &iqn, "0"], "last LUN");
+    write_and_verify(&mut a, 0, 512, 42);
+    write_and_verify(&mut b, 0, 520, 43);
+    assert_eq!(wait_connections(&riser, 2).len(), 2, "no session was dropped");
+
+    // save_config holds the LUN map as it is now.
+    let saved = riser.rpc(&["save_config"]).json();
+    let iscsi = saved["subsystems"].as_array().and_then(|s| s.iter().find(|s| s["subsystem"] == "iscsi")).expect("iscsi subsystem");
+    let create = iscsi["config"].as_array().and_then(|c| c.iter().find(|c| c["method"] == "iscsi_create_target_node")).expect("node");
+    assert_eq!(create["params"]["luns"], json!([{"bdev_name": "rmlun_m0", "lun_id": 0}]));
+}
+
+#[test]
+fn null_and_malloc_resizes_raise_capacity_data_has_changed_on_every_nexus() {
+    let riser = Riser::start();
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("resize", port, &[8]);
+    riser.rpc_json(&["bdev_null_create", "Grows0", "4", "512"]);
+    riser.rpc_json(&["bdev_malloc_create", "-b", "Grows1", "4", "512"]);
+    for (bdev, id) in [("Grows0", "1"), ("Grows1", "2")] {
+        assert_eq!(riser.rpc(&["iscsi_target_node_add_lun", &iqn, bdev, "-i", id]).json(), json!(true));
+    }
+    let mut c = session(&riser, port, &iqn);
+    let mut d = session(&riser, port, &iqn);
+    for s in [&mut c, &mut d] {
+        for lun in 0..3 {
+            clear_unit_attentions(s, lun);
+        }
+    }
+    assert_eq!(read_capacity16(&mut c, 1), (8192, 512));
+    assert_eq!(read_capacity16(&mut c, 2), (8192, 512));
+    write_and_verify(&mut c, 2, 8184, 50);
+
+    // The null device grows: both nexuses are told, once; the new size shows.
+    assert_eq!(riser.rpc(&["bdev_null_resize", "Grows0", "8"]).json(), json!(true));
+    for s in [&mut c, &mut d] {
+        let r = test_unit_ready(s, 1).expect("connection lost");
+        assert_eq!((r.status, r.sense()), (CHECK_CONDITION, Some(CAPACITY_CHANGED)), "{r:?}\nriser log:\n{}", riser.log());
+        assert_eq!(read_capacity16(s, 1), (16384, 512));
+        assert_eq!(test_unit_ready(s, 1).map(|r| r.status), Some(0));
+    }
+    let r = read10(&mut c, 1, 16376, 8);
+    assert_eq!((r.status, r.data.len()), (0, 4096), "the grown null device serves its new blocks");
+
+    // The malloc device grows: the same, the data kept, the new blocks usable.
+    assert_eq!(riser.rpc(&["bdev_malloc_resize", "Grows1", "12"]).json(), json!(true));
+    for s in [&mut d, &mut c] {
+        let r = test_unit_ready(s, 2).expect("connection lost");
+        assert_eq!((r.status, r.sense()), (CHECK_CONDITION, Some(CAPACITY_CHANGED)), "{r:?}");
+        assert_eq!(read_capacity16(s, 2), (24576, 512));
+    }
+    let r = read10(&mut c, 2, 8184, 8);
+    assert!(r.status == 0 && r.data == pattern(50, 4096), "data written before the growth is kept");
+    write_and_verify(&mut c, 2, 24568, 51);
+    write_and_verify(&mut d, 2, 8188, 52);
+
+    // Bad requests get a JSON-RPC error and change nothing.
+    refused(&riser, &["bdev_null_resize", "Grows0", "0"], "num_blocks must be greater than 0");
+    refused(&riser, &["bdev_null_resize", "Grows0", "4"], "null bdevs only grow");
+    refused(&riser, &["bdev_null_resize", "Grows1", "16"], "not found");
+    refused(&riser, &["bdev_null_resize", "Nope", "16"], "not found");
+    refused(&riser, &["bdev_malloc_resize", "Grows1", "4"], "while iqn.2016-06.io.riser:resize:lun2 uses it");
+    refused(&riser, &["bdev_malloc_resize", "Grows1", "1073741824"], "bytes of memory");
+    refused(&riser, &["bdev_malloc_resize", "Grows1", "0"], "num_blocks must be greater than 0");
+    assert_eq!(read_capacity16(&mut c, 1), (16384, 512));
+    assert_eq!(read_capacity16(&mut c, 2), (24576, 512));
+    assert_eq!(test_unit_ready(&mut c, 2).map(|r| (r.status, r.sense())), Some((0, None)), "a refused resize raises nothing");
+    write_and_verify(&mut c, 0, 64, 53);
+    write_and_verify(&mut d, 2, 100, 54);
+
+    // save_config has the new sizes.
+    let saved = riser.rpc(&["save_config"]).json();
+    let bdev = saved["subsystems"].as_array().and_then(|s| s.iter().find(|s| s["subsystem"] == "bdev")).expect("bdev subsystem");
+    let size = |name: &str| {
+        bdev["config"].as_array().and_then(|c| c.iter().find(|c| c["params"]["name"] == name)).map(|c| c["params"]["num_blocks"].clone())
+    };
+    assert_eq!((size("Grows0"), size("Grows1")), (Some(json!(16384)), Some(json!(24576))), "{bdev}");
+
+    // SPDK's rpc.py drives bdev_null_resize unchanged (its arguments: NAME NEW_SIZE in MiB).
+    let dir = TempDir::new("spdk");
+    let rpc_py = spdk_rpc_py(&dir);
+    let sock = riser.socket().to_string_lossy().to_string();
+    let rpc_py = |args: &[&str]| {
+        let out = std::process::Command::new("python3").arg(&rpc_py).args(["-s", &sock]).args(args).output().expect("python3");
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    let (ok, text) = rpc_py(&["bdev_null_resize", "Grows0", "16"]);
+    assert!(ok && text.trim() == "true", "rpc.py bdev_null_resize: {text}\nriser log:\n{}", riser.log());
+    let r = test_unit_ready(&mut d, 1).expect("connection lost");
+    assert_eq!(r.sense(), Some(CAPACITY_CHANGED), "{r:?}");
+    assert_eq!(read_capacity16(&mut d, 1), (32768, 512));
+    let (ok, text) = rpc_py(&["bdev_null_resize", "Grows0", "8"]);
+    assert!(!ok && text.contains("only grow"), "rpc.py shows riser's refusal: {text}");
+
+    // Once its LUN is removed, the malloc device may shrink.
+    assert_eq!(riser.rpc(&["iscsi_target_node_remove_lun", &iqn, "2"]).json(), json!(true));
+    assert_eq!(riser.rpc(&["bdev_malloc_resize", "Grows1", "2"]).json(), json!(true));
+    let b = riser.rpc_json(&["bdev_get_bdevs", "-b", "Grows1"]);
+    assert_eq!(b[0]["num_blocks"], json!(4096), "{b}");
 }

@@ -37,6 +37,12 @@ pub enum RegistryError {
     NotResizable(String),
     #[error("bdev {name} would shrink from {old} to {new} blocks while {owner} uses it")]
     ShrinkClaimed { name: String, owner: String, old: u64, new: u64 },
+    /// A device that only grows (SPDK's null bdev) was asked to shrink.
+    #[error("bdev {name}: new_size {new_mib} MiB is smaller than the current {old_mib} MiB ({kind} bdevs only grow)")]
+    NoShrink { name: String, kind: &'static str, old_mib: u64, new_mib: u64 },
+    /// Memory for a device could not be had (growing a malloc bdev).
+    #[error("{0}")]
+    NoMemory(String),
 }
 
 impl From<NvmeError> for RegistryError {
@@ -59,6 +65,8 @@ struct Entry {
     bdev: Arc<dyn Bdev>,
     stats: Arc<BdevStats>,
     claimed_by: Option<String>,
+    /// The device itself when it is a malloc one (`bdev_malloc_resize` grows its memory).
+    malloc: Option<Arc<MallocBdev>>,
     /// The regular file behind a file bdev (device and inode numbers): two bdevs on one
     /// file would each think they own its blocks, so a second one is refused.
     backing_file: Option<(u64, u64)>,
@@ -114,7 +122,7 @@ impl BdevRegistry {
         log::info!("bdev {name} created ({} x {} bytes, {})", bdev.info().num_blocks(), bdev.info().block_size, bdev.info().product_name);
         let counted = Counted::new(bdev, crate::stats::counting_on());
         let stats = counted.stats().clone();
-        self.entries.push(Entry { bdev: Arc::new(counted), stats, claimed_by: None, backing_file: None });
+        self.entries.push(Entry { bdev: Arc::new(counted), stats, claimed_by: None, malloc: None, backing_file: None });
         Ok(())
     }
 
@@ -147,8 +155,11 @@ impl BdevRegistry {
         if self.contains(&name) {
             return Err(RegistryError::Exists(name));
         }
-        let b = MallocBdev::new(&name, num_blocks, block_size, uuid)?.with_physical_block_size(pbs);
-        self.register(Arc::new(b))?;
+        let b = Arc::new(MallocBdev::new(&name, num_blocks, block_size, uuid)?.with_physical_block_size(pbs));
+        self.register(b.clone())?;
+        if let Some(e) = self.entries.last_mut() {
+            e.malloc = Some(b);
+        }
         Ok(name)
     }
 
@@ -261,6 +272,61 @@ impl BdevRegistry {
         }
         if new != old {
             e.bdev.set_num_blocks(new);
+            log::info!("bdev {name} resized from {old} to {new} blocks");
+        }
+        Ok(new)
+    }
+
+    /// The entry `name` of product `product` and the size `new_size_mib` MiB asks for, in
+    /// blocks (never 0; always whole blocks: the block sizes divide a MiB).
+    fn resize_target(&self, name: &str, product: &str, new_size_mib: u64) -> Result<(usize, u64), RegistryError> {
+        let i = self.pos(name).filter(|&i| self.entries[i].bdev.info().product_name == product);
+        let i = i.ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let bs = self.entries[i].bdev.info().block_size as u64;
+        let blocks = new_size_mib.checked_mul(1 << 20).map(|b| b / bs).ok_or_else(|| {
+            RegistryError::NoMemory(format!("bdev {name}: new_size {new_size_mib} MiB cannot be addressed"))
+        })?;
+        if blocks == 0 {
+            return Err(RegistryError::ZeroBlocks);
+        }
+        Ok((i, blocks))
+    }
+
+    /// `bdev_null_resize` (SPDK's): the null device `name` grows to `new_size_mib` MiB;
+    /// a smaller size is refused, as SPDK does. Returns the size in blocks. A LUN over it
+    /// raises CAPACITY DATA HAS CHANGED on its next command, as after a file's rescan.
+    pub fn null_resize(&mut self, name: &str, new_size_mib: u64) -> Result<u64, RegistryError> {
+        let (i, new) = self.resize_target(name, crate::null::PRODUCT, new_size_mib)?;
+        let e = &self.entries[i];
+        let old = e.bdev.info().num_blocks();
+        if new < old {
+            let old_mib = e.bdev.info().size_bytes() >> 20;
+            return Err(RegistryError::NoShrink { name: name.to_string(), kind: "null", old_mib, new_mib: new_size_mib });
+        }
+        if new != old {
+            e.bdev.set_num_blocks(new);
+            log::info!("bdev {name} resized from {old} to {new} blocks");
+        }
+        Ok(new)
+    }
+
+    /// `bdev_malloc_resize` (riser's): the malloc device `name` becomes `new_size_mib` MiB.
+    /// Growing takes new memory (refused, nothing changed, when the machine does not have
+    /// it: [`MallocBdev::resize`]); shrinking is allowed only while no one claims the device,
+    /// the rule of a rescanned file (blocks a LUN uses must not vanish). Returns the size in
+    /// blocks. A LUN over it raises CAPACITY DATA HAS CHANGED on its next command.
+    pub fn malloc_resize(&mut self, name: &str, new_size_mib: u64) -> Result<u64, RegistryError> {
+        let (i, new) = self.resize_target(name, crate::malloc::PRODUCT, new_size_mib)?;
+        let e = &self.entries[i];
+        let old = e.bdev.info().num_blocks();
+        if new < old {
+            if let Some(owner) = &e.claimed_by {
+                return Err(RegistryError::ShrinkClaimed { name: name.to_string(), owner: owner.clone(), old, new });
+            }
+        }
+        let m = e.malloc.as_ref().ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        if new != old {
+            m.resize(new)?;
             log::info!("bdev {name} resized from {old} to {new} blocks");
         }
         Ok(new)
@@ -407,5 +473,52 @@ mod tests {
         r.create_malloc_with(Some("P"), 16, 512, Some(4096), None).unwrap();
         assert_eq!(r.get("P").unwrap().info().physical_block_size, 4096);
         assert!(matches!(r.create_malloc(Some("Huge"), u64::MAX / 512, 512, None), Err(RegistryError::Device(_))));
+    }
+
+    #[test]
+    fn null_resize_grows_only_as_spdk_does() {
+        let mut r = BdevRegistry::new();
+        r.create_null("N", 2048, 512, None).unwrap();
+        r.create_malloc(Some("M"), 2048, 512, None).unwrap();
+        r.claim("N", "iqn.x:lun1").unwrap();
+        assert_eq!(r.null_resize("N", 4), Ok(8192), "a claimed null bdev grows");
+        assert_eq!(r.get("N").unwrap().info().num_blocks(), 8192);
+        assert_eq!(r.get("N").unwrap().config_json().1["num_blocks"], 8192, "save_config shows the new size");
+        assert_eq!(r.null_resize("N", 4), Ok(8192), "the same size is no change");
+        let e = r.null_resize("N", 2).unwrap_err();
+        assert_eq!(e, RegistryError::NoShrink { name: "N".into(), kind: "null", old_mib: 4, new_mib: 2 });
+        assert!(e.to_string().contains("smaller than the current 4 MiB"), "{e}");
+        assert_eq!(r.null_resize("N", 0), Err(RegistryError::ZeroBlocks));
+        assert_eq!(r.null_resize("M", 8), Err(RegistryError::NotFound("M".into())), "not a null bdev");
+        assert_eq!(r.null_resize("nope", 8), Err(RegistryError::NotFound("nope".into())));
+        assert!(matches!(r.null_resize("N", u64::MAX), Err(RegistryError::NoMemory(_))));
+        assert_eq!(r.get("N").unwrap().info().num_blocks(), 8192, "refused calls changed nothing");
+    }
+
+    #[test]
+    fn malloc_resize_grows_claimed_and_shrinks_unclaimed() {
+        let mut r = BdevRegistry::new();
+        r.create_malloc(Some("M"), 2048, 4096, None).unwrap();
+        let b = r.get("M").unwrap();
+        let mut ch = b.clone().open_channel();
+        let data = vec![0x5Au8; 4096];
+        assert_eq!(run_sync(&mut *ch, io(IoKind::Write, 2047, 1, Some(data.clone()), 1)).result, Ok(()));
+        r.claim("M", "iqn.x:lun2").unwrap();
+        assert_eq!(r.malloc_resize("M", 16), Ok(4096));
+        assert_eq!(b.info().num_blocks(), 4096, "the LUN's handle sees the new size");
+        assert_eq!(b.config_json().1["num_blocks"], 4096);
+        assert_eq!(run_sync(&mut *ch, io(IoKind::Write, 4095, 1, Some(data.clone()), 2)).result, Ok(()));
+        let c = run_sync(&mut *ch, io(IoKind::Read, 2047, 1, Some(vec![0; 4096]), 3));
+        assert_eq!(c.buf.unwrap().as_slice(), &data[..], "data written before the growth is kept");
+        assert!(matches!(r.malloc_resize("M", 4), Err(RegistryError::ShrinkClaimed { old: 4096, new: 1024, .. })));
+        assert!(matches!(r.malloc_resize("M", 1 << 40), Err(RegistryError::NoMemory(_))));
+        assert_eq!(r.malloc_resize("M", 0), Err(RegistryError::ZeroBlocks));
+        assert_eq!(b.info().num_blocks(), 4096, "refused calls changed nothing");
+        r.release("M");
+        assert_eq!(r.malloc_resize("M", 4), Ok(1024), "an unclaimed malloc bdev shrinks");
+        let c = run_sync(&mut *ch, io(IoKind::Read, 2047, 1, Some(vec![0; 4096]), 4));
+        assert!(matches!(c.result, Err(BdevError::OutOfRange { .. })));
+        r.create_null("N", 16, 512, None).unwrap();
+        assert_eq!(r.malloc_resize("N", 8), Err(RegistryError::NotFound("N".into())), "not a malloc bdev");
     }
 }

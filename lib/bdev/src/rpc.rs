@@ -16,8 +16,8 @@ use crate::{info_json, BdevRegistry, BdevStats, RegistryError};
 
 // Each device's parameter types, defined beside its handlers, for the `riser-rpc` CLI.
 pub use crate::file::rpc::{BdevAioCreate, BdevUringCreate};
-pub use crate::malloc::rpc::BdevMallocCreate;
-pub use crate::null::rpc::BdevNullCreate;
+pub use crate::malloc::rpc::{BdevMallocCreate, BdevMallocResize};
+pub use crate::null::rpc::{BdevNullCreate, BdevNullResize};
 pub use crate::nvme::rpc::{BdevNvmeAttachController, BdevNvmeDetachController, BdevNvmeGetControllers};
 pub use crate::rbd::{BdevRbdCreate, BdevRbdGetClustersInfo, BdevRbdRegisterCluster, BdevRbdResize};
 
@@ -197,6 +197,9 @@ pub(crate) fn to_rpc(e: RegistryError) -> RpcError {
         RegistryError::File { errno, .. } => RpcError::new(errno as i64, e.to_string()),
         RegistryError::NotResizable(_) => RpcError::new(-(libc::EOPNOTSUPP as i64), e.to_string()),
         RegistryError::ShrinkClaimed { .. } => RpcError::busy(e.to_string()),
+        // SPDK's bdev_null_resize answers -EINVAL.
+        RegistryError::NoShrink { .. } => RpcError::new(-(libc::EINVAL as i64), e.to_string()),
+        RegistryError::NoMemory(_) => RpcError::new(-(libc::ENOMEM as i64), e.to_string()),
     }
 }
 

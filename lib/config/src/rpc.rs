@@ -117,7 +117,7 @@ mod tests {
             "iscsi_delete_initiator_group", "iscsi_get_initiator_groups",
             "iscsi_create_auth_group", "iscsi_delete_auth_group", "iscsi_get_auth_groups",
             "iscsi_auth_group_add_secret", "iscsi_auth_group_remove_secret",
-            "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_add_pg_ig_maps",
+            "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_remove_lun", "iscsi_target_node_add_pg_ig_maps",
             "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
             "iscsi_get_target_nodes", "iscsi_target_node_set_alua", "iscsi_target_node_set_alua_state",
             "iscsi_target_node_alua_failback",

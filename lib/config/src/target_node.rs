@@ -1,7 +1,7 @@
 //! Target nodes: an iSCSI name, its LUNs (each a claimed bdev), the portal group ↔ initiator
 //! group maps that say who may log in where, its CHAP policy, and per-node session parameters;
 //! their methods (`iscsi_create_target_node`, `iscsi_target_node_add_lun`,
-//! `iscsi_target_node_add_pg_ig_maps`, `iscsi_target_node_remove_pg_ig_maps`,
+//! `iscsi_target_node_remove_lun`, `iscsi_target_node_add_pg_ig_maps`, `iscsi_target_node_remove_pg_ig_maps`,
 //! `iscsi_target_node_set_auth`, `iscsi_delete_target_node`, `iscsi_get_target_nodes`) and
 //! save_config calls.
 //!
@@ -27,6 +27,10 @@ use crate::{options, Inner, IscsiTarget, TargetError};
 
 /// LUN ids are 0..=1023 (SPDK's SPDK_SCSI_DEV_MAX_LUN; flat-space addressing reaches 16383).
 pub const MAX_LUNS: u32 = 1024;
+/// How long `iscsi_target_node_remove_lun` waits for the commands in flight on the LUN
+/// before it releases the bdev anyway (as long as `iscsi_delete_target_node` waits for
+/// sessions).
+pub const LUN_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Most pg_ig_maps per node (SPDK's MAX_TARGET_MAP).
 pub const MAX_TARGET_MAPS: usize = 256;
 /// Longest alias (TargetAlias is a text value, RFC 7143 §13.6; SPDK caps the name at 255).
@@ -263,7 +267,7 @@ impl TargetNode {
         self.data_digest
     }
 
-    /// Bumped on every change (LUN added, maps or CHAP policy changed, deletion started). Sessions compare
+    /// Bumped on every change (LUN added or removed, maps or CHAP policy changed, deletion started). Sessions compare
     /// it with the value they saw last and re-read [`TargetNode::luns`] when it moved.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -608,6 +612,74 @@ impl IscsiTarget {
         Ok(id)
     }
 
+    /// `iscsi_target_node_remove_lun` (riser's extension; SPDK has no way to remove a LUN,
+    /// spdk #2871): LUN `lun_id` leaves the node's map at once, so every later command to
+    /// it gets LOGICAL UNIT NOT SUPPORTED, as for a LUN that never existed, and every I_T
+    /// nexus that used one of the node's other LUNs gets REPORTED LUNS DATA HAS CHANGED.
+    /// Commands already running on it complete (or are aborted by the initiator) on their
+    /// connection's channel of it; once no channel of it is left (bounded by
+    /// [`LUN_DRAIN_WAIT`]) its bdev is released, so it can be deleted.
+    ///
+    /// Any LUN may go, LUN 0 included (as in LIO: REPORT LUNS is answered at target level
+    /// through whichever LUN number it is sent to), but not the last one: a node has at
+    /// least one LUN, as `iscsi_create_target_node` requires (delete the node instead).
+    pub fn target_node_remove_lun(&self, name: &str, lun_id: u32) -> Result<(), TargetError> {
+        let (node, lun) = {
+            let inner = self.lock();
+            let node = inner.node_for_change(name)?;
+            let (_, luns) = node.luns();
+            let lun = luns
+                .iter()
+                .find(|l| u32::from(l.id) == lun_id)
+                .cloned()
+                .ok_or_else(|| TargetError::NotFound(format!("lun_id: target node {} has no LUN {lun_id}", node.name())))?;
+            if luns.len() == 1 {
+                return Err(TargetError::Invalid(format!(
+                    "lun_id: LUN {lun_id} is the last LUN of target node {}; a target node has at least one (delete the node instead)",
+                    node.name()
+                )));
+            }
+            node.change(|st| {
+                let v: Vec<Lun> = st.luns.iter().filter(|l| l.id != lun.id).cloned().collect();
+                // The LUNs that stay learn the new inventory and raise REPORTED LUNS DATA
+                // HAS CHANGED for every initiator that used them (SPC-4 §6.33).
+                let ids: Vec<u64> = v.iter().map(|l| l.id as u64).collect();
+                for l in &v {
+                    l.scsi.set_target_luns(&ids);
+                }
+                st.luns = v.into();
+            });
+            (node, lun)
+        };
+        log::info!("iSCSI target node {}: LUN {} (bdev {}) removed", node.name(), lun.id, lun.bdev_name);
+        node.detach_gateway(lun.id);
+        // Connections pick the new map up on their next command or timer tick; a channel
+        // of the LUN lives on until its commands in flight are done. Two looks apart, so
+        // that a connection that read the old map just before the change is seen too.
+        let deadline = std::time::Instant::now() + LUN_DRAIN_WAIT;
+        let mut quiet = 0;
+        while quiet < 2 {
+            if lun.scsi.open_channels() == 0 {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+            if std::time::Instant::now() >= deadline {
+                log::warn!(
+                    "iSCSI target node {}: LUN {} still has {} connection(s) with commands in flight after {LUN_DRAIN_WAIT:?}; releasing bdev {} anyway",
+                    node.name(),
+                    lun.id,
+                    lun.scsi.open_channels(),
+                    lun.bdev_name
+                );
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.lock_bdevs().release(&lun.bdev_name);
+        Ok(())
+    }
+
     /// `iscsi_target_node_add_pg_ig_maps`: all or none.
     pub fn target_node_add_pg_ig_maps(&self, name: &str, maps: &[PgIgMap]) -> Result<(), TargetError> {
         let inner = self.lock();
@@ -769,6 +841,17 @@ pub struct IscsiTargetNodeAddLun {
     pub read_only: bool,
 }
 
+/// `iscsi_target_node_remove_lun` (riser's extension).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeRemoveLun {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    pub name: String,
+    /// LUN id to remove
+    pub lun_id: u32,
+}
+
 /// `iscsi_target_node_add_pg_ig_maps` and `iscsi_target_node_remove_pg_ig_maps`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -812,6 +895,10 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
         };
         let options = LunOptions { removable: p.removable, read_only: p.read_only };
         ok(t.target_node_add_lun(&p.name, &p.bdev_name, lun_id, options).map(|_| ()))
+    });
+    let t = target.clone();
+    reg.add("iscsi_target_node_remove_lun", move |p: IscsiTargetNodeRemoveLun| {
+        ok(t.target_node_remove_lun(&p.name, p.lun_id))
     });
     let t = target.clone();
     reg.add("iscsi_target_node_add_pg_ig_maps", move |p: IscsiNodeMaps| {

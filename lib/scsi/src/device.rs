@@ -346,10 +346,20 @@ impl DeviceChannel {
     }
 
     /// Data for a streamed write on LUN `lun` (see [`LunChannel::write_data`]).
+    /// A write streaming into a LUN that left the device (`iscsi_target_node_remove_lun`)
+    /// still gets its data on the retired channel, so it completes instead of waiting forever.
     pub fn write_data(&mut self, lun: LunId, tag: u64, offset: u32, buf: riser_bdev::IoBuf) {
-        match self.channels.get_mut(&lun.0) {
+        let ch = match self.channels.get_mut(&lun.0) {
+            Some(ch) if ch.takes_data(tag) => Some(ch),
+            _ => self.retired.iter_mut().find(|ch| ch.lun().id() == lun.0 && ch.takes_data(tag)),
+        };
+        match ch {
             Some(ch) => ch.write_data(tag, offset, buf),
-            None => log::debug!("data for task {tag:#x} of LUN {}, which has no channel: dropped", lun.0),
+            None => match self.channels.get_mut(&lun.0) {
+                // Its own channel says why it takes none.
+                Some(ch) => ch.write_data(tag, offset, buf),
+                None => log::debug!("data for task {tag:#x} of LUN {}, which has no channel: dropped", lun.0),
+            },
         }
     }
 
@@ -368,14 +378,16 @@ impl DeviceChannel {
 
     /// The LUN map changed: from now on tasks are routed by `dev`. The channels of LUNs
     /// that are still there (the same [`Lun`]) are kept; those of LUNs that left finish
-    /// the tasks they have in flight (reported by [`poll`](Self::poll) as usual) and are
-    /// dropped.
+    /// the tasks they have (reported by [`poll`](Self::poll) as usual; a streamed write
+    /// still gets its data, [`write_data`](Self::write_data)) and are dropped.
     pub fn set_device(&mut self, dev: Arc<ScsiDevice>) {
         for (id, ch) in std::mem::take(&mut self.channels) {
             let kept = dev.lun(LunId(id)).is_some_and(|l| Arc::ptr_eq(l, ch.lun()));
             if kept {
                 self.channels.insert(id, ch);
-            } else if ch.busy() {
+            } else if ch.outstanding() > 0 {
+                // Not `busy`: a streamed write waiting for the initiator's data is no
+                // work, but it is a task that must end.
                 self.retired.push(ch);
             }
         }
@@ -423,7 +435,7 @@ impl DeviceChannel {
         for ch in self.retired.iter_mut() {
             n += ch.poll(out);
         }
-        self.retired.retain(|ch| ch.busy());
+        self.retired.retain(|ch| ch.outstanding() > 0);
         n
     }
 
@@ -442,7 +454,7 @@ impl DeviceChannel {
     /// a range lock, a background SANITIZE): keep polling while true.
     pub fn busy(&self) -> bool {
         !self.done.is_empty()
-            || !self.retired.is_empty()
+            || self.retired.iter().any(|ch| ch.busy())
             || self.channels.values().any(|ch| ch.busy())
     }
 
@@ -477,9 +489,14 @@ impl DeviceChannel {
     ///
     /// Returns at once; the response to the task management function should wait until
     /// what it returns is [settled](ResetPending::settled) (the other gateways told).
+    /// Tasks still in flight on a channel of a LUN that left the device under that number
+    /// are aborted too.
     pub fn reset_lun(&mut self, lun: LunId, kind: ResetKind) -> ResetPending {
         let pending = ResetPending(self.dev.lun(lun).and_then(|l| l.reset(kind)).into_iter().collect());
         if let Some(ch) = self.channels.get_mut(&lun.0) {
+            ch.abort_all();
+        }
+        for ch in self.retired.iter_mut().filter(|ch| ch.lun().id() == lun.0) {
             ch.abort_all();
         }
         pending

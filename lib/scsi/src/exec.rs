@@ -489,7 +489,7 @@ impl LunChannel {
     /// dropped.
     pub fn write_data(&mut self, tag: u64, offset: u32, buf: IoBuf) {
         let bs = self.lun.block_size() as u64;
-        let Some(slot) = self.ops.iter().position(|o| matches!(o, Some(o) if o.tag == tag && !o.aborted && !o.detached && matches!(o.job, Job::WriteStream(_)))) else {
+        let Some(slot) = self.stream_slot(tag) else {
             log::debug!("data for task {tag:#x}, which waits for none: dropped");
             return;
         };
@@ -513,6 +513,17 @@ impl LunChannel {
         }
         j.pending = Some((piece, buf));
         self.stream_write_next(slot);
+    }
+
+    /// The slot of task `tag` when it is a streamed write still taking data.
+    fn stream_slot(&self, tag: u64) -> Option<usize> {
+        self.ops.iter().position(|o| matches!(o, Some(o) if o.tag == tag && !o.aborted && !o.detached && matches!(o.job, Job::WriteStream(_))))
+    }
+
+    /// Whether task `tag` is a streamed write of this channel still taking data (see
+    /// [`write_data`](Self::write_data)).
+    pub(crate) fn takes_data(&self, tag: u64) -> bool {
+        self.stream_slot(tag).is_some()
     }
 
     /// Asks for the next piece of a streamed write's data.

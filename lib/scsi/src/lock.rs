@@ -78,6 +78,11 @@ impl RangeLock {
         c
     }
 
+    /// Counters registered: one per open [`LunChannel`](crate::LunChannel) of the LUN.
+    pub fn counters(&self) -> usize {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub fn unregister_counter(&self, c: &Arc<FastCounter>) {
         self.counters
             .lock()

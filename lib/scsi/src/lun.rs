@@ -373,6 +373,14 @@ impl Lun {
         }
     }
 
+    /// Channels open on this LUN, one per connection that addressed it (see
+    /// [`LunChannel`](crate::LunChannel)); a channel of a LUN that left its target's map
+    /// lives until its tasks in flight are done. 0: no I/O of this LUN can reach the device
+    /// any more (`iscsi_target_node_remove_lun` waits for that before releasing it).
+    pub fn open_channels(&self) -> usize {
+        self.ranges.counters()
+    }
+
     /// Whether the device has a volatile write cache (the caching mode page's WCE can be
     /// changed only then; without one every write is durable anyway).
     pub fn volatile_write_cache(&self) -> bool {

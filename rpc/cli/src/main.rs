@@ -30,10 +30,13 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use riser_rpc::client::{ClientError, RpcClient, DEFAULT_SOCKET_PATH};
-use riser_bdev::rpc::{BdevGetBdevs, BdevGetIostat, BdevNvmeGetControllers, BdevRbdGetClustersInfo, BdevRbdResize, BdevResetIostat};
+use riser_bdev::rpc::{
+    BdevGetBdevs, BdevGetIostat, BdevMallocResize, BdevNullResize, BdevNvmeGetControllers, BdevRbdGetClustersInfo, BdevRbdResize,
+    BdevResetIostat,
+};
 use riser_config::auth_group::IscsiAuthGroupRemoveSecret as RemoveSecret;
 use riser_config::node::alua::{IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAluaState};
-use riser_config::node::{IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun};
+use riser_config::node::{IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeRemoveLun};
 use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogSetLevel, RpcGetMethods};
 use serde::Serialize;
 use serde_json::Value;
@@ -94,10 +97,14 @@ enum Cmd {
     BdevMallocCreate(BdevMallocCreate),
     /// Delete a malloc bdev
     BdevMallocDelete(BdevName),
+    /// Resize a malloc bdev: NAME NEW_SIZE (MiB; grows within the memory available, shrinks only while no LUN uses it; riser's extension)
+    BdevMallocResize(BdevMallocResize),
     /// Create a bdev that discards writes and reads zeroes
     BdevNullCreate(BdevNullCreate),
     /// Delete a null bdev
     BdevNullDelete(BdevName),
+    /// Grow a null bdev: NAME NEW_SIZE (MiB; LUNs on it report CAPACITY DATA HAS CHANGED)
+    BdevNullResize(BdevNullResize),
     /// Create a bdev on a file or block device through io_uring (O_DIRECT)
     BdevUringCreate(BdevUringCreate),
     /// Delete a uring bdev
@@ -181,6 +188,8 @@ enum Cmd {
     IscsiCreateTargetNode(IscsiCreateTargetNode),
     /// Add a LUN to a target node (live sessions get a REPORTED LUNS DATA HAS CHANGED unit attention)
     IscsiTargetNodeAddLun(IscsiTargetNodeAddLun),
+    /// Remove a LUN from a target node: NAME LUN_ID (commands in flight finish, then its bdev is released; live sessions get a REPORTED LUNS DATA HAS CHANGED unit attention; riser's extension)
+    IscsiTargetNodeRemoveLun(IscsiTargetNodeRemoveLun),
     /// Map a target node to more portal group / initiator group pairs: NAME 'PG:IG ...'
     IscsiTargetNodeAddPgIgMaps(IscsiNodeMaps),
     /// Unmap portal group / initiator group pairs from a target node: NAME 'PG:IG ...'
@@ -267,6 +276,8 @@ impl Cmd {
             Cmd::BdevRbdGetClustersInfo(a) => to_params(&a)?,
             Cmd::BdevRbdCreate(a) => to_params(&a.params()?)?,
             Cmd::BdevRbdResize(a) => to_params(&a)?,
+            Cmd::BdevNullResize(a) => to_params(&a)?,
+            Cmd::BdevMallocResize(a) => to_params(&a)?,
             Cmd::IscsiGetOptions
             | Cmd::IscsiGetPortalGroups
             | Cmd::IscsiGetInitiatorGroups
@@ -301,6 +312,7 @@ impl Cmd {
             Cmd::IscsiInitiatorGroupAddInitiators(a) | Cmd::IscsiInitiatorGroupRemoveInitiators(a) => to_params(&a.params())?,
             Cmd::IscsiCreateTargetNode(a) => to_params(&a.params())?,
             Cmd::IscsiTargetNodeAddLun(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeRemoveLun(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => {
                 to_params(&NodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
             }

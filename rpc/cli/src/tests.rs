@@ -166,6 +166,12 @@ fn bdev_commands() {
     refused(&["bdev_malloc_create", "1", "0"], "block size must be greater than 0");
     refused(&["bdev_null_create", "N", "0", "512"], "invalid total size");
     refused(&["bdev_malloc_create", "-u", "not-a-uuid", "1", "512"], "invalid value");
+    // rpc.py's bdev_null_resize NAME NEW_SIZE (MiB), and riser's malloc one alike.
+    for m in ["bdev_null_resize", "bdev_malloc_resize"] {
+        assert_eq!(params(&[m, "Null0", "64"]), json!({"name": "Null0", "new_size": 64}));
+        refused(&[m, "Null0", "big"], "invalid value");
+        refused(&[m, "Null0"], "required");
+    }
 }
 
 #[test]
@@ -269,6 +275,10 @@ fn target_node_commands() {
     assert_eq!(params(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "-1"])["lun_id"], json!(-1));
     assert_eq!(params(&["iscsi_target_node_add_lun", "-i", "5", "disk1", "Malloc2"])["lun_id"], json!(5));
     refused(&["iscsi_target_node_add_lun", "disk1", "Malloc2", "-i", "two"], "invalid value");
+    assert_eq!(params(&["iscsi_target_node_remove_lun", "disk1", "3"]), json!({"name": "disk1", "lun_id": 3}));
+    assert_eq!(params(&["iscsi_target_node_remove_lun", "disk1", "0"]), json!({"name": "disk1", "lun_id": 0}));
+    refused(&["iscsi_target_node_remove_lun", "disk1", "-1"], "");
+    refused(&["iscsi_target_node_remove_lun", "disk1"], "required");
 
     for m in ["iscsi_target_node_add_pg_ig_maps", "iscsi_target_node_remove_pg_ig_maps"] {
         assert_eq!(
@@ -327,7 +337,7 @@ fn options_and_getters() {
 fn every_iscsi_subcommand_has_help() {
     let cmd = Cli::command();
     let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
-    assert_eq!(iscsi.len(), 29);
+    assert_eq!(iscsi.len(), 30);
     for c in iscsi {
         assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
         let e = sent(&[c.get_name(), "--help"]).expect_err("--help");

@@ -126,6 +126,25 @@ impl TargetNode {
         self.refresh_liveness("the node's portal group maps changed");
     }
 
+    /// LUN `lun_id` left the node: its device's group (if it has one) is no longer served
+    /// from here, and its subscription falls silent.
+    pub(crate) fn detach_gateway(&self, lun_id: u16) {
+        let gone: Vec<Attached> = {
+            let mut v = self.gateways.lock();
+            let (gone, stay) = std::mem::take(&mut *v).into_iter().partition(|a| a.lun_id == lun_id);
+            *v = stay;
+            gone
+        };
+        if gone.is_empty() {
+            return;
+        }
+        for a in gone {
+            a.active.store(false, Ordering::Release);
+            a.group.set_served(&[]);
+        }
+        self.refresh_liveness("a LUN with a gateway group was removed");
+    }
+
     /// The node goes: it serves nothing any more, and its subscriptions fall silent.
     pub(crate) fn detach_gateways(&self) {
         let attached = std::mem::take(&mut *self.gateways.lock());

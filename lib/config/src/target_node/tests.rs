@@ -237,3 +237,54 @@ fn luns_claim_their_bdevs_until_the_node_goes() {
     assert_eq!(b.delete("Malloc0", None), Ok(()));
     assert_eq!(b.delete("Malloc1", None), Ok(()));
 }
+
+/// `iscsi_target_node_remove_lun`: the map, the unit attention of the LUNs that stay, the
+/// claim, LUN 0, the last LUN, and the errors.
+#[test]
+fn remove_lun_changes_the_map_raises_reported_luns_changed_and_releases_the_bdev() {
+    let e = env();
+    e.ok("iscsi_create_target_node", json!({"name": "d", "pg_ig_maps": [], "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 8}));
+    e.ok("iscsi_target_node_add_lun", json!({"name": "d", "bdev_name": "Malloc1", "lun_id": 3}));
+    e.ok("iscsi_target_node_add_lun", json!({"name": "d", "bdev_name": "Malloc2", "lun_id": 5}));
+    let n = e.target.find_node("iqn.2016-06.io.riser:d").unwrap();
+    let (_, luns) = n.luns();
+    let (l0, l3) = (luns[0].scsi.clone(), luns[1].scsi.clone());
+    // A nexus that used LUN 0, its unit attentions consumed.
+    let nexus = riser_scsi::Nexus::new("iqn.2024-01.test:i", 1, n.name(), 1);
+    l0.establish_ua(&nexus, riser_scsi::Asc::CAPACITY_DATA_HAS_CHANGED);
+    l0.clear_ua(&nexus, riser_scsi::Asc::CAPACITY_DATA_HAS_CHANGED);
+    l0.clear_ua(&nexus, riser_scsi::Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET);
+    assert_eq!(l0.pending_ua(&nexus), []);
+
+    // Errors first: nothing changes.
+    let g = n.generation();
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "zz", "lun_id": 3}), "target node zz not found"), -19);
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "d", "lun_id": 4}), "target node iqn.2016-06.io.riser:d has no LUN 4"), -19);
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "d", "lun_id": -1}), "lun_id"), -32602);
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "d"}), "lun_id"), -32602);
+    assert_eq!(n.generation(), g);
+
+    e.ok("iscsi_target_node_remove_lun", json!({"name": "d", "lun_id": 3}));
+    assert!(n.generation() > g);
+    let (_, luns) = n.luns();
+    assert_eq!(luns.iter().map(|l| l.id).collect::<Vec<_>>(), [0, 5]);
+    assert_eq!(l0.target_luns(), [0, 5]);
+    assert_eq!(l0.pending_ua(&nexus), [riser_scsi::Asc::REPORTED_LUNS_DATA_HAS_CHANGED]);
+    assert_eq!(l3.open_channels(), 0);
+    assert_eq!(e.claimed_by("Malloc1"), None, "the removed LUN's bdev is released");
+    assert_eq!(e.claimed_by("Malloc2").as_deref(), Some("iqn.2016-06.io.riser:d:lun5"));
+    assert_eq!(e.bdevs.lock().unwrap().delete("Malloc1", None), Ok(()));
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "d", "lun_id": 3}), "has no LUN 3"), -19);
+    assert_eq!(n.config_json()["params"]["luns"], json!([{"bdev_name": "Malloc0", "lun_id": 0}, {"bdev_name": "Malloc2", "lun_id": 5}]));
+
+    // LUN 0 may go too (LIO allows it); the last LUN may not.
+    e.ok("iscsi_target_node_remove_lun", json!({"name": "iqn.2016-06.io.riser:d", "lun_id": 0}));
+    assert_eq!(e.claimed_by("Malloc0"), None);
+    assert_eq!(e.err("iscsi_target_node_remove_lun", json!({"name": "d", "lun_id": 5}), "is the last LUN of target node"), -32602);
+    let (_, luns) = n.luns();
+    assert_eq!(luns.iter().map(|l| l.id).collect::<Vec<_>>(), [5]);
+    assert_eq!(luns[0].scsi.target_luns(), [5]);
+    // Its number can be used again, by another bdev.
+    e.ok("iscsi_target_node_add_lun", json!({"name": "d", "bdev_name": "Malloc3", "lun_id": 0}));
+    assert_eq!(n.config_json()["params"]["luns"], json!([{"bdev_name": "Malloc3", "lun_id": 0}, {"bdev_name": "Malloc2", "lun_id": 5}]));
+}

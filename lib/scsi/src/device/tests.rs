@@ -371,6 +371,61 @@ fn set_device_keeps_the_channels_of_luns_that_stay() {
 }
 
 #[test]
+fn a_streamed_write_into_a_lun_that_leaves_gets_its_data_and_completes() {
+    let (l0, l1) = (lun(0), lun(1));
+    let mut h = H::new(device(&[&l0, &l1]));
+    let chunk = 4 * BS;
+    h.dc.set_stream_chunk(Some(chunk));
+    let a = nexus(1);
+    h.power_on(1, &a);
+    let data = pattern(12 * BS, 5);
+    let mut t = ScsiTask::new(30, 1, &rw10(op::WRITE10, 8, 12, 0), data.len() as u32, a.clone());
+    t.write = true;
+    t.data_out = DataOut::Streamed;
+    h.dc.submit(t);
+    // LUN 1 leaves while the write waits for its first piece: no work, yet not forgotten.
+    let mut wants = Vec::new();
+    h.dc.poll(&mut wants);
+    h.dc.set_device(device(&[&l0]));
+    assert_eq!((h.dc.channels.len(), h.dc.retired.len()), (0, 1));
+    assert!(!h.dc.busy(), "waiting for the initiator's data keeps no reactor busy");
+    assert_eq!(l1.open_channels(), 1);
+    // Each piece asked for goes to the retired channel, which then finishes the write.
+    let mut done = None;
+    for _ in 0..1000 {
+        for ev in std::mem::take(&mut wants) {
+            match ev {
+                TaskEvent::Want(w) => {
+                    let (o, n) = (w.offset as usize, w.len as usize);
+                    h.dc.write_data(LunId::new(1), 30, w.offset, IoBuf::from(data[o..o + n].to_vec()));
+                }
+                TaskEvent::Done(r) => done = Some(r),
+                _ => {}
+            }
+        }
+        if done.is_some() {
+            break;
+        }
+        h.dc.poll(&mut wants);
+    }
+    let r = done.expect("the streamed write never completed");
+    assert_eq!(r.status, Status::Good, "{r:?}");
+    assert!(h.dc.retired.is_empty());
+    assert_eq!(l1.open_channels(), 0, "no channel of the removed LUN is left");
+    // The data is on LUN 1's device; LUN 1 no longer answers here.
+    let mut back = LunChannel::new(l1.clone());
+    let mut t = ScsiTask::new(31, 1, &rw10(op::READ10, 8, 12, 0), data.len() as u32, a.clone());
+    t.write = false;
+    back.submit(t);
+    let mut out = Vec::new();
+    while !out.iter().any(|e: &TaskEvent| e.ends_task()) {
+        back.poll(&mut out);
+    }
+    assert!(matches!(out.last(), Some(TaskEvent::Done(r)) if r.data() == &data[..]));
+    assert_eq!(h.run(1, &a, &TUR, 0, None).sense_triplet(), Some((5, 0x25, 0)));
+}
+
+#[test]
 fn task_management() {
     let (l0, l1) = (lun(0), lun(1));
     let mut h = H::new(device(&[&l0, &l1]));

@@ -1,4 +1,5 @@
-//! The malloc bdev's RPCs: `bdev_malloc_create`, `bdev_malloc_delete`.
+//! The malloc bdev's RPCs: `bdev_malloc_create`, `bdev_malloc_delete`, and riser's
+//! `bdev_malloc_resize` (SPDK has none; the parameters of its `bdev_null_resize`).
 
 use std::sync::Arc;
 
@@ -35,6 +36,18 @@ pub struct BdevMallocCreate {
     pub physical_block_size: Option<u32>,
 }
 
+/// `bdev_malloc_resize` (riser's extension, `bdev_null_resize`'s parameters): grow a malloc
+/// bdev within the memory the machine has, or shrink one no LUN uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct BdevMallocResize {
+    /// Bdev name
+    pub name: String,
+    /// New size in MiB (smaller only while no LUN uses the bdev)
+    pub new_size: u64,
+}
+
 /// Registers the malloc methods on `reg` (called by [`crate::rpc::register`]).
 pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
     let a = app.clone();
@@ -48,7 +61,12 @@ pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
     });
     let a = app.clone();
     reg.add("bdev_malloc_delete", move |p: ByName| {
-        a.bdevs().delete(&p.name, Some("Malloc disk")).map_err(to_rpc)?;
+        a.bdevs().delete(&p.name, Some(super::PRODUCT)).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_malloc_resize", move |p: BdevMallocResize| {
+        a.bdevs().malloc_resize(&p.name, p.new_size).map_err(to_rpc)?;
         Ok(Value::Bool(true))
     });
 }

@@ -10,6 +10,9 @@ use uuid::Uuid;
 use crate::io::{validate, BdevInfo, BdevIo, DoneQueue, IoChannel, IoCompletion, IoKind};
 use crate::{Bdev, BdevError, Lba, LbaRun};
 
+/// `bdev_get_bdevs`' product_name of null devices.
+pub const PRODUCT: &str = "Null disk";
+
 pub struct NullBdev {
     info: BdevInfo,
 }
@@ -17,7 +20,7 @@ pub struct NullBdev {
 impl NullBdev {
     pub fn new(name: &str, num_blocks: u64, block_size: u32, uuid: Option<Uuid>) -> NullBdev {
         NullBdev {
-            info: BdevInfo::new(name, "Null disk", block_size, num_blocks, uuid.unwrap_or_else(Uuid::new_v4)),
+            info: BdevInfo::new(name, PRODUCT, block_size, num_blocks, uuid.unwrap_or_else(Uuid::new_v4)),
         }
     }
 }
@@ -40,6 +43,11 @@ impl Bdev for NullBdev {
     fn provisioning(&self, lba: Lba, max_blocks: u64, _max_runs: usize) -> Option<Result<Vec<LbaRun>, BdevError>> {
         let blocks = max_blocks.min(self.info.num_blocks().saturating_sub(lba.get()));
         Some(Ok(vec![LbaRun { start: lba, blocks, deallocated: true }]))
+    }
+
+    /// `bdev_null_resize` (the registry checks the size first).
+    fn set_num_blocks(&self, num_blocks: u64) {
+        self.info.set_num_blocks(num_blocks);
     }
 
     fn config_json(&self) -> (&'static str, serde_json::Value) {

@@ -1,4 +1,4 @@
-//! The null bdev's RPCs: `bdev_null_create`, `bdev_null_delete`.
+//! The null bdev's RPCs: `bdev_null_create`, `bdev_null_delete`, `bdev_null_resize`.
 
 use std::sync::Arc;
 
@@ -27,6 +27,17 @@ pub struct BdevNullCreate {
     pub md_size: u32,
 }
 
+/// `bdev_null_resize` (SPDK's): grow a null bdev; a smaller size is refused, as in SPDK.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct BdevNullResize {
+    /// Bdev name
+    pub name: String,
+    /// New size in MiB (null bdevs only grow)
+    pub new_size: u64,
+}
+
 /// Registers the null methods on `reg` (called by [`crate::rpc::register`]).
 pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
     let a = app.clone();
@@ -37,7 +48,12 @@ pub(crate) fn register(reg: &mut RpcRegistry, app: &Arc<Bdevs>) {
     });
     let a = app.clone();
     reg.add("bdev_null_delete", move |p: ByName| {
-        a.bdevs().delete(&p.name, Some("Null disk")).map_err(to_rpc)?;
+        a.bdevs().delete(&p.name, Some(super::PRODUCT)).map_err(to_rpc)?;
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
+    reg.add("bdev_null_resize", move |p: BdevNullResize| {
+        a.bdevs().null_resize(&p.name, p.new_size).map_err(to_rpc)?;
         Ok(Value::Bool(true))
     });
 }
