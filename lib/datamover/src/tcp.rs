@@ -23,6 +23,8 @@ mod send;
 #[cfg(test)]
 mod copy_tests;
 #[cfg(test)]
+mod ready_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
@@ -171,9 +173,10 @@ impl<S: ByteStream> TcpDatamover<S> {
         })
     }
 
-    /// Puts the socket in the wake set of the reactor polling it.
+    /// Puts the socket in the wake set of the reactor polling it, whose readiness check at
+    /// the start of each pass says whether the socket has anything to read.
     fn join_wake_set(&mut self) {
-        self.wake = match self.sock.wake_fd().map(|fd| riser_reactor::add_wake_fd(fd, || {})) {
+        self.wake = match self.sock.wake_fd().map(|fd| riser_reactor::add_ready_fd(fd, || {})) {
             Some(Ok(Some(id))) => Wake::In(id),
             Some(Err(e)) => {
                 log::warn!("connection socket: cannot wake its reactor ({e}); data waits for the reactor's next pass");
@@ -181,6 +184,16 @@ impl<S: ByteStream> TcpDatamover<S> {
             }
             _ => Wake::Never,
         };
+    }
+
+    /// Whether reading the socket can find anything this pass: not if it is in the
+    /// reactor's wake set and the pass's readiness check found it unreadable (no data, no
+    /// EOF, no error). Off a reactor, or not in its set: always (as before the check).
+    fn may_read(&self) -> bool {
+        match self.wake {
+            Wake::In(id) => riser_reactor::fd_readable(id) != Some(false),
+            _ => true,
+        }
     }
 
     /// Takes the socket out of the wake set (a shut-down socket stays readable: EOF).
@@ -331,6 +344,11 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             work += 1;
         }
         if !self.dead && !self.terminating && !self.rx_must_wait() {
+            if !self.may_read() {
+                // Nothing in the socket: only what the framer holds already (bytes read
+                // while receiving was paused, or with the last login PDU).
+                return work + self.deliver(events) + self.flush(events);
+            }
             let mut budget = MAX_READ_PER_POLL;
             loop {
                 let (n, more) = self.read_socket(events, &mut budget);

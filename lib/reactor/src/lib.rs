@@ -19,6 +19,6 @@ mod route;
 pub use route::{Inboxes, Router, Tag, TagLayout};
 pub use mask::{parse_core_mask, CoreMaskError};
 pub use reactor::{
-    add_wake_fd, current_waker, remove_wake_fd, Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,
+    add_ready_fd, add_wake_fd, current_waker, fd_readable, remove_wake_fd, Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,
     ReactorStatsSnapshot, SendError, WakeId, Waker,
 };

@@ -160,6 +160,64 @@ struct WakeSet {
     epoll: OwnedFd,
     sources: Vec<WakeSource>,
     next_id: u64,
+    /// Sources registered with [`add_ready_fd`]: while there are any, each pass starts with
+    /// one readiness check of the whole set ([`WakeSet::check`]).
+    checked: usize,
+    ready: Readiness,
+}
+
+/// What the readiness check at the start of this pass found: the ids of the readable
+/// descriptors (sorted), the last id registered before it, and whether it ran at all.
+struct Readiness {
+    events: epoll::EventVec,
+    ids: Vec<u64>,
+    /// Ids above this were registered after the check: nothing is known of them.
+    upto: u64,
+    /// The check ran this pass (and did not fail).
+    valid: bool,
+    /// More descriptors were readable than one check reports: each counts as readable.
+    overflow: bool,
+}
+
+/// Most readable descriptors one readiness check reports; when more are, every descriptor
+/// counts as readable for that pass (level-triggered, nothing is lost either way).
+const READY_EVENTS: usize = 256;
+
+impl Readiness {
+    fn new() -> Readiness {
+        Readiness { events: epoll::EventVec::with_capacity(READY_EVENTS), ids: Vec::with_capacity(READY_EVENTS), upto: 0, valid: false, overflow: false }
+    }
+}
+
+impl WakeSet {
+    /// The readiness check of a pass: one `epoll_wait` with a zero timeout on the whole set
+    /// (level-triggered: a descriptor not drained in this pass is reported again in the
+    /// next). Skipped (nothing known: every source reads) while fewer than two sources
+    /// asked for it: for one socket the check would cost what reading it costs.
+    fn check(&mut self) {
+        let r = &mut self.ready;
+        r.valid = false;
+        if self.checked < 2 {
+            return;
+        }
+        r.ids.clear();
+        r.upto = self.next_id;
+        // EINTR and the like: nothing known this pass, every source reads.
+        if let Ok(()) = epoll::wait(&self.epoll, &mut r.events, 0) {
+            r.ids.extend(r.events.iter().map(|e| e.data.u64()));
+            r.ids.sort_unstable();
+            r.overflow = r.ids.len() >= READY_EVENTS;
+            r.valid = true;
+        }
+    }
+
+    fn readable(&self, id: WakeId) -> Option<bool> {
+        let r = &self.ready;
+        if !r.valid || id.0 > r.upto {
+            return None;
+        }
+        Some(r.overflow || r.ids.binary_search(&id.0).is_ok())
+    }
 }
 
 /// Registers `fd` (level-triggered, readable) as a reason to end the calling reactor's
@@ -169,6 +227,18 @@ struct WakeSet {
 /// arming is not slept on. The owner keeps `fd` open until [`remove_wake_fd`]. Busy-polling
 /// reactors never sleep and never call `arm`. Off a reactor thread: `Ok(None)`.
 pub fn add_wake_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
+    add_source(fd, Box::new(arm), false)
+}
+
+/// [`add_wake_fd`], and the reactor checks the readiness of its whole set once at the
+/// start of every pass while two or more such descriptors are registered (one `epoll_wait`
+/// with a zero timeout, whatever the number of descriptors): [`fd_readable`] then tells a poller
+/// whether reading it can find anything, so a pass reads only the sockets with data.
+pub fn add_ready_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
+    add_source(fd, Box::new(arm), true)
+}
+
+fn add_source(fd: BorrowedFd<'_>, arm: Box<dyn FnMut()>, checked: bool) -> std::io::Result<Option<WakeId>> {
     WAKE.with(|w| {
         let mut w = w.borrow_mut();
         let Some(w) = w.as_mut() else { return Ok(None) };
@@ -180,8 +250,25 @@ pub fn add_wake_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::
             Err(rustix::io::Errno::EXIST) => epoll::modify(&w.epoll, fd, data, epoll::EventFlags::IN)?,
             r => r?,
         }
-        w.sources.push(WakeSource { id, fd: fd.as_raw_fd(), arm: Box::new(arm) });
+        w.sources.push(WakeSource { id, fd: fd.as_raw_fd(), arm, checked });
+        w.checked += usize::from(checked);
         Ok(Some(id))
+    })
+}
+
+/// Whether descriptor `id` (of [`add_ready_fd`], on the calling reactor) was readable (or
+/// hung up, or in error) at the readiness check that started this pass. `None` when nothing
+/// is known: off a reactor thread, the check failed, or `id` came after it (read it).
+pub fn fd_readable(id: WakeId) -> Option<bool> {
+    WAKE.with(|w| w.borrow().as_ref().and_then(|w| w.readable(id)))
+}
+
+/// The readiness check at the start of a pass (see [`add_ready_fd`]).
+fn check_readiness() {
+    WAKE.with(|w| {
+        if let Some(w) = w.borrow_mut().as_mut() {
+            w.check();
+        }
     })
 }
 
@@ -193,6 +280,7 @@ pub fn remove_wake_fd(id: WakeId) {
         let Some(w) = w.as_mut() else { return };
         if let Some(i) = w.sources.iter().position(|s| s.id == id) {
             let s = w.sources.swap_remove(i);
+            w.checked -= usize::from(s.checked);
             // SAFETY: the owner promised to keep `s.fd` open until this call.
             #[allow(unsafe_code)]
             let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
@@ -420,7 +508,7 @@ impl ReactorSet {
                 let _ = h.shared.threads[id].set(thread::current());
                 CURRENT.with(|c| *c.borrow_mut() = Some((h.shared.clone(), id)));
                 let epfd = ep.as_raw_fd();
-                WAKE.with(|w| *w.borrow_mut() = Some(WakeSet { epoll: ep, sources: Vec::new(), next_id: 0 }));
+                WAKE.with(|w| *w.borrow_mut() = Some(WakeSet { epoll: ep, sources: Vec::new(), next_id: 0, checked: 0, ready: Readiness::new() }));
                 Reactor::new(id, core, h, epfd).run();
                 WAKE.with(|w| w.borrow_mut().take());
             })?;
@@ -504,6 +592,8 @@ struct WakeSource {
     id: WakeId,
     fd: RawFd,
     arm: Box<dyn FnMut()>,
+    /// Registered with [`add_ready_fd`].
+    checked: bool,
 }
 
 impl Ctx {
@@ -636,6 +726,7 @@ impl Reactor {
         if work > 0 {
             self.shared.stats[self.ctx.id].messages.fetch_add(work as u64, Ordering::Relaxed);
         }
+        check_readiness();
         let mut done = false;
         for p in self.pollers.iter_mut() {
             match (p.f)(&mut self.ctx) {
@@ -933,6 +1024,67 @@ mod tests {
             Err(ReactorError::CoreUnavailable { core, .. }) => assert_eq!(core, 99_999),
             _ => panic!("expected CoreUnavailable"),
         }
+    }
+
+    #[test]
+    fn each_pass_checks_readiness_once_for_descriptors_that_ask_for_it() {
+        let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        let mk = || Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (a, b, plain, other) = (mk(), mk(), mk(), mk());
+        // What the poller saw in its last pass: a, b, plain, and an id registered during it.
+        type Seen = (Option<bool>, Option<bool>, Option<bool>, Option<bool>);
+        let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new((None, None, None, None)));
+        let (a2, b2, p2, s2) = (a.clone(), b.clone(), plain.clone(), seen.clone());
+        h.call(0, move |ctx| {
+            let ia = ctx.add_wake_fd(a2.as_fd(), || {}).unwrap();
+            let ip = add_wake_fd(p2.as_fd(), || {}).unwrap().unwrap();
+            remove_wake_fd(ia);
+            let ia = add_ready_fd(a2.as_fd(), || {}).unwrap().unwrap();
+            let ib = add_ready_fd(b2.as_fd(), || {}).unwrap().unwrap();
+            ctx.add_poller(move |_| {
+                let id = add_ready_fd(other.as_fd(), || {}).unwrap().unwrap();
+                let now = fd_readable(id);
+                remove_wake_fd(id);
+                *s2.lock().unwrap() = (fd_readable(ia), fd_readable(ib), fd_readable(ip), now);
+                PollStatus::Idle
+            });
+        })
+        .unwrap();
+        let wait = |what: &str, want: Seen| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while *seen.lock().unwrap() != want {
+                assert!(Instant::now() < deadline, "{what}: {:?}", *seen.lock().unwrap());
+                thread::sleep(Duration::from_micros(200));
+            }
+        };
+        // The check answers for every id registered before it (the plain one too), not for
+        // one registered after it in the same pass.
+        wait("nothing readable", (Some(false), Some(false), Some(false), None));
+        rustix::io::write(&*b, &1u64.to_ne_bytes()).unwrap();
+        wait("b readable", (Some(false), Some(true), Some(false), None));
+        let mut buf = [0u8; 8];
+        rustix::io::read(&*b, &mut buf).unwrap();
+        rustix::io::write(&*a, &1u64.to_ne_bytes()).unwrap();
+        wait("a readable, b drained", (Some(true), Some(false), Some(false), None));
+        set.shutdown();
+    }
+
+    #[test]
+    fn without_descriptors_that_ask_for_it_no_readiness_is_known() {
+        let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        let e = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        rustix::io::write(&*e, &1u64.to_ne_bytes()).unwrap();
+        let e2 = e.clone();
+        let got = h
+            .call(0, move |ctx| {
+                let id = ctx.add_wake_fd(e2.as_fd(), || {}).unwrap();
+                fd_readable(id)
+            })
+            .unwrap();
+        assert_eq!(got, None, "a plain wake descriptor costs no per-pass check");
+        set.shutdown();
     }
 
     #[test]
