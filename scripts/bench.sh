@@ -16,6 +16,10 @@ if [[ ",${peers// /}," == *",spdk,"* ]]; then
   scripts/bench-spdk.sh
 fi
 
+echo "== cost: riser's instructions per I/O under callgrind (in process, in-memory datamover, null LUN, QD 32; the machine's load does not move them) =="
+scripts/bench-cost.sh
+echo
+
 echo "== bdev: in-process, 4 KiB random read, QD 128, one reactor (aim: >= 5 M IOPS per core on null) =="
 for dev in null malloc; do
   echo "-- $dev"
