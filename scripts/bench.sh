@@ -7,7 +7,7 @@
 # (BENCH_OUT=DIR: DIR/peers and DIR/matrix instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-perf=./target/release/riser-perf
+perf=${CARGO_TARGET_DIR:-target}/release/riser-perf
 time=${BENCH_TIME:-5}
 peers=${BENCH_PEERS-spdk,tgt}
 
