@@ -8,7 +8,7 @@
 //! measured I/Os (after as many to warm up) it zeroes callgrind's counters, after them it
 //! dumps them (the reactor's and the client's, each from its own thread: one file each); the pipe's own copying (`MemStream`'s read and write,
 //! the kernel's work over TCP) is left uncounted (`--toggle-collect`). Then it prints, per
-//! workload, the instructions per I/O of every thread but the client's (the target), of the
+//! workload, the instructions per I/O of the reactor's thread (the target), of the
 //! client, and the reactor's loop passes per I/O (riser-perf's `cost` module does the sums);
 //! and the target's instructions less its idle passes (how many the reactor makes between
 //! rounds depends on timing), each at the price measured while the session idles 300 ms.
@@ -133,7 +133,7 @@ fn outer(args: &Args) -> Result<(), String> {
     }
     let costs = costs(&phases, &dumps, 1)?;
     println!("riser's cost per I/O in instructions (callgrind), in memory, null LUN, rounds of {} commands:", args.qd);
-    println!("target: every thread but the client's, the pipe's copying left out; less idle: without the reactor's idle passes");
+    println!("target: the reactor's thread, the pipe's copying left out; less idle: without the reactor's idle passes");
     print!("{}", table(&costs));
     if pipe_seen {
         println!("(warning: MemStream::read was counted: the pipe's copying is in the figures)");

@@ -101,8 +101,8 @@ pub const IDLE: &str = "idle";
 pub struct Cost {
     pub name: String,
     pub ios: u64,
-    /// Instructions per I/O of every thread but the client's (the target: its reactor,
-    /// and whatever else of it ran), and of the client.
+    /// Instructions per I/O of the dumped threads but the client's (the target: the example
+    /// dumps its reactor), and of the client.
     pub target: f64,
     pub client: f64,
     /// `target` less the passes that found nothing, at the price of the [`IDLE`] phase's
