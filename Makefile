@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: all build release run test unit integration bench bench-rbd bench-rxe bench-scale fuzz deps clean install uninstall
+.PHONY: all build release run test unit integration bench bench-cost bench-profile bench-rbd bench-rxe bench-scale fuzz deps clean install uninstall
 
 all: build
 
@@ -39,6 +39,21 @@ test:
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh
+
+# Only the cost section of `make bench`: riser's instructions per I/O under valgrind's callgrind
+# (in process, in-memory datamover, null LUN; about a minute), figures the machine's load does
+# not move. COST_IOS, COST_IOS_LARGE, COST_QD, COST_OUT (keeps callgrind's files).
+bench-cost: deps
+	@scripts/setup.sh bench-cost
+	scripts/bench-cost.sh
+
+# Where the cycles go (issue 25): riser and SPDK's iscsi_tgt, each alone on core 0 under the
+# same riser-perf load (2 sessions x QD 64, 4 KiB random read): syscalls, receives and sends
+# per I/O, bytes per receive and per send, PDUs per send, reactor passes per I/O, busy time
+# (a table; files under target/bench/profile-DATE/). PROFILE_TIME, PROFILE_WINDOW, PROFILE_QD.
+bench-profile: release
+	@scripts/setup.sh bench
+	scripts/bench-profile.sh
 
 # Ceph RBD behind riser (one and two gateways) vs librbd's own rbd bench and tgt's rbd backing
 # store, 4 KiB random read/write QD 32 on the single-node test cluster (table and runs under

@@ -7,7 +7,7 @@
 # (BENCH_OUT=DIR: DIR/peers and DIR/matrix instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-perf=./target/release/riser-perf
+perf=${CARGO_TARGET_DIR:-target}/release/riser-perf
 time=${BENCH_TIME:-5}
 peers=${BENCH_PEERS-spdk,tgt}
 
@@ -15,6 +15,10 @@ peers=${BENCH_PEERS-spdk,tgt}
 if [[ ",${peers// /}," == *",spdk,"* ]]; then
   scripts/bench-spdk.sh
 fi
+
+echo "== cost: riser's instructions per I/O under callgrind (in process, in-memory datamover, null LUN, QD 32; the machine's load does not move them) =="
+scripts/bench-cost.sh
+echo
 
 echo "== bdev: in-process, 4 KiB random read, QD 128, one reactor (aim: >= 5 M IOPS per core on null) =="
 for dev in null malloc; do

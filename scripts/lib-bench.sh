@@ -33,3 +33,74 @@ wait_port() {
   done
   die "$3 does not listen on 127.0.0.1:$1 after 30 s; see $4"
 }
+
+# Starting, stopping and sampling one target of bench-peers.sh and bench-profile.sh (each
+# alone on core 0). The caller sets: riser (the binary), sock (the RPC socket), work (a
+# scratch directory holding riser.json, the config of riser), out (logs), riser_port,
+# spdk_port, spdk_dir (start.sh), SPDK_PREFIX, spdk_bdev (the bdev RPC and its arguments for
+# rpc.py), and for tgt lib-tgt.sh's tgt_start/tgt_stop; pid (or tgt_pid) is the target's.
+start_target() { # NAME ROUND: starts it alone on core 0, configured with the LUN
+  case "$1" in
+    riser)
+      rm -f "$sock"
+      taskset -c 0 "$riser" -m 0x1 --poll-mode busy -r "$sock" --json "$work/riser.json" >"$out/riser.$2.log" 2>&1 &
+      pid=$!
+      wait_port $riser_port "$pid" riser "$out/riser.$2.log"
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+      ;;
+    spdk)
+      # start.sh: iscsi_tgt --no-huge -s 2048 -u -m MASK (no hugepages, nothing on the machine
+      # changes); taskset keeps DPDK's side threads on core 0 too.
+      pid=$(taskset -c 0 "$spdk_dir/start.sh" "$sock" 0x1) || die "SPDK's iscsi_tgt did not start; see $sock.log"
+      local r=(env PYTHONPATH="$SPDK_PREFIX/python" python3 "$SPDK_PREFIX/scripts/rpc.py" -s "$sock")
+      {
+        "${r[@]}" -t 60 framework_wait_init &&
+        "${r[@]}" "${spdk_bdev[@]}" &&
+        "${r[@]}" iscsi_create_portal_group 1 "127.0.0.1:$spdk_port" &&
+        "${r[@]}" iscsi_create_initiator_group 1 ANY ANY &&
+        "${r[@]}" iscsi_create_target_node null null_alias Null0:0 1:1 64 -d
+      } >"$out/spdk.$2.rpc.log" 2>&1 || { cp "$sock.log" "$out/spdk.$2.log"; die "configuring SPDK failed; see $out/spdk.$2.rpc.log and $out/spdk.$2.log"; }
+      wait_port $spdk_port "$pid" "SPDK's iscsi_tgt" "$sock.log"
+      ;;
+    tgt)
+      tgt_start "$out/tgt.$2.log" >/dev/null
+      # Its CPU time is read from /proc/$tgt_pid: that must be tgtd itself.
+      [ "$(cat "/proc/$tgt_pid/comm" 2>/dev/null)" = tgtd ] || die "tgtd did not start (or is not pid $tgt_pid); see $out/tgt.$2.log"
+      wait_port $tgt_port "$tgt_pid" tgtd "$out/tgt.$2.log"
+      ;;
+  esac
+}
+
+stop_target() { # NAME ROUND
+  case "$1" in
+    tgt) tgt_stop; tgt_pid= ;;
+    *)
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      [ "$1" = spdk ] && cp "$sock.log" "$out/spdk.$2.log" 2>/dev/null
+      pid=
+      ;;
+  esac
+}
+
+cost_sample() { # NAME -> "COUNTER RATE": reactor busy ticks and tick rate, or tgtd's CPU ticks
+  case "$1" in
+    tgt) awk -v hz="$(getconf CLK_TCK)" '{print $14 + $15, hz}' "/proc/$tgt_pid/stat" ;;
+    *) rpc "$sock" framework_get_reactors |
+         python3 -c 'import json,sys; r=json.load(sys.stdin); print(sum(x["busy"] for x in r["reactors"]), r["tick_rate"])' ;;
+  esac
+}
+
+
+# Writes $work/riser.json: the bdev of $riser_bdev (a config entry, named Null0) behind target
+# "null" (queue depth 64, no CHAP) on 127.0.0.1:$riser_port.
+write_riser_config() {
+cat > "$work/riser.json" <<JSON
+{"subsystems":[{"subsystem":"bdev","config":[$riser_bdev]},
+{"subsystem":"iscsi","config":[{"method":"iscsi_create_portal_group","params":{"tag":1,"portals":[{"host":"127.0.0.1","port":"$riser_port"}]}},
+{"method":"iscsi_create_initiator_group","params":{"tag":1,"initiators":["ANY"],"netmasks":["ANY"]}},
+{"method":"iscsi_create_target_node","params":{"name":"null","pg_ig_maps":[{"pg_tag":1,"ig_tag":1}],"luns":[{"bdev_name":"Null0","lun_id":0}],"queue_depth":64,"disable_chap":true}}]}]}
+JSON
+}

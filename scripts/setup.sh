@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what riser needs to build and test on a Debian machine, as root. Idempotent:
-# runs apt-get only when a package is missing. Usage: scripts/setup.sh [build|test|bench|bench-rbd|vm|ceph]...
+# runs apt-get only when a package is missing. Usage: scripts/setup.sh [build|test|bench|bench-cost|bench-rbd|vm|ceph]...
 set -euo pipefail
 
 groups=("$@")
@@ -15,12 +15,14 @@ for g in "${groups[@]}"; do
     build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev) ;;
     test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev python3 libiscsi-bin sg3-utils tgt tmux systemd prometheus "${ceph_pkgs[@]}") ;;
     ceph)  pkgs+=("${ceph_pkgs[@]}" librbd-dev) ;;
-    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3) ;;
+    bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3 valgrind strace) ;;
+    # make bench-cost: callgrind counts riser's instructions per I/O.
+    bench-cost) pkgs+=(valgrind) ;;
     # make bench-rbd: the test cluster, and tgt with its rbd backing store to compare with.
     bench-rbd) pkgs+=("${ceph_pkgs[@]}" tgt tgt-rbd util-linux python3) ;;
     vm)    pkgs+=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
                   open-iscsi libiscsi-bin fio e2fsprogs multipath-tools udev python3) ;;
-    *) echo "setup.sh: unknown group $g (build, test, bench, bench-rbd, vm, ceph)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown group $g (build, test, bench, bench-cost, bench-rbd, vm, ceph)" >&2; exit 2 ;;
   esac
 done
 

@@ -65,6 +65,9 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
                     "pollers": s.pollers,
                     "messages": s.messages,
                     "connections": s.load,
+                    // Loop passes and those that found work (riser's own; SPDK has none).
+                    "passes": s.passes,
+                    "busy_passes": s.busy_passes,
                 })
             })
             .collect();

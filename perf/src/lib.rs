@@ -16,6 +16,7 @@
 
 pub mod bdev;
 pub mod conn;
+pub mod cost;
 #[cfg(test)]
 mod fake_target;
 pub mod init;

@@ -105,6 +105,10 @@ struct Stats {
     /// Adaptive sleeps ended by a descriptor (a message, a socket, a completion channel)
     /// rather than by their timeout.
     woken: AtomicU64,
+    /// Loop passes (each a look at messages, pollers and due timers), and those that found
+    /// work: `riser-perf`'s cost benchmark and `framework_get_reactors` show them per I/O.
+    passes: AtomicU64,
+    busy_passes: AtomicU64,
 }
 
 /// A copy of one reactor's counters.
@@ -120,6 +124,9 @@ pub struct ReactorStatsSnapshot {
     pub sleeping: bool,
     /// Adaptive sleeps ended by an event rather than by their timeout.
     pub woken: u64,
+    /// Loop passes since the start, and those that found work.
+    pub passes: u64,
+    pub busy_passes: u64,
 }
 
 struct Shared {
@@ -446,6 +453,8 @@ impl ReactorHandle {
                     load: s.load.load(Ordering::Relaxed),
                     sleeping: s.sleeping.load(Ordering::Relaxed),
                     woken: s.woken.load(Ordering::Relaxed),
+                    passes: s.passes.load(Ordering::Relaxed),
+                    busy_passes: s.busy_passes.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -783,13 +792,19 @@ impl Reactor {
         let mut idle_loops: u32 = 0;
         let mut idle_since = last;
         let mut sleep = MIN_SLEEP;
+        // Counted here, published with plain stores (this thread is the only writer).
+        let (mut passes, mut busy_passes) = (0u64, 0u64);
         loop {
             self.ctx.now = last;
             let work = self.run_once();
+            passes += 1;
+            stats.passes.store(passes, Ordering::Relaxed);
             let now = Instant::now();
             let spent = now.duration_since(last).as_nanos() as u64;
             last = now;
             if work > 0 {
+                busy_passes += 1;
+                stats.busy_passes.store(busy_passes, Ordering::Relaxed);
                 stats.busy_ns.fetch_add(spent, Ordering::Relaxed);
                 idle_loops = 0;
                 idle_since = now;
@@ -812,7 +827,17 @@ impl Reactor {
                 fence(Ordering::SeqCst);
                 // Arm the sources, then look once more: what came in before arming raised
                 // no event.
-                let late = if arm_wake_sources() { self.run_once() } else { 0 };
+                let late = if arm_wake_sources() {
+                    passes += 1;
+                    stats.passes.store(passes, Ordering::Relaxed);
+                    self.run_once()
+                } else {
+                    0
+                };
+                if late > 0 {
+                    busy_passes += 1;
+                    stats.busy_passes.store(busy_passes, Ordering::Relaxed);
+                }
                 if late == 0 && sh.rings[self.ctx.id].is_empty() && !sh.stop.load(Ordering::Acquire) {
                     // SAFETY: the thread-local WakeSet owns this descriptor until run() returns.
                     #[allow(unsafe_code)]
@@ -1137,6 +1162,30 @@ mod tests {
         let before = armed.load(Ordering::Relaxed);
         thread::sleep(Duration::from_millis(20));
         assert_eq!(armed.load(Ordering::Relaxed), before);
+        set.shutdown();
+    }
+
+    /// The pass counters: every pass counted, and exactly the passes where a poller did
+    /// work counted busy (here, a poller busy on its first 50 calls only).
+    #[test]
+    fn passes_and_busy_passes_are_counted() {
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        h.call(0, move |ctx| {
+            ctx.add_poller(move |_| if c.fetch_add(1, Ordering::Relaxed) < 50 { PollStatus::Busy } else { PollStatus::Idle });
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::Relaxed) < 200 {
+            assert!(Instant::now() < deadline, "the poller is not called");
+            thread::sleep(Duration::from_millis(1));
+        }
+        let s = &h.stats()[0];
+        // The call that added the poller was a message: one more busy pass.
+        assert!((50..=52).contains(&s.busy_passes), "busy passes: {s:?}");
+        assert!(s.passes >= 200 && s.passes > s.busy_passes, "passes: {s:?}");
         set.shutdown();
     }
 }
