@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riser_iscsi::pdu::{Isid, Lun, Op, Pdu, Stage};
+use riser_iscsi::pdu::{AsyncMessage, Isid, LogoutRequest, Lun, Op, Pdu, Stage};
 use riser_iscsi::text::{parse_pairs, Pairs};
 use riser_tests::iscsi::{Client, Reply, INITIATOR};
 use riser_tests::*;
@@ -772,27 +772,30 @@ fn a_requested_logout_sends_the_async_message_then_drops_a_session_that_ignores_
     let leaving = riser.add_iscsi_target("leaving", port, &[8]);
     let staying = riser.add_iscsi_target("staying", port, &[8]);
     let mut a = session(&riser, port, &leaving);
+    let mut polite = session(&riser, port, &leaving);
     let mut b = session(&riser, port, &staying);
-    assert_eq!(wait_connections(&riser, 2).len(), 2);
+    assert_eq!(wait_connections(&riser, 3).len(), 3);
 
     // Another portal group's connections only: nobody here is asked.
     assert_eq!(riser.rpc(&["iscsi_target_node_request_logout", &leaving, "-t", "7", "-w", "2"]).json(), json!(true));
     assert_eq!(riser.rpc(&["iscsi_target_node_request_logout", &leaving, "-t", "1", "-w", "2"]).json(), json!(true));
     let t0 = Instant::now();
-    a.set_read_timeout(Duration::from_secs(5));
-    let msg = loop {
-        let p = a.recv().unwrap_or_else(|| panic!("no Async Message; the connection closed\nriser log:\n{}", riser.log()));
-        match p.bhs.op {
-            Op::AsyncMessage(m) => break m,
-            Op::NopIn(_) => continue,
-            other => panic!("expected an Async Message, got {other:?}"),
-        }
-    };
-    assert_eq!((msg.async_event, msg.parameter3), (1, 2), "logout requested, within 2 s: {msg:?}");
+    for c in [&mut a, &mut polite] {
+        let msg = async_message(&riser, c);
+        assert_eq!((msg.async_event, msg.parameter3), (1, 2), "logout requested, within 2 s: {msg:?}");
+    }
+    // A session that does as asked logs out cleanly.
+    let itt = polite.itt();
+    let l = LogoutRequest { immediate: true, reason_code: 0, itt, cid: polite.cid, cmd_sn: polite.cmd_sn, exp_stat_sn: polite.exp_stat_sn };
+    polite.send(&Pdu::new(Op::LogoutRequest(l))).expect("send Logout");
+    let r = polite.recv().expect("a Logout Response");
+    assert!(matches!(&r.bhs.op, Op::LogoutResponse(l) if l.response == 0), "{:?}", r.bhs.op);
+    assert!(polite.closed_within(Duration::from_secs(5)));
     // The session ignores it: dropped once the 2 s are up (not before).
     assert!(a.closed_within(Duration::from_secs(10)), "the session that ignored the request is still open\nriser log:\n{}", riser.log());
     assert!(t0.elapsed() >= Duration::from_millis(1500), "dropped after {:?}, before the time it was given", t0.elapsed());
-    assert!(riser.log().contains("no Logout within 2 s of the logout request"), "the log says why:\n{}", riser.log());
+    // The log says which and why: only the session that ignored it.
+    assert_eq!(riser.log().matches("no Logout within 2 s of the logout request").count(), 1, "riser log:\n{}", riser.log());
     // The other target's session saw nothing and keeps working.
     let conns = wait_connections(&riser, 1);
     assert_eq!(conns.len(), 1, "{conns:?}");
@@ -812,6 +815,19 @@ fn a_requested_logout_sends_the_async_message_then_drops_a_session_that_ignores_
     let (ok, _) = rpc_py(&["iscsi_target_node_request_logout", "iqn.2016-06.io.riser:nope"]);
     assert!(!ok, "rpc.py: an unknown node is refused");
     write_and_verify(&mut b, 0, 8, 22);
+}
+
+/// The next Async Message on `c` (NOP-In pings skipped).
+fn async_message(riser: &Riser, c: &mut Client) -> AsyncMessage {
+    c.set_read_timeout(Duration::from_secs(5));
+    loop {
+        let p = c.recv().unwrap_or_else(|| panic!("no Async Message; the connection closed\nriser log:\n{}", riser.log()));
+        match p.bhs.op {
+            Op::AsyncMessage(m) => return m,
+            Op::NopIn(_) => continue,
+            other => panic!("expected an Async Message, got {other:?}"),
+        }
+    }
 }
 
 /// The first Login Response to a login to `iqn`: (status class, detail, keys).
