@@ -56,7 +56,7 @@ pub fn not_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<
 #[serde(deny_unknown_fields)]
 pub struct NoParams {}
 
-/// `{name}`: `iscsi_delete_target_node`, `bdev_malloc_delete`, `bdev_null_delete`,
+/// `{name}`: `bdev_malloc_delete`, `bdev_null_delete`,
 /// `bdev_uring_delete`, `bdev_uring_rescan`, `bdev_aio_delete`, `bdev_aio_rescan`,
 /// `bdev_get_histogram`, `bdev_rbd_*` ...
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

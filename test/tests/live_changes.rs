@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riser_iscsi::pdu::{Isid, Lun, Op, Pdu, Stage};
+use riser_iscsi::pdu::{AsyncMessage, Isid, LogoutRequest, Lun, Op, Pdu, Stage};
 use riser_iscsi::text::{parse_pairs, Pairs};
 use riser_tests::iscsi::{Client, Reply, INITIATOR};
 use riser_tests::*;
@@ -259,8 +259,11 @@ fn deleting_a_target_node_closes_its_sessions_and_frees_its_bdevs() {
     write_and_verify(&mut b, 0, 0, 11);
     assert_eq!(wait_connections(&riser, 2).len(), 2);
 
+    // A node with a session is refused without --force, and keeps serving.
+    refused(&riser, &["iscsi_delete_target_node", &gone], "has 1 session(s)");
+    write_and_verify(&mut a, 0, 8, 12);
     let t0 = Instant::now();
-    let out = riser.rpc(&["iscsi_delete_target_node", &gone]);
+    let out = riser.rpc(&["iscsi_delete_target_node", &gone, "--force"]);
     let took = t0.elapsed();
     assert_eq!(out.json(), json!(true), "{out:?}");
     assert!(took < Duration::from_secs(5), "iscsi_delete_target_node took {took:?}");
@@ -750,4 +753,139 @@ fn null_and_malloc_resizes_raise_capacity_data_has_changed_on_every_nexus() {
     assert_eq!(riser.rpc(&["bdev_malloc_resize", "Grows1", "2"]).json(), json!(true));
     let b = riser.rpc_json(&["bdev_get_bdevs", "-b", "Grows1"]);
     assert_eq!(b[0]["num_blocks"], json!(4096), "{b}");
+}
+
+/// SPDK's rpc.py (from ../shared's SPDK v24.01 tarball) against `riser`: (succeeded, output).
+fn rpc_py(riser: &Riser, dir: &TempDir) -> impl Fn(&[&str]) -> (bool, String) {
+    let script = spdk_rpc_py(dir);
+    let sock = riser.socket().to_string_lossy().to_string();
+    move |args: &[&str]| {
+        let out = std::process::Command::new("python3").arg(&script).args(["-s", &sock]).args(args).output().expect("python3");
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+#[test]
+fn a_requested_logout_sends_the_async_message_then_drops_a_session_that_ignores_it() {
+    let riser = Riser::start();
+    let port = free_port();
+    let leaving = riser.add_iscsi_target("leaving", port, &[8]);
+    let staying = riser.add_iscsi_target("staying", port, &[8]);
+    let mut a = session(&riser, port, &leaving);
+    let mut polite = session(&riser, port, &leaving);
+    let mut b = session(&riser, port, &staying);
+    assert_eq!(wait_connections(&riser, 3).len(), 3);
+
+    // Another portal group's connections only: nobody here is asked.
+    assert_eq!(riser.rpc(&["iscsi_target_node_request_logout", &leaving, "-t", "7", "-w", "2"]).json(), json!(true));
+    assert_eq!(riser.rpc(&["iscsi_target_node_request_logout", &leaving, "-t", "1", "-w", "2"]).json(), json!(true));
+    let t0 = Instant::now();
+    for c in [&mut a, &mut polite] {
+        let msg = async_message(&riser, c);
+        assert_eq!((msg.async_event, msg.parameter3), (1, 2), "logout requested, within 2 s: {msg:?}");
+    }
+    // A session that does as asked logs out cleanly.
+    let itt = polite.itt();
+    let l = LogoutRequest { immediate: true, reason_code: 0, itt, cid: polite.cid, cmd_sn: polite.cmd_sn, exp_stat_sn: polite.exp_stat_sn };
+    polite.send(&Pdu::new(Op::LogoutRequest(l))).expect("send Logout");
+    let r = polite.recv().expect("a Logout Response");
+    assert!(matches!(&r.bhs.op, Op::LogoutResponse(l) if l.response == 0), "{:?}", r.bhs.op);
+    assert!(polite.closed_within(Duration::from_secs(5)));
+    // The session ignores it: dropped once the 2 s are up (not before).
+    assert!(a.closed_within(Duration::from_secs(10)), "the session that ignored the request is still open\nriser log:\n{}", riser.log());
+    assert!(t0.elapsed() >= Duration::from_millis(1500), "dropped after {:?}, before the time it was given", t0.elapsed());
+    // The log says which and why: only the session that ignored it.
+    assert_eq!(riser.log().matches("no Logout within 2 s of the logout request").count(), 1, "riser log:\n{}", riser.log());
+    // The other target's session saw nothing and keeps working.
+    let conns = wait_connections(&riser, 1);
+    assert_eq!(conns.len(), 1, "{conns:?}");
+    assert_eq!(conns[0]["target_node_name"], json!(staying));
+    write_and_verify(&mut b, 0, 0, 21);
+
+    // Bad input: unknown node, a wait out of range.
+    refused(&riser, &["iscsi_target_node_request_logout", "iqn.2016-06.io.riser:nope"], "not found");
+    refused(&riser, &["iscsi_target_node_request_logout", &staying, "-w", "0"], "logout_timeout");
+
+    // SPDK's rpc.py drives it unchanged (a node without sessions: nothing to ask).
+    let dir = TempDir::new("spdk");
+    let rpc_py = rpc_py(&riser, &dir);
+    let (ok, text) = rpc_py(&["iscsi_target_node_request_logout", &leaving, "-t", "1"]);
+    // (rpc.py prints nothing for this method.)
+    assert!(ok, "rpc.py iscsi_target_node_request_logout: {text}");
+    let (ok, _) = rpc_py(&["iscsi_target_node_request_logout", "iqn.2016-06.io.riser:nope"]);
+    assert!(!ok, "rpc.py: an unknown node is refused");
+    write_and_verify(&mut b, 0, 8, 22);
+}
+
+/// The next Async Message on `c` (NOP-In pings skipped).
+fn async_message(riser: &Riser, c: &mut Client) -> AsyncMessage {
+    c.set_read_timeout(Duration::from_secs(5));
+    loop {
+        let p = c.recv().unwrap_or_else(|| panic!("no Async Message; the connection closed\nriser log:\n{}", riser.log()));
+        match p.bhs.op {
+            Op::AsyncMessage(m) => return m,
+            Op::NopIn(_) => continue,
+            other => panic!("expected an Async Message, got {other:?}"),
+        }
+    }
+}
+
+/// The first Login Response to a login to `iqn`: (status class, detail, keys).
+fn first_login_answer(port: u16, iqn: &str) -> (u8, u8, Pairs) {
+    let mut c = Client::connect(port);
+    let keys = [("InitiatorName", INITIATOR), ("TargetName", iqn), ("SessionType", "Normal"), ("AuthMethod", "None")];
+    let req = c.login_request(Stage::SecurityNegotiation, Stage::LoginOperationalNegotiation, true, &keys);
+    c.send(&req).expect("send login");
+    let resp = c.recv().expect("a Login Response");
+    let Op::LoginResponse(r) = &resp.bhs.op else { panic!("expected a Login Response, got {:?}", resp.bhs.op) };
+    (r.status.class, r.status.detail, parse_pairs(&resp.data).unwrap_or_default())
+}
+
+#[test]
+fn a_redirect_answers_new_logins_with_target_moved_and_leaves_sessions_alone() {
+    let riser = Riser::start();
+    let port = free_port();
+    let iqn = riser.add_iscsi_target("moved", port, &[8]);
+    let mut old = session(&riser, port, &iqn);
+
+    assert_eq!(riser.rpc(&["iscsi_target_node_set_redirect", &iqn, "1", "-a", "127.0.0.2", "-p", "3261"]).json(), json!(true));
+    let (class, detail, keys) = first_login_answer(port, &iqn);
+    assert_eq!((class, detail), (1, 1), "Target moved temporarily: {keys:?}");
+    assert!(keys.contains(&("TargetAddress".into(), "127.0.0.2:3261,1".into())), "{keys:?}");
+    // The session logged in before keeps doing I/O.
+    write_and_verify(&mut old, 0, 0, 31);
+    // Shown, and saved as its own call.
+    let nodes = riser.rpc_json(&["iscsi_get_target_nodes"]);
+    assert_eq!(nodes[0]["redirects"], json!([{"pg_tag": 1, "redirect_host": "127.0.0.2", "redirect_port": "3261"}]), "{nodes}");
+    let saved = riser.rpc(&["save_config"]).json();
+    let iscsi = saved["subsystems"].as_array().and_then(|s| s.iter().find(|s| s["subsystem"] == "iscsi")).expect("iscsi subsystem");
+    let call = iscsi["config"].as_array().and_then(|c| c.iter().find(|c| c["method"] == "iscsi_target_node_set_redirect"));
+    assert_eq!(call.map(|c| c["params"].clone()), Some(json!({"name": iqn, "pg_tag": 1, "redirect_host": "127.0.0.2", "redirect_port": "3261"})));
+
+    // Bad input: its own portal, an unknown portal group, not an IP address.
+    refused(&riser, &["iscsi_target_node_set_redirect", &iqn, "1", "-a", "127.0.0.1", "-p", &port.to_string()], "portal of portal group 1");
+    refused(&riser, &["iscsi_target_node_set_redirect", &iqn, "7", "-a", "127.0.0.2"], "portal group 7 not found");
+    refused(&riser, &["iscsi_target_node_set_redirect", &iqn, "1", "-a", "somewhere"], "numeric IP");
+
+    // Cleared (riser-rpc without -a): logins succeed again.
+    assert_eq!(riser.rpc(&["iscsi_target_node_set_redirect", &iqn, "1"]).json(), json!(true));
+    let mut new = session(&riser, port, &iqn);
+    write_and_verify(&mut new, 0, 16, 32);
+    assert!(riser.rpc_json(&["iscsi_get_target_nodes"])[0].get("redirects").is_none());
+
+    // SPDK's rpc.py drives it unchanged: set, then clear.
+    let dir = TempDir::new("spdk");
+    let rpc_py = rpc_py(&riser, &dir);
+    let (ok, text) = rpc_py(&["iscsi_target_node_set_redirect", &iqn, "1", "-a", "127.0.0.3", "-p", "3262"]);
+    // (rpc.py prints nothing for this method.)
+    assert!(ok, "rpc.py iscsi_target_node_set_redirect: {text}\nriser log:\n{}", riser.log());
+    let (class, detail, keys) = first_login_answer(port, &iqn);
+    assert_eq!((class, detail), (1, 1));
+    assert!(keys.contains(&("TargetAddress".into(), "127.0.0.3:3262,1".into())), "{keys:?}");
+    let (ok, text) = rpc_py(&["iscsi_target_node_set_redirect", &iqn, "1"]);
+    assert!(ok, "rpc.py clearing the redirect: {text}");
+    let (class, detail, _) = first_login_answer(port, &iqn);
+    assert_eq!((class, detail), (0, 0), "after clearing, the login goes on");
+    write_and_verify(&mut old, 0, 24, 33);
+    write_and_verify(&mut new, 0, 32, 34);
 }

@@ -296,7 +296,8 @@ fn rbd_bdevs_on_a_real_ceph_cluster() {
     // ---- Delete, then unregister ----
     drop((ca, cb, cm));
     for (node, bdev) in [("rbd-a", "Rbd0"), ("rbd-b", "Rbd1"), ("rbd-comp", "RbdComp")] {
-        riser.call("iscsi_delete_target_node", Some(json!({"name": format!("iqn.2016-06.io.riser:{node}")}))).expect("delete node");
+        // force: the sessions just dropped may not be gone from riser yet.
+        riser.call("iscsi_delete_target_node", Some(json!({"name": format!("iqn.2016-06.io.riser:{node}"), "force": true}))).expect("delete node");
         riser.call("bdev_rbd_delete", Some(json!({"name": bdev}))).unwrap_or_else(|e| panic!("bdev_rbd_delete {bdev}: {e}"));
     }
     let e = riser.call("bdev_rbd_delete", Some(json!({"name": "Rbd0"})));

@@ -104,6 +104,7 @@ pub enum SendTargets<'a> {
 type NodeHook = Arc<dyn Fn(&Arc<TargetNode>) + Send + Sync>;
 type LunHook = Arc<dyn Fn(&Arc<TargetNode>, u16) + Send + Sync>;
 type PortalsHook = Arc<dyn Fn() + Send + Sync>;
+type NodeCountHook = Arc<dyn Fn(&Arc<TargetNode>) -> usize + Send + Sync>;
 type NodeReasonHook = Arc<dyn Fn(&Arc<TargetNode>, &str) + Send + Sync>;
 
 /// Callbacks into the session and listener layers. Each runs on the thread of the RPC that
@@ -115,6 +116,7 @@ struct Hooks {
     lun_added: Option<LunHook>,
     portals_changed: Option<PortalsHook>,
     node_fenced: Option<NodeReasonHook>,
+    node_sessions: Option<NodeCountHook>,
 }
 
 /// The hooks, shared with the gateway groups' subscriptions (which outlive any one call).
@@ -210,6 +212,12 @@ impl IscsiTarget {
     /// for them here). The node already refuses logins and [`TargetNode::is_deleted`] is true.
     pub fn on_node_deleting(&self, f: impl Fn(&Arc<TargetNode>) + Send + Sync + 'static) {
         self.hooks.lock().unwrap_or_else(|p| p.into_inner()).node_deleting = Some(Arc::new(f));
+    }
+
+    /// Asked how many sessions a node has (`iscsi_delete_target_node` refuses a node with
+    /// sessions unless forced). Runs under the target's lock: it must not call back into it.
+    pub fn on_node_sessions(&self, f: impl Fn(&Arc<TargetNode>) -> usize + Send + Sync + 'static) {
+        self.hooks.lock().unwrap_or_else(|p| p.into_inner()).node_sessions = Some(Arc::new(f));
     }
 
     /// Called when this gateway was fenced from the gateway group of a device one of the
@@ -338,7 +346,7 @@ mod tests {
         assert_eq!(t.login_allowed(&n, B, ip("10.0.0.5"), 1), Err(Denied::NotAuthorized));
         // Names of nodes compare case-insensitively; deleted nodes are gone.
         assert!(t.find_node("IQN.2016-06.io.riser:D1").is_some());
-        t.delete_target_node("d1").unwrap();
+        t.delete_target_node("d1", false).unwrap();
         assert!(t.find_node(n.name()).is_none());
         assert_eq!(t.login_allowed(&n, "iqn.2000-01.x:other", ip("1.1.1.1"), 3), Err(Denied::NotFound));
     }
@@ -421,10 +429,10 @@ mod tests {
         t.delete_portal_group(2).unwrap();
         assert_eq!(t.portal_generation(), pg0 + 3);
         t.target_node_add_lun("d", "Null1", Some(5), LunOptions::default()).unwrap();
-        t.delete_target_node(n.name()).unwrap();
+        t.delete_target_node(n.name(), false).unwrap();
         // Once deleted, the node is gone for every RPC.
         assert_eq!(
-            t.delete_target_node(n.name()),
+            t.delete_target_node(n.name(), false),
             Err(TargetError::NotFound("target node iqn.2016-06.io.riser:d not found".into()))
         );
         assert_eq!(

@@ -53,7 +53,8 @@ mod tests {
                 "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}, {"pg_tag": 1, "ig_tag": 2}, {"pg_tag": 2, "ig_tag": 2}],
                 "luns": [{"bdev_name": "Malloc0", "lun_id": 0}, {"bdev_name": "Malloc1", "lun_id": 1}, {"bdev_name": "Malloc2", "lun_id": 7}],
                 "queue_depth": 96, "disable_chap": false, "require_chap": false, "mutual_chap": false,
-                "chap_group": 0, "header_digest": true, "data_digest": false
+                "chap_group": 0, "header_digest": true, "data_digest": false,
+                "redirects": [{"pg_tag": 1, "redirect_host": "10.1.1.1", "redirect_port": "3262"}]
             },
             {
                 "name": "eui.02004567A425678D", "pg_ig_maps": [],
@@ -85,7 +86,7 @@ mod tests {
             "iscsi_create_portal_group", "iscsi_create_portal_group",
             "iscsi_create_initiator_group", "iscsi_create_initiator_group",
             "iscsi_create_auth_group", "iscsi_create_auth_group",
-            "iscsi_create_target_node", "iscsi_create_target_node",
+            "iscsi_create_target_node", "iscsi_target_node_set_redirect", "iscsi_create_target_node",
         ]);
         let b = env();
         for c in &dump {
@@ -120,7 +121,7 @@ mod tests {
             "iscsi_create_target_node", "iscsi_target_node_add_lun", "iscsi_target_node_remove_lun", "iscsi_target_node_add_pg_ig_maps",
             "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
             "iscsi_get_target_nodes", "iscsi_target_node_set_alua", "iscsi_target_node_set_alua_state",
-            "iscsi_target_node_alua_failback",
+            "iscsi_target_node_alua_failback", "iscsi_target_node_set_redirect",
         ];
         assert_eq!(e.reg.methods(), want);
     }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riser_bdev::{Bdev, RegistryError};
-use riser_rpc::params::{is_false, is_zero_u32, not_null, ByName, NoParams};
+use riser_rpc::params::{is_false, is_zero_u32, not_null, NoParams};
 use riser_rpc::{RpcError, RpcRegistry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -157,6 +157,8 @@ pub(crate) struct NodeState {
     pub(crate) maps: Vec<(u32, Vec<u32>)>,
     /// Checked on the way in ([`crate::options::check_chap`]).
     pub(crate) chap: Chap,
+    /// Login redirects by portal group (`iscsi_target_node_set_redirect`).
+    pub(crate) redirects: Vec<redirect::Redirect>,
 }
 
 /// A target node.
@@ -224,6 +226,7 @@ impl TargetNode {
                 },
                 maps,
                 chap: init.chap,
+                redirects: Vec::new(),
             }),
             alua: riser_scsi::Alua::new(),
             gateways: Default::default(),
@@ -344,6 +347,10 @@ impl TargetNode {
             if let Some(g) = gateways {
                 m.insert("gateways".into(), g);
             }
+            // riser's extension: SPDK keeps redirects but does not show them.
+            if let Some(r) = self.redirects_json() {
+                m.insert("redirects".into(), r);
+            }
         }
         v
     }
@@ -355,7 +362,7 @@ impl TargetNode {
         // The ALUA description has a call of its own (see [`TargetNode::config_calls`]);
         // the gateways are what the cluster says, not configuration.
         if let Some(m) = params.as_object_mut() {
-            for k in ["alua_groups", "alua_failback", "gateways"] {
+            for k in ["alua_groups", "alua_failback", "gateways", "redirects"] {
                 m.remove(k);
             }
         }
@@ -468,6 +475,12 @@ impl IscsiTarget {
     /// deleted.
     pub fn find_node(&self, name: &str) -> Option<Arc<TargetNode>> {
         self.lock().node_exact(name).filter(|n| !n.is_deleted()).cloned()
+    }
+
+    /// A node named in an RPC (the full name, or the short one given to create), not being
+    /// deleted.
+    pub fn node_named(&self, name: &str) -> Result<Arc<TargetNode>, TargetError> {
+        self.lock().node_for_change(name)
     }
 
     /// Every node, in creation order (those being deleted left out).
@@ -715,7 +728,10 @@ impl IscsiTarget {
             }
             remove_map(&mut left, *m);
         }
-        node.change(|st| st.maps = left);
+        node.change(|st| {
+            st.redirects.retain(|r| left.iter().any(|(pg, _)| *pg == r.pg_tag));
+            st.maps = left
+        });
         drop(inner);
         node.publish_served();
         Ok(())
@@ -735,10 +751,19 @@ impl IscsiTarget {
 
     /// `iscsi_delete_target_node`: marks the node deleted (no new logins), runs the
     /// node-deleting hook (which logs its sessions out), then removes it and releases its bdevs.
-    pub fn delete_target_node(&self, name: &str) -> Result<(), TargetError> {
+    /// A node with sessions is refused (Busy) unless `force` (riser's extension).
+    pub fn delete_target_node(&self, name: &str, force: bool) -> Result<(), TargetError> {
+        let sessions = self.hooks().node_sessions;
         let node = {
             let inner = self.lock();
             let node = inner.node_for_change(name)?;
+            let n = sessions.as_ref().map_or(0, |h| h(&node));
+            if n > 0 && !force {
+                return Err(TargetError::Busy(format!(
+                    "target node {} has {n} session(s): log them out first, or delete with force",
+                    node.name()
+                )));
+            }
             node.mark_deleted();
             node
         };
@@ -878,6 +903,43 @@ pub struct IscsiTargetNodeSetAuth {
     pub mutual_chap: bool,
 }
 
+/// `iscsi_delete_target_node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct IscsiDeleteTargetNode {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    pub name: String,
+    /// Delete it even if it has sessions (they are dropped); without it a node with sessions
+    /// is refused (riser's extension)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub force: bool,
+}
+
+/// SPDK's default wait for a requested logout (ISCSI_LOGOUT_REQUEST_TIMEOUT), seconds.
+pub const LOGOUT_REQUEST_TIMEOUT: u16 = 30;
+
+/// `iscsi_target_node_request_logout` (SPDK; served by the session layer): every connection
+/// of the node (through portal group `pg_tag` if given) gets an Async Message asking its
+/// initiator to log out, and is dropped if it has not within `logout_timeout` seconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetNodeRequestLogout {
+    /// Target node name (full, or as given to iscsi_create_target_node)
+    pub name: String,
+    /// Only the connections through this portal group (default: all)
+    #[cfg_attr(feature = "cli", arg(short = 't', long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_tag: Option<u32>,
+    /// Seconds the initiators get to log out (Parameter3) before they are dropped; 1..=3600,
+    /// default 30 as SPDK (riser's extension)
+    #[cfg_attr(feature = "cli", arg(short = 'w', long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logout_timeout: Option<u16>,
+}
+
 /// Registers the target node methods.
 pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     let t = target.clone();
@@ -919,10 +981,11 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
         ok(t.set_target_node_auth(&p.name, chap))
     });
     let t = target.clone();
-    reg.add("iscsi_delete_target_node", move |p: ByName| ok(t.delete_target_node(&p.name)));
+    reg.add("iscsi_delete_target_node", move |p: IscsiDeleteTargetNode| ok(t.delete_target_node(&p.name, p.force)));
     let t = target.clone();
     reg.add("iscsi_get_target_nodes", move |_: NoParams| Ok(t.target_nodes_json()));
     alua::register(reg, target);
+    redirect::register(reg, target);
 }
 
 // ---- maps and names -------------------------------------------------------------------------
@@ -997,6 +1060,8 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
 
 pub mod alua;
 mod gateways;
+mod redirect;
+pub use redirect::IscsiTargetNodeSetRedirect;
 pub use alua::{AluaGroupParam, IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
 pub use gateways::GatewayView;
 

@@ -119,6 +119,7 @@ pub(crate) fn populate(e: &Env) {
     e.ok("iscsi_target_node_add_lun", json!({"name": "iqn.2024-01.com.example:disk1", "bdev_name": "Malloc1"}));
     e.ok("iscsi_target_node_add_lun", json!({"name": "disk1", "bdev_name": "Malloc2", "lun_id": 7}));
     e.ok("iscsi_target_node_add_pg_ig_maps", json!({"name": "disk1", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 2}]}));
+    e.ok("iscsi_target_node_set_redirect", json!({"name": "disk1", "pg_tag": 1, "redirect_host": "10.1.1.1", "redirect_port": "3262"}));
     e.ok("iscsi_create_target_node", json!({
         "name": "eui.02004567A425678D",
         "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],

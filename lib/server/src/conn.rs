@@ -14,6 +14,7 @@ use riser_iscsi::ffp::{lun_id, Action, CopyStats, Datamover, DmEvent, Ffp, ScsiR
 use riser_reactor::{Ctx, PollStatus};
 use riser_scsi::{DeviceChannel, Nexus, ResetKind, ResetPending, ScsiDevice, TaskEvent};
 
+use crate::logout::{LogoutStep, LogoutTimer};
 use crate::registry::{ConnInfo, ConnRegistry};
 
 /// How long a closing connection may take to flush before it is dropped.
@@ -58,6 +59,8 @@ pub struct Connection<D: Datamover> {
     tx_stall_timeout: Duration,
     /// The datamover's bytes sent when last seen moving (or its queue empty), and when.
     tx_progress: (u64, Instant),
+    /// A logout the control plane requested (`iscsi_target_node_request_logout`).
+    logout: LogoutTimer,
 }
 
 impl<D: Datamover> Connection<D> {
@@ -105,6 +108,7 @@ impl<D: Datamover> Connection<D> {
             in_flight: 0,
             tx_stall_timeout: Duration::ZERO,
             tx_progress: (0, now),
+            logout: LogoutTimer::default(),
         }
     }
 
@@ -291,6 +295,7 @@ impl<D: Datamover> Connection<D> {
                 self.closing_since = Some(now);
             }
             self.refresh_luns();
+            self.check_logout_request(now);
             stalled = self.tx_stalled(now);
         }
         let (n, executed) = self.run_actions();
@@ -319,6 +324,23 @@ impl<D: Datamover> Connection<D> {
             PollStatus::Busy
         } else {
             PollStatus::Idle
+        }
+    }
+
+    /// A requested logout: the Async Message, then, if the initiator ignores it, the close.
+    fn check_logout_request(&mut self, now: Instant) {
+        match self.logout.on_timer(&self.info.logout, now) {
+            LogoutStep::Nothing => {}
+            LogoutStep::Ask(secs) => {
+                log::info!("connection {} ({}): asking the initiator to log out within {secs} s", self.info.id, self.info.initiator_name);
+                self.ffp.request_logout(secs);
+            }
+            LogoutStep::Drop(why) if self.closing_since.is_none() => {
+                log::warn!("connection {} ({} from {}): {why}", self.info.id, self.info.initiator_name, self.info.initiator_addr);
+                self.dm.connection_terminate();
+                self.closing_since = Some(now);
+            }
+            LogoutStep::Drop(_) => {}
         }
     }
 

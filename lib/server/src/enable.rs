@@ -68,6 +68,7 @@ impl IscsiServer {
             initiator_addr: peer.to_string(),
             target_addr: local.map(|l| l.to_string()).unwrap_or_default(),
             target_node_name: target_name.clone(),
+            pg_tag: u32::from(o.identity.portal_group_tag),
             transport: if iser { "iser" } else { "tcp" },
             params: json!({
                 "SessionType": if discovery { "Discovery" } else { "Normal" },
@@ -92,6 +93,7 @@ impl IscsiServer {
             tasks_done: Default::default(),
             queue_depth: Default::default(),
             copies: Default::default(),
+            logout: Default::default(),
         });
         let make_dm = match t.enable_datamover() {
             Ok(f) => f,

@@ -21,6 +21,7 @@ pub mod conn;
 pub mod enable;
 pub mod listeners;
 pub mod login;
+pub mod logout;
 pub mod registry;
 pub mod rpc;
 pub mod sessions;
@@ -100,6 +101,10 @@ impl IscsiServer {
             }
         });
         let weak = Arc::downgrade(&server);
+        target.on_node_sessions(move |node| {
+            weak.upgrade().map_or(0, |s| s.node_sessions(node))
+        });
+        let weak = Arc::downgrade(&server);
         target.on_node_fenced(move |node, why| {
             if let Some(s) = weak.upgrade() {
                 s.drop_fenced_sessions(node, why);
@@ -163,6 +168,31 @@ impl IscsiServer {
         let name = node.name().to_string();
         let n = self.conns.kill_where(|c| c.target_node_name == name);
         log::warn!("target node {name}: closing {n} connection(s): {why}");
+    }
+
+    /// How many sessions of `node` are logged in (`iscsi_delete_target_node` refuses a node
+    /// with sessions unless forced).
+    pub fn node_sessions(&self, node: &TargetNode) -> usize {
+        let mut tsihs: Vec<u16> =
+            self.conns.list().iter().filter(|c| c.target_node_name == node.name()).map(|c| c.tsih).collect();
+        tsihs.sort_unstable();
+        tsihs.dedup();
+        tsihs.len()
+    }
+
+    /// `iscsi_target_node_request_logout`: asks every connection of `node` (through
+    /// portal group `pg_tag` if given) to log out within `time2wait` seconds; returns how
+    /// many were asked.
+    pub fn request_logout(&self, node: &TargetNode, pg_tag: Option<u32>, time2wait: u16, why: &str) -> usize {
+        let mut n = 0;
+        for c in self.conns.list() {
+            if c.target_node_name == node.name() && pg_tag.is_none_or(|t| t == c.pg_tag) {
+                c.logout.request(logout::LogoutRequest { time2wait, why: why.to_string() });
+                n += 1;
+            }
+        }
+        log::info!("target node {}: {n} connection(s) asked to log out within {time2wait} s: {why}", node.name());
+        n
     }
 
     /// Forgets a session once its last connection is gone.

@@ -397,6 +397,12 @@ impl LoginPolicy for Policy<'_> {
             Err(Denied::NotFound) => return TargetLookup::Refused(LoginStatus::NOT_FOUND),
             Err(Denied::NotAuthorized) => return TargetLookup::Refused(LoginStatus::AUTHORIZATION_FAILURE),
         }
+        // Redirected for maintenance (iscsi_target_node_set_redirect): checked after the
+        // access rules, as SPDK does, so only an initiator allowed in learns the address.
+        if let Some(target_address) = node.redirect_for(self.pg_tag) {
+            log::info!("login of {} to {} through portal group {}: redirected to {target_address}", who.initiator_name, node.name(), self.pg_tag);
+            return TargetLookup::Redirect { target_address, permanent: false };
+        }
         self.queue_depth = node.queue_depth();
         TargetLookup::Found(TargetInfo {
             name: node.name().to_string(),

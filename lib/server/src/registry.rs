@@ -10,6 +10,8 @@ use riser_iscsi::ffp::CopyStats;
 use riser_reactor::ReactorHandle;
 use serde_json::{json, Value};
 
+use crate::logout::LogoutSlot;
+
 /// What the control plane sees of a live connection (`iscsi_get_connections`), and the
 /// switch it uses to end it (session reinstatement, target deletion, shutdown).
 pub struct ConnInfo {
@@ -23,6 +25,8 @@ pub struct ConnInfo {
     pub initiator_addr: String,
     pub target_addr: String,
     pub target_node_name: String,
+    /// The portal group the connection logged in through.
+    pub pg_tag: u32,
     pub transport: &'static str,
     /// Negotiated keys, as JSON.
     pub params: Value,
@@ -35,6 +39,8 @@ pub struct ConnInfo {
     pub queue_depth: AtomicU32,
     /// Payload bytes copied by the CPU on this connection (published by its reactor).
     pub copies: CopyCounters,
+    /// A logout the control plane asks for (`iscsi_target_node_request_logout`).
+    pub logout: LogoutSlot,
 }
 
 /// Payload copies ([`CopyStats`]) as counters other threads can read.
@@ -87,6 +93,7 @@ impl ConnInfo {
             "initiator_addr": self.initiator_addr,
             "target_addr": self.target_addr,
             "target_node_name": self.target_node_name,
+            "pg_tag": self.pg_tag,
             "transport": self.transport,
             "negotiated": self.params,
             "pdus_in": self.pdus_in.load(Ordering::Relaxed),

@@ -1,9 +1,11 @@
-//! The iSCSI server's methods: `iscsi_get_connections` and `iscsi_get_stats` (SPDK's names).
+//! The iSCSI server's methods: `iscsi_get_connections`, `iscsi_get_stats` and
+//! `iscsi_target_node_request_logout` (SPDK's names).
 
 use std::sync::Arc;
 
+use riser_config::node::{IscsiTargetNodeRequestLogout, LOGOUT_REQUEST_TIMEOUT};
 use riser_rpc::params::NoParams;
-use riser_rpc::RpcRegistry;
+use riser_rpc::{RpcError, RpcRegistry};
 use serde_json::{json, Value};
 
 use crate::IscsiServer;
@@ -13,6 +15,20 @@ pub fn register(reg: &mut RpcRegistry, server: &Arc<IscsiServer>) {
     let s = server.clone();
     reg.add("iscsi_get_connections", move |_: NoParams| {
         Ok(Value::Array(s.connections().list().iter().map(|c| c.to_json()).collect()))
+    });
+    let s = server.clone();
+    reg.add("iscsi_target_node_request_logout", move |p: IscsiTargetNodeRequestLogout| {
+        let node = s.target().node_named(&p.name).map_err(RpcError::from)?;
+        let wait = p.logout_timeout.unwrap_or(LOGOUT_REQUEST_TIMEOUT);
+        if !(1..=3600).contains(&wait) {
+            return Err(RpcError::invalid_params(format!("logout_timeout: {wait} is out of range (1..=3600 seconds)")));
+        }
+        let why = match p.pg_tag {
+            Some(t) => format!("iscsi_target_node_request_logout for portal group {t}"),
+            None => "iscsi_target_node_request_logout".to_string(),
+        };
+        s.request_logout(&node, p.pg_tag, wait, &why);
+        Ok(Value::Bool(true))
     });
     let s = server.clone();
     reg.add("iscsi_get_stats", move |_: NoParams| {

@@ -36,7 +36,10 @@ use riser_bdev::rpc::{
 };
 use riser_config::auth_group::IscsiAuthGroupRemoveSecret as RemoveSecret;
 use riser_config::node::alua::{IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAluaState};
-use riser_config::node::{IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeRemoveLun};
+use riser_config::node::{
+    IscsiDeleteTargetNode, IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeRemoveLun, IscsiTargetNodeRequestLogout,
+    IscsiTargetNodeSetRedirect,
+};
 use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogSetLevel, RpcGetMethods};
 use serde::Serialize;
 use serde_json::Value;
@@ -196,8 +199,12 @@ enum Cmd {
     IscsiTargetNodeRemovePgIgMaps(IscsiNodeMaps),
     /// Set CHAP authentication of a target node (replaces its whole policy)
     IscsiTargetNodeSetAuth(IscsiTargetNodeSetAuth),
-    /// Delete a target node (its sessions are closed, its bdevs released)
-    IscsiDeleteTargetNode(IscsiNodeName),
+    /// Delete a target node, its bdevs released (one with sessions only with --force, which closes them)
+    IscsiDeleteTargetNode(IscsiDeleteTargetNode),
+    /// Ask the initiators of a target node to log out (Async Message); those still logged in after the wait are dropped: NAME [-t PG_TAG] [-w SECONDS]
+    IscsiTargetNodeRequestLogout(IscsiTargetNodeRequestLogout),
+    /// Redirect new logins to a target node through a portal group (Target moved temporarily): NAME PG_TAG -a HOST [-p PORT]; without -a: clear
+    IscsiTargetNodeSetRedirect(IscsiTargetNodeSetRedirect),
     /// Set a target node's ALUA target port groups: NAME 'TPG:STATE[:pref][:PORT,PORT]' ... (none: remove)
     IscsiTargetNodeSetAlua(IscsiTargetNodeSetAlua),
     /// Change the ALUA state of one target port group: NAME TPG STATE
@@ -316,7 +323,9 @@ impl Cmd {
             Cmd::IscsiTargetNodeAddPgIgMaps(a) | Cmd::IscsiTargetNodeRemovePgIgMaps(a) => {
                 to_params(&NodeMaps { name: a.name, pg_ig_maps: a.pg_ig_maps.0 })?
             }
-            Cmd::IscsiDeleteTargetNode(a) => to_params(&ByName { name: a.name })?,
+            Cmd::IscsiDeleteTargetNode(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeRequestLogout(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeSetRedirect(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
             Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&IscsiTargetNodeAluaFailback { name: a.name })?,

@@ -288,6 +288,19 @@ fn target_node_commands() {
         refused(&[m, "d", "1:x"], "is not PG_TAG:IG_TAG");
     }
     assert_eq!(params(&["iscsi_delete_target_node", "d"]), json!({"name": "d"}));
+    assert_eq!(params(&["iscsi_delete_target_node", "d", "--force"]), json!({"name": "d", "force": true}));
+    assert_eq!(params(&["iscsi_target_node_request_logout", "d"]), json!({"name": "d"}));
+    assert_eq!(
+        params(&["iscsi_target_node_request_logout", "d", "-t", "2", "-w", "5"]),
+        json!({"name": "d", "pg_tag": 2, "logout_timeout": 5})
+    );
+    refused(&["iscsi_target_node_request_logout", "d", "-t", "x"], "invalid value");
+    assert_eq!(
+        params(&["iscsi_target_node_set_redirect", "d", "1", "-a", "10.0.0.2", "-p", "3261"]),
+        json!({"name": "d", "pg_tag": 1, "redirect_host": "10.0.0.2", "redirect_port": "3261"})
+    );
+    assert_eq!(params(&["iscsi_target_node_set_redirect", "d", "1"]), json!({"name": "d", "pg_tag": 1}));
+    refused(&["iscsi_target_node_set_redirect", "d"], "required");
     assert_eq!(params(&["iscsi_get_target_nodes"]), Value::Null);
 }
 
@@ -337,7 +350,7 @@ fn options_and_getters() {
 fn every_iscsi_subcommand_has_help() {
     let cmd = Cli::command();
     let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
-    assert_eq!(iscsi.len(), 30);
+    assert_eq!(iscsi.len(), 32);
     for c in iscsi {
         assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
         let e = sent(&[c.get_name(), "--help"]).expect_err("--help");

@@ -204,6 +204,7 @@ impl TargetNode {
     pub fn config_calls(&self) -> Vec<Value> {
         let mut v = vec![self.config_json()];
         v.extend(self.alua_config_json());
+        v.extend(self.redirect_config_json());
         v
     }
 }

@@ -95,12 +95,12 @@ fn a_node_being_deleted_refuses_changes_and_its_name() {
     t.on_node_deleting(move |node| {
         let t = t2.upgrade().unwrap();
         assert!(matches!(t.target_node_add_lun(node.name(), "Null1", None, LunOptions::default()), Err(TargetError::Busy(_))));
-        assert!(matches!(t.delete_target_node(node.name()), Err(TargetError::Busy(_))));
+        assert!(matches!(t.delete_target_node(node.name(), false), Err(TargetError::Busy(_))));
         let again = NodeParams { name: "d".into(), luns: vec![LunSpec::new(0, "Null2")], ..Default::default() };
         assert!(matches!(t.create_target_node(again), Err(TargetError::Busy(_))));
         assert!(t.config_json().iter().all(|c| c["method"] != "iscsi_create_target_node"));
     });
-    t.delete_target_node("d").unwrap();
+    t.delete_target_node("d", false).unwrap();
     assert!(n.is_deleted());
     // The name is free again.
     node(&t, "d", &[], "Null0");
@@ -287,4 +287,50 @@ fn remove_lun_changes_the_map_raises_reported_luns_changed_and_releases_the_bdev
     // Its number can be used again, by another bdev.
     e.ok("iscsi_target_node_add_lun", json!({"name": "d", "bdev_name": "Malloc3", "lun_id": 0}));
     assert_eq!(n.config_json()["params"]["luns"], json!([{"bdev_name": "Malloc3", "lun_id": 0}, {"bdev_name": "Malloc2", "lun_id": 5}]));
+}
+
+/// `iscsi_target_node_set_redirect`: SPDK's checks, set, shown, cleared (also when the
+/// portal group's maps go).
+#[test]
+fn redirects_are_checked_set_shown_and_cleared() {
+    let t = acl_setup();
+    let n = node(&t, "r", &[(1, 1), (2, 2)], "Null0");
+    assert!(matches!(t.set_target_node_redirect("r", 9, Some("10.0.0.9"), Some("3260")), Err(TargetError::NotFound(_))));
+    // Private group 3, an unmapped group, a group's own portal, a bad address.
+    assert!(t.set_target_node_redirect("r", 3, Some("10.0.0.9"), Some("3260")).is_err());
+    let m = node(&t, "m", &[(2, 2)], "Null1");
+    assert!(t.set_target_node_redirect(m.name(), 1, Some("10.0.0.9"), Some("3260")).is_err());
+    assert!(t.set_target_node_redirect("r", 1, Some("10.0.0.1"), Some("3260")).is_err());
+    assert!(t.set_target_node_redirect("r", 1, Some("nowhere"), Some("3260")).is_err());
+    assert_eq!(n.redirect_for(1), None);
+    let g = n.generation();
+    t.set_target_node_redirect("r", 1, Some("10.0.0.9"), Some("3262")).unwrap();
+    assert!(n.generation() > g);
+    assert_eq!(n.redirect_for(1).as_deref(), Some("10.0.0.9:3262,1"));
+    assert_eq!(n.redirect_for(2), None);
+    assert_eq!(n.info_json()["redirects"], json!([{"pg_tag": 1, "redirect_host": "10.0.0.9", "redirect_port": "3262"}]));
+    // save_config: create_target_node without it, then the redirect call.
+    let calls = n.config_calls();
+    assert!(calls[0]["params"].get("redirects").is_none());
+    assert!(calls.iter().any(|c| c["method"] == "iscsi_target_node_set_redirect" && c["params"]["pg_tag"] == 1));
+    t.set_target_node_redirect("r", 1, Some(""), None).unwrap();
+    assert_eq!(n.redirect_for(1), None);
+    assert!(n.info_json().get("redirects").is_none());
+    t.set_target_node_redirect("r", 1, Some("10.0.0.9"), None).unwrap();
+    t.target_node_remove_pg_ig_maps("r", &[PgIgMap { pg_tag: 1, ig_tag: 1 }]).unwrap();
+    assert_eq!(n.redirect_for(1), None);
+}
+
+/// A node with sessions is deleted only when forced.
+#[test]
+fn deleting_a_node_with_sessions_needs_force() {
+    let (_, t) = target();
+    let n = node(&t, "s", &[], "Null0");
+    t.on_node_sessions(|_| 2);
+    let e = t.delete_target_node("s", false).unwrap_err();
+    assert!(matches!(e, TargetError::Busy(_)));
+    assert!(e.to_string().contains("2 session(s)"), "{e}");
+    assert!(!n.is_deleted());
+    t.delete_target_node("s", true).unwrap();
+    assert!(n.is_deleted());
 }

@@ -19,7 +19,7 @@ use riser_scsi::{Asc, LunId, Sense, SenseKey, Status};
 
 use super::config::FfpConfig;
 use super::datamover::{GetData, PutData, SnState};
-use crate::pdu::{logout, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason, ScsiCommand, BHS_LEN};
+use crate::pdu::{logout, AsyncMessage, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason, ScsiCommand, BHS_LEN};
 use crate::serial::{Itt, Sn, TagMap, Ttt};
 use crate::text::{Pairs, TextAssembler};
 
@@ -706,6 +706,27 @@ impl Ffp {
             self.next_ttt = 1;
         }
         Ttt(t)
+    }
+
+    /// Sends the Async Message "logout requested" (RFC 7143 §11.9.1: AsyncEvent 1; the
+    /// initiator must log out within Parameter3 seconds). It takes a StatSN, as SPDK's does.
+    /// Nothing once the connection is closing.
+    pub fn request_logout(&mut self, time2wait: u16) {
+        if self.closing {
+            return;
+        }
+        let s = self.next_stat_sn();
+        self.actions.push_back(Action::Send(Pdu::new(Op::AsyncMessage(AsyncMessage {
+            lun: Lun(0),
+            stat_sn: s.stat_sn,
+            exp_cmd_sn: s.exp_cmd_sn,
+            max_cmd_sn: s.max_cmd_sn,
+            async_event: 1,
+            async_vcode: 0,
+            parameter1: 0,
+            parameter2: 0,
+            parameter3: time2wait,
+        }))));
     }
 
     /// Timers: the Data-Out timeout (see `timeouts`), NOP-In pings on a silent connection

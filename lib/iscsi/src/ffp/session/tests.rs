@@ -149,6 +149,26 @@ fn nop_echo_ping_and_timeout() {
     assert!(matches!(drain(&mut f).as_slice(), [Action::Close { logout: false, .. }]));
 }
 
+/// The Async Message "logout requested" (RFC 7143 §11.9.1) takes a StatSN; the initiator's
+/// Logout then closes as usual; none once closing.
+#[test]
+fn requested_logout_sends_async_event_1_with_the_wait() {
+    let (mut f, now) = ffp(FfpConfig::default());
+    f.request_logout(7);
+    let a = drain(&mut f);
+    let Op::AsyncMessage(m) = &sent(&a[0]).bhs.op else { panic!("expected an Async Message") };
+    assert_eq!((m.async_event, m.parameter3, m.stat_sn, m.exp_cmd_sn), (1, 7, Sn(100), Sn(10)));
+    assert!(sent(&a[0]).bhs.itt().is_reserved());
+    let l = LogoutRequest { immediate: true, reason_code: logout::CLOSE_SESSION, itt: Itt(3), cid: 0, cmd_sn: Sn(10), exp_stat_sn: Sn(101) };
+    f.on_pdu(Pdu::new(Op::LogoutRequest(l)), now);
+    let a = drain(&mut f);
+    let Op::LogoutResponse(r) = &sent(&a[0]).bhs.op else { panic!("expected a Logout Response") };
+    assert_eq!(r.stat_sn, Sn(101), "the Async Message took StatSN 100");
+    assert!(matches!(a[1], Action::Close { logout: true, .. }));
+    f.request_logout(7);
+    assert!(drain(&mut f).is_empty());
+}
+
 #[test]
 fn logout_closes_and_tmf_aborts() {
     let (mut f, now) = ffp(FfpConfig::default());
