@@ -248,11 +248,14 @@ fn change(lun: &Lun, what: &str, except: Option<&Arc<str>>, f: &dyn Fn(&mut LuSt
             Ok(v) => {
                 apply(lun, sh, &st, v, except);
                 if let Err(e) = sh.handle.notify(b"lu_state") {
-                    log::warn!(
-                        "LUN {}: {what}: the change is in {}, but not every gateway acknowledged it ({e}): one is gone or cut off from the cluster, and reads the state when it is back",
+                    // Not GOOD: a gateway that did not acknowledge could not be fenced, so
+                    // it may still act on the previous state. The change is in the object.
+                    log::error!(
+                        "LUN {}: {what} fails: the change is in {}, but a gateway that did not acknowledge it could not be fenced either ({e}): it may act on the previous state until it re-reads it",
                         lun.id(),
                         sh.describe()
                     );
+                    return Err(Refusal::Cmd(comm_failure()));
                 }
                 return Ok(());
             }

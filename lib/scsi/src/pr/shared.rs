@@ -22,8 +22,9 @@
 //!   (killed, hung, cut off from the cluster, or unable to re-read) is fenced by the
 //!   device before the notify returns (RBD: its client is put on the OSD blocklist, see
 //!   `riser_bdev::gateways`), so once the initiator sees GOOD every gateway that can still
-//!   reach the image honours the change. Only when that fencing itself fails is the
-//!   command still GOOD (the change is in the cluster) with an error logged; a gateway that
+//!   reach the image honours the change. When that fencing itself fails the command ends
+//!   with HARDWARE ERROR, LOGICAL UNIT COMMUNICATION FAILURE and an error logged (the
+//!   change is in the cluster, so a retry finds it done), never GOOD; a gateway that
 //!   starts, or rejoins after being fenced, reads the object when it opens the LUN.
 //! * **The cluster unreachable**: the worker's reads and writes fail after the cluster
 //!   connection's operation timeout (30 s by default, `rados_osd_op_timeout`), and the PR
@@ -430,11 +431,17 @@ pub(super) fn run(lun: &Lun, nexus: &Nexus, req: &PrOutReq) -> CmdResult<()> {
                 apply(lun, sh, &next, v);
                 let notice = serde_json::to_vec(&Notice { from: sh.gateway, uas }).unwrap_or_default();
                 if let Err(e) = sh.handle.notify(&notice) {
-                    log::warn!(
-                        "LUN {}: the reservation change is in {}, but a gateway that did not acknowledge it could not be fenced either ({e}): it may enforce the previous state until it re-reads the object",
+                    // Not GOOD: a gateway that may still enforce the previous state is
+                    // neither following nor fenced. The change stays in the object (every
+                    // gateway that reads it honours it); the initiator sees the failure
+                    // and may retry, which then finds the state already changed.
+                    log::error!(
+                        "LUN {}: PERSISTENT RESERVE OUT (service action {:#04x}) fails: the change is in {}, but a gateway that did not acknowledge it could not be fenced either ({e}): it may enforce the previous state until it re-reads the object",
                         lun.id(),
+                        req.sa,
                         sh.describe()
                     );
+                    return Err(comm_failure());
                 }
                 return Ok(());
             }

@@ -34,8 +34,12 @@ pub(crate) struct Store {
     /// Notifies begun, and finished.
     pub notifies: AtomicUsize,
     pub notified: AtomicUsize,
-    /// Notifies that found a watcher failing (not acknowledged).
+    /// Notifies that found a watcher failing (not acknowledged). Such a watcher is fenced
+    /// (as RBD blocklists it) and the notify succeeds, unless `unfenceable` is set.
     pub unacked: AtomicUsize,
+    /// A watcher that does not acknowledge cannot be fenced either (the blocklist command
+    /// fails): the notify fails.
+    pub unfenceable: AtomicBool,
     /// The cluster is gone: every call fails.
     pub down: AtomicBool,
     /// The cluster is slow: reads wait while set (at most 20 s, so a failed test ends).
@@ -117,10 +121,13 @@ impl SharedState for Handle {
         }
         self.0.notified.fetch_add(1, Ordering::AcqRel);
         if acked {
-            Ok(())
+            return Ok(());
+        }
+        self.0.unacked.fetch_add(1, Ordering::AcqRel);
+        if self.0.unfenceable.load(Ordering::Acquire) {
+            Err(SharedError::Unavailable("a watcher did not acknowledge and could not be fenced".into()))
         } else {
-            self.0.unacked.fetch_add(1, Ordering::AcqRel);
-            Err(SharedError::Unavailable("a watcher did not acknowledge".into()))
+            Ok(())
         }
     }
 }

@@ -327,3 +327,19 @@ fn a_reservation_made_through_a_gateway_that_is_fenced_is_released() {
     std::thread::sleep(Duration::from_millis(50));
     a.e.conflict(&a.x, &rw10(op::WRITE10, 0, 1, 0), BS as u32, Some(vec![0; BS]));
 }
+
+#[test]
+fn a_reserve_that_a_silent_unfenceable_gateway_missed_is_not_good() {
+    let (store, mut a, mut b) = two_gateways();
+    store.muted.lock().unwrap().push(1);
+    store.unfenceable.store(true, Ordering::Release);
+    let r = a.e.run(&a.x, &RESERVE6, 0, None);
+    assert_eq!(r.sense_triplet(), Some((4, 0x08, 0x00)), "{r:?}");
+    // The reservation is in the shared state: a retry by the holder is GOOD, others conflict.
+    a.e.ok(&a.x, &RESERVE6, 0, None);
+    a.e.conflict(&a.y, &RESERVE6, 0, None);
+    store.unfenceable.store(false, Ordering::Release);
+    store.muted.lock().unwrap().clear();
+    a.e.ok(&a.x, &RELEASE6, 0, None);
+    b.e.ok(&b.y, &RESERVE6, 0, None);
+}

@@ -233,3 +233,30 @@ fn a_reset_whose_announcement_stalls_does_not_stall_the_reactor() {
     }
     store.notify_stalled.store(false, Ordering::Release);
 }
+
+#[test]
+fn a_peer_that_neither_acknowledges_nor_can_be_fenced_fails_pr_out() {
+    let (store, mut ga, mut gb) = two_gateways();
+    let (a, b) = (ga.a.clone(), ga.b.clone());
+    assert_eq!(ga.pr(&a, 0, 0, 0, 0xA1).status, Status::Good);
+    // B misses notifies and the blocklist command fails (the monitors refuse it, say).
+    store.muted.lock().unwrap().push(GW_B);
+    store.unfenceable.store(true, Ordering::Release);
+    let r = ga.pr(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0);
+    // Never GOOD: HARDWARE ERROR, LOGICAL UNIT COMMUNICATION FAILURE.
+    assert_eq!(r.sense_triplet(), Some((4, 0x08, 0x00)), "{r:?}");
+    // The change is in the object: A (and any gateway that reads it) honours it, and a
+    // retry of the same command finds it done.
+    assert!(!ga.writes(&b));
+    assert_eq!(ga.pr(&a, 1, WRITE_EXCLUSIVE, 0xA1, 0).sense_triplet(), None);
+    // B follows once it reads again.
+    store.muted.lock().unwrap().clear();
+    assert!(rewatch(&store, GW_B, "pr"));
+    assert!(!gb.writes(&b));
+    // With fencing working again, a non-acknowledging peer is fenced and the command is GOOD.
+    store.muted.lock().unwrap().push(GW_B);
+    store.unfenceable.store(false, Ordering::Release);
+    let unacked = store.unacked.load(Ordering::Acquire);
+    assert_eq!(ga.pr(&a, 2, WRITE_EXCLUSIVE, 0xA1, 0).status, Status::Good);
+    assert_eq!(store.unacked.load(Ordering::Acquire), unacked + 1);
+}
