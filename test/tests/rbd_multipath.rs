@@ -24,14 +24,11 @@
 //! here. The guest side is scripts/vm/multipath.sh (the multipath settings are there); the two
 //! talk through files in the VM's shared directory.
 //!
-//! Until the gateways fence each other (issue 23, item 1) and move ALUA states (item 2), case
-//! (a) passes and the fencing checks of (b) and (c) fail, each with its own message (in (b)
-//! sometimes also a verify error: A, continued unfenced, executes a write it received before
-//! SIGSTOP over newer data written through B). With A blocklisted by hand instead (tried:
-//! `ceph osd blocklist add 10.99.0.2:0/0` during the outage), the blocklist and marker checks
-//! pass and the initiator, failing back to A after SIGCONT, got I/O errors (ENODATA) from
-//! A's HARDWARE ERROR answers: a fenced gateway must fail I/O the way multipath retries
-//! elsewhere (see the message of that check).
+//! Before the gateways fenced each other (issue 23, items 1-2), case (a) passed and the
+//! fencing checks of (b) and (c) failed, each with its own message (in (b) sometimes also a
+//! verify error: A, continued unfenced, executed a write it received before SIGSTOP over
+//! newer data written through B). A fenced gateway must fail I/O the way multipath retries
+//! elsewhere (NOT READY 04h/0Ch, not HARDWARE ERROR: see the message of that check).
 //!
 //! Takes about 3.5 minutes (VM boot and setup about 1, each case about 40 s).
 
