@@ -22,8 +22,11 @@
 # bdev_aio_create (both O_DIRECT), tgt's rdwr backing store with bsoflags=direct.
 #
 # Environment: BENCH_TIME (seconds per run, default 5), BENCH_ROUNDS (default 3), BENCH_PEERS
-# (comma-separated, default "spdk,tgt"; riser always runs), BENCH_SEQ_QD, BENCH_OUT, BENCH_LUN,
-# BENCH_FILE,
+# (comma-separated, default "spdk,tgt"; riser always runs; "spdk-uring" is SPDK again with its
+# io_uring socket implementation, sock_set_default_impl -i uring, beside "spdk" = posix: the
+# ratios then compare riser with the better of the two for each workload), BENCH_SEQ_QD, BENCH_OUT, BENCH_LUN,
+# BENCH_FILE, BENCH_QDS (riser-perf's 4 KiB random workloads at more queue depths per session,
+# e.g. "16 32 64": each becomes a workload of its own, randread-4k-qd16...; default only 32),
 # SPDK_PREFIX, SPDK_PEER_DIR (default ../shared/peers/spdk: build.sh and start.sh).
 # About ROUNDS x (1 + peers) x (6 x (TIME + 2) + 5) seconds: 4 minutes with the defaults.
 set -euo pipefail
@@ -50,9 +53,9 @@ IFS=',' read -r -a want <<<"$peers_csv"
 for p in "${want[@]}"; do
   p=${p// /}
   case "$p" in
-    spdk|tgt) [[ " ${targets[*]} " == *" $p "* ]] || targets+=("$p") ;;
+    spdk|spdk-uring|tgt) [[ " ${targets[*]} " == *" $p "* ]] || targets+=("$p") ;;
     riser|"") ;;
-    *) die "BENCH_PEERS: unknown peer '$p' (spdk, tgt)" ;;
+    *) die "BENCH_PEERS: unknown peer '$p' (spdk, spdk-uring, tgt)" ;;
   esac
 done
 case "$lun_kind" in
@@ -79,7 +82,7 @@ if [[ " ${targets[*]} " == *" tgt "* ]]; then
   [ -x /usr/sbin/tgtd ] && command -v tgtadm >/dev/null || die "tgt missing: scripts/setup.sh bench (or BENCH_PEERS without tgt)"
   . scripts/lib-tgt.sh
 fi
-if [[ " ${targets[*]} " == *" spdk "* ]]; then
+if [[ " ${targets[*]} " == *" spdk"* ]]; then
   [ -x "$spdk_dir/build.sh" ] && [ -x "$spdk_dir/start.sh" ] ||
     die "SPDK's build.sh/start.sh not found in $spdk_dir (set SPDK_PEER_DIR, or BENCH_PEERS without spdk)"
   SPDK_PEER_DIR=$spdk_dir scripts/bench-spdk.sh || die "SPDK's iscsi_tgt is not available (see above)"
@@ -118,6 +121,7 @@ write_riser_config
 declare -A url=(
   [riser]="iscsi://127.0.0.1:$riser_port/iqn.2016-06.io.riser:null/0"
   [spdk]="iscsi://127.0.0.1:$spdk_port/iqn.2016-06.io.spdk:null/0"
+  [spdk-uring]="iscsi://127.0.0.1:$spdk_port/iqn.2016-06.io.spdk:null/0"
   [tgt]="iscsi://127.0.0.1:$tgt_port/iqn.2024-01.test.peer:null/1"
 )
 sock=$work/target.sock
@@ -129,6 +133,11 @@ workloads=(
   "read-128k|read|131072|$seq_qd|-m $seq_qd -b 256"
   "write-128k|write|131072|$seq_qd|"
 )
+for q in ${BENCH_QDS:-}; do
+  [[ "$q" =~ ^[0-9]+$ ]] && [ "$q" -ge 1 ] && [ "$q" -le 128 ] || die "BENCH_QDS: '$q' is not a queue depth (1-128)"
+  [ "$q" = 32 ] && continue
+  workloads+=("randread-4k-qd$q|randread|4096|$q|" "randwrite-4k-qd$q|randwrite|4096|$q|")
+done
 
 run_client() { # CLIENT TARGET WORKLOAD-SPEC LOG -> "IOPS IOS" or nothing
   local name rw bs qd ip
@@ -165,13 +174,13 @@ for round in $(seq "$rounds"); do
         res=$(run_client "$c" "$t" "$w" "$log")
         s1=$(cost_sample "$t") || die "reading $t's busy time failed (did $t die? see $out)"
         if [ -z "$res" ]; then
-          printf 'round %d %-5s %-10s %-12s FAILED (see %s)\n' "$round" "$t" "$c" "$wname" "$log"
+          printf 'round %d %-10s %-10s %-16s FAILED (see %s)\n' "$round" "$t" "$c" "$wname" "$log"
           failed=$((failed + 1))
           continue
         fi
         read -r iops ios <<<"$res"
         busy=$(awk -v a="${s0% *}" -v b="${s1% *}" -v hz="${s1#* }" -v n="$ios" 'BEGIN {printf "%.3f", (b - a) / hz * 1e6 / n}')
-        printf 'round %d %-5s %-10s %-12s %9.0f IOPS  %8s us busy/IO\n' "$round" "$t" "$c" "$wname" "$iops" "$busy"
+        printf 'round %d %-10s %-10s %-16s %9.0f IOPS  %8s us busy/IO\n' "$round" "$t" "$c" "$wname" "$iops" "$busy"
         printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$t" "$c" "$wname" "$iops" "$ios" "$busy" >>"$runs"
       done
     done
@@ -185,9 +194,13 @@ runs, out, secs, rounds, seq_qd = sys.argv[1], sys.argv[2], int(sys.argv[3]), in
 lun_kind = sys.argv[6]
 lun_text = "null LUNs" if lun_kind == "null" else "a 1 GiB file LUN (riser bdev_uring, SPDK bdev_aio, tgt rdwr, all O_DIRECT)"
 rows = list(csv.DictReader(open(runs), delimiter="\t"))
-targets = [t for t in ("riser", "spdk", "tgt") if any(r["target"] == t for r in rows)]
+targets = [t for t in ("riser", "spdk", "spdk-uring", "tgt") if any(r["target"] == t for r in rows)]
+spdks = [t for t in targets if t.startswith("spdk")]
 wl = {"randread-4k": "4 KiB random read QD 32", "randwrite-4k": "4 KiB random write QD 32",
       "read-128k": f"128 KiB sequential read QD {seq_qd}", "write-128k": f"128 KiB sequential write QD {seq_qd}"}
+for w in sorted({r["workload"] for r in rows if "-qd" in r["workload"]}, key=lambda w: (w.split("-")[0], int(w.rsplit("qd", 1)[1]))):
+    q = w.rsplit("qd", 1)[1]
+    wl[w] = f"4 KiB random {'read' if w.startswith('randread') else 'write'} QD {q}"
 AIM_IOPS, AIM_BUSY = 1.2, 0.7
 def med(t, c, w, k):
     v = [float(r[k]) for r in rows if (r["target"], r["client"], r["workload"]) == (t, c, w)]
@@ -202,7 +215,13 @@ for w in wl:
             e["targets"][t] = {"iops": med(t, c, w, "iops"), "busy_us_per_io": med(t, c, w, "busy_us_per_io"),
                                "runs": sum(1 for r in rows if (r["target"], r["client"], r["workload"]) == (t, c, w))}
         R = e["targets"].get("riser", {})
-        for p in ("spdk", "tgt"):
+        # SPDK's better socket implementation for this workload (the higher IOPS).
+        got = [t for t in spdks if e["targets"][t]["iops"] is not None]
+        if got:
+            best = max(got, key=lambda t: e["targets"][t]["iops"])
+            e["spdk_best"] = best
+            e["targets"]["spdk_best"] = e["targets"][best]
+        for p in ("spdk_best", "tgt"):
             if p in e["targets"]:
                 P = e["targets"][p]
                 e[f"riser_over_{p}"] = {"iops": ratio(R.get("iops"), P["iops"]),
@@ -212,16 +231,19 @@ def f(v, spec): return "-" if v is None else format(v, spec)
 def mark(v, ok): return "" if v is None else (" ok" if ok(v) else " MISS")
 head = ["workload", "client"]
 for t in targets: head += [f"{t} IOPS", f"{t} us/IO"]
-if "spdk" in targets: head += ["riser/SPDK IOPS (aim>=1.2)", "riser/SPDK us/IO (aim<=0.7)"]
+if spdks: head += ["riser/SPDK IOPS (aim>=1.2)", "riser/SPDK us/IO (aim<=0.7)"] + (["SPDK best"] if len(spdks) > 1 else [])
 if "tgt" in targets: head += ["riser/tgt IOPS", "riser/tgt us/IO"]
 table = []
 for e in cases:
     row = [e["workload"], e["client"]]
     for t in targets:
         row += [f(e["targets"][t]["iops"], ".0f"), f(e["targets"][t]["busy_us_per_io"], ".2f")]
-    if "spdk" in targets:
-        a, b = e["riser_over_spdk"]["iops"], e["riser_over_spdk"]["busy_us_per_io"]
+    if spdks:
+        o = e.get("riser_over_spdk_best", {"iops": None, "busy_us_per_io": None})
+        a, b = o["iops"], o["busy_us_per_io"]
         row += [f(a, ".2f") + "x" + mark(a, lambda v: v >= AIM_IOPS), f(b, ".2f") + "x" + mark(b, lambda v: v <= AIM_BUSY)]
+        if len(spdks) > 1:
+            row += [e.get("spdk_best", "-")]
     if "tgt" in targets:
         row += [f(e["riser_over_tgt"]["iops"], ".2f") + "x", f(e["riser_over_tgt"]["busy_us_per_io"], ".2f") + "x"]
     table.append(row)
@@ -230,7 +252,8 @@ line = lambda r: "  ".join(str(x).rjust(w) if i >= 2 else str(x).ljust(w) for i,
 text = [f"iSCSI/TCP, {lun_text}, each target alone on core 0, clients on core 1; medians of {rounds} round(s) x {secs} s.",
         "us/IO = target busy time per I/O: reactor busy delta of framework_get_reactors (riser, SPDK);",
         "for tgt, tgtd's CPU time (utime+stime), it has no busy counter. iscsi-perf only reads; riser-perf: 2 sessions, QD per session.",
-        "Aims: riser >= 1.2x SPDK's IOPS and <= 0.7x SPDK's busy time per I/O (ok / MISS).",
+        "Aims: riser >= 1.2x SPDK's IOPS and <= 0.7x SPDK's busy time per I/O (ok / MISS)"
+        + (", against the better of SPDK's posix (spdk) and io_uring (spdk-uring) sockets per workload." if len(spdks) > 1 else "."),
         line(head), line(["-" * w for w in wid])] + [line(r) for r in table]
 print("\n".join(text))
 open(f"{out}/table.txt", "w").write("\n".join(text) + "\n")

@@ -48,18 +48,32 @@ start_target() { # NAME ROUND: starts it alone on core 0, configured with the LU
       wait_port $riser_port "$pid" riser "$out/riser.$2.log"
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
       ;;
-    spdk)
-      # start.sh: iscsi_tgt --no-huge -s 2048 -u -m MASK (no hugepages, nothing on the machine
-      # changes); taskset keeps DPDK's side threads on core 0 too.
-      pid=$(taskset -c 0 "$spdk_dir/start.sh" "$sock" 0x1) || die "SPDK's iscsi_tgt did not start; see $sock.log"
+    spdk|spdk-uring)
       local r=(env PYTHONPATH="$SPDK_PREFIX/python" python3 "$SPDK_PREFIX/scripts/rpc.py" -s "$sock")
+      if [ "$1" = spdk ]; then
+        # start.sh: iscsi_tgt --no-huge -s 2048 -u -m MASK (no hugepages, nothing on the machine
+        # changes); taskset keeps DPDK's side threads on core 0 too. Its default socket
+        # implementation: posix.
+        pid=$(taskset -c 0 "$spdk_dir/start.sh" "$sock" 0x1) || die "SPDK's iscsi_tgt did not start; see $sock.log"
+      else
+        # The same flags as start.sh, waiting for RPCs: sock_set_default_impl is a startup
+        # RPC, taken only before framework_start_init.
+        rm -f "$sock"
+        LD_LIBRARY_PATH=$SPDK_PREFIX/build/lib setsid taskset -c 0 "$SPDK_PREFIX/build/bin/iscsi_tgt" \
+          --no-huge -s 2048 -u -m 0x1 -r "$sock" --wait-for-rpc >"$sock.log" 2>&1 </dev/null &
+        pid=$!
+        for _ in $(seq 100); do [ -S "$sock" ] && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        [ -S "$sock" ] || die "SPDK's iscsi_tgt (for its uring sockets) did not start; see $sock.log"
+        { "${r[@]}" sock_set_default_impl -i uring && "${r[@]}" framework_start_init; } >"$out/$1.$2.rpc.log" 2>&1 ||
+          { cp "$sock.log" "$out/$1.$2.log"; die "SPDK's uring socket implementation is not available; see $out/$1.$2.rpc.log"; }
+      fi
       {
         "${r[@]}" -t 60 framework_wait_init &&
         "${r[@]}" "${spdk_bdev[@]}" &&
         "${r[@]}" iscsi_create_portal_group 1 "127.0.0.1:$spdk_port" &&
         "${r[@]}" iscsi_create_initiator_group 1 ANY ANY &&
         "${r[@]}" iscsi_create_target_node null null_alias Null0:0 1:1 64 -d
-      } >"$out/spdk.$2.rpc.log" 2>&1 || { cp "$sock.log" "$out/spdk.$2.log"; die "configuring SPDK failed; see $out/spdk.$2.rpc.log and $out/spdk.$2.log"; }
+      } >>"$out/$1.$2.rpc.log" 2>&1 || { cp "$sock.log" "$out/$1.$2.log"; die "configuring SPDK failed; see $out/$1.$2.rpc.log and $out/$1.$2.log"; }
       wait_port $spdk_port "$pid" "SPDK's iscsi_tgt" "$sock.log"
       ;;
     tgt)
@@ -79,7 +93,7 @@ stop_target() { # NAME ROUND
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      [ "$1" = spdk ] && cp "$sock.log" "$out/spdk.$2.log" 2>/dev/null
+      [[ "$1" = spdk* ]] && cp "$sock.log" "$out/$1.$2.log" 2>/dev/null
       pid=
       ;;
   esac
