@@ -19,7 +19,7 @@
 //! anything is sent.
 //!
 //! The args structs live per subsystem, as SPDK's `rpc/bdev.py` / `rpc/iscsi.py`: [`bdev`],
-//! [`iscsi`], [`misc`] (call) and [`config_file`] (save/load_config).
+//! [`iscsi`], [`misc`] (call) and [`config_file`] (save/load_config); [`apply`] is `riser-rpc apply`.
 //!
 //! Exit status: 0 success, 1 RPC error or connection failure, 2 usage error.
 
@@ -155,6 +155,7 @@ enum Cmd {
     /// Replay a configuration made by save_config
     LoadConfig(LoadConfig),
     /// Make the node's configuration FILE's (save_config's format) with live calls: prints the plan, then runs it [--dry-run] [--force]
+    #[command(long_about = apply::LONG_HELP)]
     Apply(apply::Apply),
     /// Set global iSCSI options (flags as in rpc.py; only those given change)
     IscsiSetOptions(IscsiSetOptions),

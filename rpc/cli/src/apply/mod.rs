@@ -19,8 +19,8 @@ use serde_json::Value;
 
 use plan::{make_plan, Config, Plan, Session};
 
-#[derive(Args, Debug)]
-#[command(long_about = "Make the running node's configuration the one in FILE (save_config's format), with live calls \
+/// `riser-rpc apply --help` (the one-line help is the `Cmd::Apply` variant's).
+pub(crate) const LONG_HELP: &str = "Make the running node's configuration the one in FILE (save_config's format), with live calls \
                   and without dropping sessions.\n\n\
                   Compares FILE with the node's own save_config and prints the plan: what is created, changed and \
                   removed (bdevs and their sizes, iobuf and iSCSI options, portal, initiator and auth groups, target \
@@ -28,12 +28,15 @@ use plan::{make_plan, Config, Plan, Session};
                   affects; then runs it in a safe order (devices before the LUNs that use them, LUNs and maps removed \
                   before their devices and groups are deleted).\n\n\
                   Refused without --force: removing a LUN of a target with sessions (they may have I/O on it), \
-                  deleting a target node or portal group with sessions. Refused always: a change no call makes \
-                  live (a portal group's portals, a device's type or block size) on something in use; unused, it \
-                  is deleted and created again.\n\n\
+                  deleting a target node or portal group with sessions. A change no call makes live (a portal \
+                  group's portals, a device's type or block size, a node's queue depth) deletes and creates the object \
+                  again when nothing uses it (a target node with sessions: only with --force); otherwise it is refused, \
+                  naming the field.\n\n\
                   Applying the node's own save_config output changes nothing.\n\n\
                   Exit status: 0 done or nothing to change, 1 refused or a step failed (the steps already done are \
-                  listed), 2 usage.")]
+                  listed), 2 usage.";
+
+#[derive(Args, Debug)]
 pub(crate) struct Apply {
     /// Configuration to apply (as written by save_config)
     #[arg(value_name = "FILE")]
