@@ -227,4 +227,12 @@ fn removing_a_lun_with_io_running_needs_force() {
     let (mut c, status) = io.join().expect("the I/O thread");
     assert_eq!(status, Some(2), "writes to the removed LUN end with CHECK CONDITION, the connection kept");
     assert!(c.clear_unit_attentions(), "the session goes on with LUN 0");
+
+    // Deleting the target under that session: refused without --force, naming it.
+    let mut gone = want.clone();
+    calls(&mut gone, "iscsi").retain(|c| c["method"] != "iscsi_create_target_node");
+    let refused = apply(&riser, &gone, &[]);
+    assert_eq!(refused.code(), Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("target node iqn.2016-06.io.riser:t1") && refused.stderr.contains(INITIATOR), "{refused:?}");
+    assert!(c.clear_unit_attentions(), "the session is still there");
 }

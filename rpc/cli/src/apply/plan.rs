@@ -22,7 +22,9 @@ pub enum Phase {
     Options,
     /// Deleting an unused device or group that is then created again (no live RPC changes it).
     ReplaceDelete,
-    /// New Ceph clusters, devices, portal, initiator and auth groups.
+    /// New Ceph clusters (the RBD devices name them).
+    CreateCluster,
+    /// New devices, portal, initiator and auth groups.
     Create,
     /// Resizes, initiators and secrets added.
     Grow,

@@ -139,11 +139,11 @@ fn bdev_users(ctx: &Ctx, kind: &BdevKind, name: &str) -> (Vec<String>, Vec<Strin
 fn bdevs(ctx: &Ctx, plan: &mut Plan) {
     let cur = keyed(ctx.current, BDEV_METHODS, "bdevs", plan, bdev_key);
     let want = keyed(ctx.wanted, BDEV_METHODS, "bdevs", plan, bdev_key);
-    // Clusters first in the file order: the RBD devices name them.
     for (key, w) in &want {
         let Some(wk) = bdev_kind(&w.method) else { continue };
         let name = name_of(&w.params).unwrap_or_default();
-        let create = Step::new(Phase::Create, Kind::Create, "bdevs", key.clone(), wk.create, w.params.clone());
+        let phase = if wk.cluster { Phase::CreateCluster } else { Phase::Create };
+        let create = Step::new(phase, Kind::Create, "bdevs", key.clone(), wk.create, w.params.clone());
         let Some(c) = cur.get(key) else {
             plan.push(create);
             continue;

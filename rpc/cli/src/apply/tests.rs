@@ -282,6 +282,20 @@ fn alua_and_redirects_follow_the_file() {
 }
 
 #[test]
+fn a_ceph_cluster_is_registered_before_its_devices_and_unregistered_after() {
+    let mut w = base();
+    calls(&mut w, 1).push(json!({"method": "bdev_rbd_create", "params": {"name": "Rbd0", "pool_name": "rbd", "rbd_name": "img", "block_size": 512, "cluster_name": "ceph"}}));
+    calls(&mut w, 1).push(
+        json!({"method": "bdev_rbd_register_cluster", "params": {"name": "ceph", "config_param": {"mon_host": "10.0.0.1", "key": "AQD-not-shown"}}}),
+    );
+    let p = plan(&base(), &w, &[]);
+    assert_eq!(steps(&p), ["bdev_rbd_register_cluster cluster ceph", "bdev_rbd_create bdev Rbd0"]);
+    assert!(!p.steps[0].to_string().contains("AQD-not-shown"), "{}", p.steps[0]);
+    let back = plan(&w, &base(), &[]);
+    assert_eq!(steps(&back), ["bdev_rbd_delete bdev Rbd0", "bdev_rbd_unregister_cluster cluster ceph"]);
+}
+
+#[test]
 fn sections_own_distinct_methods() {
     let mut seen = std::collections::BTreeSet::new();
     for s in super::plan::SECTIONS {
