@@ -19,7 +19,7 @@
 //! anything is sent.
 //!
 //! The args structs live per subsystem, as SPDK's `rpc/bdev.py` / `rpc/iscsi.py`: [`bdev`],
-//! [`iscsi`], [`misc`] (call) and [`config_file`] (save/load_config).
+//! [`iscsi`], [`misc`] (call) and [`config_file`] (save/load_config); [`apply`] is `riser-rpc apply`.
 //!
 //! Exit status: 0 success, 1 RPC error or connection failure, 2 usage error.
 
@@ -44,6 +44,7 @@ use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogS
 use serde::Serialize;
 use serde_json::Value;
 
+mod apply;
 mod bdev;
 mod config_file;
 mod iscsi;
@@ -153,6 +154,9 @@ enum Cmd {
     SaveConfig(SaveConfig),
     /// Replay a configuration made by save_config
     LoadConfig(LoadConfig),
+    /// Make the node's configuration FILE's (save_config's format) with live calls: prints the plan, then runs it [--dry-run] [--force]
+    #[command(long_about = apply::LONG_HELP)]
+    Apply(apply::Apply),
     /// Set global iSCSI options (flags as in rpc.py; only those given change)
     IscsiSetOptions(IscsiSetOptions),
     /// Show the global iSCSI options
@@ -245,6 +249,7 @@ enum Action {
     /// `output`: a file written with mode 0600 instead of standard output.
     SaveConfig { indent: usize, output: Option<PathBuf> },
     LoadConfig { file: Option<PathBuf> },
+    Apply(apply::Apply),
 }
 
 /// A mistake in the command line that clap cannot see (exit 2).
@@ -331,6 +336,7 @@ impl Cmd {
             Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&IscsiTargetNodeAluaFailback { name: a.name })?,
             Cmd::SaveConfig(a) => return Ok(Action::SaveConfig { indent: a.indent, output: a.output }),
             Cmd::LoadConfig(a) => return Ok(Action::LoadConfig { file: a.json_conf }),
+            Cmd::Apply(a) => return Ok(Action::Apply(a)),
             Cmd::Call(a) => return Ok(Action::Call(a.method, parse_raw_params(a.params.as_deref())?)),
             Cmd::External(args) => return external_action(args),
         };
@@ -411,6 +417,16 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
+    let wanted = match &action {
+        Action::Apply(a) => match apply::read(a) {
+            Ok(c) => Some(c),
+            Err(msg) => {
+                eprintln!("error: {msg}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
 
     let mut client = match RpcClient::connect(&cli.server, cli.timeout) {
         Ok(c) => c,
@@ -442,6 +458,7 @@ fn main() -> ExitCode {
             }
             Err(e) => ("save_config".to_string(), Err(e)),
         },
+        Action::Apply(a) => return apply::run(&mut client, &a, &wanted.unwrap_or_default()),
         Action::LoadConfig { .. } => {
             let cfg = config.unwrap_or(Value::Null);
             ("load_config".to_string(), client.load_config(&cfg).map(|()| None))
