@@ -306,6 +306,8 @@ impl IscsiTarget {
         (o.disable_chap, o.require_chap, o.mutual_chap, o.chap_group) =
             (chap.disable_chap, chap.require_chap, chap.mutual_chap, chap.chap_group);
         log::info!("iSCSI discovery authentication: {}", chap.describe());
+        drop(inner);
+        self.access_changed("iscsi_set_discovery_auth");
         Ok(())
     }
 
