@@ -237,7 +237,13 @@ fn portal_group_auth_governs_discovery_through_that_group() {
     let out = riser.rpc(&["iscsi_portal_group_set_auth", "1", "-d", "-r"]);
     assert!(!out.status.success(), "--disable-chap with --require-chap: {out:?}");
     assert!(riser.rpc(&["iscsi_portal_group_set_auth", "--help"]).stdout.contains("--require-chap"));
-    // Back to no CHAP: discovery without it works again.
-    assert_eq!(riser.rpc(&["iscsi_portal_group_set_auth", "1", "-d"]).json(), json!(true));
+    // Back to no CHAP, through SPDK's rpc.py: discovery without it works again.
+    let dir = TempDir::new("spdk");
+    let rpc_py = rpc_py(&riser, &dir);
+    let (ok, text) = rpc_py(&["iscsi_portal_group_set_auth", "1", "-d"]);
+    assert!(ok, "rpc.py iscsi_portal_group_set_auth: {text}\nriser log:\n{}", riser.log());
     discovery_login(&mut Client::connect(p1)).expect("discovery with CHAP disabled");
+    assert_eq!(riser.rpc_json(&["iscsi_get_portal_groups"])[0]["disable_chap"], json!(true));
+    let (ok, _) = rpc_py(&["iscsi_portal_group_set_auth", "1", "-d", "-r"]);
+    assert!(!ok, "rpc.py: disable and require together are refused");
 }
