@@ -36,11 +36,13 @@ fn describe(c: &ConnInfo) -> String {
 impl IscsiServer {
     /// Checks every live connection against the rules as they are now, after `cause`
     /// changed them; a connection they no longer admit is asked to log out within
-    /// [`LOGOUT_REQUEST_TIMEOUT`] seconds (then dropped), and the log says which and why.
-    /// Returns how many were asked.
+    /// [`LOGOUT_REQUEST_TIMEOUT`] seconds (then dropped), and the log says which and why
+    /// (once: a connection already asked is skipped). Returns how many were asked.
     pub fn recheck_sessions(&self, cause: &str) -> usize {
         let mut asked = 0;
-        for c in self.conns.list() {
+        // A connection already asked (by an earlier change, or iscsi_target_node_request_logout)
+        // is on its way out: asked and logged once.
+        for c in self.conns.list().into_iter().filter(|c| !c.logout.requested()) {
             let Some(addr) = peer_ip(&c) else { continue };
             let node = (!c.target_node_name.is_empty()).then_some(c.target_node_name.as_str());
             let s = SessionOf { node, initiator_name: &c.initiator_name, addr, pg_tag: c.pg_tag, auth: &c.auth };

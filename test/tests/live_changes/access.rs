@@ -88,6 +88,9 @@ fn a_netmask_change_asks_only_the_session_it_shuts_out_to_log_out() {
             && asked[0].contains("iscsi_initiator_group_remove_initiators on initiator group 1"),
         "the log names the session, the target and why: {asked:?}"
     );
+    // Another change while it is on its way out: it is not asked (nor logged) twice.
+    assert_eq!(riser.rpc(&["iscsi_initiator_group_add_initiators", "1", "-m", "10.0.0.0/8"]).json(), json!(true));
+    assert_eq!(asked_lines(&riser).len(), 1, "{:?}", asked_lines(&riser));
     log_out(&mut there);
     // The session still admitted was left alone and keeps working.
     write_and_verify(&mut here, 0, 8, 61);
