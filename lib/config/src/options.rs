@@ -292,7 +292,13 @@ impl IscsiTarget {
                 n.name()
             )));
         }
+        let discovery_changed = o.discovery_chap() != inner.options.discovery_chap();
         inner.options = o;
+        drop(inner);
+        if discovery_changed {
+            // The four discovery CHAP options, as iscsi_set_discovery_auth sets them.
+            self.access_changed("iscsi_set_options (discovery CHAP)");
+        }
         Ok(())
     }
 
