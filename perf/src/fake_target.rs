@@ -74,6 +74,10 @@ pub struct FakeOpts {
     pub defer_reads: bool,
     /// A broken target: answer an aborted READ anyway, after the TMF response.
     pub answer_aborted: bool,
+    /// Answer the READs that arrive as these SCSI commands (counting from 1, per
+    /// connection) with CHECK CONDITION, UNIT ATTENTION, REPORTED LUNS DATA HAS CHANGED,
+    /// without reading (a LUN added elsewhere on the target).
+    pub unit_attention_at: Vec<usize>,
 }
 
 /// CHAP for the fake target: these secrets, mutual CHAP required or not.
@@ -651,6 +655,14 @@ impl Conn {
                 d[8..12].copy_from_slice(&(BLOCK as u32).to_be_bytes());
                 d.truncate(edtl as usize);
                 self.data_in(itt, &d, true);
+            }
+            0x28 if self.opts.unit_attention_at.contains(&self.cmds) => {
+                let mut sense = [0u8; 18];
+                sense[0] = 0x70;
+                sense[2] = 0x06;
+                sense[7] = 10;
+                (sense[12], sense[13]) = (0x3f, 0x0e);
+                self.response(itt, 2, &sense);
             }
             0x28 if self.opts.defer_reads => self.deferred.push((itt, *cdb)),
             0x28 => self.read(itt, cdb),

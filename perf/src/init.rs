@@ -612,6 +612,30 @@ mod tests {
         assert_eq!(o.commands, 3 + 2 * 63);
     }
 
+    /// A unit attention in the middle of a verify pass (the target's LUNs changed): the READs
+    /// that met it are retried and the run passes, every block checked.
+    #[test]
+    fn verify_retries_reads_that_meet_a_unit_attention() {
+        use crate::fake_target::{start_opts, FakeOpts};
+        // Commands 1-3: TUR (unit attention), TUR, READ CAPACITY; 4-66: the writes; then reads.
+        let opts = FakeOpts {
+            unit_attention_at: vec![70, 90],
+            ..FakeOpts::default()
+        };
+        let (port, obs, h) = start_opts(None, opts);
+        let url = format!("iscsi://127.0.0.1:{port}/iqn.2024-01.test:fake/0");
+        let a = args(&[
+            "--verify", "--generation", "6", "--bs", "8192", "--qd", "4", "--no-pin", "--json", &url,
+        ])
+        .unwrap();
+        assert_eq!(main(&a), Ok(true));
+        h.join().unwrap();
+        let o = obs.lock().unwrap();
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        // Two READs more than a clean run: the two that met the unit attention, again.
+        assert_eq!(o.commands, 3 + 2 * 63 + 2);
+    }
+
     fn abort_run(answer_aborted: bool) -> (Result<bool, String>, crate::fake_target::Observed) {
         use crate::fake_target::{start_opts, FakeOpts};
         let opts = FakeOpts {

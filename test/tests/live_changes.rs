@@ -889,3 +889,8 @@ fn a_redirect_answers_new_logins_with_target_moved_and_leaves_sessions_alone() {
     write_and_verify(&mut old, 0, 24, 33);
     write_and_verify(&mut new, 0, 32, 34);
 }
+
+#[path = "live_changes/access.rs"]
+mod access;
+#[path = "live_changes/acceptance.rs"]
+mod acceptance;

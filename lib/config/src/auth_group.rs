@@ -313,7 +313,7 @@ impl Inner {
 
     /// The decision of a CHAP policy: its mode, the secrets of its group and the initiator
     /// groups they are bound to.
-    fn decision(&self, chap: &Chap) -> AuthDecision {
+    pub(crate) fn decision(&self, chap: &Chap) -> AuthDecision {
         let mode = AuthMode::of(chap);
         let secrets: Vec<AuthSecret> = match mode {
             AuthMode::None => Vec::new(),
@@ -456,7 +456,8 @@ impl IscsiTarget {
         Ok(())
     }
 
-    /// `iscsi_auth_group_remove_secret`. Sessions already logged in stay.
+    /// `iscsi_auth_group_remove_secret`. Live sessions that authenticated as that user are
+    /// asked to log out (the access-changed hook).
     pub fn auth_group_remove_secret(&self, tag: u32, user: &str) -> Result<(), TargetError> {
         let mut inner = self.lock();
         let g = inner
@@ -465,13 +466,15 @@ impl IscsiTarget {
             .find(|g| g.tag == tag)
             .ok_or_else(|| TargetError::NotFound(format!("auth group {tag} not found")))?;
         g.remove(user)?;
+        drop(inner);
         log::info!("iSCSI auth group {tag}: secret of user {user} removed");
+        self.access_changed(&format!("iscsi_auth_group_remove_secret of user {user} from auth group {tag}"));
         Ok(())
     }
 
     /// `iscsi_delete_auth_group`. As in SPDK, a group still named by a node or by discovery
     /// may go (a warning names them): their CHAP logins fail until it is created again.
-    /// Sessions already logged in stay.
+    /// Live sessions that authenticated with its secrets are asked to log out.
     pub fn delete_auth_group(&self, tag: u32) -> Result<(), TargetError> {
         let mut inner = self.lock();
         if inner.ag(tag).is_none() {
@@ -487,6 +490,8 @@ impl IscsiTarget {
                 users.join(", ")
             );
         }
+        drop(inner);
+        self.access_changed(&format!("iscsi_delete_auth_group {tag}"));
         Ok(())
     }
 

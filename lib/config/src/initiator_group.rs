@@ -292,14 +292,20 @@ impl IscsiTarget {
         f(g)
     }
 
-    /// `iscsi_initiator_group_add_initiators`. Affects later logins only.
+    /// `iscsi_initiator_group_add_initiators`. Applies to the next logins; a live session it
+    /// shuts out (a `!name` entry) is asked to log out.
     pub fn initiator_group_add(&self, tag: u32, initiators: &[String], netmasks: &[String]) -> Result<(), TargetError> {
-        self.with_ig(tag, |g| g.add(initiators, netmasks))
+        self.with_ig(tag, |g| g.add(initiators, netmasks))?;
+        self.access_changed(&format!("iscsi_initiator_group_add_initiators on initiator group {tag}"));
+        Ok(())
     }
 
-    /// `iscsi_initiator_group_remove_initiators`. Sessions already logged in stay.
+    /// `iscsi_initiator_group_remove_initiators`. Applies to the next logins; live sessions
+    /// the group no longer admits are asked to log out.
     pub fn initiator_group_remove(&self, tag: u32, initiators: &[String], netmasks: &[String]) -> Result<(), TargetError> {
-        self.with_ig(tag, |g| g.remove(initiators, netmasks))
+        self.with_ig(tag, |g| g.remove(initiators, netmasks))?;
+        self.access_changed(&format!("iscsi_initiator_group_remove_initiators on initiator group {tag}"));
+        Ok(())
     }
 
     /// `iscsi_delete_initiator_group`: refused while a target node maps it or a CHAP user is

@@ -22,6 +22,7 @@ pub mod auth_group;
 pub mod initiator_group;
 pub mod options;
 pub mod portal_group;
+pub mod recheck;
 pub mod rpc;
 pub mod target_node;
 #[cfg(test)]
@@ -117,6 +118,7 @@ struct Hooks {
     portals_changed: Option<PortalsHook>,
     node_fenced: Option<NodeReasonHook>,
     node_sessions: Option<NodeCountHook>,
+    recheck: recheck::RecheckHooks,
 }
 
 /// The hooks, shared with the gateway groups' subscriptions (which outlive any one call).
@@ -146,16 +148,7 @@ impl Inner {
         if node.is_deleted() {
             return Err(Denied::NotFound);
         }
-        let st = node.lock();
-        let igs = st.maps.iter().find(|(pg, _)| *pg == pg_tag).map(|(_, igs)| igs.as_slice()).unwrap_or(&[]);
-        for ig in igs.iter().filter_map(|t| self.ig(*t)) {
-            match ig.name_verdict(initiator_name) {
-                Some(false) => return Err(Denied::NotAuthorized),
-                Some(true) if ig.allows_addr(addr) => return Ok(()),
-                _ => {}
-            }
-        }
-        Err(Denied::NotAuthorized)
+        self.access_why(node, initiator_name, addr, pg_tag).map_err(|_| Denied::NotAuthorized)
     }
 }
 
@@ -312,6 +305,7 @@ impl IscsiTarget {
         out.extend(inner.portal_groups.iter().map(PortalGroup::config_json));
         out.extend(inner.initiator_groups.iter().map(InitiatorGroup::config_json));
         out.extend(inner.auth_groups.iter().map(AuthGroup::config_json));
+        out.extend(inner.portal_groups.iter().filter_map(PortalGroup::auth_config_json));
         out.extend(inner.nodes.iter().filter(|n| !n.is_deleted()).flat_map(|n| n.config_calls()));
         out
     }

@@ -292,7 +292,13 @@ impl IscsiTarget {
                 n.name()
             )));
         }
+        let discovery_changed = o.discovery_chap() != inner.options.discovery_chap();
         inner.options = o;
+        drop(inner);
+        if discovery_changed {
+            // The four discovery CHAP options, as iscsi_set_discovery_auth sets them.
+            self.access_changed("iscsi_set_options (discovery CHAP)");
+        }
         Ok(())
     }
 
@@ -306,6 +312,8 @@ impl IscsiTarget {
         (o.disable_chap, o.require_chap, o.mutual_chap, o.chap_group) =
             (chap.disable_chap, chap.require_chap, chap.mutual_chap, chap.chap_group);
         log::info!("iSCSI discovery authentication: {}", chap.describe());
+        drop(inner);
+        self.access_changed("iscsi_set_discovery_auth");
         Ok(())
     }
 

@@ -2,20 +2,23 @@
 //! Target Portal Group Tag (RFC 7143 §4.4.1), their methods (`iscsi_create_portal_group`,
 //! `iscsi_start_portal_group`, `iscsi_delete_portal_group`, `iscsi_get_portal_groups`) and
 //! their save_config calls. riser adds one flag per portal: `iser`, the portal speaks iSER
-//! (RDMA CM on that address and port) instead of TCP.
+//! (RDMA CM on that address and port) instead of TCP. `iscsi_portal_group_set_auth` (SPDK)
+//! sets the CHAP policy of discovery sessions through the group; deleting a group removes it
+//! from every node's maps (SPDK) and closes the connections that came in through it.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use riser_rpc::params::{is_false, ByTag, NoParams};
+use riser_rpc::params::{is_false, is_zero_u32, ByTag, NoParams};
 use riser_rpc::RpcRegistry;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::rpc::ok;
-use crate::{Inner, IscsiTarget, TargetError};
+use crate::options::check_chap;
+use crate::{Chap, Inner, IscsiTarget, TargetError};
 
 /// Portal group tags are the 16-bit TPGT (RFC 7143 §13.9); 0 is refused, as SPDK does.
 pub const MAX_PORTAL_GROUP_TAG: u32 = 65535;
@@ -89,11 +92,29 @@ pub struct PortalGroup {
     /// Whether listeners should run: false after `wait: true` until
     /// `iscsi_start_portal_group`.
     pub started: bool,
+    /// The CHAP policy of discovery sessions through this group
+    /// (`iscsi_portal_group_set_auth`); None: the global one (`iscsi_set_discovery_auth`).
+    pub auth: Option<Chap>,
 }
 
 impl PortalGroup {
     /// What `iscsi_get_portal_groups` shows (SPDK's `iscsi_portal_grp_info_json`).
+    /// With `iscsi_portal_group_set_auth`'s four values once set (riser shows them; SPDK
+    /// keeps them unshown).
     pub fn info_json(&self) -> Value {
+        let mut v = self.create_params();
+        if let (Some(c), Some(m)) = (self.auth, v.as_object_mut()) {
+            m.extend([
+                ("disable_chap".to_string(), json!(c.disable_chap)),
+                ("require_chap".to_string(), json!(c.require_chap)),
+                ("mutual_chap".to_string(), json!(c.mutual_chap)),
+                ("chap_group".to_string(), json!(c.chap_group)),
+            ]);
+        }
+        v
+    }
+
+    fn create_params(&self) -> Value {
         json!({
             "tag": self.tag,
             "portals": self.portals.iter().map(Portal::info_json).collect::<Vec<_>>(),
@@ -101,9 +122,23 @@ impl PortalGroup {
         })
     }
 
+    /// The `iscsi_portal_group_set_auth` call that restores this group's discovery CHAP
+    /// policy, if it has one (save_config writes it after the auth groups).
+    pub fn auth_config_json(&self) -> Option<Value> {
+        let c = self.auth?;
+        let p = IscsiPortalGroupSetAuth {
+            tag: self.tag,
+            disable_chap: c.disable_chap,
+            require_chap: c.require_chap,
+            mutual_chap: c.mutual_chap,
+            chap_group: c.chap_group,
+        };
+        Some(json!({"method": "iscsi_portal_group_set_auth", "params": p}))
+    }
+
     /// The `iscsi_create_portal_group` call that recreates this group.
     pub fn config_json(&self) -> Value {
-        let mut params = self.info_json();
+        let mut params = self.create_params();
         // A group still waiting for iscsi_start_portal_group must come back waiting.
         if let (false, Some(m)) = (self.started, params.as_object_mut()) {
             m.insert("wait".into(), Value::Bool(true));
@@ -117,10 +152,6 @@ impl Inner {
         self.portal_groups.iter().find(|g| g.tag == tag)
     }
 
-    /// A node whose maps use portal group `tag` (named in the refusal), if any.
-    fn pg_user(&self, tag: u32) -> Option<&str> {
-        self.nodes.iter().find(|n| n.is_mapped_to(tag)).map(|n| n.name())
-    }
 }
 
 impl IscsiTarget {
@@ -163,7 +194,7 @@ impl IscsiTarget {
                 }
                 parsed.push(p);
             }
-            inner.portal_groups.push(PortalGroup { tag, portals: parsed, private, started: !wait });
+            inner.portal_groups.push(PortalGroup { tag, portals: parsed, private, started: !wait, auth: None });
         }
         self.portals_changed();
         Ok(())
@@ -187,19 +218,55 @@ impl IscsiTarget {
         Ok(())
     }
 
-    /// `iscsi_delete_portal_group`: refused while a target node maps it.
+    /// `iscsi_delete_portal_group`: as SPDK, the group leaves every node's maps (and
+    /// redirects) with it; its listeners stop, then the connections that came in through its
+    /// portals are closed (the portal-group-deleted hook), and only those: sessions of the
+    /// same nodes through other groups go on.
     pub fn delete_portal_group(&self, tag: u32) -> Result<(), TargetError> {
+        let unmapped = {
+            let mut inner = self.lock();
+            if inner.pg(tag).is_none() {
+                return Err(TargetError::NotFound(format!("portal group {tag} not found")));
+            }
+            inner.portal_groups.retain(|g| g.tag != tag);
+            let mut unmapped = Vec::new();
+            for n in inner.nodes.iter().filter(|n| n.is_mapped_to(tag)) {
+                n.change(|st| {
+                    st.maps.retain(|(pg, _)| *pg != tag);
+                    st.redirects.retain(|r| r.pg_tag != tag);
+                });
+                unmapped.push(n.clone());
+            }
+            unmapped
+        };
+        for n in &unmapped {
+            log::info!("portal group {tag} deleted: target node {} is no longer mapped to it", n.name());
+            n.publish_served();
+        }
+        log::info!("portal group {tag} deleted");
+        self.portals_changed();
+        self.portal_group_deleted(tag);
+        Ok(())
+    }
+
+    /// `iscsi_portal_group_set_auth` (SPDK): the CHAP policy of discovery sessions through
+    /// portal group `tag` (SPDK's checks: disable and require exclusive, mutual needs
+    /// require). Applies to the next discovery logins; live discovery sessions it no longer
+    /// admits are asked to log out.
+    pub fn set_portal_group_auth(&self, tag: u32, chap: Chap) -> Result<(), TargetError> {
         {
             let mut inner = self.lock();
             if inner.pg(tag).is_none() {
                 return Err(TargetError::NotFound(format!("portal group {tag} not found")));
             }
-            if let Some(n) = inner.pg_user(tag) {
-                return Err(TargetError::Busy(format!("portal group {tag} is mapped by target node {n}")));
+            check_chap(chap.disable_chap, chap.require_chap, chap.mutual_chap)?;
+            inner.warn_unusable_chap(&format!("discovery through portal group {tag}"), &chap);
+            if let Some(g) = inner.portal_groups.iter_mut().find(|g| g.tag == tag) {
+                g.auth = Some(chap);
             }
-            inner.portal_groups.retain(|g| g.tag != tag);
         }
-        self.portals_changed();
+        log::info!("iSCSI portal group {tag}: discovery {}", chap.describe());
+        self.access_changed(&format!("iscsi_portal_group_set_auth on portal group {tag}"));
         Ok(())
     }
 
@@ -222,6 +289,32 @@ pub struct IscsiCreatePortalGroup {
     /// Do not listen until `iscsi_start_portal_group`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub wait: bool,
+}
+
+/// `iscsi_portal_group_set_auth` (SPDK's parameters; absent flags are false, an absent
+/// chap_group 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct IscsiPortalGroupSetAuth {
+    /// Portal group tag
+    pub tag: u32,
+    /// CHAP disabled for discovery through this group (exclusive with --require-chap)
+    #[cfg_attr(feature = "cli", arg(short = 'd', long, conflicts_with = "require_chap"))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_chap: bool,
+    /// CHAP required for discovery through this group
+    #[cfg_attr(feature = "cli", arg(short = 'r', long))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_chap: bool,
+    /// Mutual (bidirectional) CHAP (needs --require-chap)
+    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mutual_chap: bool,
+    /// Auth group whose secrets discovery CHAP logins through this group use (0: none)
+    #[cfg_attr(feature = "cli", arg(short = 'g', long, value_name = "TAG", default_value_t = 0))]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub chap_group: u32,
 }
 
 /// One portal of `iscsi_create_portal_group`.
@@ -281,6 +374,16 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     reg.add("iscsi_delete_portal_group", move |p: ByTag| ok(t.delete_portal_group(p.tag)));
     let t = target.clone();
     reg.add("iscsi_get_portal_groups", move |_: NoParams| Ok(t.portal_groups_json()));
+    let t = target.clone();
+    reg.add("iscsi_portal_group_set_auth", move |p: IscsiPortalGroupSetAuth| {
+        let chap = Chap {
+            disable_chap: p.disable_chap,
+            require_chap: p.require_chap,
+            mutual_chap: p.mutual_chap,
+            chap_group: p.chap_group,
+        };
+        ok(t.set_portal_group_auth(p.tag, chap))
+    });
 }
 
 #[cfg(test)]
@@ -329,6 +432,7 @@ mod tests {
             ],
             private: false,
             started: true,
+            auth: None,
         };
         assert_eq!(
             g.info_json(),

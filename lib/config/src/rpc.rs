@@ -114,6 +114,7 @@ mod tests {
         let want = [
             "iscsi_set_options", "iscsi_get_options", "iscsi_set_discovery_auth",
             "iscsi_create_portal_group", "iscsi_start_portal_group", "iscsi_delete_portal_group", "iscsi_get_portal_groups",
+            "iscsi_portal_group_set_auth",
             "iscsi_create_initiator_group", "iscsi_initiator_group_add_initiators", "iscsi_initiator_group_remove_initiators",
             "iscsi_delete_initiator_group", "iscsi_get_initiator_groups",
             "iscsi_create_auth_group", "iscsi_delete_auth_group", "iscsi_get_auth_groups",

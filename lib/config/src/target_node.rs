@@ -705,11 +705,13 @@ impl IscsiTarget {
         node.change(|st| maps.iter().for_each(|m| add_map(&mut st.maps, *m)));
         drop(inner);
         node.publish_served();
+        // An initiator group with a `!name` entry mapped ahead of another can shut one out.
+        self.access_changed(&format!("iscsi_target_node_add_pg_ig_maps on target node {}", node.name()));
         Ok(())
     }
 
-    /// `iscsi_target_node_remove_pg_ig_maps`: all or none. Sessions already logged in stay;
-    /// they see the generation move.
+    /// `iscsi_target_node_remove_pg_ig_maps`: all or none. Live sessions the maps left no
+    /// longer admit are asked to log out (the access-changed hook).
     pub fn target_node_remove_pg_ig_maps(&self, name: &str, maps: &[PgIgMap]) -> Result<(), TargetError> {
         let inner = self.lock();
         let node = inner.node_for_change(name)?;
@@ -734,18 +736,21 @@ impl IscsiTarget {
         });
         drop(inner);
         node.publish_served();
+        self.access_changed(&format!("iscsi_target_node_remove_pg_ig_maps on target node {}", node.name()));
         Ok(())
     }
 
     /// `iscsi_target_node_set_auth`: the node's whole CHAP policy is replaced (SPDK). Applies
-    /// to the next logins; sessions already logged in stay.
+    /// to the next logins; live sessions it no longer admits are asked to log out.
     pub fn set_target_node_auth(&self, name: &str, chap: Chap) -> Result<(), TargetError> {
         let inner = self.lock();
         let node = inner.node_for_change(name)?;
         options::check_chap(chap.disable_chap, chap.require_chap, chap.mutual_chap)?;
         inner.warn_unusable_chap(&format!("target node {}", node.name()), &chap);
         node.change(|st| st.chap = chap);
+        drop(inner);
         log::info!("iSCSI target node {}: {}", node.name(), chap.describe());
+        self.access_changed(&format!("iscsi_target_node_set_auth on target node {}", node.name()));
         Ok(())
     }
 

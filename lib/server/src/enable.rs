@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use riser_config::recheck::SessionAuth;
 use riser_config::{IscsiTarget, SendTargets};
 use riser_iscsi::ffp::{connection_config, Ffp, TargetLimits, TextResponder, TxLimit};
 use riser_iscsi::login::{LoginOutcome, LoginTransport, SessionDecision};
@@ -25,7 +26,8 @@ use crate::IscsiServer;
 
 impl IscsiServer {
     /// Enable_Datamover for a login that completed on `t`. Returns the connection's id.
-    pub fn enable(self: &Arc<Self>, t: Box<dyn LoginTransport>, o: LoginOutcome) -> Option<u64> {
+    /// `auth`: what the login proved (kept for the re-check after a change of rules).
+    pub fn enable(self: &Arc<Self>, t: Box<dyn LoginTransport>, o: LoginOutcome, auth: SessionAuth) -> Option<u64> {
         let (peer, local, kind) = (t.peer(), t.local(), t.kind());
         let opts = self.target.options();
         let s = &o.session;
@@ -94,6 +96,7 @@ impl IscsiServer {
             queue_depth: Default::default(),
             copies: Default::default(),
             logout: Default::default(),
+            auth,
         });
         let make_dm = match t.enable_datamover() {
             Ok(f) => f,

@@ -14,6 +14,7 @@
 //!   moves to its reactor.
 //! - [`conn`]: a connection in full-feature phase on its reactor.
 //! - [`registry`]: every live connection, for listing and for closing.
+//! - [`recheck`]: live sessions after a change of access rules or a portal group deleted.
 //! - [`stats`]: login outcomes by reason; refusals by limit (counted, logged rate-limited).
 //! - [`rpc`]: `iscsi_get_connections`, `iscsi_get_stats`.
 
@@ -22,6 +23,7 @@ pub mod enable;
 pub mod listeners;
 pub mod login;
 pub mod logout;
+pub mod recheck;
 pub mod registry;
 pub mod rpc;
 pub mod sessions;
@@ -103,6 +105,18 @@ impl IscsiServer {
         let weak = Arc::downgrade(&server);
         target.on_node_sessions(move |node| {
             weak.upgrade().map_or(0, |s| s.node_sessions(node))
+        });
+        let weak = Arc::downgrade(&server);
+        target.on_access_changed(move |cause| {
+            if let Some(s) = weak.upgrade() {
+                s.recheck_sessions(cause);
+            }
+        });
+        let weak = Arc::downgrade(&server);
+        target.on_portal_group_deleted(move |tag| {
+            if let Some(s) = weak.upgrade() {
+                s.close_portal_group(tag);
+            }
         });
         let weak = Arc::downgrade(&server);
         target.on_node_fenced(move |node, why| {

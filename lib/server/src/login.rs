@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use riser_config::recheck::SessionAuth;
 use riser_config::{AuthDecision, AuthMode, Denied, TargetNode};
 use riser_iscsi::chap::{ChapSecret, ChapTarget};
 use riser_iscsi::login::{
@@ -254,7 +255,7 @@ impl IscsiServer {
                         return;
                     }
                     LoginOutput::Event(LoginEvent::Complete(outcome)) => {
-                        if self.enable(t, *outcome).is_none() {
+                        if self.enable(t, *outcome, policy.session_auth()).is_none() {
                             log::warn!("{what} from {peer}{}: could not enable the datamover", policy.who());
                             self.login_stats.failure(LoginFailure::TargetError);
                         } else {
@@ -322,6 +323,8 @@ pub(crate) struct Policy<'a> {
     /// the table when the policy is dropped, unless the driver cleared it because the
     /// connection reached full-feature phase (then the session ends with its connections).
     committed: Option<u16>,
+    /// The CHAP user the initiator proved to be, once it has (set by the authorizer).
+    auth: Arc<Mutex<SessionAuth>>,
 }
 
 impl<'a> Policy<'a> {
@@ -342,7 +345,13 @@ impl<'a> Policy<'a> {
             initiator: None,
             target: None,
             committed: None,
+            auth: Arc::default(),
         }
+    }
+
+    /// What the login proved: its CHAP user, if it authenticated with CHAP.
+    fn session_auth(&self) -> SessionAuth {
+        self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn saw(&mut self, who: &LoginIdentity) {
@@ -408,7 +417,7 @@ impl LoginPolicy for Policy<'_> {
             name: node.name().to_string(),
             alias: node.alias_name().map(str::to_string),
             config: self.target_config(Some(&node)),
-            auth: auth_policy(self.server.target.node_auth(&node), &who.initiator_name),
+            auth: auth_policy(self.server.target.node_auth(&node), &who.initiator_name, &self.auth),
         })
     }
 
@@ -416,7 +425,7 @@ impl LoginPolicy for Policy<'_> {
         self.saw(who);
         let mut info = TargetInfo::discovery();
         info.config = self.target_config(None);
-        info.auth = auth_policy(self.server.target.discovery_auth(), &who.initiator_name);
+        info.auth = auth_policy(self.server.target.discovery_auth_for(self.pg_tag), &who.initiator_name, &self.auth);
         TargetLookup::Found(info)
     }
 
@@ -450,8 +459,8 @@ impl Drop for Policy<'_> {
 /// implies require) and the secrets of the policy's auth group. A user bound to an initiator
 /// group (riser's `initiator_group`) that does not admit `initiator_name` fails once its
 /// response checked out, with Authorization Failure (0x0202), and the login's log line says
-/// why ([`AuthDecision::authorize`]).
-fn auth_policy(d: AuthDecision, initiator_name: &str) -> AuthPolicy {
+/// why ([`AuthDecision::authorize`]). A user that checked out is recorded in `proved`.
+fn auth_policy(d: AuthDecision, initiator_name: &str, proved: &Arc<Mutex<SessionAuth>>) -> AuthPolicy {
     let mode = d.mode;
     let chap = |d: AuthDecision| {
         let secrets = d
@@ -466,7 +475,14 @@ fn auth_policy(d: AuthDecision, initiator_name: &str) -> AuthPolicy {
             .collect();
         let mutual = d.mutual;
         let initiator_name = initiator_name.to_string();
-        let authorize = move |user: &str| d.authorize(user, &initiator_name);
+        let proved = proved.clone();
+        let authorize = move |user: &str| {
+            let r = d.authorize(user, &initiator_name);
+            if r.is_ok() {
+                *proved.lock().unwrap_or_else(|p| p.into_inner()) = SessionAuth { chap_user: Some(user.to_string()), mutual };
+            }
+            r
+        };
         Box::new(ChapTarget::new(secrets, mutual).with_authorizer(Box::new(authorize)))
     };
     match mode {

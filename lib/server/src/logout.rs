@@ -21,6 +21,8 @@ pub struct LogoutRequest {
 #[derive(Debug, Default)]
 pub struct LogoutSlot {
     pending: AtomicBool,
+    /// Whether a request was ever left (the connection is asked once).
+    requested: AtomicBool,
     req: Mutex<Option<LogoutRequest>>,
 }
 
@@ -28,7 +30,14 @@ impl LogoutSlot {
     /// Leaves a request (a newer one replaces one not yet taken).
     pub fn request(&self, r: LogoutRequest) {
         *self.req.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.requested.store(true, Ordering::Release);
         self.pending.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection was already asked to log out (a later request changes
+    /// nothing: see [`LogoutTimer`]).
+    pub fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
     }
 
     fn take(&self) -> Option<LogoutRequest> {
@@ -99,7 +108,9 @@ mod tests {
         let mut timer = LogoutTimer::default();
         let t0 = Instant::now();
         assert_eq!(timer.on_timer(&slot, t0), LogoutStep::Nothing);
+        assert!(!slot.requested());
         slot.request(req(2));
+        assert!(slot.requested());
         assert_eq!(timer.on_timer(&slot, t0), LogoutStep::Ask(2));
         // A second request while the first runs changes nothing (no second message, same deadline).
         slot.request(req(60));

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use riser_config::recheck::SessionAuth;
 use riser_iscsi::ffp::CopyStats;
 use riser_reactor::ReactorHandle;
 use serde_json::{json, Value};
@@ -39,8 +40,11 @@ pub struct ConnInfo {
     pub queue_depth: AtomicU32,
     /// Payload bytes copied by the CPU on this connection (published by its reactor).
     pub copies: CopyCounters,
-    /// A logout the control plane asks for (`iscsi_target_node_request_logout`).
+    /// A logout the control plane asks for (`iscsi_target_node_request_logout`, or a change
+    /// of access rules that no longer admit the session).
     pub logout: LogoutSlot,
+    /// What the session proved at login (its CHAP user), for the re-check after a change.
+    pub auth: SessionAuth,
 }
 
 /// Payload copies ([`CopyStats`]) as counters other threads can read.

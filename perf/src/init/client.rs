@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{Geometry, Mode, Plan};
 use crate::report::{Recorder, Window};
-use riser_initiator::scsi::{Completion, Dir};
+use riser_initiator::scsi::{status, Completion, Dir, Sense};
 use riser_initiator::session::{AbortStats, LoginOptions, Negotiated};
 use crate::sys::{self, pin_to, thread_cpu};
 use crate::transport::Session;
@@ -172,12 +172,18 @@ struct Tally {
     blocks_checked: u64,
 }
 
+/// How many unit attentions in a row one I/O may meet before riser-perf gives up on it.
+const MAX_UNIT_ATTENTIONS: u8 = 8;
+
 struct Job {
     conn: Session,
     url: usize,
     index: usize,
     submit_ns: Vec<u64>,
     dirs: Vec<Dir>,
+    /// Each slot's I/O (blocks), and how many times in a row it met a unit attention.
+    blocks: Vec<u32>,
+    unit_attentions: Vec<u8>,
     /// Multipath only (several paths to the LUN): the I/O of every slot not acknowledged yet,
     /// (LBA, blocks), for resubmission on the next path; and the slots whose I/O is a write
     /// in doubt (resubmitted after a failover, not acknowledged yet).
@@ -319,6 +325,8 @@ impl Client {
                 index: s.index,
                 submit_ns: vec![0; plan.qd],
                 dirs: vec![Dir::Read; plan.qd],
+                blocks: vec![0; plan.qd],
+                unit_attentions: vec![0; plan.qd],
                 pending: if multipath { vec![None; plan.qd] } else { Vec::new() },
                 doubt: vec![false; plan.qd],
                 path,
@@ -485,8 +493,21 @@ impl Client {
                 now_ns = t0.elapsed().as_nanos() as u64;
                 for c in done.drain(..) {
                     if let Err(e) = c.result {
+                        // A unit attention (a LUN added or removed, a capacity changed) says
+                        // nothing about the command: it is retried, as initiators do (at most
+                        // MAX_UNIT_ATTENTIONS times in a row), and said on stderr.
+                        let ua = e.status == status::CHECK_CONDITION
+                            && e.sense.is_some_and(|s| s.key == Sense::UNIT_ATTENTION);
+                        if ua && j.unit_attentions[c.slot] < MAX_UNIT_ATTENTIONS {
+                            eprintln!("riser-perf: {}: {e}: retried", j.conn.label());
+                            j.unit_attentions[c.slot] += 1;
+                            let (dir, lba, blocks) = (j.dirs[c.slot], j.conn.lba(c.slot), j.blocks[c.slot]);
+                            j.conn.submit(c.slot, dir, lba, blocks);
+                            continue;
+                        }
                         return Err(format!("{}: {e}", j.conn.label()));
                     }
+                    j.unit_attentions[c.slot] = 0;
                     if !j.pending.is_empty() {
                         j.pending[c.slot] = None;
                         j.doubt[c.slot] = false;
@@ -696,6 +717,7 @@ impl Job {
     /// Submits one I/O on a slot, noting its direction and when it went.
     fn submit(&mut self, slot: usize, dir: Dir, lba: u64, blocks: u32, now_ns: u64) {
         self.dirs[slot] = dir;
+        self.blocks[slot] = blocks;
         self.submit_ns[slot] = now_ns;
         if let Some(p) = self.pending.get_mut(slot) {
             *p = Some((lba, blocks));

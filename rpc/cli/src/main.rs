@@ -167,10 +167,12 @@ enum Cmd {
     IscsiCreatePortalGroup(IscsiCreatePortalGroup),
     /// Start listening on the portals of a portal group created with --wait
     IscsiStartPortalGroup(IscsiTag),
-    /// Delete a portal group
+    /// Delete a portal group (it leaves the target nodes' maps; the connections through its portals are closed, no others)
     IscsiDeletePortalGroup(IscsiTag),
     /// List the portal groups
     IscsiGetPortalGroups,
+    /// Set CHAP authentication of discovery sessions through a portal group: TAG [-d|-r [-m]] [-g CHAP_GROUP] (live discovery sessions it no longer admits are asked to log out)
+    IscsiPortalGroupSetAuth(riser_config::portal_group::IscsiPortalGroupSetAuth),
     /// Create an initiator group: TAG 'INITIATORS' 'NETMASKS'
     IscsiCreateInitiatorGroup(IscsiCreateInitiatorGroup),
     /// Add initiators and/or netmasks to an initiator group
@@ -316,6 +318,7 @@ impl Cmd {
             | Cmd::IscsiDeleteInitiatorGroup(a)
             | Cmd::IscsiDeleteAuthGroup(a) => to_params(&ByTag { tag: a.tag })?,
             Cmd::IscsiSetDiscoveryAuth(a) => to_params(&a.params())?,
+            Cmd::IscsiPortalGroupSetAuth(a) => to_params(&a)?,
             Cmd::IscsiCreateAuthGroup(a) => to_params(&a.params()?)?,
             Cmd::IscsiAuthGroupAddSecret(a) => to_params(&a.params())?,
             Cmd::IscsiAuthGroupRemoveSecret(a) => to_params(&RemoveSecret { tag: a.tag, user: a.user })?,

@@ -195,8 +195,7 @@ fn target_node_errors() {
     assert_eq!(e.err("iscsi_target_node_remove_pg_ig_maps", json!({"name": "d", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 2}]}), "pg_ig_maps[0]: portal group 1 is not mapped to initiator group 2"), -19);
     assert_eq!(e.err("iscsi_target_node_remove_pg_ig_maps", json!({"name": "nope", "pg_ig_maps": m11}), "not found"), -19);
 
-    // Groups in use cannot go.
-    assert_eq!(e.err("iscsi_delete_portal_group", json!({"tag": 1}), "portal group 1 is mapped by target node iqn.2016-06.io.riser:d"), -16);
+    // An initiator group in use cannot go (a portal group can: it leaves the maps, as in SPDK).
     assert_eq!(e.err("iscsi_delete_initiator_group", json!({"tag": 1}), "initiator group 1 is mapped by target node iqn.2016-06.io.riser:d"), -16);
     e.ok("iscsi_target_node_remove_pg_ig_maps", json!({"name": "d", "pg_ig_maps": m11}));
     e.ok("iscsi_delete_initiator_group", json!({"tag": 1}));
