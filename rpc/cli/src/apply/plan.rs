@@ -319,6 +319,7 @@ pub const SECTIONS: &[Section] = &[
     sections::ISCSI_OPTIONS,
     sections::BDEVS,
     sections::PORTAL_GROUPS,
+    sections::PORTAL_GROUP_AUTH,
     sections::INITIATOR_GROUPS,
     sections::AUTH_GROUPS,
     super::nodes::TARGET_NODES,

@@ -14,6 +14,8 @@ pub const IOBUF: Section = Section { name: "iobuf", methods: &["iobuf_set_option
 pub const ISCSI_OPTIONS: Section = Section { name: "iscsi options", methods: &["iscsi_set_options"], diff: iscsi_options };
 pub const BDEVS: Section = Section { name: "bdevs", methods: BDEV_METHODS, diff: bdevs };
 pub const PORTAL_GROUPS: Section = Section { name: "portal groups", methods: &["iscsi_create_portal_group"], diff: portal_groups };
+pub const PORTAL_GROUP_AUTH: Section =
+    Section { name: "portal group auth", methods: &["iscsi_portal_group_set_auth"], diff: portal_group_auth };
 pub const INITIATOR_GROUPS: Section = Section { name: "initiator groups", methods: &["iscsi_create_initiator_group"], diff: initiator_groups };
 pub const AUTH_GROUPS: Section = Section { name: "auth groups", methods: &["iscsi_create_auth_group"], diff: auth_groups };
 
@@ -216,6 +218,47 @@ fn resize_step(key: &str, kind: &BdevKind, resize: &'static str, cur: &Value, wa
 
 fn tag_of(c: &super::plan::Call) -> Option<String> {
     c.params.get("tag").and_then(Value::as_u64).map(|t| t.to_string())
+}
+
+/// A portal group's own discovery CHAP policy (`iscsi_portal_group_set_auth`): set when the
+/// file's differs, or when its group is created (again). No RPC takes a group back to the
+/// global policy (`iscsi_set_discovery_auth`), so dropping it from the file is refused
+/// while the group stays.
+fn portal_group_auth(ctx: &Ctx, plan: &mut Plan) {
+    const M: &[&str] = &["iscsi_portal_group_set_auth"];
+    const PG: &[&str] = &["iscsi_create_portal_group"];
+    let mut scratch = Plan::default();
+    let cur = keyed(ctx.current, M, "portal group auth", plan, tag_of);
+    let want = keyed(ctx.wanted, M, "portal group auth", plan, tag_of);
+    // The groups' own calls (their refusals are the portal groups section's to make).
+    let cur_pg = keyed(ctx.current, PG, "portal groups", &mut scratch, tag_of);
+    let want_pg = keyed(ctx.wanted, PG, "portal groups", &mut scratch, tag_of);
+    let created = |key: &String| match (cur_pg.get(key), want_pg.get(key)) {
+        (None, Some(_)) => true,
+        (Some(c), Some(w)) => c.params != w.params,
+        _ => false,
+    };
+    for (key, w) in &want {
+        if !want_pg.contains_key(key) {
+            plan.refuse(format!("iscsi_portal_group_set_auth: portal group {key} is not in the file"));
+            continue;
+        }
+        if created(key) || cur.get(key).map(|c| &c.params) != Some(&w.params) {
+            plan.push(Step::new(
+                Phase::Grow,
+                Kind::Change,
+                "portal group auth",
+                format!("discovery CHAP of portal group {key}"),
+                M[0],
+                w.params.clone(),
+            ));
+        }
+    }
+    for key in cur.keys().filter(|k| !want.contains_key(*k) && want_pg.contains_key(*k) && !created(k)) {
+        plan.refuse(format!(
+            "portal group {key}: the node has a discovery CHAP policy of its own (iscsi_portal_group_set_auth) and the file has none; no RPC takes a group back to the global policy: give the group's policy in the file"
+        ));
+    }
 }
 
 fn portal_groups(ctx: &Ctx, plan: &mut Plan) {

@@ -304,3 +304,31 @@ fn sections_own_distinct_methods() {
         }
     }
 }
+
+#[test]
+fn a_portal_groups_discovery_chap_is_set_after_its_auth_group_and_never_dropped_silently() {
+    let cur = base();
+    let mut want = base();
+    calls(&mut want, 2).push(json!({"method": "iscsi_create_auth_group", "params": {"tag": 3, "secrets": [{"user": "d", "secret": "d12345678901"}]}}));
+    let auth = json!({"method": "iscsi_portal_group_set_auth", "params": {"tag": 2, "disable_chap": false, "require_chap": true, "mutual_chap": false, "chap_group": 3}});
+    calls(&mut want, 2).push(auth.clone());
+    let p = make_plan(&cfg(&cur), &cfg(&want), &[]);
+    assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+    assert_eq!(steps(&p), ["iscsi_create_auth_group auth group 3", "iscsi_portal_group_set_auth discovery CHAP of portal group 2"]);
+    // The same again: nothing to do.
+    assert!(make_plan(&cfg(&want), &cfg(&want), &[]).is_empty());
+    // Dropped from the file while the group stays: refused (no RPC goes back to the global policy).
+    let p = make_plan(&cfg(&want), &cfg(&cur), &[]);
+    assert!(p.refusals.iter().any(|r| r.contains("portal group 2") && r.contains("global policy")), "{:?}", p.refusals);
+    // A group created again (its portals changed) gets its policy again.
+    let mut moved = want.clone();
+    params(&mut moved, "iscsi_create_portal_group", "tag", json!(2))["portals"][0]["port"] = json!("3301");
+    let p = make_plan(&cfg(&want), &cfg(&moved), &[]);
+    assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+    let s = steps(&p);
+    assert_eq!(s.last().map(String::as_str), Some("iscsi_portal_group_set_auth discovery CHAP of portal group 2"), "{s:?}");
+    // For a group the file does not have: refused.
+    let mut orphan = base();
+    calls(&mut orphan, 2).push(json!({"method": "iscsi_portal_group_set_auth", "params": {"tag": 9, "disable_chap": true}}));
+    assert!(make_plan(&cfg(&cur), &cfg(&orphan), &[]).refusals.iter().any(|r| r.contains("portal group 9")));
+}
