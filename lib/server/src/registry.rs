@@ -11,6 +11,7 @@ use riser_reactor::ReactorHandle;
 use serde_json::{json, Value};
 
 use crate::logout::LogoutSlot;
+use crate::stats::LogLimiter;
 
 /// What the control plane sees of a live connection (`iscsi_get_connections`), and the
 /// switch it uses to end it (session reinstatement, target deletion, shutdown).
@@ -41,6 +42,10 @@ pub struct ConnInfo {
     pub copies: CopyCounters,
     /// A logout the control plane asks for (`iscsi_target_node_request_logout`).
     pub logout: LogoutSlot,
+    /// Milliseconds since the initiator's last PDU (answers to NOP-In pings aside), as of
+    /// the connection's last timer tick (stored by its reactor): which discovery session
+    /// gives way to a newcomer ([`crate::IscsiServer`]'s session table).
+    pub idle_ms: AtomicU64,
 }
 
 /// Payload copies ([`CopyStats`]) as counters other threads can read.
@@ -115,6 +120,10 @@ pub struct ConnRegistry {
     on_gone: Mutex<Option<GoneHook>>,
     /// The copies of connections that are gone.
     ended_copies: CopyCounters,
+    /// Discovery sessions closed for being idle, and evicted for a newcomer: logged at most
+    /// once a second each.
+    pub(crate) idle_log: LogLimiter,
+    pub(crate) evict_log: LogLimiter,
 }
 
 impl ConnRegistry {

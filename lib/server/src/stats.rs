@@ -145,6 +145,37 @@ struct LogSlot {
     suppressed: u64,
 }
 
+/// One kind of log line that a peer can cause at will, logged at most once a
+/// [`REFUSAL_LOG_INTERVAL`]; the next line after a quiet interval says how many were left out.
+#[derive(Debug, Default)]
+pub struct LogLimiter {
+    slot: Mutex<LogSlot>,
+}
+
+impl LogLimiter {
+    /// `line` (called only when logged) at warning level, unless one was logged less than
+    /// a second ago.
+    pub fn warn(&self, line: impl FnOnce() -> String) {
+        if let Some(l) = self.line_at(Instant::now(), line) {
+            log::warn!("{l}");
+        }
+    }
+
+    /// As [`Self::warn`] at `now`: the line to log, if any.
+    pub fn line_at(&self, now: Instant, line: impl FnOnce() -> String) -> Option<String> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
+            slot.suppressed += 1;
+            return None;
+        }
+        slot.last = Some(now);
+        let suppressed = std::mem::take(&mut slot.suppressed);
+        drop(slot);
+        let line = line();
+        Some(if suppressed > 0 { format!("{line} ({suppressed} more such lines left out)") } else { line })
+    }
+}
+
 /// Refusals by limit: counted, and logged rate-limited (a line says the limit, its option and
 /// how to raise it; the next line after a quiet second also says how many were not logged).
 #[derive(Debug, Default)]
