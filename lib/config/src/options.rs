@@ -46,6 +46,9 @@ pub const MAX_LOGIN_TIMEOUT: u32 = 300;
 /// Upper bound of `max_logins` and `max_logins_per_source`: each login in progress is a
 /// thread.
 pub const MAX_LOGINS_LIMIT: u32 = 65536;
+/// Default of `discovery_idle_timeout`: an initiator logs out right after SendTargets, so a
+/// discovery session idle this long is held, not used.
+pub const DEFAULT_DISCOVERY_IDLE_TIMEOUT: u32 = 30;
 
 /// The global options, as `iscsi_get_options` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +104,9 @@ pub struct Options {
     /// so that one host cannot hold every discovery session (an initiator opens one at a
     /// time and logs out after SendTargets).
     pub max_discovery_sessions_per_source: u32,
+    /// riser: seconds a discovery session may go without a PDU from the initiator (answers
+    /// to riser's NOP-In pings do not count) before it is closed; 0: never.
+    pub discovery_idle_timeout: u32,
 }
 
 impl Default for Options {
@@ -136,6 +142,7 @@ impl Default for Options {
             max_logins_per_source: 32,
             max_discovery_sessions: 64,
             max_discovery_sessions_per_source: 4,
+            discovery_idle_timeout: DEFAULT_DISCOVERY_IDLE_TIMEOUT,
         }
     }
 }
@@ -189,7 +196,7 @@ impl Options {
             error_recovery_level, allow_duplicated_isid, max_large_datain_per_connection,
             max_r2t_per_connection, pdu_pool_size, immediate_data_pool_size, data_out_pool_size,
             max_tx_queue_bytes, login_timeout, max_logins, max_logins_per_source, max_discovery_sessions,
-            max_discovery_sessions_per_source
+            max_discovery_sessions_per_source, discovery_idle_timeout
         );
         take!(data_out_timeout);
         o.validate()?;
@@ -223,6 +230,7 @@ impl Options {
         // Normal and discovery sessions share the 65535 TSIHs.
         in_range("max_discovery_sessions", self.max_discovery_sessions, 1, 65535)?;
         in_range("max_discovery_sessions_per_source", self.max_discovery_sessions_per_source, 1, 65535)?;
+        in_range("discovery_idle_timeout", self.discovery_idle_timeout, 0, MAX_TIME2)?;
         check_chap(self.disable_chap, self.require_chap, self.mutual_chap)?;
         Ok(())
     }
@@ -259,6 +267,7 @@ impl Options {
             "max_logins_per_source": self.max_logins_per_source,
             "max_discovery_sessions": self.max_discovery_sessions,
             "max_discovery_sessions_per_source": self.max_discovery_sessions_per_source,
+            "discovery_idle_timeout": self.discovery_idle_timeout,
         });
         if let (Some(f), Some(m)) = (&self.auth_file, v.as_object_mut()) {
             m.insert("auth_file".into(), json!(f));
@@ -397,6 +406,10 @@ pub struct IscsiSetOptions {
     /// counting as one (default 4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_discovery_sessions_per_source: Option<u32>,
+    /// riser extension: seconds a discovery session may be idle before it is closed; 0:
+    /// never (default 30).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_idle_timeout: Option<u32>,
 }
 
 /// `iscsi_set_discovery_auth`: the CHAP policy of discovery sessions, replaced whole (an
@@ -494,6 +507,7 @@ mod tests {
             (json!({"max_logins_per_source": 65537}), "max_logins_per_source"),
             (json!({"max_discovery_sessions": 0}), "max_discovery_sessions"),
             (json!({"max_discovery_sessions_per_source": 0}), "max_discovery_sessions_per_source: 0"),
+            (json!({"discovery_idle_timeout": 3601}), "discovery_idle_timeout: 3601 is out of range (0..=3600)"),
             (json!({"node_base": "not a name"}), "node_base:"),
             (json!({"disable_chap": true, "require_chap": true}), "mutually exclusive"),
             (json!({"first_burst_length": -1}), "first_burst_length"),
@@ -521,6 +535,9 @@ mod tests {
         assert_eq!(o.max_discovery_sessions_per_source, 4, "the default");
         e.ok("iscsi_set_options", json!({"max_discovery_sessions_per_source": 2}));
         assert_eq!(e.target.options().info_json()["max_discovery_sessions_per_source"], 2);
+        assert_eq!(o.discovery_idle_timeout, 30, "the default");
+        e.ok("iscsi_set_options", json!({"discovery_idle_timeout": 0}));
+        assert_eq!(e.ok("iscsi_get_options", json!({}))["discovery_idle_timeout"], 0);
         assert_eq!(e.err("iscsi_get_options", json!({"x": 1}), "x"), -32602);
     }
 }

@@ -70,8 +70,8 @@ mod tests {
         assert_eq!(o["immediate_data"], true);
         // SPDK's 21, and riser's max_tx_queue_bytes, data_out_timeout, login_timeout,
         // max_logins, max_logins_per_source, max_discovery_sessions and
-        // max_discovery_sessions_per_source.
-        assert_eq!(o.as_object().map(|m| m.len()), Some(28));
+        // max_discovery_sessions_per_source, discovery_idle_timeout.
+        assert_eq!(o.as_object().map(|m| m.len()), Some(29));
         assert_eq!(e.claimed_by("Malloc1").as_deref(), Some("iqn.2024-01.com.example:disk1:lun1"));
     }
 

@@ -176,6 +176,7 @@ fn apply(lun: &Lun, sh: &SharedLu, st: &LuState, version: u64, except: Option<&A
     sh.applied.store(version, Ordering::Release);
     if g.spc2_holder.as_deref() != st.holder.as_deref() {
         g.spc2_holder = st.holder.as_deref().map(Arc::from);
+        g.spc2_epoch = 0;
     }
     let cur = lun.mode_bits() & SHARED_MODE;
     if cur != st.mode & SHARED_MODE {
@@ -337,7 +338,16 @@ pub(crate) fn reserve(lun: &Lun, nexus: &Arc<Nexus>) -> CmdResult<Arc<Deferred>>
             });
             match r {
                 Err(Refusal::HeldElsewhere) if t0.elapsed() < RELEASE_GRACE => std::thread::sleep(GRACE_STEP),
-                r => return cmd(r),
+                r => {
+                    if r.is_ok() {
+                        // This session of the nexus holds it now (the object knows the nexus only).
+                        let mut g = lun.lock();
+                        if g.spc2_holder.as_deref() == Some(me) {
+                            g.spc2_taken_by(&n);
+                        }
+                    }
+                    return cmd(r);
+                }
             }
         }
     })

@@ -103,6 +103,10 @@ pub(crate) struct NexusState {
     pub ua: Vec<Asc>,
     /// PREVENT ALLOW MEDIUM REMOVAL: this nexus prevents removal (SBC-3 5.13).
     pub prevent: bool,
+    /// The newest session of the I_T nexus that sent a command here (its [`Nexus::id`]): a
+    /// reinstated session is the same nexus, and the old session's end must not drop what
+    /// the new one has here ([`Lun::nexus_lost`]).
+    pub latest: u64,
 }
 
 /// State shared by all nexuses, behind [`Lun::state`].
@@ -112,6 +116,10 @@ pub(crate) struct LunState {
     pub pr: PrState,
     /// SPC-2 RESERVE(6)/(10) holder.
     pub spc2_holder: Option<Arc<str>>,
+    /// The newest session of the holder's I_T nexus that took (or took again) the SPC-2
+    /// reservation (its [`Nexus::id`]; 0: not known, e.g. read from a shared LU's object):
+    /// the end of an older session of the same nexus does not release it.
+    pub spc2_epoch: u64,
     pub copies: CopyResults,
     /// SANITIZE: running, failed or idle (SBC-3 4.11). Not changed by resets or nexus
     /// loss: a sanitize operation survives them.
@@ -128,6 +136,24 @@ impl LunState {
                 ua: vec![Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET],
                 ..Default::default()
             })
+    }
+
+    /// `nexus` sends a command: its state ([`Self::nexus`]), which knows the newest session
+    /// of the I_T nexus seen.
+    pub fn nexus_seen(&mut self, nexus: &Nexus) -> &mut NexusState {
+        let n = self.nexus(nexus.key());
+        n.latest = n.latest.max(nexus.id);
+        n
+    }
+
+    /// `nexus` holds the SPC-2 reservation (took it, or took it again).
+    pub fn spc2_taken_by(&mut self, nexus: &Nexus) {
+        if self.spc2_holder.as_ref() == Some(nexus.key()) {
+            self.spc2_epoch = self.spc2_epoch.max(nexus.id);
+        } else {
+            self.spc2_holder = Some(nexus.key().clone());
+            self.spc2_epoch = nexus.id;
+        }
     }
 
     /// Queues `asc` for one nexus. A reset-class UA (29h) replaces everything queued,
@@ -511,10 +537,16 @@ impl Lun {
     /// The I_T nexus is gone (session closed or dropped): SPC-2 reservations it held are
     /// released (SPC-2 5.5.1) and its medium removal prevention ends (SBC-3 5.13).
     /// Persistent reservations stay (SPC-4 5.12).
+    ///
+    /// A reinstated session is the same I_T nexus with a newer [`Nexus`] (a larger id), and
+    /// the old session's connection may end after the new session started: what a newer
+    /// session of the nexus took (the reservation, taken again or not) or used here (its
+    /// unit attentions, PREVENT, copy results) is not this session's to drop.
     pub fn nexus_lost(&self, nexus: &Nexus) {
         let mut st = self.lock();
         let key = nexus.key();
-        if st.spc2_holder.as_ref() == Some(key) {
+        let superseded = st.nexuses.get(key).is_some_and(|n| n.latest > nexus.id);
+        if st.spc2_holder.as_ref() == Some(key) && st.spc2_epoch <= nexus.id {
             st.spc2_holder = None;
             // Released for every gateway too, on a worker (queued without the state's
             // lock: the queue's is taken before it elsewhere).
@@ -524,8 +556,10 @@ impl Lun {
         }
         // Its state goes with it (prevention ends, SBC-3 5.13; copy results are dropped);
         // if the initiator port comes back it is a new nexus and sees POWER ON first.
-        st.nexuses.remove(key);
-        st.copies.by_list.retain(|(k, _), _| k != key);
+        if !superseded {
+            st.nexuses.remove(key);
+            st.copies.by_list.retain(|(k, _), _| k != key);
+        }
         self.refresh_attn(&st);
     }
 

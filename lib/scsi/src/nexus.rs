@@ -10,6 +10,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Nexus {
     /// Unique per `Nexus` object (per session instance); lets executors cache per-nexus facts.
+    /// Increasing: a newer session of the same I_T nexus (a reinstatement) has a larger id,
+    /// which is how a LUN tells what the newer session holds from the older one's
+    /// ([`Lun::nexus_lost`](crate::Lun::nexus_lost)).
     pub id: u64,
     /// iSCSI initiator name (`iqn.…`), without the ISID.
     pub initiator_name: String,

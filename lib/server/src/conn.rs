@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use riser_config::{Lun, TargetNode};
 use riser_iscsi::ffp::{lun_id, Action, CopyStats, Datamover, DmEvent, Ffp, ScsiRequest, TxLimit};
+use riser_iscsi::pdu::Op;
 use riser_reactor::{Ctx, PollStatus};
 use riser_scsi::{DeviceChannel, Nexus, ResetKind, ResetPending, ScsiDevice, TaskEvent};
 
@@ -61,6 +62,10 @@ pub struct Connection<D: Datamover> {
     tx_progress: (u64, Instant),
     /// A logout the control plane requested (`iscsi_target_node_request_logout`).
     logout: LogoutTimer,
+    /// When the initiator last sent a PDU (an answer to a NOP-In ping aside).
+    last_active: Instant,
+    /// How long a discovery session may go without one before it is closed (zero: never).
+    idle_timeout: Duration,
 }
 
 impl<D: Datamover> Connection<D> {
@@ -109,7 +114,30 @@ impl<D: Datamover> Connection<D> {
             tx_stall_timeout: Duration::ZERO,
             tx_progress: (0, now),
             logout: LogoutTimer::default(),
+            last_active: now,
+            idle_timeout: Duration::ZERO,
         }
+    }
+
+    /// Closes the connection once the initiator has sent nothing (answers to NOP-In pings
+    /// aside) for `timeout` (zero: never): a discovery session's `discovery_idle_timeout`,
+    /// so that held discovery sessions cannot fill `max_discovery_sessions`.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Whether the initiator has been idle past the idle timeout; publishes the idle time.
+    fn idle(&mut self, now: Instant) -> Option<String> {
+        let idle = now.saturating_duration_since(self.last_active);
+        self.info.idle_ms.store(idle.as_millis() as u64, Ordering::Relaxed);
+        (!self.idle_timeout.is_zero() && idle >= self.idle_timeout && self.closing_since.is_none()).then(|| {
+            format!(
+                "discovery session idle for {} s (discovery_idle_timeout {} s): closing it, its slot may be needed",
+                idle.as_secs(),
+                self.idle_timeout.as_secs()
+            )
+        })
     }
 
     /// Bounds what the datamover queues for the initiator: receiving stops while more than
@@ -259,10 +287,15 @@ impl<D: Datamover> Connection<D> {
             match ev {
                 DmEvent::Control(pdu) => {
                     self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    // An answer to riser's own NOP-In ping keeps no session busy.
+                    if !matches!(pdu.op(), Op::NopOut(n) if !n.ttt.is_reserved()) {
+                        self.last_active = now;
+                    }
                     self.ffp.on_pdu(pdu, now)
                 }
                 DmEvent::Command { pdu, buf } => {
                     self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    self.last_active = now;
                     self.ffp.on_command_placed(pdu, buf, now)
                 }
                 DmEvent::DataReady { itt, buf } => self.ffp.on_data_ready(itt, buf),
@@ -289,8 +322,17 @@ impl<D: Datamover> Connection<D> {
             self.last_timer = now;
             self.ffp.on_timer(now);
             self.publish_copies();
+            if let Some(why) = self.idle(now) {
+                let info = &self.info;
+                self.registry.idle_log.warn(|| format!("connection {} ({} from {}): {why}", info.id, info.initiator_name, info.initiator_addr));
+                self.dm.connection_terminate();
+                self.closing_since = Some(now);
+            }
             if self.info.kill.load(Ordering::Acquire) && self.closing_since.is_none() {
-                log::info!("connection {}: closed by the target (session reinstated, node deleted or shutdown)", self.info.id);
+                log::info!(
+                    "connection {}: closed by the target (session reinstated, discovery session evicted, node deleted or shutdown)",
+                    self.info.id
+                );
                 self.dm.connection_terminate();
                 self.closing_since = Some(now);
             }

@@ -51,6 +51,8 @@ impl IscsiServer {
         // leave it there untaken.
         let tx_limit = TxLimit::new(opts.max_tx_queue_bytes as usize);
         let tx_stall = Duration::from_secs(opts.nop_timeout as u64);
+        // A discovery session holds a slot others may need: closed once idle.
+        let idle_timeout = if discovery { Duration::from_secs(opts.discovery_idle_timeout as u64) } else { Duration::ZERO };
         let isid = isid_u64(&o.identity.isid.0);
         let target_name = s.target_name.clone().unwrap_or_default();
         let tsih = o.tsih();
@@ -97,6 +99,7 @@ impl IscsiServer {
             copies: Default::default(),
             logout: Default::default(),
             auth,
+            idle_ms: Default::default(),
         });
         let make_dm = match t.enable_datamover() {
             Ok(f) => f,
@@ -174,7 +177,10 @@ impl IscsiServer {
                 ffp
             };
             ffp.set_responder(Box::new(responder));
-            Connection::new(info, registry, dm, ffp, node, nexus, now).with_tx_limits(tx_limit, tx_stall).start(ctx);
+            Connection::new(info, registry, dm, ffp, node, nexus, now)
+                .with_tx_limits(tx_limit, tx_stall)
+                .with_idle_timeout(idle_timeout)
+                .start(ctx);
         });
         if sent.is_err() {
             log::warn!("connection from {peer}: reactors are stopping");

@@ -198,6 +198,8 @@ impl IscsiServer {
     /// at `timeout` from now whatever it waits for, receiving or sending.
     pub fn run_login(self: &Arc<Self>, portal: PortalSpec, mut t: Box<dyn LoginTransport>, timeout: Duration) {
         let peer = t.peer();
+        // What summaries of failed logins name.
+        let ip = peer.ip();
         let what = match t.kind() {
             Transport::Tcp => "login",
             Transport::Iser => "iSER login",
@@ -220,10 +222,12 @@ impl IscsiServer {
                     LoginOutput::Transmit(pdu) => match t.send_login(pdu, deadline) {
                         Ok(()) => {}
                         Err(TransportError::TimedOut) => {
-                            log::warn!(
-                                "{what} from {peer}{}: timed out after {timeout:?} sending (the initiator does not read)",
-                                policy.who()
-                            );
+                            self.login_stats.log.failed(LoginFailure::Timeout, &ip, || {
+                                format!(
+                                    "{what} from {peer}{}: timed out after {timeout:?} sending (the initiator does not read)",
+                                    policy.who()
+                                )
+                            });
                             self.login_stats.failure(LoginFailure::Timeout);
                             return;
                         }
@@ -243,14 +247,18 @@ impl IscsiServer {
                         }
                     }
                     LoginOutput::Event(LoginEvent::Failed { status, reason }) => {
-                        // One line: who, from where, to what, why; never a secret.
-                        log::warn!(
-                            "{what} from {peer}{} failed ({:#04x}{:02x}): {reason}",
-                            policy.who(),
-                            status.class,
-                            status.detail
-                        );
-                        self.login_stats.failure(LoginFailure::of_status(status));
+                        // One line: who, from where, to what, why; never a secret. A peer
+                        // can fail logins at will: rate-limited per kind.
+                        let kind = LoginFailure::of_status(status);
+                        self.login_stats.log.failed(kind, &ip, || {
+                            format!(
+                                "{what} from {peer}{} failed ({:#04x}{:02x}): {reason}",
+                                policy.who(),
+                                status.class,
+                                status.detail
+                            )
+                        });
+                        self.login_stats.failure(kind);
                         t.linger();
                         return;
                     }
@@ -276,7 +284,7 @@ impl IscsiServer {
                     login.handle(&pdu, &mut policy)
                 }
                 Ok(LoginRx::Malformed { header, reason }) => {
-                    log::warn!("{what} from {peer}: {reason}");
+                    self.login_stats.log.failed(LoginFailure::InitiatorError, &ip, || format!("{what} from {peer}: {reason}"));
                     match header {
                         Some(h) => login.handle_malformed(&h),
                         // Not a PDU at all: the login ends now (Initiator Error to the last
@@ -285,7 +293,9 @@ impl IscsiServer {
                     }
                 }
                 Err(TransportError::TimedOut) => {
-                    log::warn!("{what} from {peer}{}: timed out after {timeout:?}", policy.who());
+                    self.login_stats.log.failed(LoginFailure::Timeout, &ip, || {
+                        format!("{what} from {peer}{}: timed out after {timeout:?}", policy.who())
+                    });
                     self.login_stats.failure(LoginFailure::Timeout);
                     return;
                 }

@@ -12,6 +12,7 @@ use riser_reactor::ReactorHandle;
 use serde_json::{json, Value};
 
 use crate::logout::LogoutSlot;
+use crate::stats::LogLimiter;
 
 /// What the control plane sees of a live connection (`iscsi_get_connections`), and the
 /// switch it uses to end it (session reinstatement, target deletion, shutdown).
@@ -45,6 +46,10 @@ pub struct ConnInfo {
     pub logout: LogoutSlot,
     /// What the session proved at login (its CHAP user), for the re-check after a change.
     pub auth: SessionAuth,
+    /// Milliseconds since the initiator's last PDU (answers to NOP-In pings aside), as of
+    /// the connection's last timer tick (stored by its reactor): which discovery session
+    /// gives way to a newcomer ([`crate::IscsiServer`]'s session table).
+    pub idle_ms: AtomicU64,
 }
 
 /// Payload copies ([`CopyStats`]) as counters other threads can read.
@@ -119,6 +124,10 @@ pub struct ConnRegistry {
     on_gone: Mutex<Option<GoneHook>>,
     /// The copies of connections that are gone.
     ended_copies: CopyCounters,
+    /// Discovery sessions closed for being idle, and evicted for a newcomer: logged at most
+    /// once a second each.
+    pub(crate) idle_log: LogLimiter,
+    pub(crate) evict_log: LogLimiter,
 }
 
 impl ConnRegistry {

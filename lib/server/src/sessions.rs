@@ -85,6 +85,15 @@ impl Sessions {
     }
 }
 
+/// A discovery session that gives way to a newcomer's ([`IscsiServer::commit_session`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Victim {
+    tsih: u16,
+    /// Discovery sessions its source holds.
+    held: usize,
+    idle_ms: u64,
+}
+
 /// Per reactor: the CmdSN windows of the sessions living there, by TSIH.
 #[derive(Default)]
 pub(crate) struct SessionWindows(pub HashMap<u16, Weak<Cell<CmdWindow>>>);
@@ -118,6 +127,7 @@ impl IscsiServer {
                 // A discovery session takes one connection; none is ever joined.
                 return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
             }
+            // Looks only: a discovery session that would give way is closed at the commit.
             self.session_room(&self.sessions.lock(), who, source, &opts, false)?;
             return Ok(SessionCheck::Leading);
         }
@@ -156,7 +166,7 @@ impl IscsiServer {
         }
         let mut sessions = self.sessions.lock();
         let old = sessions.iter().position(|s| s.is_instance(who, isid, target_name));
-        self.session_room(&sessions, who, source, &opts, old.is_some())?;
+        let victim = self.session_room(&sessions, who, source, &opts, old.is_some())?;
         let Some(tsih) = self.sessions.new_tsih(&sessions) else {
             log::warn!(
                 "login of {} refused: all 65535 TSIHs are in use ({} sessions in the table)",
@@ -165,6 +175,29 @@ impl IscsiServer {
             );
             return Err(LoginStatus::OUT_OF_RESOURCES);
         };
+        if let Some(v) = victim {
+            // The table is full of discovery sessions and this source holds none: the
+            // longest-idle one of the source holding the most gives way, now that this login
+            // has passed its security stage.
+            if let Some(i) = sessions.iter().position(|s| s.tsih == v.tsih) {
+                let gone = sessions.remove(i);
+                self.conns.kill_where(|c| c.tsih == v.tsih);
+                let limit = opts.max_discovery_sessions;
+                self.conns.evict_log.warn(|| {
+                    format!(
+                        "discovery session {:#x} of {} from {} (idle {:.1} s; {} discovery sessions from that source, \
+                         the most) closed to make room for a discovery login of {} from {source}, which holds none: \
+                         the discovery sessions fill max_discovery_sessions {limit}",
+                        gone.tsih,
+                        gone.initiator_name,
+                        gone.source,
+                        v.idle_ms as f64 / 1000.0,
+                        v.held,
+                        who.initiator_name
+                    )
+                });
+            }
+        }
         let decision = match old {
             Some(i) => {
                 // Session reinstatement (RFC 7143 §6.3.5): the old session's connections end,
@@ -193,6 +226,10 @@ impl IscsiServer {
     /// replaces one, so the count does not grow). A discovery session also needs room among
     /// its source's: one host must not hold every discovery session and shut everyone else
     /// out of SendTargets. A refusal says why in the log (rate-limited).
+    ///
+    /// When the discovery sessions fill `max_discovery_sessions`, a discovery login from a
+    /// source that holds none gets in all the same: `Ok(Some(victim))` names the discovery
+    /// session to close for it ([`Self::discovery_victim`]), which the commit does.
     fn session_room(
         &self,
         sessions: &[Session],
@@ -200,9 +237,9 @@ impl IscsiServer {
         source: Source,
         opts: &Options,
         reinstates: bool,
-    ) -> Result<(), LoginStatus> {
+    ) -> Result<Option<Victim>, LoginStatus> {
         if reinstates {
-            return Ok(());
+            return Ok(None);
         }
         let (normal, discovery) = counts(sessions);
         let (refusal, n, limit, option) = match who.session_type {
@@ -213,6 +250,11 @@ impl IscsiServer {
         };
         let kind = if who.session_type == SessionType::Discovery { "discovery session" } else { "session" };
         if n >= limit as usize {
+            if who.session_type == SessionType::Discovery {
+                if let Some(victim) = self.discovery_victim(sessions, source) {
+                    return Ok(Some(victim));
+                }
+            }
             self.refusals.refused(refusal, || {
                 format!(
                     "login of {} refused with Out of resources: {n} {kind}s, the limit ({option} {limit}); \
@@ -239,7 +281,29 @@ impl IscsiServer {
                 return Err(LoginStatus::OUT_OF_RESOURCES);
             }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// The discovery session that gives way to a discovery login from `source` when the
+    /// table is full: none if `source` holds one already (it has its share); otherwise the
+    /// longest-idle one of the source that holds the most (a newcomer always gets in, and a
+    /// host holding many loses one of its own first).
+    fn discovery_victim(&self, sessions: &[Session], source: Source) -> Option<Victim> {
+        let discovery = || sessions.iter().filter(|s| s.session_type == SessionType::Discovery);
+        if discovery().any(|s| s.source == source) {
+            return None;
+        }
+        let mut by_source: HashMap<Source, usize> = HashMap::new();
+        for s in discovery() {
+            *by_source.entry(s.source).or_insert(0) += 1;
+        }
+        let idle: HashMap<u16, u64> =
+            self.conns.list().iter().map(|c| (c.tsih, c.idle_ms.load(std::sync::atomic::Ordering::Relaxed))).collect();
+        let idle_of = |s: &Session| idle.get(&s.tsih).copied().unwrap_or(0);
+        // The source holding the most; among those, the session idle the longest.
+        discovery()
+            .max_by_key(|s| (by_source.get(&s.source).copied().unwrap_or(0), idle_of(s)))
+            .map(|s| Victim { tsih: s.tsih, held: by_source.get(&s.source).copied().unwrap_or(0), idle_ms: idle_of(s) })
     }
 
     /// Whether a connection may join session `tsih` (RFC 7143 §6.3.3), or replace the

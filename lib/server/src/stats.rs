@@ -1,8 +1,10 @@
 //! Login failures by reason, for `iscsi_get_stats`: a refused or broken login is one counter
-//! step and one log line, never more. Connections refused by a limit before or during their
+//! step and at most one log line ([`FailureLog`]: past the first lines of a second, failures
+//! of a kind are summed up in one line a second). Connections refused by a limit before or during their
 //! login ([`Refusals`]) are counted too, and logged at most once a second per limit, so that
 //! a flood does not flood the log.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -51,6 +53,10 @@ impl LoginFailure {
         LoginFailure::Transport,
     ];
 
+    fn index(self) -> usize {
+        LoginFailure::ALL.iter().position(|f| *f == self).unwrap_or(0)
+    }
+
     fn name(self) -> &'static str {
         match self {
             LoginFailure::Authentication => "authentication",
@@ -69,6 +75,8 @@ impl LoginFailure {
 pub struct LoginStats {
     succeeded: AtomicU64,
     failed: [AtomicU64; 7],
+    /// The log lines of failed logins, rate-limited per kind.
+    pub(crate) log: FailureLog,
 }
 
 impl LoginStats {
@@ -143,6 +151,115 @@ struct LogSlot {
     last: Option<Instant>,
     /// Refusals not logged since the last line.
     suppressed: u64,
+}
+
+/// One kind of log line that a peer can cause at will, logged at most once a
+/// [`REFUSAL_LOG_INTERVAL`]; the next line after a quiet interval says how many were left out.
+#[derive(Debug, Default)]
+pub struct LogLimiter {
+    slot: Mutex<LogSlot>,
+}
+
+impl LogLimiter {
+    /// `line` (called only when logged) at warning level, unless one was logged less than
+    /// a second ago.
+    pub fn warn(&self, line: impl FnOnce() -> String) {
+        if let Some(l) = self.line_at(Instant::now(), line) {
+            log::warn!("{l}");
+        }
+    }
+
+    /// As [`Self::warn`] at `now`: the line to log, if any.
+    pub fn line_at(&self, now: Instant, line: impl FnOnce() -> String) -> Option<String> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
+            slot.suppressed += 1;
+            return None;
+        }
+        slot.last = Some(now);
+        let suppressed = std::mem::take(&mut slot.suppressed);
+        drop(slot);
+        let line = line();
+        Some(if suppressed > 0 { format!("{line} ({suppressed} more such lines left out)") } else { line })
+    }
+}
+
+/// Failed logins logged in full per kind and second before they are summed up.
+pub const FAILED_LOGIN_LINES: u32 = 3;
+/// Sources a summary of failed logins names (the others are counted).
+const SUMMARY_SOURCES: usize = 4;
+
+/// One kind's failed logins in the current second.
+#[derive(Debug, Default)]
+struct FailureWindow {
+    start: Option<Instant>,
+    /// Lines logged in full in this window.
+    logged: u32,
+    /// Failures left out of the log in this window, and the first sources they came from.
+    more: u64,
+    sources: Vec<String>,
+    other_sources: bool,
+}
+
+/// The log of failed logins: a peer can fail as many logins as it likes, so per kind
+/// ([`LoginFailure`]) the first [`FAILED_LOGIN_LINES`] of each second are logged in full and
+/// the rest summed up in one line ("N more failed logins ... from SOURCES"), given with the
+/// next failure of that kind after the second (the counters of `iscsi_get_stats` have all).
+#[derive(Debug, Default)]
+pub struct FailureLog {
+    windows: [Mutex<FailureWindow>; 7],
+}
+
+impl FailureLog {
+    /// A failed login of kind `why` from `source`; `line` (called only when logged in full)
+    /// says who and why. Logs at warning level.
+    pub fn failed(&self, why: LoginFailure, source: &dyn fmt::Display, line: impl FnOnce() -> String) {
+        for l in self.failed_at(why, source, Instant::now(), line) {
+            log::warn!("{l}");
+        }
+    }
+
+    /// As [`Self::failed`] at `now`: the lines to log (a summary of the last window first).
+    pub fn failed_at(
+        &self,
+        why: LoginFailure,
+        source: &dyn fmt::Display,
+        now: Instant,
+        line: impl FnOnce() -> String,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut w = self.windows[why.index()].lock().unwrap_or_else(|p| p.into_inner());
+        let expired = w.start.is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_INTERVAL);
+        if expired {
+            if w.more > 0 {
+                let span = w.start.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+                let others = if w.other_sources { " and other sources" } else { "" };
+                out.push(format!(
+                    "{} more failed logins ({}) from {}{others} in the last {span:.1} s, not logged one by one",
+                    w.more,
+                    why.name(),
+                    w.sources.join(", ")
+                ));
+            }
+            *w = FailureWindow { start: Some(now), ..Default::default() };
+        }
+        if w.logged < FAILED_LOGIN_LINES {
+            w.logged += 1;
+            drop(w);
+            out.push(line());
+            return out;
+        }
+        w.more += 1;
+        let source = source.to_string();
+        if !w.sources.contains(&source) {
+            if w.sources.len() < SUMMARY_SOURCES {
+                w.sources.push(source);
+            } else {
+                w.other_sources = true;
+            }
+        }
+        out
+    }
 }
 
 /// Refusals by limit: counted, and logged rate-limited (a line says the limit, its option and
@@ -220,6 +337,41 @@ mod tests {
             json!({"max_logins": 1, "max_logins_per_source": 0, "max_sessions": 102, "max_discovery_sessions": 0,
                    "max_discovery_sessions_per_source": 0})
         );
+    }
+
+    /// Per kind and second, the first [`FAILED_LOGIN_LINES`] failures are logged in full;
+    /// the rest are summed up, with their sources (4 named), in one line that comes with the
+    /// next failure of the kind after the second. Each kind has its own pace.
+    #[test]
+    fn failed_logins_are_logged_in_full_then_summed_up_once_a_second_per_kind() {
+        let f = FailureLog::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut lines = Vec::new();
+        for i in 0..100u64 {
+            let src = format!("10.0.0.{}", i % 6);
+            lines.extend(f.failed_at(LoginFailure::Authentication, &src, at(i * 5), || format!("failed {i}")));
+        }
+        assert_eq!(lines, ["failed 0", "failed 1", "failed 2"]);
+        // Another kind is not held back by this one.
+        assert_eq!(f.failed_at(LoginFailure::NotFound, &"10.0.0.9", at(10), || "not found".into()), ["not found"]);
+        // The next second: the summary, then lines in full again.
+        let next = f.failed_at(LoginFailure::Authentication, &"10.0.0.7", at(1000), || "failed 100".into());
+        assert_eq!(
+            next,
+            [
+                "97 more failed logins (authentication) from 10.0.0.3, 10.0.0.4, 10.0.0.5, 10.0.0.0 and other \
+                 sources in the last 1.0 s, not logged one by one",
+                "failed 100"
+            ]
+        );
+        // A quiet window has no summary.
+        assert_eq!(f.failed_at(LoginFailure::Authentication, &"10.0.0.7", at(5000), || "later".into()), ["later"]);
+        // A line in full is built only when logged.
+        for _ in 0..2 {
+            f.failed_at(LoginFailure::Authentication, &"10.0.0.7", at(5001), || "x".into());
+        }
+        assert!(f.failed_at(LoginFailure::Authentication, &"10.0.0.7", at(5002), || panic!("built")).is_empty());
     }
 
     #[test]

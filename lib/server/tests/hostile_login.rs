@@ -289,7 +289,9 @@ fn discovery_sessions_count_against_their_own_limit() {
     r.expect("discovery 1");
     let (d2, r) = login(&env, 2, &discovery(2));
     r.expect("discovery 2");
-    let (_, r) = login(&env, 3, &discovery(3));
+    // A third from a source that holds one already (a source holding none would make one
+    // give way: a_newcomer_always_gets_a_discovery_session).
+    let (_, r) = login_from(&env, "127.0.0.11:41000", &discovery(3));
     let err = r.expect_err("a third discovery session");
     assert!(err.contains("status class 0x03, detail 0x02"), "{err}");
     // A normal session still gets in, with a TSIH no discovery session has.
@@ -600,4 +602,97 @@ fn stalled_logins_from_one_address_leave_room_for_others() {
     assert_eq!(env.server.logins_in_progress(), 8);
     drop(other);
     drop(stalled);
+}
+
+/// The address of the connection of port `n`'s discovery session (ISID ends in `n`), if
+/// it is still connected.
+fn connected(env: &Env, n: u8) -> bool {
+    let isid = format!("0x{:012x}", 0x8000_0000_0000u64 | n as u64);
+    env.connections().iter().any(|c| c["isid"] == isid)
+}
+
+/// Waits (up to 10 s) for `what`.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Held discovery sessions cannot lock everyone out of SendTargets: when they fill
+/// `max_discovery_sessions`, a discovery login from a source that holds none gets in, and
+/// the longest-idle discovery session of the source holding the most is closed for it. A
+/// source that holds one already is refused as before (it has its share). Before, sources
+/// holding `max_discovery_sessions_per_source` each filled the table for good.
+#[test]
+fn a_newcomer_always_gets_a_discovery_session() {
+    let env = Env::new();
+    env.call("iscsi_set_options", json!({"max_discovery_sessions": 6, "max_discovery_sessions_per_source": 3}));
+    // 127.0.0.1 holds 3 (its first the longest idle), 127.0.0.2 two, 127.0.0.3 one.
+    let mut held = Vec::new();
+    for (n, from) in [(1, "127.0.0.1:1"), (2, "127.0.0.1:2"), (3, "127.0.0.1:3"), (4, "127.0.0.2:1"), (5, "127.0.0.2:2"), (6, "127.0.0.3:1")] {
+        let (c, r) = login_from(&env, from, &discovery(n));
+        r.expect("discovery within the limits");
+        held.push(c);
+        if n == 1 {
+            // Idle longer than the others by more than a timer tick.
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    }
+    assert_eq!(env.server.session_counts(), (0, 6));
+    // A source that holds one: the table is full for it.
+    let (_, r) = login_from(&env, "127.0.0.3:2", &discovery(7));
+    let err = r.expect_err("a second discovery session from 127.0.0.3 with the table full");
+    assert!(err.contains("status class 0x03, detail 0x02"), "{err}");
+    // Newcomers get in: the first makes 127.0.0.1's longest-idle session give way.
+    std::thread::sleep(Duration::from_millis(300));
+    let (c, r) = login_from(&env, "127.0.0.4:1", &discovery(8));
+    r.expect("a discovery login from a source holding none, the table full");
+    held.push(c);
+    eventually("the longest-idle session of the source holding the most closed", || !connected(&env, 1));
+    for n in [2, 3, 4, 5, 6, 8] {
+        assert!(connected(&env, n), "discovery session {n} kept");
+    }
+    assert_eq!(env.server.session_counts(), (0, 6));
+    // Another: 127.0.0.1 and .2 hold two each now; one of theirs gives way.
+    let (c, r) = login_from(&env, "[2001:db8::1]:1", &discovery(9));
+    r.expect("a second newcomer");
+    held.push(c);
+    eventually("one more closed", || [2, 3, 4, 5].iter().filter(|n| connected(&env, **n)).count() == 3);
+    assert!(connected(&env, 6) && connected(&env, 8), "sources holding one keep theirs");
+    assert_eq!(env.server.session_counts(), (0, 6));
+    assert_eq!(stats(&env)["refused"]["max_discovery_sessions"], 1, "only 127.0.0.3's second was refused");
+    drop(held);
+}
+
+/// A discovery session the initiator leaves idle for `discovery_idle_timeout` seconds is
+/// closed (and leaves the session table); a normal session idle as long is not. With 0 it
+/// stays.
+#[test]
+fn an_idle_discovery_session_is_closed() {
+    let env = Env::new();
+    assert_eq!(env.call("iscsi_get_options", json!({}))["discovery_idle_timeout"], 30, "the default");
+    env.call("iscsi_set_options", json!({"discovery_idle_timeout": 1}));
+    let (d, r) = login(&env, 1, &discovery(1));
+    r.expect("discovery");
+    let (mut c, r) = login(&env, 2, &params(2, None));
+    r.expect("a normal session");
+    c.clear_unit_attention();
+    assert_eq!(env.server.session_counts(), (1, 1));
+    eventually("the idle discovery session closed", || !connected(&env, 1));
+    assert_eq!(env.server.session_counts(), (1, 0));
+    // The normal session, as idle, is still served.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(connected(&env, 2), "a normal session is not closed for being idle");
+    good(&c.write(0, &pattern(1, BLOCK)));
+    drop(d);
+    // 0: never.
+    env.call("iscsi_set_options", json!({"discovery_idle_timeout": 0}));
+    let (d, r) = login(&env, 3, &discovery(3));
+    r.expect("discovery");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(connected(&env, 3), "closed with discovery_idle_timeout 0");
+    d.logout();
+    c.logout();
 }

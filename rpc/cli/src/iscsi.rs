@@ -225,6 +225,10 @@ pub(crate) struct IscsiSetOptions {
     /// Most discovery sessions from one source address, an IPv6 /64 counting as one (riser)
     #[arg(long)]
     pub(crate) max_discovery_sessions_per_source: Option<u32>,
+    /// Seconds a discovery session may go without a PDU from the initiator before it is
+    /// closed; 0: never (riser)
+    #[arg(long)]
+    pub(crate) discovery_idle_timeout: Option<u32>,
 }
 
 impl IscsiSetOptions {
@@ -263,6 +267,7 @@ impl IscsiSetOptions {
             max_logins_per_source: self.max_logins_per_source,
             max_discovery_sessions: self.max_discovery_sessions,
             max_discovery_sessions_per_source: self.max_discovery_sessions_per_source,
+            discovery_idle_timeout: self.discovery_idle_timeout,
         }
     }
 }

@@ -334,8 +334,8 @@ fn options_and_getters() {
         json!({"login_timeout": 5, "max_logins": 64, "max_logins_per_source": 4, "max_discovery_sessions": 8})
     );
     assert_eq!(
-        params(&["iscsi_set_options", "--max-discovery-sessions-per-source", "2"]),
-        json!({"max_discovery_sessions_per_source": 2})
+        params(&["iscsi_set_options", "--max-discovery-sessions-per-source", "2", "--discovery-idle-timeout", "0"]),
+        json!({"max_discovery_sessions_per_source": 2, "discovery_idle_timeout": 0})
     );
     refused(&["iscsi_set_options", "-i", "--no-immediate-data"], "cannot be used with");
     refused(&["iscsi_set_options", "-d", "-r"], "cannot be used with");

@@ -43,7 +43,7 @@ impl LunChannel {
         let lun = ctx.lun;
         let key = ctx.nexus.key();
         let mut st = lun.lock();
-        st.nexus(key);
+        st.nexus_seen(ctx.nexus);
         self.seen.insert(ctx.nexus.id);
         let opc = ctx.cdb.opcode();
         // INQUIRY, REPORT LUNS and REQUEST SENSE (F_NO_UA) are not held up by a unit

@@ -886,7 +886,7 @@ pub(crate) fn reserve(lun: &Lun, nexus: &Arc<Nexus>, cdb: &Cdb) -> CmdResult<Opt
     match &st.spc2_holder {
         Some(h) if h != nexus.key() => Err(CmdError::reservation_conflict()),
         _ => {
-            st.spc2_holder = Some(nexus.key().clone());
+            st.spc2_taken_by(nexus);
             lun.refresh_attn(&st);
             Ok(None)
         }

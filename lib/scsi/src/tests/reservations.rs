@@ -565,3 +565,38 @@ mod shared_state {
         assert!(ga.can_write(&b), "reads and writes go on from the local copy");
     }
 }
+
+/// A reinstated session is the same I_T nexus (same initiator port, same target port) with
+/// a new `Nexus`; the old session's connection may be torn down seconds later (it had data
+/// queued for an initiator that no longer reads). Its nexus loss then takes nothing the new
+/// session holds: not the RESERVE it took, not its PREVENT, not its state (no second POWER
+/// ON). The new session's own end still releases them.
+#[test]
+fn the_old_sessions_nexus_loss_leaves_what_the_new_session_holds() {
+    let mut e = env();
+    let (old, b) = (e.a.clone(), e.b.clone());
+    let new = Arc::new(Nexus::new(&old.initiator_name, old.isid, &old.target_name, old.tpgt));
+    assert_eq!(new.key(), old.key(), "the same I_T nexus");
+    let r6 = [op::RESERVE6, 0, 0, 0, 0, 0];
+    let tur = [op::TEST_UNIT_READY, 0, 0, 0, 0, 0];
+    e.ok(&new, &r6, 0, None);
+    e.conflict(&b, &tur, 0, None);
+    // The old session's connection ends after the new session reserved.
+    e.lun.nexus_lost(&old);
+    e.ch().forget_nexus(&old);
+    e.conflict(&b, &tur, 0, None);
+    e.conflict(&b, &r6, 0, None);
+    e.ok(&new, &tur, 0, None);
+    // The new session ends: its reservation goes with it.
+    e.lun.nexus_lost(&new);
+    e.ch().forget_nexus(&new);
+    e.ok(&b, &r6, 0, None);
+    e.ok(&b, &[op::RELEASE6, 0, 0, 0, 0, 0], 0, None);
+    // What the old session held itself is still released by its end, a new session or not.
+    let newer = Arc::new(Nexus::new(&old.initiator_name, old.isid, &old.target_name, old.tpgt));
+    e.run(&new, &tur, 0, None);
+    e.ok(&new, &r6, 0, None);
+    e.run(&newer, &tur, 0, None);
+    e.lun.nexus_lost(&new);
+    e.ok(&b, &r6, 0, None);
+}
