@@ -394,6 +394,12 @@ impl Image {
         self.in_flight
     }
 
+    /// I/Os in flight whose completion librbd does not signal on the eventfd (they are
+    /// found by polling: see [`poll`](Self::poll)).
+    pub fn unsignalled(&self) -> usize {
+        self.unqueued.len()
+    }
+
     /// Starts an asynchronous I/O at byte `offset`. On error nothing was started and the
     /// buffer comes back.
     // The error hands the caller's buffer back; it is the rare path.

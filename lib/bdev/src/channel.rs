@@ -25,6 +25,11 @@ struct Shared {
     io: Box<dyn IoChannel>,
     inboxes: Inboxes<IoCompletion>,
     scratch: Vec<IoCompletion>,
+    /// Completions filed in each route's inbox by another route's poll, not yet taken (by
+    /// route; grown when a route opens, so nothing is allocated per I/O), and their sum: such a
+    /// user must be polled again although its device has nothing to signal.
+    mail: Vec<usize>,
+    mail_total: usize,
 }
 
 thread_local! {
@@ -52,13 +57,26 @@ impl SharedChannel {
             match m.get(&key).and_then(|(b, w)| if std::sync::Weak::ptr_eq(b, &Arc::downgrade(bdev)) { w.upgrade() } else { None }) {
                 Some(s) => s,
                 None => {
-                    let s = Rc::new(RefCell::new(Shared { io: bdev.clone().open_channel(), inboxes: Inboxes::default(), scratch: Vec::new() }));
+                    let s = Rc::new(RefCell::new(Shared {
+                        io: bdev.clone().open_channel(),
+                        inboxes: Inboxes::default(),
+                        scratch: Vec::new(),
+                        mail: Vec::new(),
+                        mail_total: 0,
+                    }));
                     m.insert(key, (Arc::downgrade(bdev), Rc::downgrade(&s)));
                     s
                 }
             }
         });
-        let route = shared.borrow_mut().inboxes.open();
+        let route = {
+            let mut s = shared.borrow_mut();
+            let route = s.inboxes.open();
+            if s.mail.len() <= route as usize {
+                s.mail.resize(route as usize + 1, 0);
+            }
+            route
+        };
         SharedChannel { shared, route }
     }
 
@@ -79,9 +97,23 @@ impl SharedChannel {
         for mut c in s.scratch.drain(..) {
             let (tag, user) = ROUTE.unpack(c.tag);
             c.tag = user;
-            s.inboxes.deliver(tag.route, c);
+            if s.inboxes.deliver(tag.route, c) && tag.route != self.route {
+                if let Some(m) = s.mail.get_mut(tag.route as usize) {
+                    *m += 1;
+                    s.mail_total += 1;
+                }
+            }
         }
+        s.take_mail(self.route);
         s.inboxes.drain(self.route, out)
+    }
+
+    /// Whether this handle's user must keep polling: its device needs polling (see
+    /// [`IoChannel::needs_poll`]), or completions of another user of the channel were filed
+    /// and wait for it (that user may have been polled before they came in).
+    pub fn needs_poll(&self) -> bool {
+        let s = self.shared.borrow();
+        s.mail_total > 0 || s.io.needs_poll()
     }
 
     /// Completions dropped because their route was unknown (for tests and diagnostics).
@@ -92,7 +124,19 @@ impl SharedChannel {
 
 impl Drop for SharedChannel {
     fn drop(&mut self) {
-        self.shared.borrow_mut().inboxes.close(self.route);
+        let mut s = self.shared.borrow_mut();
+        s.take_mail(self.route);
+        s.inboxes.close(self.route);
+    }
+}
+
+impl Shared {
+    /// `route`'s filed completions are taken (or dropped with it).
+    fn take_mail(&mut self, route: u32) {
+        if let Some(m) = self.mail.get_mut(route as usize) {
+            self.mail_total -= *m;
+            *m = 0;
+        }
     }
 }
 
@@ -142,5 +186,74 @@ mod tests {
         });
         assert_eq!(other.join().unwrap(), 0);
         drop((b, c, d));
+    }
+
+    /// A device whose completions signal themselves (like RBD's eventfd): its channel never
+    /// asks to be polled for I/O in flight.
+    struct Signalling(Arc<dyn Bdev>);
+    struct SignallingChannel(Box<dyn IoChannel>);
+
+    impl Bdev for Signalling {
+        fn info(&self) -> &crate::BdevInfo {
+            self.0.info()
+        }
+        fn supports(&self, kind: IoKind) -> bool {
+            self.0.supports(kind)
+        }
+        fn open_channel(self: Arc<Self>) -> Box<dyn IoChannel> {
+            Box::new(SignallingChannel(self.0.clone().open_channel()))
+        }
+        fn config_json(&self) -> (&'static str, serde_json::Value) {
+            self.0.config_json()
+        }
+    }
+
+    impl IoChannel for SignallingChannel {
+        fn submit(&mut self, io: BdevIo) {
+            self.0.submit(io)
+        }
+        fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+            self.0.poll(out)
+        }
+        fn outstanding(&self) -> usize {
+            self.0.outstanding()
+        }
+        fn needs_poll(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_user_whose_completions_another_user_filed_must_be_polled() {
+        let mut reg = BdevRegistry::new();
+        let name = reg.create_malloc(None, 64, 512, None).unwrap();
+        let bdev: Arc<dyn Bdev> = Arc::new(Signalling(reg.get(&name).unwrap()));
+        let (mut a, mut b) = (SharedChannel::open(&bdev), SharedChannel::open(&bdev));
+        a.submit(read(1));
+        b.submit(read(2));
+        assert!(!a.needs_poll() && !b.needs_poll(), "the device signals its completions itself");
+        let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        b.poll(&mut got_b);
+        assert_eq!(got_b.len(), 1);
+        // b's poll filed a's completion: nothing will signal it again, so whoever is asked
+        // says keep polling (a may have been polled earlier in the reactor's pass).
+        assert!(a.needs_poll() && b.needs_poll(), "a's completion waits in its inbox");
+        a.poll(&mut got_a);
+        assert_eq!(got_a.iter().map(|c| c.tag).collect::<Vec<_>>(), vec![1]);
+        assert!(!a.needs_poll() && !b.needs_poll());
+        // A user that leaves with mail waiting takes it with it.
+        a.submit(read(3));
+        b.poll(&mut got_b);
+        assert!(b.needs_poll());
+        drop(a);
+        assert!(!b.needs_poll(), "the dropped user's mail went with it");
+        // A device without a signal keeps the old answer: anything outstanding needs polling.
+        let plain = reg.get(&name).unwrap();
+        let mut p = SharedChannel::open(&plain);
+        p.submit(read(4));
+        assert!(p.needs_poll());
+        let mut got = Vec::new();
+        p.poll(&mut got);
+        assert!(!p.needs_poll());
     }
 }

@@ -203,6 +203,17 @@ pub trait IoChannel {
 
     /// I/Os submitted and not yet returned by `poll`.
     fn outstanding(&self) -> usize;
+
+    /// Whether the caller must keep polling for this channel's I/O to come back: completions
+    /// are waiting, or I/O is in flight whose completion nothing signals. A device whose
+    /// completions end an adaptive reactor's sleep by themselves (a descriptor in the
+    /// reactor's wake set: RBD's completion eventfd) answers false while its I/O is merely in
+    /// flight, so the reactor sleeps instead of spinning while the backend works (on a small
+    /// machine the spinning takes the CPU the backend needs). The default is the safe answer:
+    /// anything outstanding needs polling.
+    fn needs_poll(&self) -> bool {
+        self.outstanding() > 0
+    }
 }
 
 /// A completion queue for devices that finish I/O inside `submit` (null, malloc).

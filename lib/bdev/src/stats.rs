@@ -731,6 +731,10 @@ impl IoChannel for CountingChannel {
     fn outstanding(&self) -> usize {
         self.inner.outstanding()
     }
+
+    fn needs_poll(&self) -> bool {
+        self.inner.needs_poll()
+    }
 }
 
 impl Drop for CountingChannel {

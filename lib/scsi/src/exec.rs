@@ -607,6 +607,18 @@ impl LunChannel {
     /// Whether `poll` has work to do (results to return, I/O in flight, or tasks waiting
     /// for a range lock): a reactor in adaptive mode should keep polling while true.
     pub fn busy(&self) -> bool {
+        if !self.done.is_empty() {
+            return true;
+        }
+        if self.active == 0 {
+            return false;
+        }
+        // Every task left waits for device I/O whose completion wakes the reactor by itself
+        // (RBD: librbd's eventfd) or for the initiator's data: nothing to poll for. A reactor
+        // spinning through a Ceph write's milliseconds took the CPU the cluster needed.
+        if self.waiting.is_empty() && self.pumping.is_empty() && self.deferred.is_empty() && !self.io.needs_poll() {
+            return false;
+        }
         // Wants not yet taken are among the events counted by `outstanding`.
         let work = self.outstanding();
         if self.write_streams == 0 {

@@ -22,6 +22,7 @@ mod unit_attention;
 mod durability;
 mod xcopy;
 mod stream;
+mod wake;
 
 use std::sync::Arc;
 

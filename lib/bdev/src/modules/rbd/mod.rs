@@ -622,6 +622,14 @@ impl IoChannel for RbdChannel {
     fn outstanding(&self) -> usize {
         self.done.len() + self.img.as_ref().map_or(0, Image::in_flight)
     }
+
+    /// librbd signals every completion on the image's eventfd, which is in the reactor's wake
+    /// set: I/O in flight needs no polling, except what librbd does not signal (COMPARE AND
+    /// WRITE) and all of it when the eventfd could not join a wake set (off a reactor).
+    fn needs_poll(&self) -> bool {
+        self.done.len() > 0
+            || self.img.as_ref().is_some_and(|i| i.in_flight() > 0 && (self._wake.is_none() || i.unsignalled() > 0))
+    }
 }
 
 #[cfg(test)]
