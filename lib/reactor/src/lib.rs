@@ -14,7 +14,10 @@
 
 mod mask;
 mod reactor;
+mod ready;
 mod route;
+mod stats;
+mod wake;
 
 pub use route::{Inboxes, Router, Tag, TagLayout};
 pub use mask::{parse_core_mask, CoreMaskError};
