@@ -16,7 +16,7 @@ use thiserror::Error;
 use crate::stats::Stats;
 pub use crate::stats::ReactorStatsSnapshot;
 use crate::wake::{arm_wake_sources, check_readiness, wait_readable, WakeSet, WAKE};
-pub use crate::wake::{add_ready_fd, add_wake_fd, fd_readable, remove_wake_fd, WakeId};
+pub use crate::wake::{add_ready_fd, add_wake_fd, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, WakeId};
 
 /// A unit of cross-thread work: runs once, on the reactor it was sent to.
 pub type Message = Box<dyn FnOnce(&mut Ctx) + Send + 'static>;
@@ -268,6 +268,7 @@ impl ReactorHandle {
                     woken: s.woken.load(Ordering::Relaxed),
                     passes: s.passes.load(Ordering::Relaxed),
                     busy_passes: s.busy_passes.load(Ordering::Relaxed),
+                    poller_calls: s.poller_calls.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -482,6 +483,8 @@ struct Reactor {
     pollers: Vec<Poller>,
     timed: Vec<Timed>,
     next_due: Option<Instant>,
+    /// Poller calls so far (published in the stats).
+    poller_calls: u64,
 }
 
 const MAX_MESSAGES_PER_LOOP: usize = 256;
@@ -513,6 +516,7 @@ impl Reactor {
             pollers: Vec::new(),
             timed: Vec::new(),
             next_due: None,
+            poller_calls: 0,
         }
     }
 
@@ -537,6 +541,8 @@ impl Reactor {
             self.shared.stats[self.ctx.id].messages.fetch_add(work as u64, Ordering::Relaxed);
         }
         check_readiness();
+        self.poller_calls += self.pollers.len() as u64;
+        self.shared.stats[self.ctx.id].poller_calls.store(self.poller_calls, Ordering::Relaxed);
         let mut done = false;
         for p in self.pollers.iter_mut() {
             match (p.f)(&mut self.ctx) {
@@ -842,7 +848,7 @@ mod tests {
     }
 
     #[test]
-    fn each_pass_checks_readiness_once_for_descriptors_that_ask_for_it() {
+    fn without_io_uring_each_pass_checks_readiness_once_for_descriptors_that_ask_for_it() {
         let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
         let h = set.handle();
         let mk = || Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
@@ -852,6 +858,8 @@ mod tests {
         let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new((None, None, None, None)));
         let (a2, b2, p2, s2) = (a.clone(), b.clone(), plain.clone(), seen.clone());
         h.call(0, move |ctx| {
+            // The fallback (no io_uring): one epoll_wait of the whole set per pass.
+            assert!(force_epoll_readiness());
             let ia = ctx.add_wake_fd(a2.as_fd(), || {}).unwrap();
             let ip = add_wake_fd(p2.as_fd(), || {}).unwrap().unwrap();
             remove_wake_fd(ia);
@@ -883,6 +891,30 @@ mod tests {
         rustix::io::write(&*a, &1u64.to_ne_bytes()).unwrap();
         wait("a readable, b drained", (Some(true), Some(false), Some(false), None));
         set.shutdown();
+    }
+
+    #[test]
+    fn the_stats_count_poller_calls() {
+        let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        h.call(0, |ctx| {
+            for _ in 0..3 {
+                ctx.add_poller(|_| PollStatus::Idle);
+            }
+        })
+        .unwrap();
+        // Three calls a pass from the pass after the one that added them (one pass of slack
+        // at each end: the two counters are read one after the other).
+        let s0 = h.stats()[0].clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.stats()[0].poller_calls < s0.poller_calls + 3000 {
+            assert!(Instant::now() < deadline, "{:?}", h.stats()[0]);
+            thread::yield_now();
+        }
+        let s1 = h.stats()[0].clone();
+        set.shutdown();
+        let (calls, passes) = (s1.poller_calls - s0.poller_calls, s1.passes - s0.passes);
+        assert!(calls.abs_diff(3 * passes) <= 6, "{calls} poller calls in {passes} passes of 3 pollers");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub(crate) struct Stats {
     /// work: `riser-perf`'s cost benchmark and `framework_get_reactors` show them per I/O.
     pub(crate) passes: AtomicU64,
     pub(crate) busy_passes: AtomicU64,
+    /// Poller calls (each pass calls every poller): what a pass costs per registered poller.
+    pub(crate) poller_calls: AtomicU64,
 }
 
 /// A copy of one reactor's counters.
@@ -37,4 +39,6 @@ pub struct ReactorStatsSnapshot {
     /// Loop passes since the start, and those that found work.
     pub passes: u64,
     pub busy_passes: u64,
+    /// Poller calls since the start (not counting timed pollers).
+    pub poller_calls: u64,
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rustix::event::epoll;
 
-use crate::ready::Readiness;
+use crate::ready::Ready;
 
 thread_local! {
     /// On a reactor thread: what ends its adaptive sleep.
@@ -23,7 +23,7 @@ pub(crate) struct WakeSet {
     /// Sources registered with [`add_ready_fd`]: while there are any, each pass starts with
     /// one readiness check of the whole set ([`Readiness::check`]).
     checked: usize,
-    ready: Readiness,
+    ready: Ready,
 }
 
 /// Registers `fd` (level-triggered, readable) as a reason to end the calling reactor's
@@ -36,10 +36,15 @@ pub fn add_wake_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::
     add_source(fd, Box::new(arm), false)
 }
 
-/// [`add_wake_fd`], and the reactor checks the readiness of its whole set once at the
-/// start of every pass while two or more such descriptors are registered (one `epoll_wait`
-/// with a zero timeout, whatever the number of descriptors): [`fd_readable`] then tells a poller
-/// whether reading it can find anything, so a pass reads only the sockets with data.
+/// [`add_wake_fd`], and the reactor checks the readiness of such descriptors (sockets) once
+/// at the start of every pass: [`fd_readable`] then tells a poller whether reading it can
+/// find anything, so a pass reads only the sockets with data. The check is an io_uring
+/// multishot poll per descriptor whose completions a pass finds in memory shared with the
+/// kernel: no system call on a pass with nothing new. Where io_uring is unavailable (or
+/// `RISER_READINESS=epoll`), one `epoll_wait` (timeout 0) of the whole set per pass, while
+/// two or more such descriptors are registered. The reader calls [`fd_drained`] when a read
+/// found the descriptor empty (`EAGAIN`, or fewer bytes than asked): until then it stays
+/// readable, as a socket read only partly must be read again.
 pub fn add_ready_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
     add_source(fd, Box::new(arm), true)
 }
@@ -49,12 +54,19 @@ fn add_source(fd: BorrowedFd<'_>, arm: Box<dyn FnMut()>, checked: bool) -> std::
         let mut w = w.borrow_mut();
         let Some(w) = w.as_mut() else { return Ok(None) };
         w.next_id += 1;
-        let id = WakeId(w.next_id);
+        let id = WakeId(if checked { w.ready.add(fd.as_raw_fd(), w.next_id) } else { w.next_id });
         let data = epoll::EventData::new_u64(id.0);
         match epoll::add(&w.epoll, fd, data, epoll::EventFlags::IN) {
             // A closed descriptor whose number came back (a dup kept it in the set).
             Err(rustix::io::Errno::EXIST) => epoll::modify(&w.epoll, fd, data, epoll::EventFlags::IN)?,
-            r => r?,
+            r => {
+                if let Err(e) = r {
+                    if checked {
+                        w.ready.remove(id.0);
+                    }
+                    return Err(e.into());
+                }
+            }
         }
         w.sources.push(WakeSource { id, fd: fd.as_raw_fd(), arm, checked });
         w.checked += usize::from(checked);
@@ -64,7 +76,7 @@ fn add_source(fd: BorrowedFd<'_>, arm: Box<dyn FnMut()>, checked: bool) -> std::
 
 impl WakeSet {
     pub(crate) fn new(epoll: OwnedFd) -> WakeSet {
-        WakeSet { epoll, sources: Vec::new(), next_id: 0, checked: 0, ready: Readiness::new() }
+        WakeSet { epoll, sources: Vec::new(), next_id: 0, checked: 0, ready: Ready::new() }
     }
 }
 
@@ -73,6 +85,29 @@ impl WakeSet {
 /// is known: off a reactor thread, the check failed, or `id` came after it (read it).
 pub fn fd_readable(id: WakeId) -> Option<bool> {
     WAKE.with(|w| w.borrow().as_ref().and_then(|w| w.ready.readable(id)))
+}
+
+/// The reader of descriptor `id` (of [`add_ready_fd`]) found it empty: a read returned
+/// `EAGAIN` or fewer bytes than asked. [`fd_readable`] says `Some(false)` from the next pass
+/// until data comes in again.
+pub fn fd_drained(id: WakeId) {
+    WAKE.with(|w| {
+        if let Some(w) = w.borrow_mut().as_mut() {
+            w.ready.drained(id)
+        }
+    })
+}
+
+/// Makes the calling reactor check its sockets' readiness with `epoll_wait` rather than
+/// io_uring (before its first [`add_ready_fd`]; tests of the fallback). Whether it does.
+#[doc(hidden)]
+pub fn force_epoll_readiness() -> bool {
+    WAKE.with(|w| w.borrow_mut().as_mut().is_some_and(|w| w.ready.force_epoll()))
+}
+
+/// Whether the calling reactor checks its sockets' readiness through io_uring.
+pub fn uring_readiness() -> bool {
+    WAKE.with(|w| w.borrow().as_ref().is_some_and(|w| w.ready.uring()))
 }
 
 /// The readiness check at the start of a pass (see [`add_ready_fd`]).
@@ -93,6 +128,9 @@ pub fn remove_wake_fd(id: WakeId) {
         if let Some(i) = w.sources.iter().position(|s| s.id == id) {
             let s = w.sources.swap_remove(i);
             w.checked -= usize::from(s.checked);
+            if s.checked {
+                w.ready.remove(id.0);
+            }
             // SAFETY: the owner promised to keep `s.fd` open until this call.
             #[allow(unsafe_code)]
             let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
