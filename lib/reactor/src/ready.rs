@@ -29,7 +29,7 @@ impl Ready {
 
     /// Use the `epoll_wait` check on this reactor (before its first socket registers;
     /// afterwards it keeps what it has). Also chosen by `RISER_READINESS=epoll` in the
-    /// environment (to compare the two).
+    /// environment (to compare the two; `uring-ipi`: the ring without cooperative task running).
     pub(crate) fn force_epoll(&mut self) -> bool {
         match self.mode {
             Mode::Untried | Mode::Epoll => {

@@ -61,9 +61,13 @@ impl UringReady {
         // Cooperative task running: a socket's wake-up does not interrupt the reactor (no
         // IPI); the kernel flags the work instead (IORING_SQ_TASKRUN), and the reactor's next
         // system call, whatever it is, runs it. Kernels before 5.19: the plain ring.
-        let ring = match IoUring::builder().setup_cqsize(CQ_ENTRIES).setup_coop_taskrun().setup_taskrun_flag().build(SQ_ENTRIES) {
-            Ok(r) => r,
-            Err(_) => IoUring::builder().setup_cqsize(CQ_ENTRIES).build(SQ_ENTRIES)?,
+        // `RISER_READINESS=uring-ipi`: the plain ring (a wake-up interrupts the reactor to
+        // post its completion), to compare the two.
+        let coop = !std::env::var("RISER_READINESS").is_ok_and(|v| v == "uring-ipi");
+        let coop_ring = if coop { IoUring::builder().setup_cqsize(CQ_ENTRIES).setup_coop_taskrun().setup_taskrun_flag().build(SQ_ENTRIES).ok() } else { None };
+        let ring = match coop_ring {
+            Some(r) => r,
+            None => IoUring::builder().setup_cqsize(CQ_ENTRIES).build(SQ_ENTRIES)?,
         };
         let mut me = UringReady { ring, slots: Vec::new(), free: Vec::new(), live: 0, queued: false, rearm: Vec::new(), events: 0, enters: 0, rearms: 0 };
         // A ring whose multishot polls do not work (before 5.13) is no use: try one on an
