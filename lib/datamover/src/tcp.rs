@@ -196,6 +196,14 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
     }
 
+    /// The socket was found empty (a read returned `EAGAIN` or fewer bytes than asked):
+    /// the reactor's readiness check reports it unreadable until data comes in again.
+    pub(super) fn drained(&self) {
+        if let Wake::In(id) = self.wake {
+            riser_reactor::fd_drained(id);
+        }
+    }
+
     /// Takes the socket out of the wake set (a shut-down socket stays readable: EOF).
     fn leave_wake_set(&mut self) {
         if let Wake::In(id) = std::mem::replace(&mut self.wake, Wake::Never) {

@@ -4,7 +4,7 @@ use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use rustix::event::epoll;
 use thiserror::Error;
+
+use crate::stats::Stats;
+pub use crate::stats::ReactorStatsSnapshot;
+use crate::wake::{arm_wake_sources, check_readiness, wait_readable, WakeSet, WAKE};
+pub use crate::wake::{add_ready_fd, add_wake_fd, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, WakeId};
 
 /// A unit of cross-thread work: runs once, on the reactor it was sent to.
 pub type Message = Box<dyn FnOnce(&mut Ctx) + Send + 'static>;
@@ -92,43 +97,6 @@ impl Default for ReactorConfig {
     }
 }
 
-/// Per-reactor counters, written by the reactor, read by anyone.
-#[derive(Default)]
-struct Stats {
-    busy_ns: AtomicU64,
-    idle_ns: AtomicU64,
-    messages: AtomicU64,
-    pollers: AtomicUsize,
-    /// Application-defined load (e.g. connections), for placement decisions.
-    load: AtomicUsize,
-    sleeping: AtomicBool,
-    /// Adaptive sleeps ended by a descriptor (a message, a socket, a completion channel)
-    /// rather than by their timeout.
-    woken: AtomicU64,
-    /// Loop passes (each a look at messages, pollers and due timers), and those that found
-    /// work: `riser-perf`'s cost benchmark and `framework_get_reactors` show them per I/O.
-    passes: AtomicU64,
-    busy_passes: AtomicU64,
-}
-
-/// A copy of one reactor's counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReactorStatsSnapshot {
-    pub reactor: usize,
-    pub core: usize,
-    pub busy_ns: u64,
-    pub idle_ns: u64,
-    pub messages: u64,
-    pub pollers: usize,
-    pub load: usize,
-    pub sleeping: bool,
-    /// Adaptive sleeps ended by an event rather than by their timeout.
-    pub woken: u64,
-    /// Loop passes since the start, and those that found work.
-    pub passes: u64,
-    pub busy_passes: u64,
-}
-
 struct Shared {
     rings: Vec<ArrayQueue<Message>>,
     threads: Vec<OnceLock<Thread>>,
@@ -157,161 +125,6 @@ impl Shared {
 thread_local! {
     /// On a reactor thread: the reactors and this one's index.
     static CURRENT: RefCell<Option<(Arc<Shared>, usize)>> = const { RefCell::new(None) };
-    /// On a reactor thread: what ends its adaptive sleep.
-    static WAKE: RefCell<Option<WakeSet>> = const { RefCell::new(None) };
-}
-
-/// The descriptors that end a reactor's adaptive sleep: its eventfd (data 0) and those
-/// registered with [`add_wake_fd`], in one epoll set.
-struct WakeSet {
-    epoll: OwnedFd,
-    sources: Vec<WakeSource>,
-    next_id: u64,
-    /// Sources registered with [`add_ready_fd`]: while there are any, each pass starts with
-    /// one readiness check of the whole set ([`WakeSet::check`]).
-    checked: usize,
-    ready: Readiness,
-}
-
-/// What the readiness check at the start of this pass found: the ids of the readable
-/// descriptors (sorted), the last id registered before it, and whether it ran at all.
-struct Readiness {
-    events: epoll::EventVec,
-    ids: Vec<u64>,
-    /// Ids above this were registered after the check: nothing is known of them.
-    upto: u64,
-    /// The check ran this pass (and did not fail).
-    valid: bool,
-    /// More descriptors were readable than one check reports: each counts as readable.
-    overflow: bool,
-}
-
-/// Most readable descriptors one readiness check reports; when more are, every descriptor
-/// counts as readable for that pass (level-triggered, nothing is lost either way).
-const READY_EVENTS: usize = 256;
-
-impl Readiness {
-    fn new() -> Readiness {
-        Readiness { events: epoll::EventVec::with_capacity(READY_EVENTS), ids: Vec::with_capacity(READY_EVENTS), upto: 0, valid: false, overflow: false }
-    }
-}
-
-impl WakeSet {
-    /// The readiness check of a pass: one `epoll_wait` with a zero timeout on the whole set
-    /// (level-triggered: a descriptor not drained in this pass is reported again in the
-    /// next). Skipped (nothing known: every source reads) while fewer than two sources
-    /// asked for it: for one socket the check would cost what reading it costs.
-    fn check(&mut self) {
-        let r = &mut self.ready;
-        r.valid = false;
-        if self.checked < 2 {
-            return;
-        }
-        r.ids.clear();
-        r.upto = self.next_id;
-        // EINTR and the like: nothing known this pass, every source reads.
-        if let Ok(()) = epoll::wait(&self.epoll, &mut r.events, 0) {
-            r.ids.extend(r.events.iter().map(|e| e.data.u64()));
-            r.ids.sort_unstable();
-            r.overflow = r.ids.len() >= READY_EVENTS;
-            r.valid = true;
-        }
-    }
-
-    fn readable(&self, id: WakeId) -> Option<bool> {
-        let r = &self.ready;
-        if !r.valid || id.0 > r.upto {
-            return None;
-        }
-        Some(r.overflow || r.ids.binary_search(&id.0).is_ok())
-    }
-}
-
-/// Registers `fd` (level-triggered, readable) as a reason to end the calling reactor's
-/// adaptive sleep: a socket, an RDMA completion channel, an eventfd. Before the reactor
-/// sleeps it calls `arm` (e.g. to drain a completion channel and request the next event,
-/// or to switch an io_uring's eventfd on), then polls once more, so work that came in before
-/// arming is not slept on. The owner keeps `fd` open until [`remove_wake_fd`]. Busy-polling
-/// reactors never sleep and never call `arm`. Off a reactor thread: `Ok(None)`.
-pub fn add_wake_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
-    add_source(fd, Box::new(arm), false)
-}
-
-/// [`add_wake_fd`], and the reactor checks the readiness of its whole set once at the
-/// start of every pass while two or more such descriptors are registered (one `epoll_wait`
-/// with a zero timeout, whatever the number of descriptors): [`fd_readable`] then tells a poller
-/// whether reading it can find anything, so a pass reads only the sockets with data.
-pub fn add_ready_fd(fd: BorrowedFd<'_>, arm: impl FnMut() + 'static) -> std::io::Result<Option<WakeId>> {
-    add_source(fd, Box::new(arm), true)
-}
-
-fn add_source(fd: BorrowedFd<'_>, arm: Box<dyn FnMut()>, checked: bool) -> std::io::Result<Option<WakeId>> {
-    WAKE.with(|w| {
-        let mut w = w.borrow_mut();
-        let Some(w) = w.as_mut() else { return Ok(None) };
-        w.next_id += 1;
-        let id = WakeId(w.next_id);
-        let data = epoll::EventData::new_u64(id.0);
-        match epoll::add(&w.epoll, fd, data, epoll::EventFlags::IN) {
-            // A closed descriptor whose number came back (a dup kept it in the set).
-            Err(rustix::io::Errno::EXIST) => epoll::modify(&w.epoll, fd, data, epoll::EventFlags::IN)?,
-            r => r?,
-        }
-        w.sources.push(WakeSource { id, fd: fd.as_raw_fd(), arm, checked });
-        w.checked += usize::from(checked);
-        Ok(Some(id))
-    })
-}
-
-/// Whether descriptor `id` (of [`add_ready_fd`], on the calling reactor) was readable (or
-/// hung up, or in error) at the readiness check that started this pass. `None` when nothing
-/// is known: off a reactor thread, the check failed, or `id` came after it (read it).
-pub fn fd_readable(id: WakeId) -> Option<bool> {
-    WAKE.with(|w| w.borrow().as_ref().and_then(|w| w.readable(id)))
-}
-
-/// The readiness check at the start of a pass (see [`add_ready_fd`]).
-fn check_readiness() {
-    WAKE.with(|w| {
-        if let Some(w) = w.borrow_mut().as_mut() {
-            w.check();
-        }
-    })
-}
-
-/// Unregisters a descriptor of [`add_wake_fd`] (on the reactor that registered it);
-/// call it before closing the descriptor.
-pub fn remove_wake_fd(id: WakeId) {
-    WAKE.with(|w| {
-        let mut w = w.borrow_mut();
-        let Some(w) = w.as_mut() else { return };
-        if let Some(i) = w.sources.iter().position(|s| s.id == id) {
-            let s = w.sources.swap_remove(i);
-            w.checked -= usize::from(s.checked);
-            // SAFETY: the owner promised to keep `s.fd` open until this call.
-            #[allow(unsafe_code)]
-            let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
-            // ENOENT/EBADF: the descriptor was closed first, which removed it already.
-            let _ = epoll::delete(&w.epoll, fd);
-        }
-    })
-}
-
-/// Calls every source's `arm`; whether there is any. An `arm` may register or remove
-/// sources.
-fn arm_wake_sources() -> bool {
-    let mut sources = WAKE.with(|w| w.borrow_mut().as_mut().map(|w| std::mem::take(&mut w.sources)).unwrap_or_default());
-    for s in sources.iter_mut() {
-        (s.arm)();
-    }
-    let any = !sources.is_empty();
-    WAKE.with(|w| {
-        if let Some(w) = w.borrow_mut().as_mut() {
-            sources.append(&mut w.sources);
-            w.sources = sources;
-        }
-    });
-    any
 }
 
 /// Wakes one thread from another: the reactor it was made on, from an adaptive sleep, or
@@ -455,6 +268,7 @@ impl ReactorHandle {
                     woken: s.woken.load(Ordering::Relaxed),
                     passes: s.passes.load(Ordering::Relaxed),
                     busy_passes: s.busy_passes.load(Ordering::Relaxed),
+                    poller_calls: s.poller_calls.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -517,7 +331,7 @@ impl ReactorSet {
                 let _ = h.shared.threads[id].set(thread::current());
                 CURRENT.with(|c| *c.borrow_mut() = Some((h.shared.clone(), id)));
                 let epfd = ep.as_raw_fd();
-                WAKE.with(|w| *w.borrow_mut() = Some(WakeSet { epoll: ep, sources: Vec::new(), next_id: 0, checked: 0, ready: Readiness::new() }));
+                WAKE.with(|w| *w.borrow_mut() = Some(WakeSet::new(ep)));
                 Reactor::new(id, core, h, epfd).run();
                 WAKE.with(|w| w.borrow_mut().take());
             })?;
@@ -591,18 +405,6 @@ pub struct Ctx {
     removed: Vec<PollerId>,
     locals: HashMap<TypeId, Box<dyn Any>>,
     handle: ReactorHandle,
-}
-
-/// Identifies a descriptor registered with [`Ctx::add_wake_fd`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WakeId(u64);
-
-struct WakeSource {
-    id: WakeId,
-    fd: RawFd,
-    arm: Box<dyn FnMut()>,
-    /// Registered with [`add_ready_fd`].
-    checked: bool,
 }
 
 impl Ctx {
@@ -681,6 +483,8 @@ struct Reactor {
     pollers: Vec<Poller>,
     timed: Vec<Timed>,
     next_due: Option<Instant>,
+    /// Poller calls so far (published in the stats).
+    poller_calls: u64,
 }
 
 const MAX_MESSAGES_PER_LOOP: usize = 256;
@@ -712,6 +516,7 @@ impl Reactor {
             pollers: Vec::new(),
             timed: Vec::new(),
             next_due: None,
+            poller_calls: 0,
         }
     }
 
@@ -736,6 +541,8 @@ impl Reactor {
             self.shared.stats[self.ctx.id].messages.fetch_add(work as u64, Ordering::Relaxed);
         }
         check_readiness();
+        self.poller_calls += self.pollers.len() as u64;
+        self.shared.stats[self.ctx.id].poller_calls.store(self.poller_calls, Ordering::Relaxed);
         let mut done = false;
         for p in self.pollers.iter_mut() {
             match (p.f)(&mut self.ctx) {
@@ -888,22 +695,11 @@ impl Reactor {
     }
 }
 
-/// Sleeps until `fd` is readable or `timeout` has passed (ppoll: a timeout finer than
-/// epoll_wait's milliseconds). An epoll descriptor is readable while any of its set is.
-/// Whether it became readable.
-fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: one valid pollfd and a valid timespec, both alive for the call; no signal mask.
-    #[allow(unsafe_code)]
-    let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
-    n > 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::sync::atomic::AtomicU64;
     use std::sync::Mutex;
 
     fn cfg(n: usize, mode: PollMode) -> ReactorConfig {
@@ -1052,7 +848,7 @@ mod tests {
     }
 
     #[test]
-    fn each_pass_checks_readiness_once_for_descriptors_that_ask_for_it() {
+    fn without_io_uring_each_pass_checks_readiness_once_for_descriptors_that_ask_for_it() {
         let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
         let h = set.handle();
         let mk = || Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
@@ -1062,6 +858,8 @@ mod tests {
         let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new((None, None, None, None)));
         let (a2, b2, p2, s2) = (a.clone(), b.clone(), plain.clone(), seen.clone());
         h.call(0, move |ctx| {
+            // The fallback (no io_uring): one epoll_wait of the whole set per pass.
+            assert!(force_epoll_readiness());
             let ia = ctx.add_wake_fd(a2.as_fd(), || {}).unwrap();
             let ip = add_wake_fd(p2.as_fd(), || {}).unwrap().unwrap();
             remove_wake_fd(ia);
@@ -1093,6 +891,30 @@ mod tests {
         rustix::io::write(&*a, &1u64.to_ne_bytes()).unwrap();
         wait("a readable, b drained", (Some(true), Some(false), Some(false), None));
         set.shutdown();
+    }
+
+    #[test]
+    fn the_stats_count_poller_calls() {
+        let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        h.call(0, |ctx| {
+            for _ in 0..3 {
+                ctx.add_poller(|_| PollStatus::Idle);
+            }
+        })
+        .unwrap();
+        // Three calls a pass from the pass after the one that added them (one pass of slack
+        // at each end: the two counters are read one after the other).
+        let s0 = h.stats()[0].clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.stats()[0].poller_calls < s0.poller_calls + 3000 {
+            assert!(Instant::now() < deadline, "{:?}", h.stats()[0]);
+            thread::yield_now();
+        }
+        let s1 = h.stats()[0].clone();
+        set.shutdown();
+        let (calls, passes) = (s1.poller_calls - s0.poller_calls, s1.passes - s0.passes);
+        assert!(calls.abs_diff(3 * passes) <= 6, "{calls} poller calls in {passes} passes of 3 pollers");
     }
 
     #[test]

@@ -67,6 +67,7 @@ fn a_pass_reads_only_a_socket_with_data_and_data_that_comes_later_is_received() 
     // what one read costs); the first is driven, the second stays idle.
     let reads = Arc::new(AtomicUsize::new(0));
     let (passes, pdus) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let ended = Arc::new(AtomicUsize::new(0));
     let mut clients = Vec::new();
     let mut dms = Vec::new();
     for _ in 0..2 {
@@ -74,14 +75,20 @@ fn a_pass_reads_only_a_socket_with_data_and_data_that_comes_later_is_received() 
         let (s, _) = l.accept().unwrap();
         dms.push(TcpDatamover::new(Counted { s, reads: reads.clone() }, &[]).unwrap());
     }
-    let (p2, n2) = (passes.clone(), pdus.clone());
+    let (p2, n2, e2) = (passes.clone(), pdus.clone(), ended.clone());
     h.call(0, move |ctx| {
         let mut ev = Vec::new();
         ctx.add_poller(move |_| {
             for dm in dms.iter_mut() {
                 dm.poll(&mut ev);
             }
-            n2.fetch_add(ev.drain(..).filter(|e| matches!(e, DmEvent::Control(_))).count(), Ordering::Relaxed);
+            for e in ev.drain(..) {
+                match e {
+                    DmEvent::Control(_) => n2.fetch_add(1, Ordering::Relaxed),
+                    DmEvent::Terminated(_) => e2.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+            }
             p2.fetch_add(1, Ordering::Relaxed);
             PollStatus::Idle
         });
@@ -101,8 +108,9 @@ fn a_pass_reads_only_a_socket_with_data_and_data_that_comes_later_is_received() 
     }
     assert!(reads.load(Ordering::Relaxed) <= 9, "{} reads for 3 PDUs", reads.load(Ordering::Relaxed));
     // Closed by the initiator: the reactor's check sees the end of the stream.
-    drop(c);
     let r0 = reads.load(Ordering::Relaxed);
-    wait_for("EOF never read", &|| reads.load(Ordering::Relaxed) > r0);
+    drop(c);
+    wait_for("EOF never read", &|| ended.load(Ordering::Relaxed) == 1);
+    assert!(reads.load(Ordering::Relaxed) > r0);
     set.shutdown();
 }

@@ -89,10 +89,17 @@ impl<S: ByteStream> TcpDatamover<S> {
                         return (total, true);
                     }
                     if n < READ_CHUNK {
+                        // Fewer bytes than asked (a read into the framer asks at least
+                        // READ_CHUNK; one into a task's segment that did not complete it
+                        // got less than the segment's rest): the socket is empty.
+                        self.drained();
                         break;
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.drained();
+                    break;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.leave_wake_set();
