@@ -68,6 +68,8 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
                     // Loop passes and those that found work (riser's own; SPDK has none).
                     "passes": s.passes,
                     "busy_passes": s.busy_passes,
+                    // Poller invocations (each pass calls every registered poller).
+                    "poller_calls": s.poller_calls,
                 })
             })
             .collect();
