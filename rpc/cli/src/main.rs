@@ -32,7 +32,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use riser_rpc::client::{ClientError, RpcClient, DEFAULT_SOCKET_PATH};
 use riser_bdev::rpc::{
     BdevGetBdevs, BdevGetIostat, BdevMallocResize, BdevNullResize, BdevNvmeGetControllers, BdevRbdGetClustersInfo, BdevRbdResize,
-    BdevResetIostat,
+    BdevResetIostat, BdevSetQosLimit,
 };
 use riser_config::auth_group::IscsiAuthGroupRemoveSecret as RemoveSecret;
 use riser_config::node::alua::{IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAluaState};
@@ -132,6 +132,8 @@ enum Cmd {
     BdevGetIostat(BdevGetIostat),
     /// Reset I/O statistics of all bdevs or one (-m all|maxmin)
     BdevResetIostat(BdevResetIostat),
+    /// Set a bdev's rate limits (I/Os or MiB per second; a limit left out stays, 0 removes it)
+    BdevSetQosLimit(BdevSetQosLimit),
     /// Turn a bdev's latency histogram on (-e, the default) or off (-d)
     BdevEnableHistogram(BdevEnableHistogram),
     /// Show latency percentiles (µs) of a bdev's histogram
@@ -276,6 +278,7 @@ impl Cmd {
             Cmd::BdevNvmeGetControllers(a) => to_params(&a)?,
             Cmd::BdevGetIostat(a) => to_params(&a)?,
             Cmd::BdevResetIostat(a) => to_params(&a)?,
+            Cmd::BdevSetQosLimit(a) => to_params(&a)?,
             Cmd::BdevEnableHistogram(a) => to_params(&a.params())?,
             Cmd::BdevGetHistogram(a) => to_params(&ByName { name: a.name })?,
             Cmd::BdevRbdRegisterCluster(a) => to_params(&a.params()?)?,
