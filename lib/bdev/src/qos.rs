@@ -9,8 +9,9 @@
 //! found no tokens. An I/O over the limit waits in that queue, in submission order, and is
 //! submitted by a later poll once tokens come back: it never fails and the reactor never
 //! waits for it. A budget may go into debt by one I/O (an I/O larger than a slice's worth,
-//! as SPDK allows): the next slices repay it first. Unused budget does not build up past
-//! one slice, so an idle device gets no burst.
+//! as SPDK allows): the next slices repay it first. Slices in which no reactor asked (one
+//! descheduled on a busy machine) are made up for, up to 10 ms' worth; unused budget does
+//! not build up past that, so an idle device gets no real burst.
 //!
 //! With no limit set a channel checks one relaxed flag per I/O.
 
@@ -70,9 +71,17 @@ impl QosLimits {
 /// The tokens a slice of `rate` per second gives for slice `s` (exact over many slices:
 /// the sum of slices 1..=n is `rate * n / 1000`, with no rounding drift).
 fn per_slice(rate: u64, s: u64) -> i64 {
-    let at = |s: u64| (rate as u128 * s as u128 * TIMESLICE_NS as u128 / 1_000_000_000) as i64;
-    at(s) - at(s.saturating_sub(1))
+    budget_between(rate, s.saturating_sub(1), s)
 }
+
+/// The tokens of slices `from + 1 ..= to`.
+fn budget_between(rate: u64, from: u64, to: u64) -> i64 {
+    let at = |s: u64| (rate as u128 * s as u128 * TIMESLICE_NS as u128 / 1_000_000_000) as i64;
+    at(to) - at(from)
+}
+
+/// The most slices one refill makes up for (10 ms).
+const CATCH_UP: u64 = 10;
 
 /// One limit's shared budget.
 #[derive(Default)]
@@ -92,8 +101,10 @@ impl Budget {
         if slice <= last || self.slice.compare_exchange(last, slice, AcqRel, Relaxed).is_err() {
             return;
         }
-        let add = per_slice(rate, slice);
-        // A debt carries over; a surplus does not build up past one slice.
+        // The slices nobody asked in (a reactor descheduled on a busy machine) count too, up
+        // to CATCH_UP of them: an idle device gets no more than that as a burst.
+        let add = budget_between(rate, slice - (slice - last).min(CATCH_UP), slice);
+        // A debt carries over; a surplus does not build up.
         let _ = self.tokens.fetch_update(AcqRel, Relaxed, |t| Some(if t < 0 { t + add } else { add }));
     }
 

@@ -55,6 +55,28 @@ fn byte_limits_hold_and_an_io_larger_than_a_slice_goes_into_debt() {
 }
 
 #[test]
+fn slices_nobody_asked_in_are_made_up_for_up_to_ten() {
+    let q = Qos::default();
+    q.set_at(limits(10000, 0, 0, 0), 0);
+    let mut t = Throttle::default();
+    let mut n = 0;
+    let mut offer = |t: &mut Throttle, now: u64, n: &mut usize| {
+        for tag in 0..100 {
+            t.submit(&q, io(IoKind::Read, tag), 512, now, &mut |_| *n += 1);
+        }
+        t.release(&q, now, &mut |_| *n += 1);
+    };
+    offer(&mut t, 0, &mut n);
+    assert_eq!(n, 10, "slice 0: 10 I/Os");
+    // Asked again 4 slices later: slices 1 to 4 (40).
+    offer(&mut t, 4 * MS, &mut n);
+    assert_eq!(n, 50);
+    // After a second idle: 10 slices' worth at most.
+    offer(&mut t, 1004 * MS, &mut n);
+    assert_eq!(n, 150);
+}
+
+#[test]
 fn two_reactors_share_one_budget() {
     let q = Qos::default();
     q.set_at(limits(4000, 0, 0, 0), 0);
