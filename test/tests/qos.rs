@@ -158,3 +158,47 @@ fn device_limits_hold_on_two_reactors_and_survive_a_restart() {
     let b = again.rpc_json(&["bdev_get_bdevs", "-b", "Null0"]);
     assert_eq!(b[0]["assigned_rate_limits"], want["params"].as_object().map(|o| { let mut o = o.clone(); o.remove("name"); Value::Object(o) }).unwrap_or_default(), "{b}");
 }
+
+#[test]
+fn a_limit_on_one_initiator_leaves_another_untouched() {
+    let (riser, url, _) = null_target(&[]);
+    let iqn = "iqn.2016-06.io.riser:qos";
+    let (noisy, quiet) = ("iqn.2016-06.io.riser:noisy-host", "iqn.2016-06.io.riser:quiet-host");
+    let out = riser.rpc(&["iscsi_target_node_set_qos_limit", iqn, noisy, "-l", "0", "--rw-ios-per-sec", &IOPS.to_string()]);
+    assert_eq!(out.json(), json!(true), "{out:?}");
+    let bad = riser.rpc(&["iscsi_target_node_set_qos_limit", iqn, noisy, "-l", "7", "--rw-ios-per-sec", "1000"]);
+    assert!(!bad.status.success(), "no LUN 7: {bad:?}");
+    let bad = riser.rpc(&["iscsi_target_node_set_qos_limit", iqn, noisy, "--rw-ios-per-sec", "999"]);
+    assert!(!bad.status.success(), "SPDK's rule: {bad:?}");
+
+    // Both at once: the noisy host at its limit, the quiet one far above it.
+    let u2 = url.clone();
+    let a = std::thread::spawn(move || load(noisy, &u2, "4096"));
+    let t = SECONDS.to_string();
+    let b = perf_json(quiet, &["--qd", "32", "--rw", "randrw", "--rwmixread", "50", "--time", &t, "--ramp", "1", &url]);
+    let (iops_a, _, _, _) = a.join().expect("the noisy host's run");
+    assert_eq!(u(&b["total"], "errors"), 0, "{b}");
+    let iops_b = (u(&b["total"], "reads") + u(&b["total"], "writes")) as f64 / SECONDS as f64;
+    within_10pct(iops_a, IOPS, "the limited initiator's I/Os per second");
+    println!("the other initiator, on the same LUN at the same time: {iops_b:.0} I/Os per second");
+    assert!(iops_b > 3.0 * IOPS as f64, "the other initiator is not held to the first one's limit: {iops_b:.0}");
+
+    // Shown, with the time the limited host's I/Os waited, and saved.
+    let nodes = riser.rpc_json(&["iscsi_get_target_nodes"]);
+    let q = &nodes[0]["qos_limits"][0];
+    assert_eq!((q["initiator_name"].as_str(), q["lun_id"].as_u64(), q["rw_ios_per_sec"].as_u64()), (Some(noisy), Some(0), Some(IOPS)), "{nodes}");
+    assert!(u(q, "throttled_ios") > 0 && u(q, "throttled_ticks") > 0, "{q}");
+    let saved = riser.rpc_json(&["save_config"]);
+    let iscsi = saved["subsystems"].as_array().and_then(|s| s.iter().find(|s| s["subsystem"] == "iscsi")).map(|s| s["config"].clone());
+    let want = json!({"method": "iscsi_target_node_set_qos_limit", "params": {"name": iqn, "initiator_name": noisy, "lun_id": 0,
+        "rw_ios_per_sec": IOPS, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}});
+    assert!(iscsi.as_ref().and_then(|c| c.as_array()).is_some_and(|c| c.contains(&want)), "{iscsi:?}");
+
+    // Removed (0): the host runs free again.
+    let out = riser.rpc(&["iscsi_target_node_set_qos_limit", iqn, noisy, "--rw-ios-per-sec", "0"]);
+    assert_eq!(out.json(), json!(true), "{out:?}");
+    let nodes = riser.rpc_json(&["iscsi_get_target_nodes"]);
+    assert!(nodes[0].get("qos_limits").is_none(), "{nodes}");
+    let (iops, _, _, _) = load(noisy, &url, "4096");
+    assert!(iops > 1.5 * IOPS as f64, "no limit left: {iops:.0}");
+}

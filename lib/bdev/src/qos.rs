@@ -183,6 +183,58 @@ impl Qos {
     }
 }
 
+/// Limits per initiator on one logical unit (riser's extension, `iscsi_target_node_set_qos_limit`):
+/// each initiator name (compared without regard to case, as iSCSI names are) has its own
+/// [`Qos`], shared by all its sessions. Channels look an initiator up only when the table's
+/// generation changed, never per I/O.
+#[derive(Default)]
+pub struct QosTable {
+    generation: AtomicU64,
+    entries: Mutex<Vec<(String, std::sync::Arc<Qos>)>>,
+}
+
+impl QosTable {
+    /// Changes with every change of the table (0: never set).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, std::sync::Arc<Qos>)>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The limits of `initiator`, if it has any.
+    pub fn find(&self, initiator: &str) -> Option<std::sync::Arc<Qos>> {
+        self.lock().iter().find(|(n, _)| n.eq_ignore_ascii_case(initiator)).map(|(_, q)| q.clone())
+    }
+
+    /// Sets `initiator`'s limits; all zero removes its entry (its sessions' waiting I/Os go).
+    pub fn set(&self, initiator: &str, limits: QosLimits) {
+        let mut e = self.lock();
+        match e.iter().position(|(n, _)| n.eq_ignore_ascii_case(initiator)) {
+            Some(i) => {
+                e[i].1.set(limits);
+                if limits.is_none() {
+                    e.remove(i);
+                }
+            }
+            None if limits.is_none() => {}
+            None => {
+                let q = std::sync::Arc::new(Qos::default());
+                q.set(limits);
+                e.push((initiator.to_string(), q));
+            }
+        }
+        self.generation.fetch_add(1, Release);
+    }
+
+    /// (initiator, its limits, its throttled nanoseconds and I/Os) in the order they were set.
+    pub fn list(&self) -> Vec<(String, QosLimits, (u64, u64))> {
+        self.lock().iter().map(|(n, q)| (n.clone(), q.limits(), q.throttled())).collect()
+    }
+}
+
 /// What an I/O costs against each budget: I/Os, read+write bytes, read bytes, write bytes.
 /// Reads and writes count; other kinds (flush, unmap, write zeroes) pass free.
 fn cost(kind: IoKind, bytes: u64) -> [i64; 4] {

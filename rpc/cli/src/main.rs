@@ -40,6 +40,7 @@ use riser_config::node::{
     IscsiDeleteTargetNode, IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeRemoveLun, IscsiTargetNodeRequestLogout,
     IscsiTargetNodeSetRedirect,
 };
+use riser_config::node::IscsiTargetNodeSetQosLimit;
 use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogSetLevel, RpcGetMethods};
 use serde::Serialize;
 use serde_json::Value;
@@ -207,6 +208,8 @@ enum Cmd {
     IscsiTargetNodeRequestLogout(IscsiTargetNodeRequestLogout),
     /// Redirect new logins to a target node through a portal group (Target moved temporarily): NAME PG_TAG -a HOST [-p PORT]; without -a: clear
     IscsiTargetNodeSetRedirect(IscsiTargetNodeSetRedirect),
+    /// Set one initiator's rate limits on a target node's LUN (-l) or every LUN: NAME INITIATOR_NAME; a limit left out stays, 0 removes it
+    IscsiTargetNodeSetQosLimit(IscsiTargetNodeSetQosLimit),
     /// Set a target node's ALUA target port groups: NAME 'TPG:STATE[:pref][:PORT,PORT]' ... (none: remove)
     IscsiTargetNodeSetAlua(IscsiTargetNodeSetAlua),
     /// Change the ALUA state of one target port group: NAME TPG STATE
@@ -329,6 +332,7 @@ impl Cmd {
             Cmd::IscsiDeleteTargetNode(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeRequestLogout(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeSetRedirect(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeSetQosLimit(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
             Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&IscsiTargetNodeAluaFailback { name: a.name })?,
