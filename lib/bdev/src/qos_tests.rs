@@ -60,7 +60,7 @@ fn slices_nobody_asked_in_are_made_up_for_up_to_ten() {
     q.set_at(limits(10000, 0, 0, 0), 0);
     let mut t = Throttle::default();
     let mut n = 0;
-    let mut offer = |t: &mut Throttle, now: u64, n: &mut usize| {
+    let offer = |t: &mut Throttle, now: u64, n: &mut usize| {
         for tag in 0..100 {
             t.submit(&q, io(IoKind::Read, tag), 512, now, &mut |_| *n += 1);
         }
@@ -197,4 +197,23 @@ fn limits_follow_spdks_rules() {
         limits(1000, 2, 3, 4).json(),
         serde_json::json!({"rw_ios_per_sec": 1000, "rw_mbytes_per_sec": 2, "r_mbytes_per_sec": 3, "w_mbytes_per_sec": 4})
     );
+}
+
+#[test]
+fn an_initiator_table_finds_names_without_regard_to_case_and_zero_removes() {
+    let t = QosTable::default();
+    assert_eq!(t.generation(), 0);
+    assert!(t.find("iqn.2016-06.io.x:a").is_none());
+    t.set("iqn.2016-06.io.x:A", limits(1000, 0, 0, 0));
+    let g = t.generation();
+    assert!(g > 0, "a change moves the generation");
+    let q = t.find("iqn.2016-06.io.x:a").expect("found, any case");
+    assert!(q.active());
+    t.set("IQN.2016-06.io.x:a", limits(0, 5, 0, 0));
+    assert!(std::sync::Arc::ptr_eq(&q, &t.find("iqn.2016-06.io.x:a").expect("same entry")), "changed in place");
+    assert_eq!(q.limits(), limits(0, 5, 0, 0));
+    t.set("iqn.2016-06.io.x:a", QosLimits::default());
+    assert!(t.find("iqn.2016-06.io.x:a").is_none() && t.list().is_empty(), "0 removes it");
+    assert!(!q.active(), "sessions still holding it let their I/Os go");
+    assert!(t.generation() > g);
 }
