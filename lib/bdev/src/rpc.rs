@@ -292,6 +292,10 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     reg.add("bdev_set_qos_limit", move |p: BdevSetQosLimit| {
         let stats = stats_of(&a.bdevs(), &p.name)?;
         let limits = p.apply_to(stats.qos.limits())?;
+        if !crate::stats::counting_on() && !limits.is_none() {
+            // The counting channels apply the limits: without them nothing would.
+            return Err(RpcError::new(-(libc::EOPNOTSUPP as i64), "device rate limits need the I/O counters (RISER_IOSTAT=off)"));
+        }
         stats.qos.set(limits);
         log::info!("bdev {}: QoS limits {limits:?}", p.name);
         Ok(Value::Bool(true))
