@@ -27,6 +27,7 @@ pub fn subsystem_config(app: &App, name: &str) -> Option<Vec<Value>> {
                     calls.push(call);
                 }
             }
+            calls.extend(riser_bdev::rpc::qos_config_calls(&app.bdevs()));
             Some(calls)
         }
         "iscsi" => Some(app.target.config_json()),

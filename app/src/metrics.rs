@@ -335,6 +335,13 @@ impl RiserCollector {
         counters(e, "riser_bdev_errors", "I/Os that completed with an error", None, &errors)?;
         let qd: Vec<(Labels, i64)> = snaps.iter().map(|(n, _, q)| (vec![("bdev", n.clone())], *q as i64)).collect();
         gauges(e, "riser_bdev_queue_depth", "I/Os submitted to the device and not completed", None, &qd)?;
+        let throttled: Vec<(Labels, f64)> = self
+            .app
+            .bdevs()
+            .iter_stats()
+            .map(|(b, s)| (vec![("bdev", b.info().name.clone())], s.qos.throttled().0 as f64 / 1e9))
+            .collect();
+        counters_f64(e, "riser_bdev_qos_throttled", "Time I/Os spent queued by the device's rate limits (bdev_set_qos_limit)", Some(Unit::Seconds), &throttled)?;
         let mut d = e.encode_descriptor(
             "riser_bdev_latency",
             "Submit-to-completion latency by device and operation",

@@ -19,6 +19,7 @@ pub mod testing;
 mod io;
 mod lba;
 mod modules;
+pub mod qos;
 mod shared;
 mod registry;
 mod sq;

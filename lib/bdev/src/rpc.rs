@@ -11,6 +11,7 @@ use riser_rpc::{RpcError, RpcRegistry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::qos::QosLimits;
 use crate::stats::{now_ticks, ResetMode, TICK_RATE};
 use crate::{info_json, BdevRegistry, BdevStats, RegistryError};
 
@@ -76,12 +77,79 @@ pub struct BdevEnableHistogram {
     pub enable: bool,
 }
 
+/// `bdev_set_qos_limit` (SPDK): a device's rate limits; a limit left out stays as it is,
+/// 0 removes it. I/O over a limit waits (queued, never failed).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct BdevSetQosLimit {
+    /// The bdev
+    #[cfg_attr(feature = "cli", arg(short = 'b', long))]
+    pub name: String,
+    /// I/Os per second, reads and writes together (a multiple of 1000; 0: no limit)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rw_ios_per_sec: Option<u64>,
+    /// MiB per second, reads and writes together (0: no limit)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rw_mbytes_per_sec: Option<u64>,
+    /// MiB per second read (0: no limit)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r_mbytes_per_sec: Option<u64>,
+    /// MiB per second written (0: no limit)
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_mbytes_per_sec: Option<u64>,
+}
+
+impl BdevSetQosLimit {
+    /// `current` with the limits given here applied; an error if none is given or one
+    /// breaks SPDK's rules.
+    pub fn apply_to(&self, current: QosLimits) -> Result<QosLimits, RpcError> {
+        let given = [self.rw_ios_per_sec, self.rw_mbytes_per_sec, self.r_mbytes_per_sec, self.w_mbytes_per_sec];
+        if given.iter().all(Option::is_none) {
+            return Err(RpcError::invalid_params(
+                "no rate limit given: rw_ios_per_sec, rw_mbytes_per_sec, r_mbytes_per_sec or w_mbytes_per_sec",
+            ));
+        }
+        let l = QosLimits {
+            rw_ios_per_sec: self.rw_ios_per_sec.unwrap_or(current.rw_ios_per_sec),
+            rw_mbytes_per_sec: self.rw_mbytes_per_sec.unwrap_or(current.rw_mbytes_per_sec),
+            r_mbytes_per_sec: self.r_mbytes_per_sec.unwrap_or(current.r_mbytes_per_sec),
+            w_mbytes_per_sec: self.w_mbytes_per_sec.unwrap_or(current.w_mbytes_per_sec),
+        };
+        l.validate().map_err(RpcError::invalid_params)?;
+        Ok(l)
+    }
+}
+
+/// The `bdev_set_qos_limit` calls that restore the devices' limits (`save_config`), after
+/// the calls that create them.
+pub fn qos_config_calls(bdevs: &BdevRegistry) -> Vec<Value> {
+    bdevs
+        .iter_stats()
+        .filter_map(|(b, s)| {
+            let l = s.qos.limits();
+            (!l.is_none()).then(|| {
+                let mut p = l.json();
+                p["name"] = json!(b.info().name);
+                json!({"method": "bdev_set_qos_limit", "params": p})
+            })
+        })
+        .collect()
+}
+
 /// One device's `bdev_get_iostat` entry (SPDK's shape, plus the queue depth now).
 fn iostat_json(name: &str, stats: &BdevStats) -> Value {
     let mut o = serde_json::Map::new();
     o.insert("name".into(), json!(name));
     stats.snapshot().write_json(&mut o);
     o.insert("queue_depth".into(), json!(stats.queue_depth()));
+    let (ns, ios) = stats.qos.throttled();
+    o.insert("qos_throttled_ticks".into(), json!(ns));
+    o.insert("qos_throttled_ios".into(), json!(ios));
     Value::Object(o)
 }
 
@@ -221,6 +289,18 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
     crate::file::rpc::register(reg, &app);
     crate::nvme::rpc::register(reg, &app);
     let a = app.clone();
+    reg.add("bdev_set_qos_limit", move |p: BdevSetQosLimit| {
+        let stats = stats_of(&a.bdevs(), &p.name)?;
+        let limits = p.apply_to(stats.qos.limits())?;
+        if !crate::stats::counting_on() && !limits.is_none() {
+            // The counting channels apply the limits: without them nothing would.
+            return Err(RpcError::new(-(libc::EOPNOTSUPP as i64), "device rate limits need the I/O counters (RISER_IOSTAT=off)"));
+        }
+        stats.qos.set(limits);
+        log::info!("bdev {}: QoS limits {limits:?}", p.name);
+        Ok(Value::Bool(true))
+    });
+    let a = app.clone();
     reg.add("bdev_get_bdevs", move |p: BdevGetBdevs| {
         let bdevs = a.bdevs();
         let list: Vec<Value> = bdevs
@@ -229,7 +309,13 @@ pub fn register(reg: &mut RpcRegistry, bdevs: &Arc<Mutex<BdevRegistry>>) {
                 None => true,
                 Some(n) => &b.info().name == n || b.info().uuid.to_string() == *n,
             })
-            .map(|(b, claimed)| info_json(b.as_ref(), claimed))
+            .map(|(b, claimed)| {
+                let mut j = info_json(b.as_ref(), claimed);
+                if let Some(s) = bdevs.stats(&b.info().name) {
+                    j["assigned_rate_limits"] = s.qos.limits().json();
+                }
+                j
+            })
             .collect();
         if let (Some(n), true) = (&p.name, list.is_empty()) {
             return Err(RpcError::not_found(format!("bdev {n} not found")));
@@ -257,5 +343,18 @@ mod tests {
         assert_eq!(serde_json::to_value(&h).unwrap(), json!({"name": "M0", "enable": false}));
         assert_eq!(serde_json::to_value(BdevGetIostat::default()).unwrap(), json!({}));
         assert!(decode_params::<BdevResetIostat>(json!({"mode": "all", "x": 1})).is_err());
+    }
+
+    #[test]
+    fn qos_limits_left_out_stay_and_spdks_rules_hold() {
+        let p: BdevSetQosLimit = decode_params(json!({"name": "Null0", "rw_ios_per_sec": 2000})).unwrap();
+        let cur = QosLimits { rw_mbytes_per_sec: 5, ..Default::default() };
+        assert_eq!(p.apply_to(cur).unwrap(), QosLimits { rw_ios_per_sec: 2000, rw_mbytes_per_sec: 5, ..Default::default() });
+        let zero: BdevSetQosLimit = decode_params(json!({"name": "Null0", "rw_mbytes_per_sec": 0})).unwrap();
+        assert_eq!(zero.apply_to(cur).unwrap(), QosLimits::default(), "0 removes a limit");
+        let none: BdevSetQosLimit = decode_params(json!({"name": "Null0"})).unwrap();
+        assert!(none.apply_to(cur).is_err(), "at least one limit");
+        let odd: BdevSetQosLimit = decode_params(json!({"name": "Null0", "rw_ios_per_sec": 1500})).unwrap();
+        assert!(odd.apply_to(cur).is_err(), "a multiple of 1000");
     }
 }

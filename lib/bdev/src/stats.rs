@@ -386,6 +386,8 @@ pub struct BdevStats {
     generation: AtomicU64,
     histogram: AtomicBool,
     inner: Mutex<Inner>,
+    /// The device's rate limits (`bdev_set_qos_limit`), applied by its channels.
+    pub qos: crate::qos::Qos,
 }
 
 #[derive(Default)]
@@ -615,6 +617,7 @@ impl Bdev for Counted {
             slots: Vec::new(),
             free: Vec::new(),
             generation: self.stats.generation.load(Acquire),
+            throttle: crate::qos::Throttle::default(),
         })
     }
 
@@ -666,10 +669,29 @@ struct CountingChannel {
     slots: Vec<Slot>,
     free: Vec<u32>,
     generation: u64,
+    /// This reactor's share of the device's rate limits, and the I/Os waiting on them.
+    throttle: crate::qos::Throttle,
 }
 
-impl IoChannel for CountingChannel {
-    fn submit(&mut self, mut io: BdevIo) {
+impl CountingChannel {
+    /// Submits the I/Os waiting on the rate limits that may go now.
+    #[cold]
+    fn release_throttled(&mut self) {
+        let (dev, mut throttle) = (self.dev.clone(), std::mem::take(&mut self.throttle));
+        throttle.release(&dev.qos, crate::qos::now_ns(), &mut |io| self.submit_now(io));
+        self.throttle = throttle;
+    }
+
+    /// Queues `io` behind the rate limits, or submits it if they allow it now.
+    #[cold]
+    fn submit_throttled(&mut self, io: BdevIo) {
+        let bytes = io.num_blocks.saturating_mul(self.block_size);
+        let (dev, mut throttle) = (self.dev.clone(), std::mem::take(&mut self.throttle));
+        throttle.submit(&dev.qos, io, bytes, crate::qos::now_ns(), &mut |io| self.submit_now(io));
+        self.throttle = throttle;
+    }
+
+    fn submit_now(&mut self, mut io: BdevIo) {
         let bytes = io.num_blocks.saturating_mul(self.block_size);
         let slot = Slot { tag: io.tag, start: io_clock_raw(), bytes };
         let i = match self.free.pop() {
@@ -686,8 +708,21 @@ impl IoChannel for CountingChannel {
         bump(&self.stats.outstanding, 1);
         self.inner.submit(io);
     }
+}
+
+impl IoChannel for CountingChannel {
+    fn submit(&mut self, io: BdevIo) {
+        // No limit and nothing waiting: one flag and one length.
+        if self.dev.qos.active() || self.throttle.queued() > 0 {
+            return self.submit_throttled(io);
+        }
+        self.submit_now(io)
+    }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        if self.throttle.queued() > 0 {
+            self.release_throttled();
+        }
         let start = out.len();
         let n = self.inner.poll(out);
         if out.len() == start {
@@ -729,7 +764,7 @@ impl IoChannel for CountingChannel {
     }
 
     fn outstanding(&self) -> usize {
-        self.inner.outstanding()
+        self.inner.outstanding() + self.throttle.queued()
     }
 
     fn needs_poll(&self) -> bool {

@@ -123,6 +123,7 @@ mod tests {
             "iscsi_target_node_remove_pg_ig_maps", "iscsi_target_node_set_auth", "iscsi_delete_target_node",
             "iscsi_get_target_nodes", "iscsi_target_node_set_alua", "iscsi_target_node_set_alua_state",
             "iscsi_target_node_alua_failback", "iscsi_target_node_set_redirect",
+            "iscsi_target_node_set_qos_limit",
         ];
         assert_eq!(e.reg.methods(), want);
     }

@@ -351,6 +351,10 @@ impl TargetNode {
             if let Some(r) = self.redirects_json() {
                 m.insert("redirects".into(), r);
             }
+            // riser's extension: rate limits per initiator.
+            if let Some(q) = self.qos_json() {
+                m.insert("qos_limits".into(), q);
+            }
         }
         v
     }
@@ -362,7 +366,7 @@ impl TargetNode {
         // The ALUA description has a call of its own (see [`TargetNode::config_calls`]);
         // the gateways are what the cluster says, not configuration.
         if let Some(m) = params.as_object_mut() {
-            for k in ["alua_groups", "alua_failback", "gateways", "redirects"] {
+            for k in ["alua_groups", "alua_failback", "gateways", "redirects", "qos_limits"] {
                 m.remove(k);
             }
         }
@@ -991,6 +995,7 @@ pub(crate) fn register(reg: &mut RpcRegistry, target: &Arc<IscsiTarget>) {
     reg.add("iscsi_get_target_nodes", move |_: NoParams| Ok(t.target_nodes_json()));
     alua::register(reg, target);
     redirect::register(reg, target);
+    qos::register(reg, target);
 }
 
 // ---- maps and names -------------------------------------------------------------------------
@@ -1065,7 +1070,9 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
 
 pub mod alua;
 mod gateways;
+mod qos;
 mod redirect;
+pub use qos::IscsiTargetNodeSetQosLimit;
 pub use redirect::IscsiTargetNodeSetRedirect;
 pub use alua::{AluaGroupParam, IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAlua, IscsiTargetNodeSetAluaState};
 pub use gateways::GatewayView;

@@ -341,6 +341,11 @@ pub struct LunChannel {
     pumping: Vec<usize>,
     /// Streamed writes among the ops.
     write_streams: usize,
+    /// The initiator's rate limits on this LUN, if it has any, with the generation of the
+    /// LUN's table they were looked up in, and this channel's share of them.
+    qos: Option<Arc<riser_bdev::qos::Qos>>,
+    qos_generation: u64,
+    throttle: riser_bdev::qos::Throttle,
 }
 
 impl Drop for LunChannel {
@@ -463,6 +468,9 @@ impl LunChannel {
             stream_chunk: 0,
             pumping: Vec::new(),
             write_streams: 0,
+            qos: None,
+            qos_generation: 0,
+            throttle: Default::default(),
         }
     }
 
@@ -643,6 +651,9 @@ impl LunChannel {
     /// answered at target level (by a [`DeviceChannel`](crate::DeviceChannel)); a LUN
     /// channel refuses it as an invalid operation code.
     pub fn submit(&mut self, task: ScsiTask) {
+        if self.lun.initiator_qos.generation() != self.qos_generation {
+            self.find_qos(&task.nexus.initiator_name);
+        }
         let lun = self.lun.clone();
         let dsense = lun.mode_bits() & MODE_DSENSE != 0;
         let tag = task.tag;
@@ -786,6 +797,9 @@ impl LunChannel {
             self.adopt_sanitize();
         }
         if self.active > 0 {
+            if self.throttle.queued() > 0 {
+                self.release_throttled();
+            }
             let mut comps = std::mem::take(&mut self.comps);
             self.io.poll(&mut comps);
             for c in comps.drain(..) {
@@ -1006,14 +1020,41 @@ impl LunChannel {
                     || matches!(o.job, Job::Write { fua: true, .. } | Job::WriteVerify { .. })
                     || matches!(&o.job, Job::WriteStream(j) if j.fua));
         }
-        self.io.submit(BdevIo {
-            kind,
-            offset_blocks: lba,
-            num_blocks: blocks,
-            buf,
-            tag,
-            fua,
-        });
+        let io = BdevIo { kind, offset_blocks: lba, num_blocks: blocks, buf, tag, fua };
+        match &self.qos {
+            None => self.io.submit(io),
+            Some(q) => {
+                let bytes = blocks.saturating_mul(self.lun.block_size() as u64);
+                let io_ch = &mut self.io;
+                self.throttle.submit(q, io, bytes, riser_bdev::qos::now_ns(), &mut |io| io_ch.submit(io));
+            }
+        }
+    }
+
+    /// Looks the initiator's rate limits up again (the LUN's table changed); the I/Os
+    /// waiting on limits that were removed go now.
+    #[cold]
+    fn find_qos(&mut self, initiator: &str) {
+        self.qos_generation = self.lun.initiator_qos.generation();
+        let found = self.lun.initiator_qos.find(initiator);
+        if found.is_none() {
+            self.release_throttled();
+        }
+        self.qos = found;
+    }
+
+    /// Submits the I/Os waiting on the initiator's limits that may go now (all of them once
+    /// the limits are gone).
+    fn release_throttled(&mut self) {
+        if self.throttle.queued() == 0 {
+            return;
+        }
+        let io_ch = &mut self.io;
+        let now = riser_bdev::qos::now_ns();
+        match &self.qos {
+            Some(q) => self.throttle.release(q, now, &mut |io| io_ch.submit(io)),
+            None => self.throttle.release(&riser_bdev::qos::Qos::default(), now, &mut |io| io_ch.submit(io)),
+        }
     }
 
     fn buf(&mut self, len: usize) -> IoBuf {

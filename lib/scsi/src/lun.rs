@@ -258,6 +258,8 @@ pub struct Lun {
     /// SPC-2 reservation and mode parameters kept with the device, shared by every
     /// gateway (see `lu_shared`).
     lu_shared: std::sync::OnceLock<crate::lu_shared::SharedLu>,
+    /// Rate limits per initiator on this LUN (`iscsi_target_node_set_qos_limit`).
+    pub initiator_qos: riser_bdev::qos::QosTable,
 }
 
 /// Events that reset part of the LUN state (SAM-5 5.12, 6.3).
@@ -333,6 +335,7 @@ impl Lun {
             ranges: RangeLock::default(),
             sanitize_orphan: AtomicBool::new(false),
             target_luns: Mutex::new(Vec::new()),
+            initiator_qos: Default::default(),
             lu_events: std::sync::OnceLock::new(),
             lu_shared: std::sync::OnceLock::new(),
         });

@@ -171,3 +171,32 @@ fn partly_immediate_writes_copy_their_immediate_data_once_and_allocate_nothing_p
     assert_eq!(delta("read_bytes"), 0, "{after}");
     assert!(writes < 0.01, "64 KiB writes, 8 KiB immediate: {writes:.3} heap allocations per I/O on the reactor");
 }
+
+/// With rate limits set on the device and on this initiator (5000 I/Os a second: I/Os
+/// wait at times): the token buckets and the
+/// waiting queues allocate nothing per I/O either.
+#[test]
+fn with_rate_limits_set_4k_reads_and_writes_allocate_nothing_per_io() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new();
+    let limits = serde_json::json!({"rw_ios_per_sec": 5000, "r_mbytes_per_sec": 100, "w_mbytes_per_sec": 100});
+    let mut dev = limits.clone();
+    dev["name"] = "Malloc0".into();
+    assert_eq!(env.call("bdev_set_qos_limit", dev), serde_json::json!(true));
+    let mut ini = limits;
+    ini["name"] = TARGET.into();
+    ini["initiator_name"] = riser_initiator::session::INITIATOR_NAME.into();
+    assert_eq!(env.call("iscsi_target_node_set_qos_limit", ini), serde_json::json!(true));
+    let (mut c, _) = Client::login(&env, 1, keys(true, true, 65536));
+    let (writes, reads) = run(&mut c);
+    println!("in memory, rate limits set: reactor heap allocations per I/O: 4 KiB write {writes:.3}, 4 KiB read {reads:.3}");
+    let nodes = env.call("iscsi_get_target_nodes", serde_json::json!({}));
+    let waited = nodes[0]["qos_limits"][0]["throttled_ios"].as_u64().unwrap_or(0);
+    let stat = env.call("bdev_get_iostat", serde_json::json!({"name": "Malloc0"}));
+    let waited = waited + stat["bdevs"][0]["qos_throttled_ios"].as_u64().unwrap_or(0);
+    println!("I/Os that waited for the limits: {waited}");
+    assert!(waited > 0, "the limits held I/Os back at times (the queues ran): {nodes}\n{stat}");
+    assert!(reads < 0.01, "4 KiB reads: {reads:.3} heap allocations per I/O on the reactor");
+    assert!(writes < 0.01, "4 KiB writes: {writes:.3} heap allocations per I/O on the reactor");
+    c.logout();
+}

@@ -32,7 +32,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use riser_rpc::client::{ClientError, RpcClient, DEFAULT_SOCKET_PATH};
 use riser_bdev::rpc::{
     BdevGetBdevs, BdevGetIostat, BdevMallocResize, BdevNullResize, BdevNvmeGetControllers, BdevRbdGetClustersInfo, BdevRbdResize,
-    BdevResetIostat,
+    BdevResetIostat, BdevSetQosLimit,
 };
 use riser_config::auth_group::IscsiAuthGroupRemoveSecret as RemoveSecret;
 use riser_config::node::alua::{IscsiTargetNodeAluaFailback, IscsiTargetNodeSetAluaState};
@@ -40,6 +40,7 @@ use riser_config::node::{
     IscsiDeleteTargetNode, IscsiNodeMaps as NodeMaps, IscsiTargetNodeAddLun, IscsiTargetNodeRemoveLun, IscsiTargetNodeRequestLogout,
     IscsiTargetNodeSetRedirect,
 };
+use riser_config::node::IscsiTargetNodeSetQosLimit;
 use riser_rpc::params::{ByName, ByTag, FrameworkGetConfig, IobufSetOptions, LogSetLevel, RpcGetMethods};
 use serde::Serialize;
 use serde_json::Value;
@@ -133,6 +134,8 @@ enum Cmd {
     BdevGetIostat(BdevGetIostat),
     /// Reset I/O statistics of all bdevs or one (-m all|maxmin)
     BdevResetIostat(BdevResetIostat),
+    /// Set a bdev's rate limits (I/Os or MiB per second; a limit left out stays, 0 removes it)
+    BdevSetQosLimit(BdevSetQosLimit),
     /// Turn a bdev's latency histogram on (-e, the default) or off (-d)
     BdevEnableHistogram(BdevEnableHistogram),
     /// Show latency percentiles (µs) of a bdev's histogram
@@ -211,6 +214,8 @@ enum Cmd {
     IscsiTargetNodeRequestLogout(IscsiTargetNodeRequestLogout),
     /// Redirect new logins to a target node through a portal group (Target moved temporarily): NAME PG_TAG -a HOST [-p PORT]; without -a: clear
     IscsiTargetNodeSetRedirect(IscsiTargetNodeSetRedirect),
+    /// Set one initiator's rate limits on a target node's LUN (-l) or every LUN: NAME INITIATOR_NAME; a limit left out stays, 0 removes it
+    IscsiTargetNodeSetQosLimit(IscsiTargetNodeSetQosLimit),
     /// Set a target node's ALUA target port groups: NAME 'TPG:STATE[:pref][:PORT,PORT]' ... (none: remove)
     IscsiTargetNodeSetAlua(IscsiTargetNodeSetAlua),
     /// Change the ALUA state of one target port group: NAME TPG STATE
@@ -283,6 +288,7 @@ impl Cmd {
             Cmd::BdevNvmeGetControllers(a) => to_params(&a)?,
             Cmd::BdevGetIostat(a) => to_params(&a)?,
             Cmd::BdevResetIostat(a) => to_params(&a)?,
+            Cmd::BdevSetQosLimit(a) => to_params(&a)?,
             Cmd::BdevEnableHistogram(a) => to_params(&a.params())?,
             Cmd::BdevGetHistogram(a) => to_params(&ByName { name: a.name })?,
             Cmd::BdevRbdRegisterCluster(a) => to_params(&a.params()?)?,
@@ -334,6 +340,7 @@ impl Cmd {
             Cmd::IscsiDeleteTargetNode(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeRequestLogout(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeSetRedirect(a) => to_params(&a)?,
+            Cmd::IscsiTargetNodeSetQosLimit(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeSetAlua(a) => to_params(&a.params()?)?,
             Cmd::IscsiTargetNodeSetAluaState(a) => to_params(&a)?,
             Cmd::IscsiTargetNodeAluaFailback(a) => to_params(&IscsiTargetNodeAluaFailback { name: a.name })?,

@@ -182,6 +182,14 @@ fn statistics_commands() {
     assert_eq!(params(&["bdev_reset_iostat", "-m", "maxmin"]), json!({"mode": "maxmin"}));
     assert_eq!(params(&["bdev_reset_iostat", "-b", "N", "-m", "all"]), json!({"name": "N", "mode": "all"}));
     refused(&["bdev_reset_iostat", "-m", "some"], "invalid value");
+    assert_eq!(
+        params(&["bdev_set_qos_limit", "-b", "N", "--rw-ios-per-sec", "2000", "--r-mbytes-per-sec", "0"]),
+        json!({"name": "N", "rw_ios_per_sec": 2000, "r_mbytes_per_sec": 0})
+    );
+    assert_eq!(
+        params(&["iscsi_target_node_set_qos_limit", "t1", "iqn.2016-06.io.x:h", "-l", "0", "--w-mbytes-per-sec", "5"]),
+        json!({"name": "t1", "initiator_name": "iqn.2016-06.io.x:h", "lun_id": 0, "w_mbytes_per_sec": 5})
+    );
     assert_eq!(params(&["bdev_enable_histogram", "N"]), json!({"name": "N", "enable": true}));
     assert_eq!(params(&["bdev_enable_histogram", "--enable", "N"]), json!({"name": "N", "enable": true}));
     assert_eq!(params(&["bdev_enable_histogram", "-d", "N"]), json!({"name": "N", "enable": false}));

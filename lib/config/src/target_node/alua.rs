@@ -205,6 +205,7 @@ impl TargetNode {
         let mut v = vec![self.config_json()];
         v.extend(self.alua_config_json());
         v.extend(self.redirect_config_json());
+        v.extend(self.qos_config_json());
         v
     }
 }
