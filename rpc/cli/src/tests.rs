@@ -358,7 +358,7 @@ fn options_and_getters() {
 fn every_iscsi_subcommand_has_help() {
     let cmd = Cli::command();
     let iscsi: Vec<_> = cmd.get_subcommands().filter(|c| c.get_name().starts_with("iscsi_")).collect();
-    assert_eq!(iscsi.len(), 33);
+    assert_eq!(iscsi.len(), 34);
     for c in iscsi {
         assert!(c.get_about().is_some(), "{} has no help line", c.get_name());
         let e = sent(&[c.get_name(), "--help"]).expect_err("--help");

@@ -1,13 +1,14 @@
 //! `riser-rpc apply FILE [--dry-run] [--force]`: makes the running node's configuration the
 //! one in FILE (save_config's format) with live calls, sessions kept. [`plan`] computes the
 //! ordered steps from the node's own save_config (a pure function, one [`plan::Section`] per
-//! part of the configuration: [`sections`], [`nodes`]); this file fetches what it needs,
+//! part of the configuration: [`sections`], [`nodes`], [`qos`]); this file fetches what it needs,
 //! prints the plan and runs it step by step through the client.
 //!
 //! Exit status: 0 done or nothing to change, 1 refused or a step failed, 2 usage.
 
 pub mod nodes;
 pub mod plan;
+pub mod qos;
 pub mod sections;
 
 use std::path::PathBuf;
@@ -24,7 +25,8 @@ pub(crate) const LONG_HELP: &str = "Make the running node's configuration the on
                   and without dropping sessions.\n\n\
                   Compares FILE with the node's own save_config and prints the plan: what is created, changed and \
                   removed (bdevs and their sizes, iobuf and iSCSI options, portal, initiator and auth groups, target \
-                  nodes with their LUNs, maps, CHAP policy, ALUA and redirects) and which live sessions each step \
+                  nodes with their LUNs, maps, CHAP policy, ALUA and redirects, a portal group's discovery CHAP, rate limits of \
+                  devices and of initiators on LUNs) and which live sessions each step \
                   affects; then runs it in a safe order (devices before the LUNs that use them, LUNs and maps removed \
                   before their devices and groups are deleted).\n\n\
                   Refused without --force: removing a LUN of a target with sessions (they may have I/O on it), \

@@ -28,8 +28,9 @@ pub enum Phase {
     Create,
     /// Resizes, initiators and secrets added.
     Grow,
-    // QoS (bdev_set_qos_limit, issue 26 item 3) goes here: after its devices exist, before
-    // the LUNs that export them are added. Its section is one entry of SECTIONS.
+    /// Device rate limits (`bdev_set_qos_limit`): after the devices exist, before the LUNs
+    /// that export them are added.
+    Qos,
     /// Redirects cleared and portal/initiator group maps removed from nodes.
     NodeUnmap,
     /// LUNs removed (or changed: removed, then added again).
@@ -42,6 +43,8 @@ pub enum Phase {
     NodeMap,
     NodeAuth,
     NodeAlua,
+    /// One initiator's rate limits on a LUN (`iscsi_target_node_set_qos_limit`): once the LUN is there.
+    NodeQos,
     NodeRedirect,
     /// Initiators and secrets removed.
     Shrink,
@@ -313,7 +316,7 @@ pub struct Section {
 }
 
 /// Every section, in the order their steps are made (ordering across them is by [`Phase`]).
-/// Adding one (QoS's `bdev_set_qos_limit`): a `Section` here, its steps in their phase.
+/// Adding one: a `Section` here, its steps in their phase.
 pub const SECTIONS: &[Section] = &[
     sections::IOBUF,
     sections::ISCSI_OPTIONS,
@@ -323,6 +326,8 @@ pub const SECTIONS: &[Section] = &[
     sections::INITIATOR_GROUPS,
     sections::AUTH_GROUPS,
     super::nodes::TARGET_NODES,
+    // Last: it looks at the steps the others made (a device or LUN created again).
+    super::qos::QOS,
 ];
 
 /// The plan that takes the node from `current` to `wanted`.

@@ -332,3 +332,49 @@ fn a_portal_groups_discovery_chap_is_set_after_its_auth_group_and_never_dropped_
     calls(&mut orphan, 2).push(json!({"method": "iscsi_portal_group_set_auth", "params": {"tag": 9, "disable_chap": true}}));
     assert!(make_plan(&cfg(&cur), &cfg(&orphan), &[]).refusals.iter().any(|r| r.contains("portal group 9")));
 }
+
+#[test]
+fn rate_limits_follow_the_file_and_come_back_with_a_device_or_lun_created_again() {
+    let t1 = "iqn.2016-06.io.riser:t1";
+    let mut cur = base();
+    calls(&mut cur, 1).push(json!({"method": "bdev_set_qos_limit", "params": {"name": "Null0", "rw_ios_per_sec": 2000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}}));
+    calls(&mut cur, 2).push(json!({"method": "iscsi_target_node_set_qos_limit", "params": {"name": t1, "initiator_name": "iqn.2000-01.x:host", "lun_id": 0, "rw_ios_per_sec": 1000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}}));
+    assert!(make_plan(&cfg(&cur), &cfg(&cur), &[]).is_empty());
+    // Changed, added on another device, removed for the initiator (all four set, 0 removes).
+    let mut want = cur.clone();
+    params(&mut want, "bdev_set_qos_limit", "name", json!("Null0"))["rw_ios_per_sec"] = json!(3000);
+    calls(&mut want, 1).push(json!({"method": "bdev_set_qos_limit", "params": {"name": "M0", "w_mbytes_per_sec": 40}}));
+    calls(&mut want, 2).retain(|c| c["method"] != "iscsi_target_node_set_qos_limit");
+    let p = make_plan(&cfg(&cur), &cfg(&want), &[]);
+    assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+    assert_eq!(
+        steps(&p),
+        [
+            "bdev_set_qos_limit rate limits of bdev M0",
+            "bdev_set_qos_limit rate limits of bdev Null0",
+            "iscsi_target_node_set_qos_limit rate limits of iqn.2000-01.x:host on LUN 0 of iqn.2016-06.io.riser:t1",
+        ]
+    );
+    assert_eq!(p.steps[0].params["w_mbytes_per_sec"], 40);
+    assert_eq!(p.steps[0].params["rw_ios_per_sec"], 0);
+    assert_eq!(p.steps[2].params["rw_ios_per_sec"], 0);
+    assert!(p.steps.iter().all(|s| s.phase >= Phase::Qos));
+    // A device created again (new block size, unused) gets its limit again, after it exists.
+    let mut cur2 = base();
+    calls(&mut cur2, 1).push(json!({"method": "bdev_set_qos_limit", "params": {"name": "Spare", "rw_ios_per_sec": 5000}}));
+    let mut want2 = cur2.clone();
+    params(&mut want2, "bdev_malloc_create", "name", json!("Spare"))["block_size"] = json!(4096);
+    params(&mut want2, "bdev_malloc_create", "name", json!("Spare"))["num_blocks"] = json!(256);
+    let p = make_plan(&cfg(&cur2), &cfg(&want2), &[]);
+    assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+    let s = steps(&p);
+    let create = s.iter().position(|x| x.starts_with("bdev_malloc_create")).expect("created again");
+    let qos = s.iter().position(|x| x.starts_with("bdev_set_qos_limit")).expect("limit set again");
+    assert!(create < qos, "{s:?}");
+    // A limit on a device or a LUN the file does not have: refused.
+    let mut orphan = base();
+    calls(&mut orphan, 1).push(json!({"method": "bdev_set_qos_limit", "params": {"name": "Nope", "rw_ios_per_sec": 1000}}));
+    calls(&mut orphan, 2).push(json!({"method": "iscsi_target_node_set_qos_limit", "params": {"name": t1, "initiator_name": "x", "lun_id": 7, "rw_ios_per_sec": 1000}}));
+    let p = make_plan(&cfg(&base()), &cfg(&orphan), &[]);
+    assert_eq!(p.refusals.len(), 2, "{:?}", p.refusals);
+}
