@@ -108,7 +108,18 @@ fn applying_the_nodes_own_configuration_changes_nothing() {
     let port = free_port();
     let riser = setup(port);
     let _s = session(&riser, port, "iqn.2016-06.io.riser:t1");
+    // Rate limits and a portal group's discovery CHAP are part of the configuration too.
+    let call = |m: &str, p: Value| riser.call(m, Some(p)).unwrap_or_else(|e| panic!("{m}: {e}\n{}", riser.log()));
+    call("bdev_set_qos_limit", json!({"name": "Null0", "rw_ios_per_sec": 100000, "w_mbytes_per_sec": 500}));
+    call(
+        "iscsi_target_node_set_qos_limit",
+        json!({"name": "iqn.2016-06.io.riser:t1", "initiator_name": INITIATOR, "lun_id": 1, "rw_mbytes_per_sec": 800}),
+    );
+    call("iscsi_portal_group_set_auth", json!({"tag": 1, "disable_chap": true}));
     let before = save_config(&riser);
+    for (m, what) in [("bdev_set_qos_limit", "device limit"), ("iscsi_target_node_set_qos_limit", "initiator limit"), ("iscsi_portal_group_set_auth", "discovery CHAP")] {
+        assert!(before.to_string().contains(m), "save_config has no {what}: {before}");
+    }
     for args in [&["--dry-run"][..], &[], &["--force"]] {
         let out = apply(&riser, &before, args);
         assert_eq!(out.code(), Some(0), "{out:?}");
@@ -142,6 +153,8 @@ fn a_changed_file_is_applied_as_planned_and_save_config_then_equals_it() {
     t2["alias_name"] = json!("t2");
     t2["luns"] = json!([{"bdev_name": "M2", "lun_id": 0}]);
     calls(&mut want, "iscsi").push(json!({"method": "iscsi_create_target_node", "params": t2}));
+    // And a rate limit on the new device (set once it exists).
+    calls(&mut want, "bdev").push(json!({"method": "bdev_set_qos_limit", "params": {"name": "M2", "rw_ios_per_sec": 5000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}}));
 
     let before = save_config(&riser);
     let dry = apply(&riser, &want, &["--dry-run"]);
@@ -149,7 +162,7 @@ fn a_changed_file_is_applied_as_planned_and_save_config_then_equals_it() {
     assert!(dry.stdout.contains("dry run: nothing changed"), "{dry:?}");
     assert_eq!(save_config(&riser), before, "--dry-run changes nothing");
     let planned = plan_lines(&dry.stdout);
-    assert_eq!(planned.len(), 7, "{}", dry.stdout);
+    assert_eq!(planned.len(), 8, "{}", dry.stdout);
     assert!(dry.stdout.contains(&format!("affects {INITIATOR}")), "the resize and LUN add name the session: {}", dry.stdout);
 
     let out = apply(&riser, &want, &[]);
