@@ -8,20 +8,6 @@ use serde_json::Value;
 /// The built-in default (`riser --default-config`).
 pub const DEFAULT_CONFIG: &str = include_str!("../default-config.json");
 
-/// Methods SPDK writes into its configs that riser has nothing to do for: skipped with a note
-/// so an SPDK config still loads.
-const IGNORED_SPDK_METHODS: &[&str] = &[
-    "bdev_set_options",
-    "bdev_wait_for_examine",
-    "bdev_nvme_set_options",
-    "bdev_nvme_set_hotplug",
-    "bdev_iscsi_set_options",
-    "sock_impl_set_options",
-    "sock_set_default_impl",
-    "accel_set_options",
-    "vmd_enable",
-];
-
 #[derive(Deserialize)]
 struct ConfigFile {
     subsystems: Vec<Subsystem>,
@@ -46,7 +32,7 @@ pub fn load(registry: &RpcRegistry, text: &str) -> Result<(), String> {
     let cfg: ConfigFile = serde_json::from_str(text).map_err(|e| format!("not a valid config file: {e}"))?;
     for sub in cfg.subsystems {
         for (i, call) in sub.config.unwrap_or_default().into_iter().enumerate() {
-            if IGNORED_SPDK_METHODS.contains(&call.method.as_str()) {
+            if riser_rpc::params::IGNORED_SPDK_METHODS.contains(&call.method.as_str()) {
                 log::info!("config: skipping SPDK method {} (nothing to do in riser)", call.method);
                 continue;
             }

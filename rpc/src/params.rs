@@ -143,6 +143,20 @@ pub struct IobufSetOptions {
     pub buffer_reserve_percent: Option<u32>,
 }
 
+/// Methods SPDK writes into its configs that riser has nothing to do for: `riser --json`
+/// skips them with a note (so an SPDK config still loads) and `riser-rpc apply` ignores them.
+pub const IGNORED_SPDK_METHODS: &[&str] = &[
+    "bdev_set_options",
+    "bdev_wait_for_examine",
+    "bdev_nvme_set_options",
+    "bdev_nvme_set_hotplug",
+    "bdev_iscsi_set_options",
+    "sock_impl_set_options",
+    "sock_set_default_impl",
+    "accel_set_options",
+    "vmd_enable",
+];
+
 #[cfg(test)]
 mod tests {
     use serde_json::{json, Value};

@@ -165,19 +165,6 @@ pub struct Call {
     pub params: Value,
 }
 
-/// SPDK writes these into its configs; riser has nothing to do for them (as `riser --json`).
-const IGNORED_SPDK_METHODS: &[&str] = &[
-    "bdev_set_options",
-    "bdev_wait_for_examine",
-    "bdev_nvme_set_options",
-    "bdev_nvme_set_hotplug",
-    "bdev_iscsi_set_options",
-    "sock_impl_set_options",
-    "sock_set_default_impl",
-    "accel_set_options",
-    "vmd_enable",
-];
-
 /// A configuration in save_config's shape, flattened: every call of every subsystem.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
@@ -198,7 +185,7 @@ impl Config {
             };
             for (i, c) in list.iter().enumerate() {
                 let method = c.get("method").and_then(Value::as_str).ok_or_else(|| format!("subsystem {name} entry {i}: no \"method\""))?;
-                if IGNORED_SPDK_METHODS.contains(&method) {
+                if riser_rpc::params::IGNORED_SPDK_METHODS.contains(&method) {
                     continue;
                 }
                 let params = c.get("params").cloned().unwrap_or(Value::Null);
