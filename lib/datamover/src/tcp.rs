@@ -407,6 +407,19 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
     fn limit_tx_queue(&mut self, limit: TxLimit) {
         self.tx_limit = limit;
     }
+
+    fn quiet(&self) -> bool {
+        // Only a socket in the reactor's wake set whose readiness check said "nothing":
+        // off a reactor, paused or not yet in the set, poll as always.
+        matches!(self.wake, Wake::In(_))
+            && !self.may_read()
+            && self.framer.buffered() == 0
+            && self.settled.is_empty()
+            && self.tx.is_empty()
+            && !self.terminating
+            && !self.dead
+            && !self.rx_paused
+    }
 }
 
 impl<S: ByteStream> Drop for TcpDatamover<S> {

@@ -100,6 +100,8 @@ impl IscsiServer {
             logout: Default::default(),
             auth,
             idle_ms: Default::default(),
+            skipped_polls: Default::default(),
+            full_polls: Default::default(),
         });
         let make_dm = match t.enable_datamover() {
             Ok(f) => f,

@@ -50,6 +50,11 @@ pub struct ConnInfo {
     /// the connection's last timer tick (stored by its reactor): which discovery session
     /// gives way to a newcomer ([`crate::IscsiServer`]'s session table).
     pub idle_ms: AtomicU64,
+    /// Reactor passes this connection skipped at once: provably nothing to do (its socket
+    /// unreadable, nothing queued, no task, timer not due). Stored by its reactor.
+    pub skipped_polls: AtomicU64,
+    /// Reactor passes this connection polled fully. Stored by its reactor.
+    pub full_polls: AtomicU64,
 }
 
 /// Payload copies ([`CopyStats`]) as counters other threads can read.

@@ -302,6 +302,13 @@ pub trait Datamover {
     fn limit_tx_queue(&mut self, limit: TxLimit) {
         let _ = limit;
     }
+    /// Whether [`poll`](Self::poll) would provably find nothing this pass: nothing to read
+    /// (the reactor's readiness check found the socket unreadable), nothing held to
+    /// deliver, nothing queued to send, no close in progress. The driver then skips the
+    /// connection's pass. When in doubt, `false` (the default: always poll).
+    fn quiet(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed datamover (the server holds each transport's datamover as a trait object).
@@ -341,6 +348,9 @@ impl<T: Datamover + ?Sized> Datamover for Box<T> {
     }
     fn recycle(&mut self, segment: Vec<u8>) {
         (**self).recycle(segment)
+    }
+    fn quiet(&self) -> bool {
+        (**self).quiet()
     }
     fn tx_backlog(&self) -> TxBacklog {
         (**self).tx_backlog()

@@ -475,6 +475,19 @@ impl Ffp {
         staged + held
     }
 
+    /// Whether this layer has provably nothing to do without new input: no task, no
+    /// command held for a CmdSN gap, no write waiting for buffers, no action queued, no
+    /// segment to give back, not closing. Its timeouts run from the driver's timer.
+    pub fn quiet(&self) -> bool {
+        self.tasks.is_empty()
+            && self.held.is_empty()
+            && self.waiting_buf.is_empty()
+            && self.actions.is_empty()
+            && self.spare.is_empty()
+            && self.aborting.is_empty()
+            && !self.closing
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing
     }
