@@ -31,11 +31,12 @@ test:
 	$(CARGO) build --release -p riser --bin riser
 	$(CARGO) test --workspace --no-fail-fast
 
-# Benchmarks print figures; they are not tests. About 10 minutes (plus SPDK v24.01's build,
+# Benchmarks print figures; they are not tests. About 20 minutes (plus SPDK v24.01's build,
 # about 10 minutes, once, cached in /opt/spdk-peer/spdk): bdevperf-like runs; riser vs SPDK's
 # iscsi_tgt and tgt, each alone on core 0, with iscsi-perf and riser-perf (IOPS, busy time per
 # I/O, ratios; table and JSON under target/bench/peers-DATE/); the riser-perf matrix vs tgt.
-# BENCH_TIME=seconds BENCH_ROUNDS=n shorten or lengthen every part; BENCH_PEERS=spdk,tgt picks peers.
+# BENCH_TIME=seconds BENCH_ROUNDS=n shorten or lengthen every part; BENCH_PEERS=spdk,spdk-uring,tgt
+# picks peers (SPDK with its posix and its io_uring sockets; ratios against the better one).
 bench: release
 	@scripts/setup.sh bench
 	scripts/bench.sh
