@@ -13,7 +13,7 @@ pkgs=()
 for g in "${groups[@]}"; do
   case "$g" in
     build) pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev) ;;
-    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev python3 libiscsi-bin sg3-utils tgt tmux systemd prometheus "${ceph_pkgs[@]}") ;;
+    test)  pkgs+=(build-essential pkg-config libibverbs-dev librdmacm-dev libclang-dev librbd-dev python3 libiscsi-bin libiscsi-dev sg3-utils tgt tmux systemd prometheus "${ceph_pkgs[@]}") ;;
     ceph)  pkgs+=("${ceph_pkgs[@]}" librbd-dev) ;;
     bench) pkgs+=(build-essential pkg-config libiscsi-bin tgt util-linux python3 valgrind strace) ;;
     # make bench-cost: callgrind counts riser's instructions per I/O.

@@ -2,7 +2,8 @@
 //! a LUN is added, written and removed; a null and a malloc device are resized; the initiator
 //! group's netmask changes so that another initiator's session is asked to log out and then
 //! cannot log in again; a redirect is set and cleared. riser-perf sees no verify error (LUN 0
-//! is never touched), and a second session observes each unit attention.
+//! is never touched), and a second session observes each unit attention, as does libiscsi
+//! (`test/c/ua_probe.c`, built here with the system's cc and libiscsi-dev).
 //!
 //! riser-perf logs in through portal group 2 (the redirect is set on portal group 1, where the
 //! observing session and the other initiator are), and runs its write-and-read-back pass
@@ -10,7 +11,8 @@
 //! unit attentions its own nexus gets (REPORTED LUNS DATA HAS CHANGED) it retries, as
 //! initiators do, and says so on stderr.
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
 
 use super::access::discovery_login;
@@ -48,6 +50,61 @@ fn unit_attentions(c: &mut Client, lun: u16) -> Vec<(u8, u8, u8)> {
     panic!("LUN {lun} never became ready; unit attentions: {seen:?}");
 }
 
+/// libiscsi's view: `ua_probe` logged in through its own I_T nexus, asked LUN by LUN.
+struct Libiscsi {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Libiscsi {
+    /// Builds test/c/ua_probe.c and logs it in to `url`.
+    fn start(url: &str) -> Libiscsi {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/ua_probe.c");
+        let exe = std::env::temp_dir().join(format!("riser-ua-probe-{}", std::process::id()));
+        let cc = Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-liscsi").output().expect("run cc (build-essential)");
+        assert!(cc.status.success(), "building {} failed (libiscsi-dev: scripts/setup.sh test): {}", src.display(), String::from_utf8_lossy(&cc.stderr));
+        let mut child = Command::new(&exe).arg(url).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run ua_probe");
+        let _ = std::fs::remove_file(&exe);
+        let stdin = child.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("ua_probe output");
+        assert_eq!(line.trim(), "ready", "libiscsi's login");
+        Libiscsi { child, stdin, out }
+    }
+
+    /// TEST UNIT READY on `lun` until GOOD: the unit attentions libiscsi met.
+    fn unit_attentions(&mut self, lun: u16) -> Vec<(u8, u8, u8)> {
+        writeln!(self.stdin, "{lun}").expect("to ua_probe");
+        self.stdin.flush().expect("to ua_probe");
+        let mut seen = Vec::new();
+        loop {
+            let mut line = String::new();
+            self.out.read_line(&mut line).expect("from ua_probe");
+            let w: Vec<&str> = line.split_whitespace().collect();
+            match w.as_slice() {
+                ["good"] => {
+                    seen.dedup();
+                    return seen;
+                }
+                ["ua", k, a, q] => {
+                    let h = |x: &str| u8::from_str_radix(x, 16).expect("hex");
+                    seen.push((h(k), h(a), h(q)));
+                }
+                _ => panic!("libiscsi on LUN {lun}: {line}"),
+            }
+        }
+    }
+}
+
+impl Drop for Libiscsi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn live_changes_under_riser_perf_verify_on_lun_0() {
     let riser = Riser::start();
@@ -65,6 +122,8 @@ fn live_changes_under_riser_perf_verify_on_lun_0() {
     let mut other = Client::over(connect_from("127.0.0.2".parse().expect("ip"), p1, None).expect("connect from 127.0.0.2"));
     other.login(&iqn, &[]).unwrap_or_else(|s| panic!("login from 127.0.0.2: {s:?}\nriser log:\n{}", riser.log()));
     assert!(other.clear_unit_attentions());
+    let mut lib = Libiscsi::start(&format!("iscsi://127.0.0.1:{p1}/{iqn}/0"));
+    let mut luas = Vec::new();
 
     // riser-perf --verify on LUN 0, run after run, until the changes are done.
     let url = format!("iscsi://127.0.0.1:{p2}/{iqn}/0");
@@ -97,10 +156,13 @@ fn live_changes_under_riser_perf_verify_on_lun_0() {
     riser.rpc_json(&["bdev_malloc_create", "-b", "Added", "4", "512"]);
     assert_eq!(riser.rpc(&["iscsi_target_node_add_lun", &iqn, "Added", "-i", "1"]).json(), json!(true));
     uas.extend(unit_attentions(&mut obs, 0));
+    luas.extend(lib.unit_attentions(0));
+    lib.unit_attentions(1);
     clear_unit_attentions(&mut obs, 1);
     write_and_verify(&mut obs, 1, 0, 90);
     assert_eq!(riser.rpc(&["iscsi_target_node_remove_lun", &iqn, "1"]).json(), json!(true));
     uas.extend(unit_attentions(&mut obs, 0));
+    luas.extend(lib.unit_attentions(0));
 
     // 2. A null and a malloc device, on LUNs 2 and 3, grow.
     riser.rpc_json(&["bdev_null_create", "Nul", "4", "512"]);
@@ -110,11 +172,16 @@ fn live_changes_under_riser_perf_verify_on_lun_0() {
     uas.extend(unit_attentions(&mut obs, 0));
     clear_unit_attentions(&mut obs, 2);
     clear_unit_attentions(&mut obs, 3);
+    luas.extend(lib.unit_attentions(0));
+    lib.unit_attentions(2);
+    lib.unit_attentions(3);
     assert_eq!(riser.rpc(&["bdev_null_resize", "Nul", "8"]).json(), json!(true));
     uas.extend(unit_attentions(&mut obs, 2));
+    luas.extend(lib.unit_attentions(2));
     assert_eq!(read_capacity16(&mut obs, 2), (16384, 512));
     assert_eq!(riser.rpc(&["bdev_malloc_resize", "Mal", "8"]).json(), json!(true));
     uas.extend(unit_attentions(&mut obs, 3));
+    luas.extend(lib.unit_attentions(3));
     assert_eq!(read_capacity16(&mut obs, 3), (16384, 512));
 
     // 3. The netmask: only 127.0.0.1 from now on. The other initiator is asked to log out,
@@ -157,6 +224,8 @@ fn live_changes_under_riser_perf_verify_on_lun_0() {
     // The observing session saw each unit attention: the LUN added, removed, the two added,
     // then each capacity change.
     assert_eq!(uas, [REPORTED_LUNS_CHANGED, REPORTED_LUNS_CHANGED, REPORTED_LUNS_CHANGED, CAPACITY_CHANGED, CAPACITY_CHANGED]);
+    // And so did libiscsi, through a nexus of its own.
+    assert_eq!(luas, uas, "libiscsi's unit attentions");
     // LUN 0 was never touched by the changes: its data is riser-perf's last generation.
     write_and_verify(&mut obs, 0, 0, 92);
 }
