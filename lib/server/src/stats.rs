@@ -153,6 +153,19 @@ struct LogSlot {
     suppressed: u64,
 }
 
+impl LogSlot {
+    /// Whether a line may be logged at `now` (at most one a [`REFUSAL_LOG_INTERVAL`]): the
+    /// number left out since the last one, or None (this one is counted as left out).
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 /// One kind of log line that a peer can cause at will, logged at most once a
 /// [`REFUSAL_LOG_INTERVAL`]; the next line after a quiet interval says how many were left out.
 #[derive(Debug, Default)]
@@ -171,14 +184,7 @@ impl LogLimiter {
 
     /// As [`Self::warn`] at `now`: the line to log, if any.
     pub fn line_at(&self, now: Instant, line: impl FnOnce() -> String) -> Option<String> {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
-            slot.suppressed += 1;
-            return None;
-        }
-        slot.last = Some(now);
-        let suppressed = std::mem::take(&mut slot.suppressed);
-        drop(slot);
+        let suppressed = self.slot.lock().unwrap_or_else(|p| p.into_inner()).admit(now)?;
         let line = line();
         Some(if suppressed > 0 { format!("{line} ({suppressed} more such lines left out)") } else { line })
     }
@@ -281,14 +287,7 @@ impl Refusals {
     /// As [`Self::refused`] at `now`: the line to log, if any.
     fn refused_at(&self, why: Refusal, now: Instant, line: impl FnOnce() -> String) -> Option<String> {
         self.counts[why.index()].fetch_add(1, Ordering::Relaxed);
-        let mut slot = self.slots[why.index()].lock().unwrap_or_else(|p| p.into_inner());
-        if slot.last.is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL) {
-            slot.suppressed += 1;
-            return None;
-        }
-        slot.last = Some(now);
-        let suppressed = std::mem::take(&mut slot.suppressed);
-        drop(slot);
+        let suppressed = self.slots[why.index()].lock().unwrap_or_else(|p| p.into_inner()).admit(now)?;
         let line = line();
         Some(if suppressed > 0 {
             format!("{line} ({suppressed} more refused by {} since the last such line)", why.option())
