@@ -25,6 +25,11 @@ use super::{ByteStream, TcpDatamover};
 /// How long the accept loop sleeps when no connection is waiting.
 const ACCEPT_IDLE: Duration = Duration::from_millis(10);
 
+/// How long a failed login's socket stays open after its last response, waiting for the
+/// initiator to close first (bounded: a peer that never closes holds its login thread no
+/// longer than this).
+const FAILED_LINGER: Duration = Duration::from_secs(1);
+
 /// TCP portals: one accept thread per portal.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TcpPortal;
@@ -174,6 +179,26 @@ impl<S: LoginStream> LoginTransport for TcpLogin<S> {
     fn allocate_connection_resources(&mut self, _keys: &ResourceKeys) -> Result<(), TransportError> {
         // A byte stream needs nothing beyond its socket.
         Ok(())
+    }
+
+    fn linger(&mut self) {
+        // The initiator closes first: a close from here, while it is still handling the
+        // response, reaches a kernel initiator as a connection failure that races its own
+        // teardown of the failed login (an oops in some Linux versions' iscsi_tcp). Whatever
+        // it still sends is read and dropped; the wait ends at its FIN, an error or the bound.
+        let until = Instant::now() + FAILED_LINGER;
+        loop {
+            let now = Instant::now();
+            if now >= until || self.sock.set_read_timeout(until - now).is_err() {
+                return;
+            }
+            match self.sock.read(&mut self.buf) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
     }
 
     fn enable_datamover(self: Box<Self>) -> Result<EnableDatamover, TransportError> {
