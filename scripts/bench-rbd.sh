@@ -12,7 +12,14 @@
 #                     reactors on cores 0 and 1, adaptive; one riser-perf with one session per
 #                     gateway (QD each), so twice the I/O outstanding of the single runs; and
 #                     right after, one of the two driven alone (the ratio's denominator)
-# Only one target process is alive during the single-gateway runs. Only riser's reactor thread
+# rbd bench and riser (adaptive) on the same workload run back to back (riser's reactor sleeps
+# meanwhile), and the table adds their paired ratio: the load of a shared machine swings more
+# from minute to minute than the gap being measured. A second table says where a gateway I/O's
+# time goes: the client's mean latency against librbd's (riser's bdev counters, submit to
+# librbd -> completion collected; for rbd bench QD / IOPS), and CPU per I/O of the process that
+# drives librbd (rbd; riser with all its threads) and of riser's reactor.
+# Apart from rbd bench beside riser (adaptive), only one target process is alive during the
+# single-gateway runs. Only riser's reactor thread
 # is pinned (its -m): librados' and librbd's threads, tgtd, the client and the OSD float, as
 # rbd bench's threads do (pinning a whole gateway process to one core puts librados' messenger
 # threads on the core of its busy reactor, which cost riser 3-10x here). Prints a table with the
@@ -87,8 +94,54 @@ rbd_bench() {
   rbdc bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total 8M rbd/bench >"$2.calib" 2>&1 || { cat "$2.calib" >&2; return 1; }
   rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2.calib" | tail -1)
   ops=$(python3 -c "print(max(2048, int(float('${rate:-1000}') * $secs)))")
-  rbdc bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 || { cat "$2" >&2; return 1; }
-  sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2" | tail -1
+  # Its CPU time (all of rbd's threads: librbd, librados) for the diagnostics.
+  cpu_of "$2.cpu" rbd -c "$conf" bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 ||
+    { cat "$2" >&2; return 1; }
+  rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2" | tail -1)
+  # Closed loop at QD: latency = QD / IOPS (Little's law).
+  python3 -c 'import sys; q, r, c, n = int(sys.argv[1]), float(sys.argv[2]), float(open(sys.argv[3]).read()), int(sys.argv[4])
+print(f"{q / r * 1e3:.2f}\t{q / r * 1e3:.2f}\t{c / n * 1e6:.0f}\t-")' "$qd" "$rate" "$2.cpu" "$ops" >"$2.diag"
+  echo "$rate"
+}
+
+# FILE CMD...: runs CMD; its CPU seconds (user + system, all its threads) go to FILE.
+cpu_of() {
+  python3 -c 'import resource, subprocess, sys
+r = subprocess.run(sys.argv[2:])
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write(f"{u.ru_utime + u.ru_stime}\n")
+sys.exit(r.returncode)' "$@"
+}
+
+# What the gateway's I/O costs and where its time goes, from riser's own counters around a
+# run: SOCK PID -> "ops latency_ns cpu_ticks reactor_ticks" (the bdev's completed I/O and
+# their summed latency, submit to librbd -> completion collected by the reactor; the process's
+# CPU ticks, and its reactor thread's).
+riser_probe() {
+  local ops lat cpu rt=0 t
+  read -r ops lat < <(rpc "$1" bdev_get_iostat '{"name":"Rbd0"}' | python3 -c 'import json, sys
+d = json.load(sys.stdin); b = d["bdevs"][0]
+print(b["num_read_ops"] + b["num_write_ops"], (b["read_latency_ticks"] + b["write_latency_ticks"]) * 10**9 // d["tick_rate"])')
+  cpu=$(awk '{print $14 + $15}' "/proc/$2/stat")
+  for t in /proc/"$2"/task/*; do
+    [ "$(cat "$t/comm" 2>/dev/null)" = reactor_0 ] && rt=$(awk '{print $14 + $15}' "$t/stat")
+  done
+  echo "$ops $lat $cpu $rt"
+}
+
+# One riser run with the diagnostics: RW LOG SOCK PID URL -> IOPS; LOG.diag gets the client's
+# mean latency (ms), librbd's (ms), the process's CPU per I/O (us) and its reactor's.
+riser_run() {
+  local a b v
+  a=$(riser_probe "$3" "$4") || return 1
+  v=$(perf_run "$1" "$2" "$5") || return 1
+  b=$(riser_probe "$3" "$4") || return 1
+  python3 -c 'import json, os, sys
+a, b = [list(map(int, x.split())) for x in sys.argv[2:4]]
+n = max(1, b[0] - a[0]); hz = os.sysconf("SC_CLK_TCK")
+lat = json.load(open(sys.argv[1]))["total"]["latency"]["avg_us"] / 1e3
+print(f"{lat:.2f}\t{(b[1] - a[1]) / n / 1e6:.2f}\t{(b[2] - a[2]) / hz / n * 1e6:.0f}\t{(b[3] - a[3]) / hz / n * 1e6:.0f}")' "$2" "$a" "$b" >"$2.diag"
+  echo "$v"
 }
 
 # One riser gateway: NAME CORE PORT PG_TAG POLL_MODE; sets gw_pid
@@ -134,20 +187,32 @@ perf_run() {
 url() { echo "iscsi://127.0.0.1:$1/iqn.2016-06.io.riser:rbd/0"; }
 results=$out/runs.tsv
 printf 'round\tsubject\tworkload\tiops\n' >"$results"
+diag=$out/diag.tsv
+printf 'round\tsubject\tworkload\tclient_ms\tlibrbd_ms\tcpu_us\treactor_us\n' >"$diag"
 for r in $(seq "$rounds"); do
+  # rbd bench and riser (adaptive) on the same workload are neighbours in time (an adaptive
+  # reactor with nothing to do sleeps while rbd bench runs): the machine's load swings from
+  # minute to minute, so the paired ratio compares like with like.
+  start_riser "riser-adaptive.$r" 0 "$riser_port" 1 adaptive
   for rw in randread randwrite; do
     kind=${rw#rand}
     v=$(rbd_bench "$kind" "$out/rbd-bench.$rw.$r.log") || die "rbd bench $kind failed"
     printf '%s\t%s\t%s\t%s\n' "$r" "rbd bench" "$rw" "$v" | tee -a "$results"
+    printf '%s\t%s\t%s\t%s\n' "$r" "rbd bench" "$rw" "$(cat "$out/rbd-bench.$rw.$r.log.diag")" >>"$diag"
+    log=$out/riser-adaptive.$rw.$r.json
+    v=$(riser_run "$rw" "$log" "$work/riser-adaptive.$r.sock" "$gw_pid" "$(url "$riser_port")") || die "riser-perf against riser (adaptive) failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser (adaptive)" "$rw" "$v" | tee -a "$results"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser (adaptive)" "$rw" "$(cat "$log.diag")" >>"$diag"
   done
-  for mode in adaptive busy; do
-    start_riser "riser-$mode.$r" 0 "$riser_port" 1 "$mode"
-    for rw in randread randwrite; do
-      v=$(perf_run "$rw" "$out/riser-$mode.$rw.$r.json" "$(url "$riser_port")") || die "riser-perf against riser ($mode) failed"
-      printf '%s\t%s\t%s\t%s\n' "$r" "riser ($mode)" "$rw" "$v" | tee -a "$results"
-    done
-    stop_pid "$gw_pid"
+  stop_pid "$gw_pid"
+  start_riser "riser-busy.$r" 0 "$riser_port" 1 busy
+  for rw in randread randwrite; do
+    log=$out/riser-busy.$rw.$r.json
+    v=$(riser_run "$rw" "$log" "$work/riser-busy.$r.sock" "$gw_pid" "$(url "$riser_port")") || die "riser-perf against riser (busy) failed"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser (busy)" "$rw" "$v" | tee -a "$results"
+    printf '%s\t%s\t%s\t%s\n' "$r" "riser (busy)" "$rw" "$(cat "$log.diag")" >>"$diag"
   done
+  stop_pid "$gw_pid"
   tgt_start_rbd "$out/tgt.$r.log" >/dev/null
   wait_port "$tgt_port" "$tgt_pid" tgtd "$out/tgt.$r.log"
   for rw in randread randwrite; do
@@ -172,9 +237,10 @@ for r in $(seq "$rounds"); do
   stop_pid "$g2"
 done
 
-python3 - "$results" "$out/summary.txt" "$qd" <<'PY'
+python3 - "$results" "$out/summary.txt" "$qd" "$diag" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+diag = list(csv.DictReader(open(sys.argv[4]), delimiter="\t"))
 med = {}
 for s in dict.fromkeys(r["subject"] for r in rows):
     for w in ("randread", "randwrite"):
@@ -198,6 +264,26 @@ for w in ("randread", "randwrite"):
     two, one = med.get(("riser x2 (adaptive)", w), 0), med.get(("riser x1 of 2 (adaptive)", w), 0)
     if one:
         lines.append(f"two gateways / one of them driven alone, {w}: {two / one:.2f}x")
+# riser (adaptive) / rbd bench per round (neighbours in time), and their median.
+for w in ("randread", "randwrite"):
+    iops = {(r["round"], r["subject"]): float(r["iops"]) for r in rows if r["workload"] == w}
+    pairs = [iops[(k, "riser (adaptive)")] / iops[(k, "rbd bench")] for k in sorted({r["round"] for r in rows})
+             if iops.get((k, "rbd bench")) and (k, "riser (adaptive)") in iops]
+    if pairs:
+        lines.append(f"riser (adaptive) / rbd bench run just before it, {w}: median {statistics.median(pairs):.2f}x ("
+                     + ", ".join(f"{p:.2f}" for p in pairs) + ")")
+# Where the time goes (medians): the client's mean latency; librbd's (riser's bdev counters:
+# submitted to librbd -> collected by the reactor; rbd bench: QD / IOPS); CPU per I/O of the
+# process that drives librbd (rbd; riser, all threads) and of riser's reactor thread.
+lines += ["", f"{'per I/O, medians':22}{'client ms':>11}{'librbd ms':>11}{'CPU us':>8}{'reactor us':>12}"]
+for s in dict.fromkeys(r["subject"] for r in diag):
+    for w in ("randread", "randwrite"):
+        d = [r for r in diag if r["subject"] == s and r["workload"] == w]
+        def m(k):
+            v = [float(r[k]) for r in d if r.get(k) not in ("-", "", None)]
+            return f"{statistics.median(v):.2f}" if v and k.endswith("ms") else f"{statistics.median(v):.0f}" if v else "-"
+        if d:
+            lines.append(f"{s + ' ' + w[4:]:22}{m('client_ms'):>11}{m('librbd_ms'):>11}{m('cpu_us'):>8}{m('reactor_us'):>12}")
 text = "\n".join(lines) + "\n"
 print(text, end="")
 open(sys.argv[2], "w").write(text)

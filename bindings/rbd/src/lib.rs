@@ -369,7 +369,9 @@ impl Image {
     }
 
     /// A duplicate of the completion eventfd (non-blocking; librbd adds 1 per completion):
-    /// for a thread that waits on it to wake a sleeping reactor.
+    /// for a thread that waits on it to wake a sleeping reactor. The waiter drains it
+    /// (reads it) before it waits and then polls once more: [`poll`](Self::poll) does not
+    /// read it.
     pub fn event_fd(&self) -> std::io::Result<OwnedFd> {
         self.efd.try_clone()
     }
@@ -470,7 +472,7 @@ impl Image {
     }
 
     /// Collects finished I/Os (librbd queued them and signalled the eventfd) into `out`;
-    /// returns how many.
+    /// returns how many. Leaves the eventfd's counter alone (see [`event_fd`](Self::event_fd)).
     pub fn poll(&mut self, out: &mut Vec<AioDone>) -> usize {
         if self.in_flight == 0 {
             return 0;
@@ -511,12 +513,10 @@ impl Image {
                 i += 1;
             }
         }
-        if total > 0 {
-            // Reset the eventfd's counter (nobody waits on it; it only must not grow forever).
-            let mut b = [0u8; 8];
-            // SAFETY: b is writable for 8 bytes; the fd is non-blocking.
-            let _ = unsafe { libc::read(self.efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
-        }
+        // The eventfd is not read here: whoever sleeps on it drains it before it sleeps (a
+        // reactor's arm hook, then one more poll), so a read here would be one more system
+        // call per batch of completions. Unread, its counter only grows by one per
+        // completion (a u64: it cannot reach its limit).
         total
     }
 
