@@ -159,6 +159,17 @@ impl Mapping {
     }
 }
 
+/// What a request to [`Pool::take`] may fill.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// Nothing: an unbudgeted buffer.
+    Unbudgeted,
+    /// The budget less the part of the reserve not in use ([`Pool::general_limit`]).
+    General,
+    /// The whole budget (a request the reserve has room for).
+    Budget,
+}
+
 /// A pool of buffers under one budget. riser uses the process-wide [`Pool::global`];
 /// separate pools exist for tests.
 pub struct Pool {
@@ -449,7 +460,7 @@ impl Pool {
     /// for accounts holding little.
     pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
         if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
-            if let Some(map) = self.take(len, Some(self.general_limit())) {
+            if let Some(map) = self.take(len, Limit::General) {
                 return Some(Self::buf(map, len));
             }
         }
@@ -468,7 +479,7 @@ impl Pool {
         if q.front() != Some(&id) {
             return None;
         }
-        let map = self.take(len, Some(self.general_limit()))?;
+        let map = self.take(len, Limit::General)?;
         q.pop_front();
         self.waiting.store(q.len(), Ordering::Release);
         drop(q);
@@ -501,7 +512,7 @@ impl Pool {
                 Err(now) => cur = now,
             }
         }
-        match self.take(len, Some(self.max_bytes())) {
+        match self.take(len, Limit::Budget) {
             Some(Some(mut map)) => {
                 self.reserve_grants.fetch_add(1, Ordering::Relaxed);
                 map.reserved = size;
@@ -579,7 +590,7 @@ impl Pool {
             return None;
         }
         if self.waiting.load(Ordering::Acquire) == 0 {
-            if let Some(map) = self.take(len, Some(self.general_limit())) {
+            if let Some(map) = self.take(len, Limit::General) {
                 return Some(Self::charge(Self::buf(map, len), account));
             }
         }
@@ -591,7 +602,7 @@ impl Pool {
 
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
-        match self.take(len, None) {
+        match self.take(len, Limit::Unbudgeted) {
             Some(map) => Self::buf(map, len),
             // Out of address space or memory: what a failed heap allocation does too.
             None => panic!("cannot map an I/O buffer of {len} bytes"),
@@ -599,10 +610,10 @@ impl Pool {
     }
 
     /// A mapping for `len` bytes: a kept one of its class, or a new one (trimming kept
-    /// buffers of other classes to make room), or `None`. `limit`: a budgeted request, which
-    /// gets nothing when the bytes in use would go over `limit` (a buffer this thread keeps
-    /// for itself is in use already, and taken whatever the limit); `None`: unbudgeted.
-    fn take(&'static self, len: usize, limit: Option<usize>) -> Option<Option<Box<Mapping>>> {
+    /// buffers of other classes to make room), or `None`. `limit`: a budgeted request gets
+    /// nothing when the bytes in use would go over its limit (a buffer this thread keeps for
+    /// itself is in use already, and taken whatever the limit).
+    fn take(&'static self, len: usize, limit: Limit) -> Option<Option<Box<Mapping>>> {
         if len == 0 {
             return Some(None);
         }
@@ -622,6 +633,12 @@ impl Pool {
             }
         }
         let max = self.max_bytes();
+        // Worked out only now: a buffer from this thread's cache needs none of it.
+        let limit = match limit {
+            Limit::Unbudgeted => None,
+            Limit::General => Some(self.general_limit()),
+            Limit::Budget => Some(max),
+        };
         if let Some(limit) = limit {
             let in_use = self.in_use.load(Ordering::Relaxed);
             // A buffer larger than the whole budget is let through when nothing is in use,
