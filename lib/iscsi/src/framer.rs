@@ -523,10 +523,11 @@ impl Framer {
         let Some(frame) = pending.get(..total) else {
             return Ok(None);
         };
-        let ahs = frame
-            .get(BHS_LEN..BHS_LEN + ahs_len)
-            .unwrap_or_default()
-            .to_vec();
+        // Usually none: an empty vector without a call into the allocator's code.
+        let ahs = match ahs_len {
+            0 => Vec::new(),
+            _ => frame.get(BHS_LEN..BHS_LEN + ahs_len).unwrap_or_default().to_vec(),
+        };
         let data_area = frame.get(header_len..).unwrap_or_default();
         let segment = data_area.get(..dsl).unwrap_or_default();
         let digest_check = if dsl > 0 && self.digests.data {
