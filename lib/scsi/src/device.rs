@@ -304,7 +304,7 @@ pub type BufAllocFactory = Box<dyn FnMut() -> BufAlloc>;
 /// task). Only LUNs the device has get a channel, so a peer picking numbers cannot grow the
 /// map, whatever they collide on.
 #[derive(Default, Clone, Copy)]
-pub struct LunHasher(u64);
+struct LunHasher(u64);
 
 impl Hasher for LunHasher {
     fn finish(&self) -> u64 {
