@@ -1,6 +1,5 @@
 //! I/O requests, completions, buffers, channels and the checks every device shares.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -219,17 +218,18 @@ pub trait IoChannel {
 /// A completion queue for devices that finish I/O inside `submit` (null, malloc).
 #[derive(Default)]
 pub(crate) struct DoneQueue {
-    q: VecDeque<IoCompletion>,
+    /// In completion order; drained whole (a vector: one copy into the poller's).
+    q: Vec<IoCompletion>,
 }
 
 impl DoneQueue {
     pub(crate) fn push(&mut self, io: BdevIo, result: Result<(), BdevError>) {
-        self.q.push_back(IoCompletion { tag: io.tag, kind: io.kind, result, buf: io.buf });
+        self.q.push(IoCompletion { tag: io.tag, kind: io.kind, result, buf: io.buf });
     }
 
     pub(crate) fn drain_into(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let n = self.q.len();
-        out.extend(self.q.drain(..));
+        out.append(&mut self.q);
         n
     }
 

@@ -6,21 +6,27 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 
-use crate::{Account, Mapping, Pool, Registration};
+use crate::{Mapping, Pool, Registration};
 
 /// An owned, page-aligned I/O buffer of `len()` bytes (its mapping may be larger: the size
 /// class). Its contents are unspecified when it comes from [`IoBuf::alloc`] (a reused
 /// buffer holds old data): whoever fills it fills all of it, or uses [`IoBuf::zeroed`].
+///
+/// Small (32 bytes: it moves by value through every queue of the data path): what is rare
+/// or per mapping (its pool, the account charged, the reserve held, its registrations)
+/// lives in the pooled [`Mapping`], boxed once when mapped and reused with it.
 pub struct IoBuf {
-    pub(crate) map: Option<Mapping>,
-    /// A vector adopted without copying ([`IoBuf::from_vec`]) instead of a mapping.
-    pub(crate) heap: Option<Vec<u8>>,
+    pub(crate) backing: Backing,
     pub(crate) len: usize,
-    pub(crate) pool: &'static Pool,
-    /// The account this buffer is charged to, and how much ([`Pool::try_alloc_for`]).
-    pub(crate) account: Option<(Account, usize)>,
-    /// Bytes of the pool's reserve this buffer holds (0: none), given back when dropped.
-    pub(crate) reserved: usize,
+}
+
+/// What holds an [`IoBuf`]'s bytes.
+pub(crate) enum Backing {
+    /// A pooled mapping (boxed: it goes back to its pool, box and all, for the next I/O).
+    Map(Box<Mapping>),
+    /// A vector adopted without copying ([`IoBuf::from_vec`]); its length is the buffer's
+    /// capacity. An empty buffer holds an empty vector (which allocates nothing).
+    Heap(Vec<u8>),
 }
 
 /// Most vectors a thread keeps for [`take_vec`].
@@ -85,7 +91,7 @@ impl IoBuf {
 
     /// An empty buffer (maps nothing).
     pub fn empty() -> IoBuf {
-        IoBuf { map: None, heap: None, len: 0, pool: Pool::global(), account: None, reserved: 0 }
+        IoBuf { backing: Backing::Heap(Vec::new()), len: 0 }
     }
 
     /// Adopts `v` as an I/O buffer without copying it (a received data segment that is the
@@ -93,7 +99,7 @@ impl IoBuf {
     /// ([`mapping_ptr`](Self::mapping_ptr) is null); when dropped, its vector goes to this
     /// thread's spares ([`take_vec`]).
     pub fn from_vec(v: Vec<u8>) -> IoBuf {
-        IoBuf { map: None, len: v.len(), heap: Some(v), pool: Pool::global(), account: None, reserved: 0 }
+        IoBuf { len: v.len(), backing: Backing::Heap(v) }
     }
 
     pub fn len(&self) -> usize {
@@ -106,17 +112,19 @@ impl IoBuf {
 
     /// The bytes mapped for this buffer (its size class).
     pub fn capacity(&self) -> usize {
-        match (&self.map, &self.heap) {
-            (Some(m), _) => m.len(),
-            (None, Some(v)) => v.len(),
-            (None, None) => 0,
+        match &self.backing {
+            Backing::Map(m) => m.len(),
+            Backing::Heap(v) => v.len(),
         }
     }
 
     /// The start of the whole mapping ([`capacity`](Self::capacity) bytes), for registering
     /// it with a device; null for an empty buffer.
     pub fn mapping_ptr(&mut self) -> *mut u8 {
-        self.map.as_mut().map_or(std::ptr::null_mut(), |m| m.map.as_mut_ptr())
+        match &mut self.backing {
+            Backing::Map(m) => m.map.as_mut_ptr(),
+            Backing::Heap(_) => std::ptr::null_mut(),
+        }
     }
 
     /// The key (an RDMA lkey) this buffer's mapping is registered under with `domain`
@@ -124,7 +132,10 @@ impl IoBuf {
     /// mapping while the pool keeps it, so a buffer reused for the next I/O is registered
     /// already.
     pub fn reg_key(&self, domain: usize) -> Option<u32> {
-        self.map.as_ref()?.regs.iter().find(|r| r.domain == domain).map(|r| r.key)
+        match &self.backing {
+            Backing::Map(m) => m.regs.iter().find(|r| r.domain == domain).map(|r| r.key),
+            Backing::Heap(_) => None,
+        }
     }
 
     /// Records that the whole mapping ([`mapping_ptr`](Self::mapping_ptr),
@@ -133,7 +144,7 @@ impl IoBuf {
     /// (never while the buffer is in use), so a registration never outlives the memory.
     /// Registering an empty buffer does nothing.
     pub fn add_registration(&mut self, domain: usize, key: u32, guard: Box<dyn Any + Send + Sync>) {
-        if let Some(m) = self.map.as_mut() {
+        if let Backing::Map(m) = &mut self.backing {
             m.regs.retain(|r| r.domain != domain);
             m.regs.push(Registration { domain, key, _guard: guard });
         }
@@ -151,18 +162,16 @@ impl IoBuf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        match (&self.map, &self.heap) {
-            (Some(m), _) => &m.map[..self.len],
-            (None, Some(v)) => &v[..self.len],
-            (None, None) => &[],
+        match &self.backing {
+            Backing::Map(m) => &m.map[..self.len],
+            Backing::Heap(v) => &v[..self.len],
         }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        match (&mut self.map, &mut self.heap) {
-            (Some(m), _) => &mut m.map[..self.len],
-            (None, Some(v)) => &mut v[..self.len],
-            (None, None) => &mut [],
+        match &mut self.backing {
+            Backing::Map(m) => &mut m.map[..self.len],
+            Backing::Heap(v) => &mut v[..self.len],
         }
     }
 
@@ -178,17 +187,23 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if let Some((a, charge)) = self.account.take() {
-            a.0.fetch_sub(charge, Ordering::Relaxed);
-        }
-        if self.reserved > 0 {
-            self.pool.reserved_in_use.fetch_sub(self.reserved, Ordering::Relaxed);
-        }
-        if let Some(map) = self.map.take() {
-            self.pool.give_back(map);
-        }
-        if let Some(v) = self.heap.take() {
-            keep_vec(v);
+        match std::mem::replace(&mut self.backing, Backing::Heap(Vec::new())) {
+            Backing::Map(mut m) => {
+                if let Some(a) = m.account.take() {
+                    a.0.fetch_sub(m.len(), Ordering::Relaxed);
+                }
+                let pool = m.pool;
+                if m.reserved > 0 {
+                    pool.reserved_in_use.fetch_sub(m.reserved, Ordering::Relaxed);
+                    m.reserved = 0;
+                }
+                pool.give_back(m);
+            }
+            Backing::Heap(v) => {
+                if v.capacity() > 0 {
+                    keep_vec(v);
+                }
+            }
         }
     }
 }
@@ -249,7 +264,7 @@ impl fmt::Debug for IoBuf {
         f.debug_struct("IoBuf")
             .field("len", &self.len)
             .field("capacity", &self.capacity())
-            .field("heap", &self.heap.is_some())
+            .field("heap", &matches!(self.backing, Backing::Heap(ref v) if v.capacity() > 0))
             .finish()
     }
 }

@@ -58,6 +58,7 @@ use memmap2::MmapMut;
 
 mod iobuf;
 
+use iobuf::Backing;
 pub use iobuf::{take_vec, IoBuf, MAX_SPARE_VEC};
 
 /// The alignment of every buffer, and the granularity of sizes.
@@ -133,21 +134,40 @@ struct Registration {
     _guard: Box<dyn Any + Send + Sync>,
 }
 
-/// One mapping and what it is registered with. The registrations are declared first, so
-/// they are dropped (deregistered) before the memory is unmapped.
+/// One mapping and what it is registered with, boxed once when mapped (an [`IoBuf`] holds
+/// the box, the pool keeps it for reuse). The registrations are declared first, so they are
+/// dropped (deregistered) before the memory is unmapped. While a buffer holds it, it also
+/// records what that buffer must give back when dropped (its account's charge, its part
+/// of the reserve); both are cleared when it goes back to the pool.
 struct Mapping {
     regs: Vec<Registration>,
     map: MmapMut,
+    pool: &'static Pool,
+    /// The account charged with this mapping's size ([`Pool::try_alloc_for`]).
+    account: Option<Account>,
+    /// Bytes of the pool's reserve the buffer holds (0: none).
+    reserved: usize,
 }
 
 impl Mapping {
-    fn new(map: MmapMut) -> Mapping {
-        Mapping { regs: Vec::new(), map }
+    fn new(map: MmapMut, pool: &'static Pool) -> Box<Mapping> {
+        Box::new(Mapping { regs: Vec::new(), map, pool, account: None, reserved: 0 })
     }
 
     fn len(&self) -> usize {
         self.map.len()
     }
+}
+
+/// What a request to [`Pool::take`] may fill.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// Nothing: an unbudgeted buffer.
+    Unbudgeted,
+    /// The budget less the part of the reserve not in use ([`Pool::general_limit`]).
+    General,
+    /// The whole budget (a request the reserve has room for).
+    Budget,
 }
 
 /// A pool of buffers under one budget. riser uses the process-wide [`Pool::global`];
@@ -160,7 +180,7 @@ pub struct Pool {
     /// The most `in_use` has been since start.
     peak_in_use: AtomicUsize,
     cached: AtomicUsize,
-    free: Vec<ArrayQueue<Mapping>>,
+    free: Vec<ArrayQueue<Box<Mapping>>>,
     waiters: Mutex<VecDeque<u64>>,
     /// `waiters.len()`, readable without the lock (the fast path checks it).
     waiting: AtomicUsize,
@@ -197,7 +217,9 @@ const LOCAL_BYTES_PER_CLASS: usize = 256 * 1024;
 #[derive(Default)]
 struct LocalCache {
     trim_gen: u64,
-    free: [Vec<Mapping>; LOCAL_CLASSES],
+    /// Boxed: an [`IoBuf`] holds the box, which goes back and forth without re-boxing.
+    #[allow(clippy::vec_box)]
+    free: [Vec<Box<Mapping>>; LOCAL_CLASSES],
 }
 
 impl LocalCache {
@@ -438,8 +460,8 @@ impl Pool {
     /// for accounts holding little.
     pub fn try_alloc(&'static self, len: usize, waiter: &mut Option<Waiter>) -> Option<IoBuf> {
         if waiter.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
-            if let Some(map) = self.take(len, Some(self.general_limit())) {
-                return Some(self.buf(map, len));
+            if let Some(map) = self.take(len, Limit::General) {
+                return Some(Self::buf(map, len));
             }
         }
         let mut q = self.queue();
@@ -457,7 +479,7 @@ impl Pool {
         if q.front() != Some(&id) {
             return None;
         }
-        let map = self.take(len, Some(self.general_limit()))?;
+        let map = self.take(len, Limit::General)?;
         q.pop_front();
         self.waiting.store(q.len(), Ordering::Release);
         drop(q);
@@ -465,11 +487,14 @@ impl Pool {
         if let Some(w) = waiter.take() {
             std::mem::forget(w);
         }
-        Some(self.buf(map, len))
+        Some(Self::buf(map, len))
     }
 
-    fn buf(&'static self, map: Option<Mapping>, len: usize) -> IoBuf {
-        IoBuf { map, heap: None, len, pool: self, account: None, reserved: 0 }
+    fn buf(map: Option<Box<Mapping>>, len: usize) -> IoBuf {
+        match map {
+            Some(m) => IoBuf { backing: Backing::Map(m), len },
+            None => IoBuf::empty(),
+        }
     }
 
     /// A buffer from the reserve, or `None` when the reserve (or the budget) has no room
@@ -487,12 +512,17 @@ impl Pool {
                 Err(now) => cur = now,
             }
         }
-        match self.take(len, Some(self.max_bytes())) {
-            Some(map) => {
+        match self.take(len, Limit::Budget) {
+            Some(Some(mut map)) => {
                 self.reserve_grants.fetch_add(1, Ordering::Relaxed);
-                let mut b = self.buf(map, len);
-                b.reserved = size;
-                Some(b)
+                map.reserved = size;
+                Some(Self::buf(Some(map), len))
+            }
+            // An empty buffer maps nothing: it holds no reserve.
+            Some(None) => {
+                self.reserved_in_use.fetch_sub(size, Ordering::Relaxed);
+                self.reserve_grants.fetch_add(1, Ordering::Relaxed);
+                Some(IoBuf::empty())
             }
             None => {
                 self.reserved_in_use.fetch_sub(size, Ordering::Relaxed);
@@ -504,9 +534,11 @@ impl Pool {
     /// Charges `b` to `account` until it is dropped.
     fn charge(b: IoBuf, account: &Account) -> IoBuf {
         let mut b = b;
-        let charge = b.capacity();
-        account.0.fetch_add(charge, Ordering::Relaxed);
-        b.account = Some((account.clone(), charge));
+        // An empty buffer maps nothing and is charged nothing.
+        if let Backing::Map(m) = &mut b.backing {
+            account.0.fetch_add(m.len(), Ordering::Relaxed);
+            m.account = Some(account.clone());
+        }
         b
     }
 
@@ -558,8 +590,8 @@ impl Pool {
             return None;
         }
         if self.waiting.load(Ordering::Acquire) == 0 {
-            if let Some(map) = self.take(len, Some(self.general_limit())) {
-                return Some(Self::charge(self.buf(map, len), account));
+            if let Some(map) = self.take(len, Limit::General) {
+                return Some(Self::charge(Self::buf(map, len), account));
             }
         }
         if held + size <= self.little_bytes() {
@@ -570,18 +602,18 @@ impl Pool {
 
     /// An unbudgeted buffer (see the crate docs).
     pub fn alloc(&'static self, len: usize) -> IoBuf {
-        match self.take(len, None) {
-            Some(map) => self.buf(map, len),
+        match self.take(len, Limit::Unbudgeted) {
+            Some(map) => Self::buf(map, len),
             // Out of address space or memory: what a failed heap allocation does too.
             None => panic!("cannot map an I/O buffer of {len} bytes"),
         }
     }
 
     /// A mapping for `len` bytes: a kept one of its class, or a new one (trimming kept
-    /// buffers of other classes to make room), or `None`. `limit`: a budgeted request, which
-    /// gets nothing when the bytes in use would go over `limit` (a buffer this thread keeps
-    /// for itself is in use already, and taken whatever the limit); `None`: unbudgeted.
-    fn take(&self, len: usize, limit: Option<usize>) -> Option<Option<Mapping>> {
+    /// buffers of other classes to make room), or `None`. `limit`: a budgeted request gets
+    /// nothing when the bytes in use would go over its limit (a buffer this thread keeps for
+    /// itself is in use already, and taken whatever the limit).
+    fn take(&'static self, len: usize, limit: Limit) -> Option<Option<Box<Mapping>>> {
         if len == 0 {
             return Some(None);
         }
@@ -601,6 +633,12 @@ impl Pool {
             }
         }
         let max = self.max_bytes();
+        // Worked out only now: a buffer from this thread's cache needs none of it.
+        let limit = match limit {
+            Limit::Unbudgeted => None,
+            Limit::General => Some(self.general_limit()),
+            Limit::Budget => Some(max),
+        };
         if let Some(limit) = limit {
             let in_use = self.in_use.load(Ordering::Relaxed);
             // A buffer larger than the whole budget is let through when nothing is in use,
@@ -628,7 +666,7 @@ impl Pool {
                     Ok(map) => {
                         self.note_in_use(size);
                         self.maps.fetch_add(1, Ordering::Relaxed);
-                        Some(Some(Mapping::new(map)))
+                        Some(Some(Mapping::new(map, self)))
                     }
                     Err(e) => {
                         self.mapped.fetch_sub(size, Ordering::Relaxed);
@@ -660,7 +698,7 @@ impl Pool {
 
     /// A buffer came back: keep it for reuse if its class has room and the budget allows
     /// (first in this thread's own cache).
-    fn give_back(&self, map: Mapping) {
+    fn give_back(&self, map: Box<Mapping>) {
         let size = map.len();
         let map = match class_of(size) {
             // Registered buffers (iSER, io_uring fixed buffers) go back to the shared queues,
@@ -691,7 +729,7 @@ impl Pool {
     }
 
     /// A buffer in use is unmapped (a thread's cache emptied after a trim).
-    fn unmap_in_use(&self, map: Mapping) {
+    fn unmap_in_use(&self, map: Box<Mapping>) {
         let size = map.len();
         self.in_use.fetch_sub(size, Ordering::Relaxed);
         self.mapped.fetch_sub(size, Ordering::Relaxed);
@@ -701,7 +739,7 @@ impl Pool {
 
     /// A buffer no longer counted in use: into the shared free queue of its class, or
     /// unmapped.
-    fn give_back_shared(&self, map: Mapping) {
+    fn give_back_shared(&self, map: Box<Mapping>) {
         let size = map.len();
         let keep = class_of(size).filter(|&c| class_size(c) == size && self.mapped.load(Ordering::Relaxed) <= self.max_bytes());
         let map = match keep {

@@ -209,8 +209,7 @@ impl Framer {
         if self.failed {
             return;
         }
-        self.compact();
-        self.reserve(bytes.len());
+        self.make_room(bytes.len());
         self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
         self.end += bytes.len();
     }
@@ -221,9 +220,8 @@ impl Framer {
         if self.failed {
             return Ok(0);
         }
-        self.compact();
         let room = chunk.max(self.bytes_needed().min(self.limits.max_recv_data_segment_length + 2 * BHS_LEN + 1024));
-        self.reserve(room);
+        self.make_room(room);
         // No more than that (the buffer may be larger): a solicited segment whose header
         // this read brings is left in the socket for `read_routed` to receive in place.
         let n = r.read(&mut self.buf[self.end..self.end + room])?;
@@ -275,12 +273,26 @@ impl Framer {
         self.buf.get(self.start..self.end).unwrap_or_default()
     }
 
+    /// After bytes were consumed: an emptied buffer starts over (no copy). What is left
+    /// stays where it is until a read needs the room ([`make_room`](Self::make_room)).
     fn compact(&mut self) {
-        if self.start > 0 && (self.start == self.end || self.start >= 64 * 1024) {
+        if self.start > 0 && self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Room for `n` more bytes after `end`: the unconsumed bytes (usually the start of one
+    /// PDU) move to the front only when the room after them is short, so bytes are moved
+    /// at most once per read, never the whole of a large read again and again.
+    fn make_room(&mut self, n: usize) {
+        self.compact();
+        if self.start > 0 && self.buf.len() - self.end < n {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
+        self.reserve(n);
     }
 
     /// What follows a data segment of `dsl` bytes on the wire: padding, data digest.
@@ -361,6 +373,7 @@ impl Framer {
             self.direct = Some(Direct { raw, bhs, dsl, got: part.len(), crc, discard: false });
             self.start = from + part.len();
         }
+        self.make_room(chunk);
         let Some(d) = self.direct.as_mut().filter(|d| !d.discard && d.got < d.dsl) else {
             return self.read_from(r, chunk);
         };
@@ -368,13 +381,6 @@ impl Framer {
             d.discard = true;
             return self.read_from(r, chunk);
         };
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        if self.buf.len() < self.end + chunk {
-            self.buf.resize(self.end + chunk, 0);
-        }
         // After the segment: its padding and digest and the next PDU's header, no more, so
         // that a next solicited segment comes in place whole too.
         let after = (padded_len(d.dsl) - d.dsl + if data_digest { DIGEST_LEN } else { 0 } + BHS_LEN + DIGEST_LEN).min(chunk);
@@ -517,10 +523,11 @@ impl Framer {
         let Some(frame) = pending.get(..total) else {
             return Ok(None);
         };
-        let ahs = frame
-            .get(BHS_LEN..BHS_LEN + ahs_len)
-            .unwrap_or_default()
-            .to_vec();
+        // Usually none: an empty vector without a call into the allocator's code.
+        let ahs = match ahs_len {
+            0 => Vec::new(),
+            _ => frame.get(BHS_LEN..BHS_LEN + ahs_len).unwrap_or_default().to_vec(),
+        };
         let data_area = frame.get(header_len..).unwrap_or_default();
         let segment = data_area.get(..dsl).unwrap_or_default();
         let digest_check = if dsl > 0 && self.digests.data {

@@ -11,6 +11,7 @@
 //!   fans task management out to the channels.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::fmt;
 use std::sync::Arc;
 
@@ -299,9 +300,30 @@ pub type BufAllocFactory = Box<dyn FnMut() -> BufAlloc>;
 /// Like a [`LunChannel`], it never completes a task inside [`submit`](Self::submit):
 /// every result, the ones answered at target level included, comes from
 /// [`poll`](Self::poll).
+/// A hasher for LUN numbers (a multiply, not SipHash: a channel is looked up for every
+/// task). Only LUNs the device has get a channel, so a peer picking numbers cannot grow the
+/// map, whatever they collide on.
+#[derive(Default, Clone, Copy)]
+struct LunHasher(u64);
+
+impl Hasher for LunHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) ^ *b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
 pub struct DeviceChannel {
     dev: Arc<ScsiDevice>,
-    channels: HashMap<u64, LunChannel>,
+    channels: HashMap<u64, LunChannel, BuildHasherDefault<LunHasher>>,
     /// Channels of LUNs that left the device with tasks in flight: polled until those
     /// are done, then dropped.
     retired: Vec<LunChannel>,
@@ -318,7 +340,7 @@ impl DeviceChannel {
     pub fn new(dev: Arc<ScsiDevice>) -> DeviceChannel {
         DeviceChannel {
             dev,
-            channels: HashMap::new(),
+            channels: HashMap::default(),
             retired: Vec::new(),
             done: Vec::new(),
             alloc: None,

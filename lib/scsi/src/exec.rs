@@ -908,49 +908,63 @@ impl LunChannel {
     /// [`complete`](Self::complete) with the data's place in the task's data (a streamed
     /// read's last piece).
     fn complete_at(&mut self, slot: usize, data: Option<(IoBuf, usize)>, data_offset: usize) {
-        let Some(mut o) = self.ops[slot].take() else {
+        // What the end needs is read in place, then the op is dropped where it lies (not
+        // moved out of the table whole).
+        let Some(o) = self.ops[slot].as_mut() else {
             return;
         };
-        if let Job::WriteStream(j) = &o.job {
+        let (tag, xfer, edtl, dsense) = (o.tag, o.xfer, o.edtl, o.dsense);
+        let (detached, aborted, begun_exclusive) = (o.detached, o.aborted, o.begun_exclusive);
+        let mut err = o.err.take();
+        let adm = std::mem::replace(&mut o.adm, Adm::None);
+        let stream_gap = match &o.job {
+            Job::WriteStream(j) => Some(j.asked > j.written + u64::from(j.writing) + u64::from(j.pending.is_some())),
+            _ => None,
+        };
+        let sanitize_ause = match &o.job {
+            Job::Sanitize(j) => Some(j.ause),
+            _ => None,
+        };
+        self.ops[slot] = None;
+        if let Some(gap) = stream_gap {
             self.write_streams -= 1;
-            if j.asked > j.written + u64::from(j.writing) + u64::from(j.pending.is_some()) {
+            if gap {
                 // It ends with a piece asked for and not in (an error, an abort): a want
                 // still waiting for the next poll goes with it (one already taken is the
                 // iSCSI layer's to drop when the end comes).
-                let tag = o.tag;
                 self.done.retain(|e| !matches!(e, TaskEvent::Want(w) if w.tag == tag));
             }
         }
-        if let Job::Sanitize(j) = &o.job {
-            self.sanitize_ended(j.ause, o.err.is_some());
-            if o.err.is_some() {
-                o.err = Some(CmdError::sanitize_failed());
+        if let Some(ause) = sanitize_ause {
+            self.sanitize_ended(ause, err.is_some());
+            if err.is_some() {
+                err = Some(CmdError::sanitize_failed());
             }
         }
         self.free.push(slot);
         self.active -= 1;
-        match o.adm {
+        match adm {
             Adm::Fast => self.lun.ranges.fast_done(&self.counter),
             Adm::Grant(g) => self.lun.ranges.release(g),
             Adm::None => {
-                if o.begun_exclusive {
+                if begun_exclusive {
                     self.lun.ranges.cancel_exclusive();
                 }
             }
         }
-        if o.detached {
+        if detached {
             return;
         }
-        if o.aborted {
-            self.done.push(TaskEvent::Aborted { tag: o.tag });
+        if aborted {
+            self.done.push(TaskEvent::Aborted { tag });
             return;
         }
-        let mut r = ScsiResult::new(o.tag, Status::Good, Residual::compute(o.xfer, o.edtl));
-        if let Some(e) = o.err {
+        let mut r = ScsiResult::new(tag, Status::Good, Residual::compute(xfer, edtl));
+        if let Some(e) = err {
             r.status = e.status;
-            r.sense = e.sense.map(|s| s.encode(o.dsense));
+            r.sense = e.sense.map(|s| s.encode(dsense));
         } else if let Some((buf, len)) = data {
-            let n = len.min((o.edtl as usize).saturating_sub(data_offset)).min(buf.as_slice().len());
+            let n = len.min((edtl as usize).saturating_sub(data_offset)).min(buf.as_slice().len());
             r.data_len = n;
             r.data_in = Some(buf);
             r.data_offset = data_offset;

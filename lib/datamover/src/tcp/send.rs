@@ -193,10 +193,12 @@ impl<S: ByteStream> TcpDatamover<S> {
         while !self.tx.is_empty() {
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
             let mut n_iov = 0;
+            let mut offered = 0;
             for (i, c) in self.tx.iter().take(MAX_IOV).enumerate() {
                 let b = chunk_bytes(c, &self.held);
                 let b = if i == 0 { b.get(self.tx_pos..).unwrap_or_default() } else { b };
                 if !b.is_empty() {
+                    offered += b.len();
                     iov[n_iov] = IoSlice::new(b);
                     n_iov += 1;
                 }
@@ -208,6 +210,10 @@ impl<S: ByteStream> TcpDatamover<S> {
             match self.sock.write_vectored(&iov[..n_iov]) {
                 Ok(0) => break,
                 Ok(mut n) => {
+                    // Short: the socket's buffer is full (the next writev would only say
+                    // so); the rest goes at the next flush (a connection with queued sends
+                    // is polled every pass).
+                    let short = n < offered;
                     written += n;
                     self.tx_sent += n as u64;
                     while n > 0 {
@@ -224,6 +230,9 @@ impl<S: ByteStream> TcpDatamover<S> {
                     // Drop any empty chunks at the front.
                     while self.tx.front().is_some_and(|c| chunk_bytes(c, &self.held).len() == self.tx_pos) {
                         self.pop_front();
+                    }
+                    if short {
+                        break;
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,

@@ -635,15 +635,16 @@ impl Ffp {
             }
             return;
         }
-        let header = pdu.bhs.to_bytes();
         let Pdu { bhs, ahs, data } = pdu;
+        // The header bytes a Reject quotes are made again only for a Reject.
+        let lens = (bhs.total_ahs_length, bhs.data_segment_length);
         // Immediate data: in the task's buffer already, or in the segment.
         let unsolicited = match placed {
             Some(buf) => Immediate::Placed { buf, len: bhs.data_segment_length },
             None => Immediate::Segment(data),
         };
         match bhs.op {
-            Op::ScsiCommand(cmd) => self.on_scsi_command(cmd, &header, ahs, unsolicited),
+            Op::ScsiCommand(cmd) => self.on_scsi_command(cmd, lens, ahs, unsolicited),
             Op::NopOut(n) => {
                 if !immediate {
                     self.slot_freed();

@@ -11,11 +11,16 @@ use super::{
     STATUS_CHECK_CONDITION, STATUS_TASK_SET_FULL,
 };
 use crate::ffp::datamover::SnState;
-use crate::pdu::{response, Op, Pdu, RejectReason, ScsiCommand, ScsiResponse, BHS_LEN};
+use crate::pdu::{response, Bhs, Op, Pdu, RejectReason, ScsiCommand, ScsiResponse, BHS_LEN};
 use crate::serial::{Itt, Sn};
 
 impl Ffp {
-    pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, header: &[u8; BHS_LEN], ahs: Vec<u8>, data: Immediate) {
+    /// `lens`: the command's TotalAHSLength and DataSegmentLength as received (with `cmd`,
+    /// the header a Reject quotes).
+    pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, lens: (u8, u32), ahs: Vec<u8>, data: Immediate) {
+        let header = |cmd: &ScsiCommand| -> [u8; BHS_LEN] {
+            Bhs { total_ahs_length: lens.0, data_segment_length: lens.1, op: Op::ScsiCommand(cmd.clone()) }.to_bytes()
+        };
         let immediate = cmd.immediate;
         let release_slot = |s: &mut Ffp| {
             if !immediate {
@@ -30,7 +35,7 @@ impl Ffp {
             // A reused tag never gets another command's completion.
             log::warn!("task {:#x}: a command with a tag still in use: rejected", cmd.itt.0);
             release_slot(self);
-            self.reject(header, RejectReason::InvalidPduField);
+            self.reject(&header(&cmd), RejectReason::InvalidPduField);
             return;
         }
         if self.tasks_held() >= self.cfg.queue_depth.max(1) as usize {
@@ -42,7 +47,7 @@ impl Ffp {
                 // RFC 7143 §11.17.1: reason 0x06, "Immediate command reject - too many
                 // immediate commands"; a rejected command has no response and used no CmdSN.
                 log::warn!("task {:#x}: an immediate command beyond the connection's {} tasks: rejected", cmd.itt.0, self.tasks_held());
-                self.reject(header, RejectReason::ImmediateCommandReject);
+                self.reject(&header(&cmd), RejectReason::ImmediateCommandReject);
             } else {
                 // Within the window (it took a CmdSN, so it is answered): SCSI status TASK
                 // SET FULL (SAM-5 5.3.1), for a command the task set has no room for.
@@ -67,7 +72,7 @@ impl Ffp {
                 }
                 Err(_) => {
                     release_slot(self);
-                    self.reject(header, RejectReason::InvalidPduField);
+                    self.reject(&header(&cmd), RejectReason::InvalidPduField);
                     return;
                 }
             }
@@ -78,14 +83,14 @@ impl Ffp {
             // Rejected as Invalid PDU field, as LIO and SPDK do; a rejected command gets no
             // response (§11.17.1).
             release_slot(self);
-            self.reject(header, RejectReason::InvalidPduField);
+            self.reject(&header(&cmd), RejectReason::InvalidPduField);
             return;
         }
         let imm = data.len();
         if imm > 0 && (!cmd.write || !self.cfg.immediate_data || imm > self.cfg.first_burst_length || imm > edtl) {
             // Immediate data the session did not allow, or more than promised.
             release_slot(self);
-            self.reject(header, RejectReason::ProtocolError);
+            self.reject(&header(&cmd), RejectReason::ProtocolError);
             return;
         }
         if cmd.write && edtl > self.cfg.largest_write {

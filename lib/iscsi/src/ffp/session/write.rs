@@ -155,19 +155,18 @@ impl Ffp {
 
     pub(super) fn on_data_out(&mut self, pdu: Pdu) {
         let Op::DataOut(d) = pdu.op().clone() else { return };
-        let header = pdu.bhs.to_bytes();
         let Some(t) = self.tasks.get_mut(&d.itt) else {
             // Data for a task we do not know (aborted, or bogus): drop it quietly
             // unless the tag is reserved, which is a protocol error.
             if d.itt.is_reserved() {
-                self.reject(&header, RejectReason::InvalidPduField);
+                self.reject(&pdu.bhs.to_bytes(), RejectReason::InvalidPduField);
             }
             return;
         };
         if !d.ttt.is_reserved() || !matches!(t.state, TaskState::Unsolicited { .. }) || t.data.expected == 0 {
             // Solicited data is the datamover's; unsolicited data beyond FirstBurstLength or
             // for a task not expecting it is a protocol error (RFC 7143 §13.14).
-            return self.reject(&header, RejectReason::ProtocolError);
+            return self.reject(&pdu.bhs.to_bytes(), RejectReason::ProtocolError);
         }
         let len = pdu.data.len() as u32;
         let edtl = t.cmd.expected_data_transfer_length;
