@@ -293,13 +293,6 @@ fn error_result(task: &ScsiTask, e: CmdError) -> ScsiResult {
 /// Makes the buffer allocator of each [`LunChannel`] a [`DeviceChannel`] opens.
 pub type BufAllocFactory = Box<dyn FnMut() -> BufAlloc>;
 
-/// Runs the tasks of one connection (one reactor) against a [`ScsiDevice`]: one
-/// [`LunChannel`] per LUN, opened when the LUN is first addressed. Not shared between
-/// threads.
-///
-/// Like a [`LunChannel`], it never completes a task inside [`submit`](Self::submit):
-/// every result, the ones answered at target level included, comes from
-/// [`poll`](Self::poll).
 /// A hasher for LUN numbers (a multiply, not SipHash: a channel is looked up for every
 /// task). Only LUNs the device has get a channel, so a peer picking numbers cannot grow the
 /// map, whatever they collide on.
@@ -321,6 +314,13 @@ impl Hasher for LunHasher {
     }
 }
 
+/// Runs the tasks of one connection (one reactor) against a [`ScsiDevice`]: one
+/// [`LunChannel`] per LUN, opened when the LUN is first addressed. Not shared between
+/// threads.
+///
+/// Like a [`LunChannel`], it never completes a task inside [`submit`](Self::submit):
+/// every result, the ones answered at target level included, comes from
+/// [`poll`](Self::poll).
 pub struct DeviceChannel {
     dev: Arc<ScsiDevice>,
     channels: HashMap<u64, LunChannel, BuildHasherDefault<LunHasher>>,
