@@ -23,6 +23,6 @@ mod wake;
 pub use route::{Inboxes, Router, Tag, TagLayout};
 pub use mask::{parse_core_mask, CoreMaskError};
 pub use reactor::{
-    add_ready_fd, add_wake_fd, current_waker, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, Ctx, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,
+    add_ready_fd, add_wake_fd, current_waker, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, Ctx, SignalledWait, Message, PollMode, PollStatus, PollerId, ReactorConfig, ReactorError, ReactorHandle, ReactorSet,
     ReactorStatsSnapshot, SendError, WakeId, Waker,
 };

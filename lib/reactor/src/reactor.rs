@@ -15,8 +15,8 @@ use thiserror::Error;
 
 use crate::stats::Stats;
 pub use crate::stats::ReactorStatsSnapshot;
-use crate::wake::{arm_wake_sources, check_readiness, wait_readable, WakeSet, WAKE};
-pub use crate::wake::{add_ready_fd, add_wake_fd, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, WakeId};
+use crate::wake::{arm_wake_sources, check_readiness, signalled_waits, wait_readable, WakeSet, SIGNALLED_SLEEP, WAKE};
+pub use crate::wake::{add_ready_fd, add_wake_fd, fd_drained, fd_readable, force_epoll_readiness, remove_wake_fd, uring_readiness, SignalledWait, WakeId};
 
 /// A unit of cross-thread work: runs once, on the reactor it was sent to.
 pub type Message = Box<dyn FnOnce(&mut Ctx) + Send + 'static>;
@@ -623,10 +623,15 @@ impl Reactor {
             if sh.stop.load(Ordering::Acquire) {
                 break;
             }
+            // Work in flight that wakes the reactor by itself (SignalledWait): no spin first,
+            // and the sleep ends with that work, not at the usual cap.
+            let signalled = mode == PollMode::Adaptive && idle_loops > 0 && signalled_waits();
             if mode == PollMode::Adaptive
-                && (idle_loops >= IDLE_LOOPS_BEFORE_SLEEP || (idle_loops > 1 && now.duration_since(idle_since) >= IDLE_TIME_BEFORE_SLEEP))
+                && (signalled
+                    || idle_loops >= IDLE_LOOPS_BEFORE_SLEEP
+                    || (idle_loops > 1 && now.duration_since(idle_since) >= IDLE_TIME_BEFORE_SLEEP))
             {
-                let mut timeout = sleep;
+                let mut timeout = if signalled { SIGNALLED_SLEEP } else { sleep };
                 if let Some(due) = self.next_due {
                     timeout = timeout.min(due.saturating_duration_since(now));
                 }
@@ -1008,6 +1013,56 @@ mod tests {
         // The call that added the poller was a message: one more busy pass.
         assert!((50..=52).contains(&s.busy_passes), "busy passes: {s:?}");
         assert!(s.passes >= 200 && s.passes > s.busy_passes, "passes: {s:?}");
+        set.shutdown();
+    }
+    /// A SignalledWait turned on makes an idle adaptive reactor sleep long (its work in
+    /// flight wakes it: here an eventfd in the wake set), instead of waking every
+    /// millisecond at most; work signalled on the descriptor is still collected, and off,
+    /// the usual cap is back.
+    #[test]
+    fn a_signalled_wait_lets_the_reactor_sleep_until_its_descriptor() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (calls, seen, on) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(true)));
+        let (e, c, n, o) = (efd.clone(), calls.clone(), seen.clone(), on.clone());
+        h.call(0, move |ctx| {
+            let e2 = e.clone();
+            let mut wait = SignalledWait::default();
+            ctx.add_poller(move |_| {
+                c.fetch_add(1, Ordering::Relaxed);
+                wait.set(o.load(Ordering::Relaxed));
+                let mut b = [0u8; 8];
+                match rustix::io::read(&*e2, &mut b) {
+                    Ok(_) => {
+                        n.fetch_add(1, Ordering::Relaxed);
+                        PollStatus::Busy
+                    }
+                    Err(_) => PollStatus::Idle,
+                }
+            });
+            ctx.add_wake_fd(e.as_fd(), || {}).unwrap();
+        })
+        .unwrap();
+        let calls_in = |d: Duration| {
+            let c0 = calls.load(Ordering::Relaxed);
+            thread::sleep(d);
+            calls.load(Ordering::Relaxed) - c0
+        };
+        thread::sleep(Duration::from_millis(50));
+        let long = calls_in(Duration::from_millis(300));
+        rustix::io::write(&*efd, &1u64.to_ne_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the signalled work was never collected");
+            thread::sleep(Duration::from_millis(1));
+        }
+        on.store(false, Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(50));
+        let capped = calls_in(Duration::from_millis(300));
+        // On: a sleep of up to 10 ms per two passes (about 60 in 300 ms); off: up to 1 ms.
+        assert!(long * 3 < capped, "passes in 300 ms: {long} with the wait on, {capped} off");
         set.shutdown();
     }
 }

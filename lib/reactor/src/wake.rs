@@ -1,7 +1,8 @@
 //! What ends a reactor's adaptive sleep (its epoll set of wake-up descriptors) and the
 //! per-pass readiness of the sockets among them (`add_ready_fd`, `fd_readable`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -138,6 +139,49 @@ pub fn remove_wake_fd(id: WakeId) {
             let _ = epoll::delete(&w.epoll, fd);
         }
     })
+}
+
+thread_local! {
+    /// On a reactor thread: how many [`SignalledWait`]s are on.
+    static SIGNALLED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A poller's statement that it has work in flight whose end a descriptor of the reactor's
+/// wake set signals by itself (librbd's completion eventfd), and nothing else to poll for.
+/// While any is on, an adaptive reactor with nothing to do sleeps at once and up to
+/// [`SIGNALLED_SLEEP`], instead of spinning first and waking every millisecond at most: a
+/// Ceph write's milliseconds cost the reactor one sleep instead of a dozen wake-ups (on a
+/// small machine, CPU the cluster needs). Owned by the poller (not `Send`: it counts on the
+/// thread that sets it); dropping it turns it off.
+#[derive(Debug, Default)]
+pub struct SignalledWait {
+    on: bool,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl SignalledWait {
+    /// On while the poller's only work is signalled work in flight; off otherwise.
+    pub fn set(&mut self, on: bool) {
+        if on != self.on {
+            self.on = on;
+            let _ = SIGNALLED.try_with(|c| c.set(if on { c.get() + 1 } else { c.get().saturating_sub(1) }));
+        }
+    }
+}
+
+impl Drop for SignalledWait {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// The longest adaptive sleep while a [`SignalledWait`] is on: a safety net for anything
+/// on the reactor whose work no descriptor signals.
+pub(crate) const SIGNALLED_SLEEP: Duration = Duration::from_millis(10);
+
+/// Whether any [`SignalledWait`] of the calling thread is on.
+pub(crate) fn signalled_waits() -> bool {
+    SIGNALLED.try_with(|c| c.get() > 0).unwrap_or(false)
 }
 
 /// Calls every source's `arm`; whether there is any. An `arm` may register or remove

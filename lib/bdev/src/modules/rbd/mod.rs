@@ -453,6 +453,14 @@ struct RbdChannel {
 }
 
 impl RbdChannel {
+    /// Tells the reactor whether this channel's only work is librbd's signalled I/O in flight.
+    fn note_signalled(&mut self) {
+        let waiting = self.done.len() == 0 && self.img.as_ref().is_some_and(|i| i.in_flight() > 0 && i.unsignalled() == 0);
+        if let Some(w) = self._wake.as_mut() {
+            w.1.set(waiting);
+        }
+    }
+
     /// Whether the channel may send I/O to the cluster: not while this gateway is fenced,
     /// and not on a handle of a connection the group left. Takes the new handle when the
     /// group rejoined and nothing is in flight on the old one (on the reactor: the wake-up
@@ -489,7 +497,10 @@ impl RbdChannel {
 /// polls once more, so a completion queued before that is collected then, and one queued after
 /// it makes the eventfd readable again. No thread of riser's runs for it, and a busy reactor
 /// never looks at it; off a reactor (tests) there is none and completions wait for a poll.
-struct WakeReg(riser_reactor::WakeId);
+/// While only librbd's I/O is in flight it also tells the reactor so (a
+/// [`riser_reactor::SignalledWait`]): the reactor then sleeps through a write's milliseconds
+/// instead of waking every millisecond at most.
+struct WakeReg(riser_reactor::WakeId, riser_reactor::SignalledWait);
 
 impl WakeReg {
     fn join(img: &Image) -> std::io::Result<Option<WakeReg>> {
@@ -500,7 +511,7 @@ impl WakeReg {
             // Non-blocking (the image's eventfd is EFD_NONBLOCK; a dup shares that).
             let _ = rustix::io::read(&*e, &mut b);
         })?;
-        Ok(id.map(WakeReg))
+        Ok(id.map(|id| WakeReg(id, riser_reactor::SignalledWait::default())))
     }
 }
 
@@ -568,7 +579,10 @@ impl IoChannel for RbdChannel {
             return self.done.push(io, Err(BdevError::Unavailable(format!("bdev {}: no image handle", info.name))));
         };
         match img.submit(op, offset, io.buf.take(), slot as u64) {
-            Ok(()) => self.kinds[slot] = Some((io.tag, io.kind)),
+            Ok(()) => {
+                self.kinds[slot] = Some((io.tag, io.kind));
+                self.note_signalled();
+            }
             Err((e, buf)) => {
                 self.free.push(slot);
                 io.buf = buf;
@@ -585,6 +599,7 @@ impl IoChannel for RbdChannel {
             if self.gen != self.group.generation() {
                 self.usable();
             }
+            self.note_signalled();
             return n;
         }
         let mut done = std::mem::take(&mut self.scratch);
@@ -616,6 +631,7 @@ impl IoChannel for RbdChannel {
             n += 1;
         }
         self.scratch = done;
+        self.note_signalled();
         n
     }
 
