@@ -31,7 +31,7 @@
 #
 # Environment: BENCH_TIME (seconds per run, default 10), BENCH_ROUNDS (default 1; the table
 # shows medians), BENCH_QD, BENCH_RBD_MIB (image size, default 256), BENCH_OUT, RISER and
-# RISER_PERF (the binaries, default target/release/).
+# RISER_PERF (the binaries, default $CARGO_TARGET_DIR/release/, else target/release/).
 # About 2 minutes + ROUNDS x 10 x (BENCH_TIME + 3) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +40,8 @@ rounds=${BENCH_ROUNDS:-1}
 qd=${BENCH_QD:-32}
 mib=${BENCH_RBD_MIB:-256}
 out=${BENCH_OUT:-target/bench/rbd-$(date +%Y%m%d-%H%M%S)}
-riser=${RISER:-./target/release/riser}
-perf=${RISER_PERF:-./target/release/riser-perf}
+riser=${RISER:-${CARGO_TARGET_DIR:-./target}/release/riser}
+perf=${RISER_PERF:-${CARGO_TARGET_DIR:-./target}/release/riser-perf}
 die() { echo "bench-rbd: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (the Ceph cluster, tgtd)"
