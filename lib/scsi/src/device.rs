@@ -10,8 +10,6 @@
 //!   LUN numbers the device does not have (SPC-4 6.6.2, peripheral qualifier 011b), and
 //!   fans task management out to the channels.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::fmt;
 use std::sync::Arc;
 
@@ -21,7 +19,7 @@ use crate::cdb::{op, put_be32, Cdb};
 use crate::exec::{BufAlloc, LunChannel};
 use crate::lun::{Lun, ResetKind};
 use crate::sense::{Asc, CmdError, CmdResult, Sense, SenseKey, Status};
-use crate::task::{Nexus, Residual, ScsiResult, ScsiTask, TaskEvent};
+use crate::task::{Nexus, Residual, ScsiResult, ScsiTask, TagMap, TaskEvent};
 
 /// A LUN number: what the 8-byte LUN field of a command addresses.
 ///
@@ -293,27 +291,6 @@ fn error_result(task: &ScsiTask, e: CmdError) -> ScsiResult {
 /// Makes the buffer allocator of each [`LunChannel`] a [`DeviceChannel`] opens.
 pub type BufAllocFactory = Box<dyn FnMut() -> BufAlloc>;
 
-/// A hasher for LUN numbers (a multiply, not SipHash: a channel is looked up for every
-/// task). Only LUNs the device has get a channel, so a peer picking numbers cannot grow the
-/// map, whatever they collide on.
-#[derive(Default, Clone, Copy)]
-struct LunHasher(u64);
-
-impl Hasher for LunHasher {
-    fn finish(&self) -> u64 {
-        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^ (h >> 29)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) ^ *b as u64;
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 ^= n;
-    }
-}
-
 /// Runs the tasks of one connection (one reactor) against a [`ScsiDevice`]: one
 /// [`LunChannel`] per LUN, opened when the LUN is first addressed. Not shared between
 /// threads.
@@ -323,7 +300,9 @@ impl Hasher for LunHasher {
 /// [`poll`](Self::poll).
 pub struct DeviceChannel {
     dev: Arc<ScsiDevice>,
-    channels: HashMap<u64, LunChannel, BuildHasherDefault<LunHasher>>,
+    /// By LUN number (only LUNs the device has get a channel: a peer picking numbers cannot
+    /// grow the map, whatever they collide on).
+    channels: TagMap<u64, LunChannel>,
     /// Channels of LUNs that left the device with tasks in flight: polled until those
     /// are done, then dropped.
     retired: Vec<LunChannel>,
@@ -340,7 +319,7 @@ impl DeviceChannel {
     pub fn new(dev: Arc<ScsiDevice>) -> DeviceChannel {
         DeviceChannel {
             dev,
-            channels: HashMap::default(),
+            channels: TagMap::default(),
             retired: Vec::new(),
             done: Vec::new(),
             alloc: None,

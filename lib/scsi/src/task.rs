@@ -317,3 +317,32 @@ impl fmt::Debug for ScsiResult {
             .finish()
     }
 }
+
+/// A hasher for task tags and other small integer keys (ITT, TTT, work-request ids, LUN
+/// numbers: integers the peer or riser picks, at most a queue depth of them live per map):
+/// one multiply instead of SipHash per lookup. A peer choosing colliding tags can only slow
+/// its own connection, whose map holds at most its queue depth (a LUN map only the LUNs
+/// the device has).
+#[derive(Default, Clone, Copy)]
+pub struct TagHasher(u64);
+
+impl std::hash::Hasher for TagHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) ^ *b as u64;
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 << 32) ^ n as u64;
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
+/// A map keyed by task tag, hashed with [`TagHasher`].
+pub type TagMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<TagHasher>>;
