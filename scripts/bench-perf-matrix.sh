@@ -13,8 +13,8 @@
 # About 16 x ROUNDS x (TIME + RAMP + 1) seconds: 2.5 minutes with the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-perf=./target/release/riser-perf
-riser=./target/release/riser
+perf=${CARGO_TARGET_DIR:-./target}/release/riser-perf
+riser=${CARGO_TARGET_DIR:-./target}/release/riser
 secs=${MATRIX_TIME:-${BENCH_TIME:-3}}
 ramp=${MATRIX_RAMP:-1}
 rounds=${MATRIX_ROUNDS:-${BENCH_ROUNDS:-2}}
