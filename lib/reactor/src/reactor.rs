@@ -707,6 +707,18 @@ mod tests {
     use std::sync::atomic::AtomicU64;
     use std::sync::Mutex;
 
+    /// A test poller's step: reads the eventfd; Busy (and counted in `seen`) if it had a value.
+    fn eventfd_read(efd: &OwnedFd, seen: &std::sync::atomic::AtomicUsize) -> PollStatus {
+        let mut b = [0u8; 8];
+        match rustix::io::read(efd, &mut b) {
+            Ok(_) => {
+                seen.fetch_add(1, Ordering::Relaxed);
+                PollStatus::Busy
+            }
+            Err(_) => PollStatus::Idle,
+        }
+    }
+
     fn cfg(n: usize, mode: PollMode) -> ReactorConfig {
         ReactorConfig { cores: (0..n).collect(), mode, ring_size: 64, pin: false }
     }
@@ -951,14 +963,7 @@ mod tests {
             .call(0, move |ctx| {
                 let e2 = e.clone();
                 ctx.add_poller(move |_| {
-                    let mut b = [0u8; 8];
-                    match rustix::io::read(&*e2, &mut b) {
-                        Ok(_) => {
-                            n.fetch_add(1, Ordering::Relaxed);
-                            PollStatus::Busy
-                        }
-                        Err(_) => PollStatus::Idle,
-                    }
+                    eventfd_read(&e2, &n)
                 });
                 ctx.add_wake_fd(e.as_fd(), move || {
                     a.fetch_add(1, Ordering::Relaxed);
@@ -1033,14 +1038,7 @@ mod tests {
             ctx.add_poller(move |_| {
                 c.fetch_add(1, Ordering::Relaxed);
                 wait.set(o.load(Ordering::Relaxed));
-                let mut b = [0u8; 8];
-                match rustix::io::read(&*e2, &mut b) {
-                    Ok(_) => {
-                        n.fetch_add(1, Ordering::Relaxed);
-                        PollStatus::Busy
-                    }
-                    Err(_) => PollStatus::Idle,
-                }
+                eventfd_read(&e2, &n)
             });
             ctx.add_wake_fd(e.as_fd(), || {}).unwrap();
         })
