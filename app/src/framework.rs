@@ -69,6 +69,10 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
                     // Loop passes and those that found work (riser's own; SPDK has none).
                     "passes": s.passes,
                     "busy_passes": s.busy_passes,
+                    // Adaptive sleeps ended by a wake-up descriptor (not by their timeout).
+                    "woken": s.woken,
+                    // Busy mode: idle spells in which the reactor yielded its core.
+                    "yields": s.yields,
                     // Poller invocations (each pass calls every registered poller).
                     "poller_calls": s.poller_calls,
                 })

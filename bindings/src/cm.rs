@@ -65,6 +65,23 @@ impl EventChannel {
         unsafe { (*self.inner.raw.as_ptr()).fd }
     }
 
+    /// Sleeps until an event is queued or `timeout` has passed (an interrupted wait ends
+    /// early). Whether an event is queued.
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd on this live channel's descriptor, alive for the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n < 0 {
+            let errno = last_errno();
+            if errno == libc::EINTR {
+                return Ok(false);
+            }
+            return Err(RdmaError::Call { call: "poll(rdma_cm channel fd)", errno });
+        }
+        Ok(n > 0)
+    }
+
     /// Takes the next event, if one is queued, copies it out and acknowledges it.
     pub fn poll_event(&self) -> Result<Option<CmEvent>> {
         let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();

@@ -266,6 +266,7 @@ impl ReactorHandle {
                     load: s.load.load(Ordering::Relaxed),
                     sleeping: s.sleeping.load(Ordering::Relaxed),
                     woken: s.woken.load(Ordering::Relaxed),
+                    yields: s.yields.load(Ordering::Relaxed),
                     passes: s.passes.load(Ordering::Relaxed),
                     busy_passes: s.busy_passes.load(Ordering::Relaxed),
                     poller_calls: s.poller_calls.load(Ordering::Relaxed),
@@ -493,6 +494,9 @@ const IDLE_LOOPS_BEFORE_SLEEP: u32 = 1000;
 /// machine (a VM under emulation) would otherwise spin for milliseconds, starving the kernel
 /// work (a software RDMA device, softirqs) that shares its core.
 const IDLE_TIME_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+/// A busy reactor idle this long gives its core to whatever else is runnable there, at most
+/// once per such spell (see `Reactor::run`).
+const BUSY_YIELD_EVERY: Duration = Duration::from_micros(50);
 const MIN_SLEEP: Duration = Duration::from_micros(50);
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 const DRAIN_PASSES: usize = 100_000;
@@ -599,6 +603,8 @@ impl Reactor {
         let mut idle_loops: u32 = 0;
         let mut idle_since = last;
         let mut sleep = MIN_SLEEP;
+        let mut last_yield = last;
+        let mut yields = 0u64;
         // Counted here, published with plain stores (this thread is the only writer).
         let (mut passes, mut busy_passes) = (0u64, 0u64);
         loop {
@@ -622,6 +628,21 @@ impl Reactor {
             }
             if sh.stop.load(Ordering::Acquire) {
                 break;
+            }
+            // Busy mode never sleeps, but while idle it yields its core now and then: kernel
+            // work deferred to this core (softirqs run by ksoftirqd: a software RDMA device's
+            // tasklets, packets raised here) would otherwise wait for the scheduler to preempt
+            // a reactor that never blocks, milliseconds per I/O. One sched_yield per 50 us
+            // of idleness, none while there is work; with nothing else runnable it returns at once.
+            if mode == PollMode::Busy
+                && idle_loops > 1
+                && now.duration_since(idle_since) >= BUSY_YIELD_EVERY
+                && now.duration_since(last_yield) >= BUSY_YIELD_EVERY
+            {
+                thread::yield_now();
+                last_yield = now;
+                yields += 1;
+                stats.yields.store(yields, Ordering::Relaxed);
             }
             // Work in flight that wakes the reactor by itself (SignalledWait): no spin first,
             // and the sleep ends with that work, not at the usual cap.
@@ -1061,6 +1082,38 @@ mod tests {
         let capped = calls_in(Duration::from_millis(300));
         // On: a sleep of up to 10 ms per two passes (about 60 in 300 ms); off: up to 1 ms.
         assert!(long * 3 < capped, "passes in 300 ms: {long} with the wait on, {capped} off");
+        set.shutdown();
+    }
+
+    /// A busy reactor yields its core while idle (so that kernel work deferred to that core
+    /// runs), about once per 50 us of idleness, and never while its pollers find work.
+    #[test]
+    fn a_busy_reactor_yields_its_core_only_while_idle() {
+        use std::sync::atomic::AtomicBool;
+        let set = ReactorSet::start(cfg(1, PollMode::Busy)).unwrap();
+        let h = set.handle();
+        let busy = Arc::new(AtomicBool::new(true));
+        let b = busy.clone();
+        h.call(0, move |ctx| {
+            ctx.add_poller(move |_| if b.load(Ordering::Relaxed) { PollStatus::Busy } else { PollStatus::Idle });
+        })
+        .unwrap();
+        let yields = || h.stats()[0].yields;
+        // (It may have yielded before its poller came.)
+        thread::sleep(Duration::from_millis(20));
+        let y0 = yields();
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(yields(), y0, "yielded while its poller had work");
+        busy.store(false, Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(200));
+        let idle = yields() - y0;
+        // At most one per 50 us (4000 in 200 ms); at least some, however slow the machine.
+        assert!(idle > 0 && idle <= 4000, "yields in 200 ms idle: {idle}");
+        busy.store(true, Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(20));
+        let y0 = yields();
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(yields(), y0, "yielded again once its poller had work");
         set.shutdown();
     }
 }

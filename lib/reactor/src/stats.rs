@@ -15,6 +15,9 @@ pub(crate) struct Stats {
     /// Adaptive sleeps ended by a descriptor (a message, a socket, a completion channel)
     /// rather than by their timeout.
     pub(crate) woken: AtomicU64,
+    /// Busy mode: idle spells in which the reactor gave its core to other runnable threads
+    /// (`sched_yield`), such as the kernel's softirq thread on that core.
+    pub(crate) yields: AtomicU64,
     /// Loop passes (each a look at messages, pollers and due timers), and those that found
     /// work: `riser-perf`'s cost benchmark and `framework_get_reactors` show them per I/O.
     pub(crate) passes: AtomicU64,
@@ -36,6 +39,8 @@ pub struct ReactorStatsSnapshot {
     pub sleeping: bool,
     /// Adaptive sleeps ended by an event rather than by their timeout.
     pub woken: u64,
+    /// Busy mode: yields of the core to other runnable threads while idle.
+    pub yields: u64,
     /// Loop passes since the start, and those that found work.
     pub passes: u64,
     pub busy_passes: u64,
