@@ -71,8 +71,10 @@ pub fn register(reg: &mut RpcRegistry, app: &Arc<App>) {
                     "busy_passes": s.busy_passes,
                     // Adaptive sleeps ended by a wake-up descriptor (not by their timeout).
                     "woken": s.woken,
-                    // Busy mode: idle spells in which the reactor yielded its core.
+                    // Idle spells in which a spinning reactor yielded its core.
                     "yields": s.yields,
+                    // Adaptive mode: how long it spins idle before it sleeps, now.
+                    "spin_ns": s.spin_ns,
                     // Poller invocations (each pass calls every registered poller).
                     "poller_calls": s.poller_calls,
                 })

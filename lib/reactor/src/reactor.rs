@@ -267,6 +267,7 @@ impl ReactorHandle {
                     sleeping: s.sleeping.load(Ordering::Relaxed),
                     woken: s.woken.load(Ordering::Relaxed),
                     yields: s.yields.load(Ordering::Relaxed),
+                    spin_ns: s.spin_ns.load(Ordering::Relaxed),
                     passes: s.passes.load(Ordering::Relaxed),
                     busy_passes: s.busy_passes.load(Ordering::Relaxed),
                     poller_calls: s.poller_calls.load(Ordering::Relaxed),
@@ -494,9 +495,15 @@ const IDLE_LOOPS_BEFORE_SLEEP: u32 = 1000;
 /// machine (a VM under emulation) would otherwise spin for milliseconds, starving the kernel
 /// work (a software RDMA device, softirqs) that shares its core.
 const IDLE_TIME_BEFORE_SLEEP: Duration = Duration::from_micros(50);
-/// A busy reactor idle this long gives its core to whatever else is runnable there, at most
-/// once per such spell (see `Reactor::run`).
-const BUSY_YIELD_EVERY: Duration = Duration::from_micros(50);
+/// A spinning reactor idle this long gives its core to whatever else is runnable there, and
+/// again after each such spell (see `Reactor::run`).
+const YIELD_EVERY: Duration = Duration::from_micros(50);
+/// The longest an adaptive reactor spins idle before it sleeps: its spin window starts at
+/// `IDLE_TIME_BEFORE_SLEEP`, doubles while its sleeps end early (work came soon after it
+/// slept: spinning on would have caught it without the wake-up) and halves while they do not,
+/// as KVM's halt polling does. It matters where a pass is slow (a VM under emulation): on
+/// a real core `IDLE_LOOPS_BEFORE_SLEEP` passes end the spin first.
+const MAX_SPIN: Duration = Duration::from_millis(1);
 const MIN_SLEEP: Duration = Duration::from_micros(50);
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 const DRAIN_PASSES: usize = 100_000;
@@ -604,6 +611,8 @@ impl Reactor {
         let mut idle_since = last;
         let mut sleep = MIN_SLEEP;
         let mut last_yield = last;
+        let mut spin = IDLE_TIME_BEFORE_SLEEP;
+        stats.spin_ns.store(spin.as_nanos() as u64, Ordering::Relaxed);
         let mut yields = 0u64;
         // Counted here, published with plain stores (this thread is the only writer).
         let (mut passes, mut busy_passes) = (0u64, 0u64);
@@ -629,29 +638,25 @@ impl Reactor {
             if sh.stop.load(Ordering::Acquire) {
                 break;
             }
-            // Busy mode never sleeps, but while idle it yields its core now and then: kernel
-            // work deferred to this core (softirqs run by ksoftirqd: a software RDMA device's
-            // tasklets, packets raised here) would otherwise wait for the scheduler to preempt
-            // a reactor that never blocks, milliseconds per I/O. One sched_yield per 50 us
-            // of idleness, none while there is work; with nothing else runnable it returns at once.
-            if mode == PollMode::Busy
-                && idle_loops > 1
-                && now.duration_since(idle_since) >= BUSY_YIELD_EVERY
-                && now.duration_since(last_yield) >= BUSY_YIELD_EVERY
-            {
+            let idle_for = now.duration_since(idle_since);
+            // Work in flight that wakes the reactor by itself (SignalledWait): no spin first,
+            // and the sleep ends with that work, not at the usual cap.
+            let signalled = mode == PollMode::Adaptive && idle_loops > 0 && signalled_waits();
+            let sleep_now = mode == PollMode::Adaptive
+                && (signalled || idle_loops >= IDLE_LOOPS_BEFORE_SLEEP || (idle_loops > 1 && idle_for >= spin));
+            // A reactor that spins while idle (busy mode always; adaptive mode until it sleeps)
+            // yields its core now and then: kernel work deferred to this core (softirqs run by
+            // ksoftirqd: a software RDMA device's tasklets, packets raised here) would otherwise
+            // wait for the scheduler to preempt a thread that never blocks, milliseconds per
+            // I/O. One sched_yield per 50 us of idleness, none while there is work; with
+            // nothing else runnable it returns at once.
+            if !sleep_now && idle_loops > 1 && idle_for >= YIELD_EVERY && now.duration_since(last_yield) >= YIELD_EVERY {
                 thread::yield_now();
                 last_yield = now;
                 yields += 1;
                 stats.yields.store(yields, Ordering::Relaxed);
             }
-            // Work in flight that wakes the reactor by itself (SignalledWait): no spin first,
-            // and the sleep ends with that work, not at the usual cap.
-            let signalled = mode == PollMode::Adaptive && idle_loops > 0 && signalled_waits();
-            if mode == PollMode::Adaptive
-                && (signalled
-                    || idle_loops >= IDLE_LOOPS_BEFORE_SLEEP
-                    || (idle_loops > 1 && now.duration_since(idle_since) >= IDLE_TIME_BEFORE_SLEEP))
-            {
+            if sleep_now {
                 let mut timeout = if signalled { SIGNALLED_SLEEP } else { sleep };
                 if let Some(due) = self.next_due {
                     timeout = timeout.min(due.saturating_duration_since(now));
@@ -671,11 +676,13 @@ impl Reactor {
                     busy_passes += 1;
                     stats.busy_passes.store(busy_passes, Ordering::Relaxed);
                 }
+                let mut woke = false;
                 if late == 0 && sh.rings[self.ctx.id].is_empty() && !sh.stop.load(Ordering::Acquire) {
                     // SAFETY: the thread-local WakeSet owns this descriptor until run() returns.
                     #[allow(unsafe_code)]
                     let ep = unsafe { BorrowedFd::borrow_raw(self.epoll) };
-                    if wait_readable(ep, timeout) {
+                    woke = wait_readable(ep, timeout);
+                    if woke {
                         stats.woken.fetch_add(1, Ordering::Relaxed);
                     }
                     let mut b = [0u8; 8];
@@ -683,6 +690,15 @@ impl Reactor {
                 }
                 stats.sleeping.store(false, Ordering::Relaxed);
                 let after = Instant::now();
+                if !signalled {
+                    // Work within MAX_SPIN of going to sleep: spin longer next time; else shorter.
+                    spin = if late > 0 || (woke && after.duration_since(now) < MAX_SPIN) {
+                        (spin * 2).min(MAX_SPIN)
+                    } else {
+                        (spin / 2).max(IDLE_TIME_BEFORE_SLEEP)
+                    };
+                    stats.spin_ns.store(spin.as_nanos() as u64, Ordering::Relaxed);
+                }
                 if late > 0 {
                     stats.busy_ns.fetch_add(after.duration_since(last).as_nanos() as u64, Ordering::Relaxed);
                     idle_loops = 0;
@@ -1087,6 +1103,7 @@ mod tests {
 
     /// A busy reactor yields its core while idle (so that kernel work deferred to that core
     /// runs), about once per 50 us of idleness, and never while its pollers find work.
+    /// (An adaptive one does too while it spins; it sleeps after 50 us here.)
     #[test]
     fn a_busy_reactor_yields_its_core_only_while_idle() {
         use std::sync::atomic::AtomicBool;
@@ -1114,6 +1131,52 @@ mod tests {
         let y0 = yields();
         thread::sleep(Duration::from_millis(100));
         assert_eq!(yields(), y0, "yielded again once its poller had work");
+        set.shutdown();
+    }
+
+    /// An adaptive reactor whose sleeps keep ending early (work every ~100 us) spins longer
+    /// before it sleeps, and back to the shortest spin once sleeps run to their end.
+    #[test]
+    fn an_adaptive_reactor_spins_longer_while_work_comes_soon_after_it_sleeps() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let (e, n) = (efd.clone(), seen.clone());
+        h.call(0, move |ctx| {
+            let e2 = e.clone();
+            ctx.add_poller(move |_| eventfd_read(&e2, &n));
+            ctx.add_wake_fd(e.as_fd(), || {}).unwrap();
+        })
+        .unwrap();
+        let shortest = IDLE_TIME_BEFORE_SLEEP.as_nanos() as u64;
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(h.stats()[0].spin_ns, shortest, "idle: the shortest spin");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (e, st) = (efd.clone(), stop.clone());
+        let writer = thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                rustix::io::write(&*e, &1u64.to_ne_bytes()).unwrap();
+                thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let mut longest = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while longest <= shortest && Instant::now() < deadline {
+            longest = longest.max(h.stats()[0].spin_ns);
+            thread::sleep(Duration::from_micros(200));
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(seen.load(Ordering::Relaxed) > 0);
+        assert!(longest > shortest, "the spin window never grew (stats {:?})", h.stats()[0]);
+        assert!(longest <= MAX_SPIN.as_nanos() as u64);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h.stats()[0].spin_ns != shortest {
+            assert!(Instant::now() < deadline, "the spin window never shrank back: {:?}", h.stats()[0]);
+            thread::sleep(Duration::from_millis(5));
+        }
         set.shutdown();
     }
 }

@@ -18,6 +18,8 @@ pub(crate) struct Stats {
     /// Busy mode: idle spells in which the reactor gave its core to other runnable threads
     /// (`sched_yield`), such as the kernel's softirq thread on that core.
     pub(crate) yields: AtomicU64,
+    /// Adaptive mode: how long the reactor now spins idle before it sleeps (nanoseconds).
+    pub(crate) spin_ns: AtomicU64,
     /// Loop passes (each a look at messages, pollers and due timers), and those that found
     /// work: `riser-perf`'s cost benchmark and `framework_get_reactors` show them per I/O.
     pub(crate) passes: AtomicU64,
@@ -41,6 +43,9 @@ pub struct ReactorStatsSnapshot {
     pub woken: u64,
     /// Busy mode: yields of the core to other runnable threads while idle.
     pub yields: u64,
+    /// Adaptive mode: the spin window before a sleep, in nanoseconds (it grows while work
+    /// comes soon after the reactor sleeps).
+    pub spin_ns: u64,
     /// Loop passes since the start, and those that found work.
     pub passes: u64,
     pub busy_passes: u64,
