@@ -126,15 +126,16 @@ impl<S: ByteStream> TcpDatamover<S> {
     }
 
     fn push_header_bytes(&mut self, h: &[u8; BHS_LEN]) {
-        let mut b = [0u8; SMALL];
-        b[..BHS_LEN].copy_from_slice(h);
-        let mut n = BHS_LEN;
+        // Built in place: one buffer, no second zeroing and copy through `Chunk::small`.
+        let mut bytes = [0u8; SMALL];
+        bytes[..BHS_LEN].copy_from_slice(h);
+        let mut len = BHS_LEN as u8;
         if self.digests.header {
-            let crc = crc32c::crc32c(&b[..BHS_LEN]);
-            b[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
-            n += 4;
+            let crc = crc32c::crc32c(&bytes[..BHS_LEN]);
+            bytes[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
+            len += 4;
         }
-        self.enqueue(Chunk::small(&b[..n]));
+        self.enqueue(Chunk::Small { bytes, len });
     }
 
     /// Data segment from held buffer `slot`, with padding and data digest.
