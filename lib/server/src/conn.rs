@@ -211,8 +211,15 @@ impl<D: Datamover> Connection<D> {
             self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
             bump(&self.info.tasks_done, u64::from(ended));
         }
+        // Read data and responses go straight to the datamover while no action waits
+        // before them (and no reset holds the actions back).
+        let direct = self.reset_wait.is_none();
         for ev in results.drain(..) {
-            self.ffp.on_scsi(ev);
+            if direct {
+                self.ffp.on_scsi_now(ev, &mut self.dm);
+            } else {
+                self.ffp.on_scsi(ev);
+            }
         }
         self.results = results;
         n
