@@ -594,6 +594,15 @@ impl Pool {
             *waiter = None;
             return None;
         }
+        // The common case first, in line: nobody waits, and this thread keeps a buffer of
+        // the class (what `try_alloc` would take, through `take`, without the calls).
+        if len > 0 && waiter.is_none() && self.thread_cache && self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(c) = class_of(len).filter(|&c| c < LOCAL_CLASSES) {
+                if let Ok(Some(m)) = LOCAL.try_with(|l| l.borrow_mut().take(self, c)) {
+                    return Some(Self::charge(Self::buf(Some(m), len), account));
+                }
+            }
+        }
         let queued = waiter.is_some() || self.waiting.load(Ordering::Acquire) != 0;
         if queued && held + size <= self.little_bytes() {
             if let Some(b) = self.take_reserved(len) {

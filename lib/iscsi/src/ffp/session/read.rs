@@ -41,7 +41,6 @@ impl Ffp {
     }
 
     /// An action of a SCSI event: to the datamover while the queue is empty, else queued.
-    #[inline]
     fn emit(&mut self, a: Action, dm: &mut Option<&mut dyn Datamover>) {
         match (dm, a) {
             (Some(dm), Action::PutData(p)) if self.actions.is_empty() => dm.put_data(p),
