@@ -9,6 +9,7 @@ use riser_scsi::task::{Residual, ScsiResult, TaskEvent};
 use super::command::scsi_response;
 use super::{Action, Ffp, ReadOut, TaskState};
 use crate::ffp::datamover::{Datamover, PutData};
+use crate::pdu::Pdu;
 use crate::serial::Itt;
 
 impl Ffp {
@@ -40,12 +41,20 @@ impl Ffp {
         }
     }
 
-    /// An action of a SCSI event: to the datamover while the queue is empty, else queued.
-    fn emit(&mut self, a: Action, dm: &mut Option<&mut dyn Datamover>) {
-        match (dm, a) {
-            (Some(dm), Action::PutData(p)) if self.actions.is_empty() => dm.put_data(p),
-            (Some(dm), Action::Send(pdu)) if self.actions.is_empty() => dm.send_control(pdu),
-            (_, a) => self.actions.push_back(a),
+    /// A Put_Data of a SCSI event: to the datamover while the queue is empty, else queued
+    /// (as it is, not wrapped in an action first: a PutData is large).
+    fn emit(&mut self, p: PutData, dm: &mut Option<&mut dyn Datamover>) {
+        match dm {
+            Some(dm) if self.actions.is_empty() => dm.put_data(p),
+            _ => self.actions.push_back(Action::PutData(p)),
+        }
+    }
+
+    /// A response of a SCSI event, like [`emit`](Self::emit).
+    fn emit_send(&mut self, pdu: Pdu, dm: &mut Option<&mut dyn Datamover>) {
+        match dm {
+            Some(dm) if self.actions.is_empty() => dm.send_control(pdu),
+            _ => self.actions.push_back(Action::Send(pdu)),
         }
     }
 
@@ -70,7 +79,7 @@ impl Ffp {
         out.sent = offset + len;
         if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
             let lun = t.lun;
-            self.emit(Action::PutData(PutData { itt, lun, buf, len, offset, response: None, sn }), &mut now);
+            self.emit(PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
         }
     }
 
@@ -119,15 +128,15 @@ impl Ffp {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
-                self.emit(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }), &mut now);
+                self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
                 return;
             }
-            self.emit(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }), &mut now);
+            self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }, &mut now);
         }
         match done.data_in {
             // The data (whole, or a streamed read's last piece, right after the others).
             Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
-                Action::PutData(PutData {
+                PutData {
                     itt,
                     lun: t.lun,
                     buf,
@@ -135,24 +144,16 @@ impl Ffp {
                     offset: data_in_offset,
                     response: Some(response),
                     sn: s,
-                }),
+                },
                 &mut now,
             ),
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
             _ if out.sent > 0 => self.emit(
-                Action::PutData(PutData {
-                    itt,
-                    lun: t.lun,
-                    buf: IoBuf::empty(),
-                    len: 0,
-                    offset: out.sent,
-                    response: Some(response),
-                    sn: s,
-                }),
+                PutData { itt, lun: t.lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s },
                 &mut now,
             ),
-            _ => self.emit(Action::Send(response), &mut now),
+            _ => self.emit_send(response, &mut now),
         }
     }
 }
