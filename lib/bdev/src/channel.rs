@@ -93,19 +93,24 @@ impl SharedChannel {
     pub fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let mut s = self.shared.borrow_mut();
         let s = &mut *s;
+        let before = out.len();
+        // What other users' polls filed for this one first, then the device's completions:
+        // this user's go straight into `out` (in order: its inbox is empty now), the
+        // others' into their inboxes.
+        s.take_mail(self.route);
+        s.inboxes.drain(self.route, out);
         s.io.poll(&mut s.scratch);
         for mut c in s.scratch.drain(..) {
             let (tag, user) = ROUTE.unpack(c.tag);
             c.tag = user;
-            if s.inboxes.deliver(tag.route, c) && tag.route != self.route {
+            if s.inboxes.deliver_to(tag.route, c, self.route, out) && tag.route != self.route {
                 if let Some(m) = s.mail.get_mut(tag.route as usize) {
                     *m += 1;
                     s.mail_total += 1;
                 }
             }
         }
-        s.take_mail(self.route);
-        s.inboxes.drain(self.route, out)
+        out.len() - before
     }
 
     /// Whether this handle's user must keep polling: its device needs polling (see

@@ -191,6 +191,9 @@ pub struct Pool {
     waits: AtomicU64,
     /// The fair share of one account, in percent of the budget.
     share_pct: AtomicUsize,
+    /// [`share_bytes`](Self::share_bytes), worked out when the budget or the share is set
+    /// (every budgeted allocation reads it).
+    share: AtomicUsize,
     /// The reserve for accounts holding little, in percent of the budget.
     reserve_pct: AtomicUsize,
     /// Bytes of buffers in use that were taken from the reserve.
@@ -220,24 +223,50 @@ struct LocalCache {
     /// Boxed: an [`IoBuf`] holds the box, which goes back and forth without re-boxing.
     #[allow(clippy::vec_box)]
     free: [Vec<Box<Mapping>>; LOCAL_CLASSES],
+    /// Reuses from this cache not yet added to the pool's shared counter (it is added to in
+    /// batches of [`LOCAL_REUSE_BATCH`]: no shared read-modify-write per buffer).
+    reuses: u64,
 }
+
+/// How many reuses a thread's cache counts before it adds them to the pool's figure.
+const LOCAL_REUSE_BATCH: u64 = 64;
 
 impl LocalCache {
     /// Empties the cache if the pool was trimmed since it last looked.
+    #[inline]
     fn check_trim(&mut self, pool: &Pool) {
         let g = pool.trim_gen.load(Ordering::Relaxed);
         if g != self.trim_gen {
-            self.trim_gen = g;
-            for m in self.free.iter_mut().flat_map(|f| f.drain(..)) {
-                pool.unmap_in_use(m);
-            }
+            self.trimmed(pool, g);
         }
+    }
+
+    #[cold]
+    fn trimmed(&mut self, pool: &Pool, g: u64) {
+        self.trim_gen = g;
+        for m in self.free.iter_mut().flat_map(|f| f.drain(..)) {
+            pool.unmap_in_use(m);
+        }
+    }
+
+    /// A buffer of class `c` from this cache, counted as a reuse of `pool`'s.
+    #[inline]
+    fn take(&mut self, pool: &Pool, c: usize) -> Option<Box<Mapping>> {
+        self.check_trim(pool);
+        let m = self.free[c].pop()?;
+        self.reuses += 1;
+        if self.reuses >= LOCAL_REUSE_BATCH {
+            pool.reuses.fetch_add(self.reuses, Ordering::Relaxed);
+            self.reuses = 0;
+        }
+        Some(m)
     }
 }
 
 impl Drop for LocalCache {
     fn drop(&mut self) {
         let pool = Pool::global();
+        pool.reuses.fetch_add(self.reuses, Ordering::Relaxed);
         for m in self.free.iter_mut().flat_map(|f| f.drain(..)) {
             pool.in_use.fetch_sub(m.len(), Ordering::Relaxed);
             pool.give_back_shared(m);
@@ -272,7 +301,8 @@ pub struct Stats {
     pub reserve_in_use_bytes: usize,
     /// Requests served from the reserve, since start.
     pub reserve_grants: u64,
-    /// Buffers mapped, reused from the pool, and unmapped, since start.
+    /// Buffers mapped, reused from the pool, and unmapped, since start (a reactor thread adds
+    /// the reuses from its own small cache in batches of 64).
     pub maps: u64,
     pub reuses: u64,
     pub unmaps: u64,
@@ -335,6 +365,7 @@ impl Pool {
             reuses: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             share_pct: AtomicUsize::new(DEFAULT_SHARE_PERCENT as usize),
+            share: AtomicUsize::new(percent_of(max_bytes, DEFAULT_SHARE_PERCENT as usize)),
             reserve_pct: AtomicUsize::new(DEFAULT_RESERVE_PERCENT as usize),
             reserved_in_use: AtomicUsize::new(0),
             reserve_grants: AtomicU64::new(0),
@@ -361,6 +392,7 @@ impl Pool {
             ));
         }
         self.max.store(max_bytes, Ordering::Relaxed);
+        self.update_share();
         while self.mapped.load(Ordering::Relaxed) > max_bytes && self.trim_one() {}
         log::info!("I/O buffer budget set to {} MiB", max_bytes / MIB);
         Ok(())
@@ -377,6 +409,7 @@ impl Pool {
             return Err(format!("buffer_reserve_percent {reserve_percent} is out of range (0..={MAX_RESERVE_PERCENT})"));
         }
         self.share_pct.store(share_percent as usize, Ordering::Relaxed);
+        self.update_share();
         self.reserve_pct.store(reserve_percent as usize, Ordering::Relaxed);
         log::info!(
             "I/O buffer shares: a connection holds at most {share_percent}% of the budget ({} KiB), {} KiB are kept for connections holding little",
@@ -393,7 +426,11 @@ impl Pool {
 
     /// The most an account holding budgeted memory may hold.
     pub fn share_bytes(&self) -> usize {
-        percent_of(self.max_bytes(), self.share_pct.load(Ordering::Relaxed))
+        self.share.load(Ordering::Relaxed)
+    }
+
+    fn update_share(&self) {
+        self.share.store(percent_of(self.max_bytes(), self.share_pct.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
     /// The reserve: its percentage of the budget, but never so much that the largest
@@ -557,6 +594,15 @@ impl Pool {
             *waiter = None;
             return None;
         }
+        // The common case first, in line: nobody waits, and this thread keeps a buffer of
+        // the class (what `try_alloc` would take, through `take`, without the calls).
+        if len > 0 && waiter.is_none() && self.thread_cache && self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(c) = class_of(len).filter(|&c| c < LOCAL_CLASSES) {
+                if let Ok(Some(m)) = LOCAL.try_with(|l| l.borrow_mut().take(self, c)) {
+                    return Some(Self::charge(Self::buf(Some(m), len), account));
+                }
+            }
+        }
         let queued = waiter.is_some() || self.waiting.load(Ordering::Acquire) != 0;
         if queued && held + size <= self.little_bytes() {
             if let Some(b) = self.take_reserved(len) {
@@ -621,13 +667,7 @@ impl Pool {
         let class = class_of(len);
         if let Some(c) = class {
             if self.thread_cache && c < LOCAL_CLASSES {
-                let local = LOCAL.try_with(|l| {
-                    let mut l = l.borrow_mut();
-                    l.check_trim(self);
-                    l.free[c].pop()
-                });
-                if let Ok(Some(m)) = local {
-                    self.reuses.fetch_add(1, Ordering::Relaxed);
+                if let Ok(Some(m)) = LOCAL.try_with(|l| l.borrow_mut().take(self, c)) {
                     return Some(Some(m));
                 }
             }

@@ -226,15 +226,17 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
         self.push_pdu(&pdu);
     }
 
-    fn put_data(&mut self, req: PutData) {
-        let PutData { itt, lun, buf, len, offset, response, sn } = req;
+    fn put_data(&mut self, mut req: PutData) {
+        // Used in place (a PutData is large): only the buffer is moved out.
+        let (itt, lun, len, offset, sn) = (req.itt, req.lun, req.len, req.offset, req.sn);
+        let buf = std::mem::replace(&mut req.buf, IoBuf::empty());
         let len = (len as usize).min(buf.as_slice().len());
         let seg = self.params.initiator_max_recv_data_segment_length.max(512) as usize;
         let burst = self.params.max_burst_length.max(512) as usize;
         // A piece after the first continues its task's DataSN; a read sent whole (or a
         // first piece) starts at 0 without touching the map.
         let mut data_sn = if offset == 0 || self.streams.is_empty() { Sn(0) } else { self.streams.get(&itt).copied().unwrap_or(Sn(0)) };
-        let resp = match &response {
+        let resp = match &req.response {
             Some(r) => match &r.bhs.op {
                 Op::ScsiResponse(resp) => Some(resp),
                 _ => {
@@ -247,7 +249,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             None => None,
         };
         // Phase collapse: a status without sense rides in the task's last Data-In.
-        let collapse = response.as_ref().is_some_and(|r| r.data.is_empty());
+        let collapse = req.response.as_ref().is_some_and(|r| r.data.is_empty());
         // Held while chunks point into it; a piece without data never is.
         let slot = if len > 0 { self.held.hold(buf) } else { 0 };
         let mut off = 0usize;
@@ -281,7 +283,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
             data_sn = data_sn.next();
             off += n;
         }
-        let Some(mut response) = response else {
+        let Some(response) = req.response.as_mut() else {
             // More pieces follow: they continue this DataSN.
             self.streams.insert(itt, data_sn);
             return;
@@ -294,7 +296,7 @@ impl<S: ByteStream> Datamover for TcpDatamover<S> {
                 // The task's Data-In count (RFC 7143 §11.4.8).
                 r.exp_data_sn = data_sn;
             }
-            self.push_pdu(&response);
+            self.push_pdu(response);
         }
     }
 

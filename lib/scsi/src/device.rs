@@ -11,6 +11,7 @@
 //!   fans task management out to the channels.
 
 use std::fmt;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use riser_bdev::IoBuf;
@@ -398,17 +399,20 @@ impl DeviceChannel {
     /// The channel of LUN `id` on this connection, opened on first use; `None` if the
     /// device has no such LUN.
     pub fn channel(&mut self, id: LunId) -> Option<&mut LunChannel> {
-        if !self.channels.contains_key(&id.0) {
-            let lun = self.dev.lun(id)?.clone();
-            let mut ch = match self.alloc.as_mut() {
-                Some(make) => LunChannel::with_allocator(lun, make()),
-                None => LunChannel::new(lun),
-            };
-            ch.set_account(self.account.clone());
-            ch.set_stream_chunk(self.stream_chunk);
-            self.channels.insert(id.0, ch);
+        // One lookup per task (the entry), not a check and then a get.
+        match self.channels.entry(id.0) {
+            Entry::Occupied(e) => Some(e.into_mut()),
+            Entry::Vacant(e) => {
+                let lun = self.dev.lun(id)?.clone();
+                let mut ch = match self.alloc.as_mut() {
+                    Some(make) => LunChannel::with_allocator(lun, make()),
+                    None => LunChannel::new(lun),
+                };
+                ch.set_account(self.account.clone());
+                ch.set_stream_chunk(self.stream_chunk);
+                Some(e.insert(ch))
+            }
         }
-        self.channels.get_mut(&id.0)
     }
 
     /// Starts a task addressed to LUN number `task.lun`. REPORT LUNS is answered by the

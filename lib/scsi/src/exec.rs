@@ -690,7 +690,13 @@ impl LunChannel {
             Err(e) => self.finish_now(tag, edtl, xfer, Err(e), dsense),
             Ok(Action::Job(need, job)) => {
                 let immed = matches!(&job, Job::Sanitize(j) if j.immed);
-                let opr = Op {
+                if immed {
+                    // SANITIZE with IMMED: GOOD once the operation is validated and begun;
+                    // its progress is reported by REQUEST SENSE (SBC-3 4.11).
+                    self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense);
+                }
+                // Made in its slot (an op is large: not built here and moved there).
+                self.add_op_with(|| Op {
                     tag,
                     nexus_id,
                     edtl,
@@ -705,32 +711,32 @@ impl LunChannel {
                     started: false,
                     detached: immed,
                     job,
-                };
-                if immed {
-                    // SANITIZE with IMMED: GOOD once the operation is validated and begun;
-                    // its progress is reported by REQUEST SENSE (SBC-3 4.11).
-                    self.finish_now(tag, edtl, xfer, Ok(Status::Good), dsense);
-                }
-                self.add_op(opr);
+                });
             }
         }
     }
 
     /// Stores a new op and tries to start it.
     fn add_op(&mut self, opr: Op) {
-        if matches!(opr.job, Job::WriteStream(_)) {
-            self.write_streams += 1;
-        }
+        self.add_op_with(|| opr)
+    }
+
+    /// [`add_op`](Self::add_op) of the op `make` makes, made where it is stored.
+    #[inline(always)]
+    fn add_op_with(&mut self, make: impl FnOnce() -> Op) {
         let slot = match self.free.pop() {
             Some(s) => {
-                self.ops[s] = Some(opr);
+                self.ops[s] = Some(make());
                 s
             }
             None => {
-                self.ops.push(Some(opr));
+                self.ops.push(Some(make()));
                 self.ops.len() - 1
             }
         };
+        if matches!(self.ops[slot], Some(Op { job: Job::WriteStream(_), .. })) {
+            self.write_streams += 1;
+        }
         self.active += 1;
         if !self.try_start(slot) {
             self.waiting.push_back(slot);

@@ -5,7 +5,7 @@
 //! One poll: datamover events into the FFP, SCSI completions into the FFP, then the FFP's
 //! actions out to the datamover and the SCSI layer. Everything here belongs to one reactor.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,9 @@ pub struct Connection<D: Datamover> {
     results: Vec<TaskEvent>,
     closing_since: Option<Instant>,
     last_timer: Instant,
+    /// When the timer is next due (`last_timer` + [`TIMER_EVERY`]): every pass compares the
+    /// time with it, a comparison cheaper than a subtraction.
+    next_timer: Instant,
     /// A reset's announcement to the other gateways in flight: the actions after it (its
     /// task management response first) wait until it is settled (never the reactor).
     reset_wait: Option<ResetPending>,
@@ -107,6 +110,7 @@ impl<D: Datamover> Connection<D> {
             results: Vec::with_capacity(64),
             closing_since: None,
             last_timer: now,
+            next_timer: now + TIMER_EVERY,
             reset_wait: None,
             done: false,
             published: CopyStats::default(),
@@ -205,10 +209,17 @@ impl<D: Datamover> Connection<D> {
         if ended > 0 {
             self.in_flight = self.in_flight.saturating_sub(ended);
             self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
-            self.info.tasks_done.fetch_add(u64::from(ended), Ordering::Relaxed);
+            bump(&self.info.tasks_done, u64::from(ended));
         }
+        // Read data and responses go straight to the datamover while no action waits
+        // before them (and no reset holds the actions back).
+        let direct = self.reset_wait.is_none();
         for ev in results.drain(..) {
-            self.ffp.on_scsi(ev);
+            if direct {
+                self.ffp.on_scsi_now(ev, &mut self.dm);
+            } else {
+                self.ffp.on_scsi(ev);
+            }
         }
         self.results = results;
         n
@@ -290,10 +301,11 @@ impl<D: Datamover> Connection<D> {
         let mut work = self.dm.poll(&mut self.events);
         let mut terminated = None;
         let mut stalled = None;
+        let mut pdus_in = 0;
         for ev in self.events.drain(..) {
             match ev {
                 DmEvent::Control(pdu) => {
-                    self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    pdus_in += 1;
                     // An answer to riser's own NOP-In ping keeps no session busy.
                     if !matches!(pdu.op(), Op::NopOut(n) if !n.ttt.is_reserved()) {
                         self.last_active = now;
@@ -301,7 +313,7 @@ impl<D: Datamover> Connection<D> {
                     self.ffp.on_pdu(pdu, now)
                 }
                 DmEvent::Command { pdu, buf } => {
-                    self.info.pdus_in.fetch_add(1, Ordering::Relaxed);
+                    pdus_in += 1;
                     self.last_active = now;
                     self.ffp.on_command_placed(pdu, buf, now)
                 }
@@ -310,6 +322,9 @@ impl<D: Datamover> Connection<D> {
                 DmEvent::Reject { header, reason } => self.ffp.reject_raw(&header, reason),
                 DmEvent::Terminated(why) => terminated = Some(why),
             }
+        }
+        if pdus_in > 0 {
+            bump(&self.info.pdus_in, pdus_in);
         }
         // Data segments the FFP is done with go back to the datamover for reuse.
         while let Some(v) = self.ffp.take_spare() {
@@ -325,8 +340,9 @@ impl<D: Datamover> Connection<D> {
         if self.scsi.busy() {
             work += 1;
         }
-        if now.duration_since(self.last_timer) >= TIMER_EVERY {
+        if now >= self.next_timer {
             self.last_timer = now;
+            self.next_timer = now + TIMER_EVERY;
             self.ffp.on_timer(now);
             self.publish_copies();
             if let Some(why) = self.idle(now) {
@@ -385,7 +401,7 @@ impl<D: Datamover> Connection<D> {
             && self.in_flight == 0
             && self.reset_wait.is_none()
             && self.closing_since.is_none()
-            && now.duration_since(self.last_timer) < TIMER_EVERY
+            && now < self.next_timer
             && self.dm.quiet()
             && self.ffp.quiet()
             && self.scsi.outstanding() == 0
@@ -459,6 +475,12 @@ impl<D: Datamover> Drop for Connection<D> {
     fn drop(&mut self) {
         self.teardown("reactor shutting down");
     }
+}
+
+/// Adds `n` to a counter only this connection's reactor writes: a relaxed load and store,
+/// no read-modify-write (readers, the RPCs, see one value or the next).
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 /// A node's LUNs as one SCSI device.

@@ -120,21 +120,32 @@ impl<S: ByteStream> TcpDatamover<S> {
         }
     }
 
-    /// Header (+ header digest) of a PDU whose data segment is sent from a held buffer.
+    /// Header (+ header digest) of a PDU whose data segment is sent from a held buffer,
+    /// encoded straight into its chunk.
     pub(super) fn push_header(&mut self, bhs: &Bhs) {
-        self.push_header_bytes(&bhs.to_bytes());
+        let mut bytes = [0u8; SMALL];
+        if let Some(h) = bytes.first_chunk_mut::<BHS_LEN>() {
+            bhs.write(h);
+        }
+        self.push_header_chunk(bytes);
     }
 
     fn push_header_bytes(&mut self, h: &[u8; BHS_LEN]) {
-        let mut b = [0u8; SMALL];
-        b[..BHS_LEN].copy_from_slice(h);
-        let mut n = BHS_LEN;
+        let mut bytes = [0u8; SMALL];
+        bytes[..BHS_LEN].copy_from_slice(h);
+        self.push_header_chunk(bytes);
+    }
+
+    /// A chunk of a header in `bytes[..BHS_LEN]`, with its digest if the connection has
+    /// header digests (built in place: no second zeroing and copy through `Chunk::small`).
+    fn push_header_chunk(&mut self, mut bytes: [u8; SMALL]) {
+        let mut len = BHS_LEN as u8;
         if self.digests.header {
-            let crc = crc32c::crc32c(&b[..BHS_LEN]);
-            b[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
-            n += 4;
+            let crc = crc32c::crc32c(&bytes[..BHS_LEN]);
+            bytes[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
+            len += 4;
         }
-        self.enqueue(Chunk::small(&b[..n]));
+        self.enqueue(Chunk::Small { bytes, len });
     }
 
     /// Data segment from held buffer `slot`, with padding and data digest.

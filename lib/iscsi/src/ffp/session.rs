@@ -494,14 +494,16 @@ impl Ffp {
 
     /// The next action for the driver. Taking an [`Action::Abort`] frees its ITT for reuse
     /// (the driver carries the abort out now).
+    #[inline]
     pub fn poll_action(&mut self) -> Option<Action> {
-        let a = self.actions.pop_front();
-        if let Some(Action::Abort { itt, .. }) = &a {
-            if let Some(i) = self.aborting.iter().position(|x| x == itt) {
+        // Looked at in place, then moved out straight into the caller's hands (an action is
+        // large: one copy, not two).
+        if let Some(&Action::Abort { itt, .. }) = self.actions.front() {
+            if let Some(i) = self.aborting.iter().position(|x| *x == itt) {
                 self.aborting.swap_remove(i);
             }
         }
-        a
+        self.actions.pop_front()
     }
 
     fn close(&mut self, reason: impl Into<String>, logout: bool) {

@@ -38,9 +38,15 @@ impl Pdu {
     }
 
     pub fn with_data(op: Op, data: Vec<u8>) -> Pdu {
-        let mut p = Pdu::new(op);
-        p.data = data;
-        p
+        Pdu {
+            bhs: Bhs {
+                total_ahs_length: 0,
+                data_segment_length: 0,
+                op,
+            },
+            ahs: Vec::new(),
+            data,
+        }
     }
 
     pub fn op(&self) -> &Op {

@@ -8,7 +8,8 @@ use super::*;
 impl LunChannel {
     /// Tries to admit and start the op; false if it must wait for the range lock.
     pub(super) fn try_start(&mut self, slot: usize) -> bool {
-        let lun = self.lun.clone();
+        // Borrowed, not cloned: no reference count touched per command.
+        let lun = &self.lun;
         let pool = self.pool;
         let account = &self.account;
         let Some(o) = self.ops[slot].as_mut() else {

@@ -2,6 +2,8 @@
 //! flags and its immediate data, the task it becomes, its hand-over to the SCSI layer
 //! ([`Action::Execute`]), and the responses of commands that fail in this layer.
 
+use std::collections::VecDeque;
+
 use riser_buf::IoBuf;
 use riser_scsi::task::{DataOut, Residual};
 use riser_scsi::Sense;
@@ -141,9 +143,11 @@ impl Ffp {
             self.tasks.insert(itt, task);
             self.after_unsolicited(itt);
         } else {
+            // Straight on to the SCSI layer: the task is handed over where it was inserted
+            // (no second lookup).
             let itt = task.cmd.itt;
-            self.tasks.insert(itt, task);
-            self.execute(itt, false);
+            let t = self.tasks.entry(itt).insert_entry(task).into_mut();
+            Self::execute_task(&mut self.actions, itt, t, false);
         }
     }
 
@@ -151,13 +155,18 @@ impl Ffp {
     /// `streamed`, to be asked for piece by piece.
     pub(super) fn execute(&mut self, itt: Itt, streamed: bool) {
         let Some(t) = self.tasks.get_mut(&itt) else { return };
+        Self::execute_task(&mut self.actions, itt, t, streamed);
+    }
+
+    /// [`execute`](Self::execute) of task `t` (tag `itt`), its action queued in `actions`.
+    fn execute_task(actions: &mut VecDeque<Action>, itt: Itt, t: &mut Task, streamed: bool) {
         let data_out = match t.data.buf.take() {
             Some(buf) => DataOut::Whole(buf),
             None if streamed => DataOut::Streamed,
             None => DataOut::None,
         };
         t.state = if streamed { TaskState::Streaming { want: None } } else { TaskState::Executing(ReadOut::default()) };
-        self.actions.push_back(Action::Execute(ScsiRequest {
+        actions.push_back(Action::Execute(ScsiRequest {
             itt,
             lun: t.lun,
             cdb: t.cdb,

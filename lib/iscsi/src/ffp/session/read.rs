@@ -8,7 +8,8 @@ use riser_scsi::task::{Residual, ScsiResult, TaskEvent};
 
 use super::command::scsi_response;
 use super::{Action, Ffp, ReadOut, TaskState};
-use crate::ffp::datamover::PutData;
+use crate::ffp::datamover::{Datamover, PutData};
+use crate::pdu::Pdu;
 use crate::serial::Itt;
 
 impl Ffp {
@@ -17,12 +18,43 @@ impl Ffp {
     /// the end, or the abort. Events of a task this layer no longer has (aborted, failed
     /// meanwhile) are dropped.
     pub fn on_scsi(&mut self, ev: TaskEvent) {
+        self.on_scsi_with(ev, None)
+    }
+
+    /// [`on_scsi`](Self::on_scsi) for a driver that lets the read data and responses this
+    /// makes ([`Action::PutData`], [`Action::Send`]) go to its datamover `dm` at once,
+    /// instead of through the queue, while no other action waits there (so actions keep
+    /// their order: once one is queued, the rest queue behind it). It saves a large
+    /// action's trip through the queue per command. The driver must be free to carry
+    /// actions out (no reset waits to be settled).
+    pub fn on_scsi_now(&mut self, ev: TaskEvent, dm: &mut dyn Datamover) {
+        self.on_scsi_with(ev, Some(dm))
+    }
+
+    fn on_scsi_with(&mut self, ev: TaskEvent, now: Option<&mut dyn Datamover>) {
         let itt = Itt(ev.tag() as u32);
         match ev {
-            TaskEvent::Data(p) => self.on_scsi_data(itt, p.offset, p.buf, p.len),
+            TaskEvent::Data(p) => self.on_scsi_data(itt, p.offset, p.buf, p.len, now),
             TaskEvent::Want(w) => self.on_scsi_want(itt, w.offset, w.len),
-            TaskEvent::Done(r) => self.on_scsi_done(r),
+            TaskEvent::Done(r) => self.on_scsi_done(r, now),
             TaskEvent::Aborted { .. } => self.scsi_gave_back(itt),
+        }
+    }
+
+    /// A Put_Data of a SCSI event: to the datamover while the queue is empty, else queued
+    /// (as it is, not wrapped in an action first: a PutData is large).
+    fn emit(&mut self, p: PutData, dm: &mut Option<&mut dyn Datamover>) {
+        match dm {
+            Some(dm) if self.actions.is_empty() => dm.put_data(p),
+            _ => self.actions.push_back(Action::PutData(p)),
+        }
+    }
+
+    /// A response of a SCSI event, like [`emit`](Self::emit).
+    fn emit_send(&mut self, pdu: Pdu, dm: &mut Option<&mut dyn Datamover>) {
+        match dm {
+            Some(dm) if self.actions.is_empty() => dm.send_control(pdu),
+            _ => self.actions.push_back(Action::Send(pdu)),
         }
     }
 
@@ -30,7 +62,7 @@ impl Ffp {
     /// offset `offset`): the piece before it goes out (Put_Data without status) and this one
     /// waits for the next or the end; the task goes on. Pieces come in order; the last one
     /// comes with the task's result.
-    fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32) {
+    fn on_scsi_data(&mut self, itt: Itt, offset: u32, buf: IoBuf, len: u32, mut now: Option<&mut dyn Datamover>) {
         let sn = self.sn();
         let Some(t) = self.tasks.get_mut(&itt) else {
             return; // aborted meanwhile
@@ -46,12 +78,13 @@ impl Ffp {
         let len = len.min(edtl - offset);
         out.sent = offset + len;
         if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
-            self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn }));
+            let lun = t.lun;
+            self.emit(PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
         }
     }
 
     /// A SCSI completion.
-    fn on_scsi_done(&mut self, done: ScsiResult) {
+    fn on_scsi_done(&mut self, done: ScsiResult, mut now: Option<&mut dyn Datamover>) {
         let itt = Itt(done.tag as u32);
         let Some(t) = self.tasks.remove(&itt) else {
             // Aborted meanwhile, and finished before the abort reached the SCSI layer.
@@ -95,15 +128,15 @@ impl Ffp {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
-                self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }));
+                self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
                 return;
             }
-            self.actions.push_back(Action::PutData(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }));
+            self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }, &mut now);
         }
         match done.data_in {
             // The data (whole, or a streamed read's last piece, right after the others).
-            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => {
-                self.actions.push_back(Action::PutData(PutData {
+            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
+                PutData {
                     itt,
                     lun: t.lun,
                     buf,
@@ -111,20 +144,16 @@ impl Ffp {
                     offset: data_in_offset,
                     response: Some(response),
                     sn: s,
-                }))
-            }
+                },
+                &mut now,
+            ),
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
-            _ if out.sent > 0 => self.actions.push_back(Action::PutData(PutData {
-                itt,
-                lun: t.lun,
-                buf: IoBuf::empty(),
-                len: 0,
-                offset: out.sent,
-                response: Some(response),
-                sn: s,
-            })),
-            _ => self.actions.push_back(Action::Send(response)),
+            _ if out.sent > 0 => self.emit(
+                PutData { itt, lun: t.lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s },
+                &mut now,
+            ),
+            _ => self.emit_send(response, &mut now),
         }
     }
 }

@@ -970,3 +970,58 @@ fn a_request_becomes_the_scsi_task() {
     assert!(matches!(t.data_out, DataOut::None));
     assert!(Arc::ptr_eq(&t.nexus, &nexus));
 }
+
+/// A datamover that records what it is handed (for `on_scsi_now`).
+#[derive(Default)]
+struct Recorder {
+    put: Vec<Itt>,
+    sent: usize,
+}
+
+impl crate::ffp::Datamover for Recorder {
+    fn send_control(&mut self, _: Pdu) {
+        self.sent += 1;
+    }
+    fn put_data(&mut self, req: PutData) {
+        self.put.push(req.itt);
+    }
+    fn get_data(&mut self, _: GetData) {}
+    fn notice_key_values(&mut self, _: crate::ffp::DatamoverParams) {}
+    fn deallocate_task_resources(&mut self, _: Itt) -> Option<IoBuf> {
+        None
+    }
+    fn connection_terminate(&mut self) {}
+    fn poll(&mut self, _: &mut Vec<crate::ffp::DmEvent>) -> usize {
+        0
+    }
+    fn idle(&self) -> bool {
+        true
+    }
+}
+
+fn done_event(itt: u32, data: Option<Vec<u8>>) -> TaskEvent {
+    let data_len = data.as_ref().map_or(0, |d| d.len());
+    TaskEvent::Done(ScsiResult { tag: itt as u64, status: Status::Good, sense: None, data_in: data.map(IoBuf::from), data_len, data_offset: 0, residual: Residual::None })
+}
+
+/// Read data and responses go straight to the datamover only while no action waits in the
+/// queue: once one does, they queue behind it, in order.
+#[test]
+fn on_scsi_now_goes_past_the_queue_only_while_it_is_empty() {
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 8, ..Default::default() });
+    for (itt, cmd_sn) in [(1, 10), (2, 11), (3, 12)] {
+        f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(itt, cmd_sn, true, false, 512))), now);
+    }
+    assert_eq!(drain(&mut f).len(), 3, "three Executes");
+    let mut dm = Recorder::default();
+    f.on_scsi_now(done_event(1, Some(vec![7u8; 512])), &mut dm);
+    f.on_scsi_now(done_event(2, None), &mut dm);
+    assert_eq!((dm.put.as_slice(), dm.sent), (&[Itt(1)][..], 1), "the data and the response went at once");
+    assert!(drain(&mut f).is_empty(), "nothing queued");
+    // A NOP-In echo waits in the queue: the next read's data queues behind it.
+    f.on_pdu(Pdu::with_data(Op::NopOut(nop_out(Itt(9), Sn(13))), b"ping".to_vec()), now);
+    f.on_scsi_now(done_event(3, Some(vec![8u8; 512])), &mut dm);
+    assert_eq!((dm.put.len(), dm.sent), (1, 1), "nothing more went past the queue");
+    let a = drain(&mut f);
+    assert!(matches!(a.as_slice(), [Action::Send(_), Action::PutData(p)] if p.itt == Itt(3)), "in order behind the echo");
+}
