@@ -26,15 +26,7 @@ pub struct Pdu {
 impl Pdu {
     /// A PDU with no AHS and no data.
     pub fn new(op: Op) -> Pdu {
-        Pdu {
-            bhs: Bhs {
-                total_ahs_length: 0,
-                data_segment_length: 0,
-                op,
-            },
-            ahs: Vec::new(),
-            data: Vec::new(),
-        }
+        Pdu::with_data(op, Vec::new())
     }
 
     pub fn with_data(op: Op, data: Vec<u8>) -> Pdu {
