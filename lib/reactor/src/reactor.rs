@@ -638,7 +638,8 @@ impl Reactor {
             if sh.stop.load(Ordering::Acquire) {
                 break;
             }
-            let idle_for = now.duration_since(idle_since);
+            // (Only idle passes look at the time since the last work.)
+            let idle_for = if idle_loops > 1 { now.duration_since(idle_since) } else { Duration::ZERO };
             // Work in flight that wakes the reactor by itself (SignalledWait): no spin first,
             // and the sleep ends with that work, not at the usual cap.
             let signalled = mode == PollMode::Adaptive && idle_loops > 0 && signalled_waits();
@@ -758,6 +759,14 @@ mod tests {
 
     fn cfg(n: usize, mode: PollMode) -> ReactorConfig {
         ReactorConfig { cores: (0..n).collect(), mode, ring_size: 64, pin: false }
+    }
+
+    /// One adaptive reactor, its handle, and a non-blocking eventfd for a test to register.
+    fn adaptive_with_eventfd() -> (ReactorSet, ReactorHandle, Arc<OwnedFd>) {
+        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
+        let h = set.handle();
+        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        (set, h, efd)
     }
 
     #[test]
@@ -991,9 +1000,7 @@ mod tests {
     #[test]
     fn a_registered_descriptor_ends_an_adaptive_sleep_and_is_armed_first() {
         use std::sync::atomic::AtomicUsize;
-        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
-        let h = set.handle();
-        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (set, h, efd) = adaptive_with_eventfd();
         let (armed, seen) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (e, a, n) = (efd.clone(), armed.clone(), seen.clone());
         let id = h
@@ -1064,9 +1071,7 @@ mod tests {
     #[test]
     fn a_signalled_wait_lets_the_reactor_sleep_until_its_descriptor() {
         use std::sync::atomic::{AtomicBool, AtomicUsize};
-        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
-        let h = set.handle();
-        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (set, h, efd) = adaptive_with_eventfd();
         let (calls, seen, on) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(true)));
         let (e, c, n, o) = (efd.clone(), calls.clone(), seen.clone(), on.clone());
         h.call(0, move |ctx| {
@@ -1139,9 +1144,7 @@ mod tests {
     #[test]
     fn an_adaptive_reactor_spins_longer_while_work_comes_soon_after_it_sleeps() {
         use std::sync::atomic::{AtomicBool, AtomicUsize};
-        let set = ReactorSet::start(cfg(1, PollMode::Adaptive)).unwrap();
-        let h = set.handle();
-        let efd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+        let (set, h, efd) = adaptive_with_eventfd();
         let seen = Arc::new(AtomicUsize::new(0));
         let (e, n) = (efd.clone(), seen.clone());
         h.call(0, move |ctx| {
