@@ -98,6 +98,9 @@ fn outer(args: &Args) -> Result<(), String> {
     cmd.arg("--tool=callgrind")
         .arg("--separate-threads=yes")
         .arg("--dump-instr=no")
+        // Each dump names its functions in full: with compressed names, a per-thread dump
+        // refers to names defined in another, and callgrind_annotate cannot read it alone.
+        .arg("--compress-strings=no")
         .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
         .arg(format!("--log-file={}/valgrind.log", dir.display()));
     for f in PIPE {

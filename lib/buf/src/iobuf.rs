@@ -78,8 +78,42 @@ impl IoBuf {
     /// An unbudgeted buffer of `len` zero bytes.
     pub fn zeroed(len: usize) -> IoBuf {
         let mut b = IoBuf::alloc(len);
-        b.fill(0);
+        b.fill_zero();
         b
+    }
+
+    /// Makes the buffer's `len()` bytes zero. A pooled mapping remembers how many of its
+    /// leading bytes are zero (all of a new one; what the last fill zeroed), until a mutable
+    /// slice, a pointer or a registration of it is handed out ([`as_mut_slice`],
+    /// [`as_ptr`], [`mapping_ptr`], [`add_registration`]): only the rest is written. A null
+    /// device's reads cost no memset once their buffers are zero, and still never show
+    /// another I/O's data.
+    ///
+    /// [`as_mut_slice`]: Self::as_mut_slice
+    /// [`as_ptr`]: Self::as_ptr
+    /// [`mapping_ptr`]: Self::mapping_ptr
+    /// [`add_registration`]: Self::add_registration
+    pub fn fill_zero(&mut self) {
+        let len = self.len;
+        match &mut self.backing {
+            Backing::Map(m) => {
+                let known = m.zeroed.get_mut();
+                if *known < len {
+                    m.map[*known..len].fill(0);
+                    *known = len;
+                }
+            }
+            Backing::Heap(v) => v[..len].fill(0),
+        }
+    }
+
+    /// How many leading bytes of the mapping are known to be zero (see
+    /// [`fill_zero`](Self::fill_zero)); 0 for a buffer that is not pooled.
+    pub fn known_zero(&self) -> usize {
+        match &self.backing {
+            Backing::Map(m) => m.zeroed.load(Ordering::Relaxed),
+            Backing::Heap(_) => 0,
+        }
     }
 
     /// An unbudgeted buffer holding a copy of `data`.
@@ -122,7 +156,10 @@ impl IoBuf {
     /// it with a device; null for an empty buffer.
     pub fn mapping_ptr(&mut self) -> *mut u8 {
         match &mut self.backing {
-            Backing::Map(m) => m.map.as_mut_ptr(),
+            Backing::Map(m) => {
+                *m.zeroed.get_mut() = 0;
+                m.map.as_mut_ptr()
+            }
             Backing::Heap(_) => std::ptr::null_mut(),
         }
     }
@@ -145,6 +182,7 @@ impl IoBuf {
     /// Registering an empty buffer does nothing.
     pub fn add_registration(&mut self, domain: usize, key: u32, guard: Box<dyn Any + Send + Sync>) {
         if let Backing::Map(m) = &mut self.backing {
+            *m.zeroed.get_mut() = 0;
             m.regs.retain(|r| r.domain != domain);
             m.regs.push(Registration { domain, key, _guard: guard });
         }
@@ -170,13 +208,21 @@ impl IoBuf {
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.backing {
-            Backing::Map(m) => &mut m.map[..self.len],
+            Backing::Map(m) => {
+                *m.zeroed.get_mut() = 0;
+                &mut m.map[..self.len]
+            }
             Backing::Heap(v) => &mut v[..self.len],
         }
     }
 
-    /// The address of the first byte (page-aligned), for registering or posting it.
+    /// The address of the first byte (page-aligned), for registering or posting it. A
+    /// device may write through it (an RDMA READ lands there): the bytes are no longer
+    /// known to be zero.
     pub fn as_ptr(&self) -> *const u8 {
+        if let Backing::Map(m) = &self.backing {
+            m.zeroed.store(0, Ordering::Relaxed);
+        }
         self.as_slice().as_ptr()
     }
 

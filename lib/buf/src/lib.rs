@@ -147,11 +147,18 @@ struct Mapping {
     account: Option<Account>,
     /// Bytes of the pool's reserve the buffer holds (0: none).
     reserved: usize,
+    /// How many leading bytes are known to be zero ([`IoBuf::fill_zero`]): all of a new
+    /// mapping (the kernel maps zeros), or what the last fill zeroed. Kept through reuse;
+    /// 0 from the moment anything that could write to the bytes is handed out (a mutable
+    /// slice, any pointer, a registration). Atomic only because [`IoBuf::as_ptr`] takes
+    /// `&self`; one buffer is used by one thread at a time.
+    zeroed: AtomicUsize,
 }
 
 impl Mapping {
     fn new(map: MmapMut, pool: &'static Pool) -> Box<Mapping> {
-        Box::new(Mapping { regs: Vec::new(), map, pool, account: None, reserved: 0 })
+        let zeroed = AtomicUsize::new(map.len());
+        Box::new(Mapping { regs: Vec::new(), map, pool, account: None, reserved: 0, zeroed })
     }
 
     fn len(&self) -> usize {

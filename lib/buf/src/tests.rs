@@ -347,6 +347,48 @@ fn zeroed_copy_and_len() {
 }
 
 #[test]
+fn a_zero_fill_skips_bytes_known_zero_and_forgets_them_once_they_can_change() {
+    let p = pool(64 * MIB);
+    let mut a = p.alloc(8192);
+    assert_eq!(a.known_zero(), 8192, "a new mapping holds the kernel's zeros");
+    a.as_mut_slice().fill(0xAA);
+    assert_eq!(a.known_zero(), 0, "a mutable slice was handed out");
+    a.set_len(4096);
+    a.fill_zero();
+    assert_eq!(a.known_zero(), 4096);
+    a.set_len(8192);
+    assert!(a[..4096].iter().all(|&b| b == 0) && a[4096..].iter().all(|&b| b == 0xAA), "only len() is zeroed");
+    let addr = a.as_slice().as_ptr();
+    drop(a);
+    let mut b = p.alloc(8192);
+    assert_eq!(b.as_slice().as_ptr(), addr, "the same mapping, reused");
+    assert_eq!(b.known_zero(), 4096, "what is known stays with the mapping");
+    b.fill_zero();
+    assert!(b.iter().all(|&x| x == 0), "the rest is zeroed too");
+    assert_eq!(b.known_zero(), 8192);
+    // Whatever could write to the bytes makes them unknown again.
+    let _ = b.as_ptr();
+    assert_eq!(b.known_zero(), 0, "a pointer (a device may write through it)");
+    b.fill_zero();
+    let _ = b.mapping_ptr();
+    assert_eq!(b.known_zero(), 0, "the mapping's pointer");
+    b.fill_zero();
+    b.add_registration(1, 9, Box::new(()));
+    assert_eq!(b.known_zero(), 0, "a registration");
+    b.fill_zero();
+    b[10] = 1;
+    assert_eq!(b.known_zero(), 0, "a write through DerefMut");
+    b.fill_zero();
+    assert_eq!(b[10], 0);
+    // Reading does not forget.
+    assert!(b.as_slice().iter().all(|&x| x == 0));
+    assert_eq!(b.known_zero(), 8192);
+    let mut h = IoBuf::from_vec(vec![3u8; 10]);
+    h.fill_zero();
+    assert_eq!((h.as_slice(), h.known_zero()), (&[0u8; 10][..], 0), "an adopted vector is zeroed every time");
+}
+
+#[test]
 fn a_thread_reuses_its_own_small_unregistered_buffers_and_a_trim_drops_registrations_at_once() {
     // Its own thread: the cache is per thread, and no other test's buffers land in it.
     std::thread::spawn(|| {
