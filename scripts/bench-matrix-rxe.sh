@@ -13,6 +13,9 @@
 #   RISER_MATRIX_TIME     seconds measured per run (default 3), after RISER_MATRIX_RAMP (default 1)
 #   RISER_MATRIX_ROUNDS   rounds of the whole matrix (default 1; the order flips every round)
 #   RISER_MATRIX_MODE     riser's poll mode, adaptive (default) or busy (reactor on the last vCPU)
+#   RISER_MATRIX_CLIENT_MODE riser-perf's --poll-mode, adaptive (default) or busy (the client
+#                         spins: at QD 1 no response has to wake it across vCPUs)
+#   RISER_MATRIX_CASES    only the cases whose name matches this regular expression (e.g. 'qd1$')
 #   RISER_MATRIX_SEQ_QD   QD of the 128 KiB cases (default 8)
 #   RISER_MATRIX_SIZE_MIB LUN size, both targets (default 256)
 #   RISER_BIN_DIR         default target/release when riser, riser-rpc and riser-perf are

@@ -20,7 +20,12 @@
 # Environment (scripts/bench-matrix-rxe.sh passes them through): RISER_MATRIX_TIME (seconds
 # measured per run, default 3), RISER_MATRIX_RAMP (default 1), RISER_MATRIX_ROUNDS (default
 # 1), RISER_MATRIX_SEQ_QD (default 8), RISER_MATRIX_MODE (riser's poll mode: adaptive or
-# busy), RISER_MATRIX_SIZE_MIB (LUN size, default 256).
+# busy), RISER_MATRIX_CLIENT_MODE (riser-perf's --poll-mode: adaptive, the default, sleeps on
+# its completion channel when idle, so at QD 1 every response wakes it; busy spins, so the
+# latency is the target's and not a cross-vCPU wake-up of the client, which only a target on
+# another vCPU than the client's pays: LIO answers in softirq on the client's own vCPU),
+# RISER_MATRIX_SIZE_MIB (LUN size, default 256), RISER_MATRIX_CASES (a regular expression: only
+# the cases whose name matches, e.g. 'qd1$').
 set -euo pipefail
 . scripts/vm/rxe-up.sh
 name=bench-matrix-rxe
@@ -33,8 +38,11 @@ ramp=${RISER_MATRIX_RAMP:-1}
 rounds=${RISER_MATRIX_ROUNDS:-1}
 seq_qd=${RISER_MATRIX_SEQ_QD:-8}
 mode=${RISER_MATRIX_MODE:-adaptive}
+client_mode=${RISER_MATRIX_CLIENT_MODE:-adaptive}
+case_filter=${RISER_MATRIX_CASES:-}
 size_mib=${RISER_MATRIX_SIZE_MIB:-256}
 case $mode in adaptive|busy) ;; *) fail "RISER_MATRIX_MODE must be adaptive or busy, not '$mode'" ;; esac
+case $client_mode in adaptive|busy) ;; *) fail "RISER_MATRIX_CLIENT_MODE must be adaptive or busy, not '$client_mode'" ;; esac
 ncpu=$(nproc)
 riser_core=$((ncpu - 1))
 riser_port=3261
@@ -44,7 +52,7 @@ export RISER_LOG=${RISER_LOG:-info}
 out=$RISER_VM_OUT
 mkdir -p "$out/runs"
 
-step "setup: $ncpu vCPUs, ${size_mib} MiB LUNs, $secs s measured after $ramp s ramp, $rounds round(s); riser --poll-mode $mode on vCPU $riser_core, riser-perf on vCPU 0"
+step "setup: $ncpu vCPUs, ${size_mib} MiB LUNs, $secs s measured after $ramp s ramp, $rounds round(s); riser --poll-mode $mode on vCPU $riser_core, riser-perf --poll-mode $client_mode on vCPU 0"
 
 # ---- LIO + isert (configfs), CmdSN window 128 like riser's ---------------------------------
 step "LIO: rd_mcp ${size_mib} MiB, iSER portal $RXE_IP:3260"
@@ -97,7 +105,7 @@ run_one() {
   f="$out/runs/${cname// /-}.$t.$round.json"
   err="${f%.json}.err"
   [ "$t" = riser ] && riser_start /tmp/riser.json --poll-mode "$mode" -m "[$riser_core]"
-  timeout $((secs + ramp + 90)) "$bin/riser-perf" --login-timeout 30 -m 0x1 --rw "$rw" --bs "$bs" --qd "$qd" \
+  timeout $((secs + ramp + 90)) "$bin/riser-perf" --login-timeout 30 -m 0x1 --poll-mode "$client_mode" --rw "$rw" --bs "$bs" --qd "$qd" \
     --time "$secs" --ramp "$ramp" --json "${url[$t]}" >"$f" 2>"$err" || rc=$?
   if [ $rc = 0 ] && iops=$(jq -e '.total.iops' "$f" 2>/dev/null); then
     add "$cname" "$t" "$round" "$f" ""
@@ -118,6 +126,7 @@ for round in $(seq "$rounds"); do
   order=(riser LIO); [ $((round % 2)) -eq 0 ] && order=(LIO riser)
   for c in "${cases[@]}"; do
     IFS='|' read -r cname rw bs qd <<<"$c"
+    [ -z "$case_filter" ] || [[ "$cname" =~ $case_filter ]] || continue
     for t in "${order[@]}"; do run_one "$cname" "$t" "$round" "$rw" "$bs" "$qd"; done
   done
 done
