@@ -118,7 +118,7 @@ for t in "${targets[@]}"; do
 done
 
 python3 - "$samples" "$out" "$window" "$qd" <<'PY'
-import csv, sys
+import csv, json, sys
 samples, out, window, qd = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 RECV, SEND = ("read", "readv", "recvfrom", "recvmsg"), ("write", "writev", "sendto", "sendmsg")
 WAIT = ("epoll_wait", "epoll_pwait", "ppoll", "futex")
@@ -134,9 +134,17 @@ for s in csv.DictReader(open(samples), delimiter="\t"):
     t = s["target"]; c = counters(f"{out}/syscalls.{t}.csv")
     ios = int(s["ios1"]) - int(s["ios0"])
     if ios <= 0: sys.exit(f"bench-profile: {t} completed no I/O in the window")
+    # The counters read around perf stat (RPCs, ss) take time of their own: their deltas span
+    # more than the window. Per-I/O figures of those deltas divide by the I/Os of the same
+    # span (ios); the syscall counts cover perf stat's window alone and divide by the I/Os of
+    # that window, from riser-perf's own rate (IOPS over its whole run).
+    iops = json.load(open(f"{out}/perf.{t}.json"))["total"]["iops"]
+    win_ios = iops * window
     get = lambda kind, names: sum(c.get(f"syscalls:sys_{kind}_{n}", 0) for n in names)
     recvs, sends = get("enter", RECV), get("enter", SEND)
     recv_ok, send_ok = get("exit", RECV), get("exit", SEND)
+    # Bytes per call: the bytes of the span scaled to the window.
+    span = ios / win_ios if win_ios else 1.0
     bin_, bout = int(s["recv1"]) - int(s["recv0"]), int(s["sent1"]) - int(s["sent0"])
     passes = "n/a" if s["passes0"] == "n/a" else f"{(int(s['passes1']) - int(s['passes0'])) / ios:.3f}"
     busy = (float(s["busy1"]) - float(s["busy0"])) / float(s["tick_rate"]) * 1e6 / ios
@@ -144,15 +152,18 @@ for s in csv.DictReader(open(samples), delimiter="\t"):
     # No send syscalls but io_uring: its sends are io_uring submissions (SPDK's uring sock).
     na = "io_uring" if not send_ok and uring else "-"
     d = lambda a, b: f"{a / b:.3f}" if b else na
-    rows.append([t, f"{ios / window:.0f}", d(c.get("raw_syscalls:sys_enter", 0), ios), d(recvs, ios), d(recv_ok, ios),
-                 d(sends, ios), d(send_ok, ios), d(uring, ios), d(get("enter", WAIT), ios),
-                 f"{bin_ / recv_ok:.0f}" if recv_ok else na, f"{bout / send_ok:.0f}" if send_ok else na,
-                 d(bout / (48 + 4096), send_ok), passes, f"{busy:.3f}"])
+    w = win_ios
+    rows.append([t, f"{iops:.0f}", d(c.get("raw_syscalls:sys_enter", 0), w), d(recvs, w), d(recv_ok, w),
+                 d(sends, w), d(send_ok, w), d(uring, w), d(get("enter", WAIT), w),
+                 f"{bin_ / span / recv_ok:.0f}" if recv_ok else na, f"{bout / span / send_ok:.0f}" if send_ok else na,
+                 d(bout / span / (48 + 4096), send_ok), passes, f"{busy:.3f}"])
 head = ["target", "IOPS", "syscalls/IO", "recvs/IO", "recvs>0/IO", "sends/IO", "sends>0/IO", "io_uring_enter/IO",
         "waits/IO", "B/recv", "B/send", "PDUs/send", "passes/IO", "busy us/IO"]
 wid = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
 line = lambda r: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, wid)))
-text = [f"4 KiB random read, riser-perf 2 sessions x QD {qd} on core 1, each target alone on core 0, counted over {window:.0f} s",
+text = [f"4 KiB random read, riser-perf 2 sessions x QD {qd} on core 1, each target alone on core 0, syscalls counted over {window:.0f} s",
+        "(IOPS: riser-perf's over its whole run; syscalls per I/O: over perf stat's window, at that rate; bytes, passes and busy",
+        " time per I/O: deltas around the window, over the bdev's I/Os of the same span)",
         "(syscalls: kernel tracepoint counters for the target process; bytes: its sockets' tcp_info; I/Os: its bdev's iostat;",
         " recvs>0 / sends>0: calls that moved bytes, B/recv and B/send per such call; PDUs/send: response PDUs of 48 + 4096 bytes;",
         " waits: epoll_wait, epoll_pwait, ppoll, futex; io_uring: sends submitted through io_uring, not counted as syscalls).",
