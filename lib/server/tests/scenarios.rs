@@ -52,6 +52,26 @@ fn write_with_immediate_data_reads_back() {
     c.logout();
 }
 
+/// A null LUN reads zeros, never another I/O's data, though its reads take their buffers
+/// from the pool that solicited write data lands in (a buffer is known to be zero, and not
+/// zeroed again, only until something could write to it).
+#[test]
+fn a_null_lun_reads_zeros_after_another_session_wrote_data_through_the_same_buffers() {
+    let env = Env::null();
+    // No immediate data: all of each write is solicited (R2T) into a pool buffer.
+    let (mut a, _) = Client::login(&env, 1, keys(false, true, 65536));
+    let (mut b, _) = Client::login(&env, 2, keys(true, true, 65536));
+    for round in 0..8u8 {
+        good(&a.write(8, &pattern(round.wrapping_add(1), 16384)));
+        let r = b.read(8, 16384);
+        good(&r);
+        assert_eq!(r.data.len(), 16384);
+        assert!(r.data.iter().all(|&x| x == 0), "round {round}: a null read showed non-zero bytes");
+    }
+    a.logout();
+    b.logout();
+}
+
 #[test]
 fn write_answering_r2ts_reads_back() {
     let env = Env::new();

@@ -54,6 +54,13 @@ impl Env {
         Env::serving_bdev(Some(Arc::new(riser_datamover::TcpPortal)), addr, ("bdev_uring_create", bdev))
     }
 
+    /// The usual target over the in-memory portal, its LUN a null device (reads zeros,
+    /// discards writes) of the same size, still named Malloc0.
+    pub fn null() -> Env {
+        let null = json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK});
+        Env::serving_bdev(None, PORTAL, ("bdev_null_create", null))
+    }
+
     fn serving(transport: Option<Arc<dyn riser_iscsi::login::PortalTransport>>, addr: &str) -> Env {
         let malloc = json!({"name": "Malloc0", "num_blocks": 2048, "block_size": BLOCK});
         Env::serving_bdev(transport, addr, ("bdev_malloc_create", malloc))
