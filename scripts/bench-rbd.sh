@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ceph RBD behind an iSCSI gateway (issue 15's benchmark), 4 KiB random read and write at QD
 # BENCH_QD (default 32) on one image of the single-node test cluster (scripts/ceph-test-cluster.sh:
-# one memstore OSD, pool size 1, data in RAM), written in full first so reads find data:
+# one memstore OSD, pool size 1, data in RAM), written in full first so reads find data, then
+# randomly over twice its size (the OSD's steady state, see below):
 #   rbd bench         librbd itself (--io-threads QD), with riser's librbd settings
 #                     (rbd_cache=false: riser caches no data): what a gateway can at best pass on
 #   riser             one gateway (bdev_rbd_create), alone, its reactor on core 0, adaptive and
@@ -18,6 +19,11 @@
 # time goes: the client's mean latency against librbd's (riser's bdev counters, submit to
 # librbd -> completion collected; for rbd bench QD / IOPS), and CPU per I/O of the process that
 # drives librbd (rbd; riser with all its threads) and of riser's reactor.
+# A third table gives the CPU per I/O of every party (scripts/bench-rbd-cpu.py over the middle
+# of each run): the OSD, mon + mgr, the process driving librbd (its reactor, librados'
+# messenger, librbd's io_context_pool, the rest), riser-perf, and the whole machine's user,
+# system, softirq and idle time. When $CARGO_TARGET_DIR/release/examples/rbd_qd is built (or
+# RBD_QD names it), librbd through riser's binding alone (no iSCSI) runs after rbd bench too.
 # Apart from rbd bench beside riser (adaptive), only one target process is alive during the
 # single-gateway runs. Only riser's reactor thread
 # is pinned (its -m): librados' and librbd's threads, tgtd, the client and the OSD float, as
@@ -32,7 +38,7 @@
 # Environment: BENCH_TIME (seconds per run, default 10), BENCH_ROUNDS (default 1; the table
 # shows medians), BENCH_QD, BENCH_RBD_MIB (image size, default 256), BENCH_OUT, RISER and
 # RISER_PERF (the binaries, default $CARGO_TARGET_DIR/release/, else target/release/).
-# About 2 minutes + ROUNDS x 10 x (BENCH_TIME + 3) seconds.
+# About 2 minutes + ROUNDS x 12 x (BENCH_TIME + 3) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${BENCH_TIME:-10}
@@ -86,6 +92,14 @@ rbdc create --image-feature layering --size "${mib}M" rbd/bench
 echo "bench-rbd: writing the ${mib} MiB image in full"
 rbdc bench --io-type write --io-pattern seq --io-size 4M --io-threads 4 --io-total "${mib}M" rbd/bench >"$out/prefill.log" 2>&1 ||
   die "prefill failed; see $out/prefill.log"
+# The memstore OSD keeps an object as a list of buffers that every small write splits: right
+# after the sequential prefill a random 4 KiB write cost the OSD about 180 us of CPU here, after
+# about 1.5x the image in random writes 380-510 us (reads rise too), and there it stays. Without
+# this the run that came first (rbd bench) got the cheap OSD and riser the dear one: random
+# writes over twice the image bring every object to that steady state first.
+echo "bench-rbd: random 4 KiB writes over twice the image (the OSD's steady state)"
+rbdc bench --rbd_cache=false --io-type write --io-pattern rand --io-size 4K --io-threads "$qd" --io-total "$((2 * mib))M" rbd/bench >"$out/condition.log" 2>&1 ||
+  die "conditioning failed; see $out/condition.log"
 
 # rbd bench: KIND (read|write) LOG -> IOPS. A short run first sizes the measured one to about
 # BENCH_TIME seconds (rbd bench runs for a number of bytes, not a time).
@@ -94,9 +108,13 @@ rbd_bench() {
   rbdc bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total 8M rbd/bench >"$2.calib" 2>&1 || { cat "$2.calib" >&2; return 1; }
   rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2.calib" | tail -1)
   ops=$(python3 -c "print(max(2048, int(float('${rate:-1000}') * $secs)))")
-  # Its CPU time (all of rbd's threads: librbd, librados) for the diagnostics.
+  # Its CPU time (all of rbd's threads: librbd, librados) for the diagnostics, and every
+  # party's over the middle of the run.
+  parties_sample "$2.parties" 1 - &
+  local sp=$!
   cpu_of "$2.cpu" rbd -c "$conf" bench --rbd_cache=false --io-type "$1" --io-pattern rand --io-size 4K --io-threads "$qd" --io-total $((ops * 4096)) rbd/bench >"$2" 2>&1 ||
-    { cat "$2" >&2; return 1; }
+    { cat "$2" >&2; wait "$sp"; return 1; }
+  wait "$sp"
   rate=$(sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$2" | tail -1)
   # Closed loop at QD: latency = QD / IOPS (Little's law).
   python3 -c 'import sys; q, r, c, n = int(sys.argv[1]), float(sys.argv[2]), float(open(sys.argv[3]).read()), int(sys.argv[4])
@@ -111,6 +129,22 @@ r = subprocess.run(sys.argv[2:])
 u = resource.getrusage(resource.RUSAGE_CHILDREN)
 open(sys.argv[1], "w").write(f"{u.ru_utime + u.ru_stime}\n")
 sys.exit(r.returncode)' "$@"
+}
+
+# CPU of every party (scripts/bench-rbd-cpu.py: the OSD, mon, mgr, the process driving librbd
+# by thread, riser-perf, the machine) over BENCH_TIME - 2 seconds of a run that is about
+# BENCH_TIME long: FILE DELAY DRIVER_PID|- (-: the rbd or rbd_qd process).
+cpu_win=$((secs > 3 ? secs - 2 : 1))
+parties_sample() {
+  python3 scripts/bench-rbd-cpu.py "$2" "$cpu_win" "$work/ceph" "$3" "$1"
+}
+# ROUND SUBJECT RW IOPS FILE: the sample's CPU per I/O (us) by party, a row of parties.tsv.
+parties_row() {
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[5])); n = max(1.0, float(sys.argv[4]) * d["secs"]); c = d["cpu"]
+cols = ["ceph-osd", "ceph-mon+mgr", "driver", "driver:reactor", "driver:msgr", "driver:io_context", "driver:other", "client", "machine:user", "machine:system", "machine:softirq", "machine:idle"]
+get = lambda k: c.get("ceph-mon", 0) + c.get("ceph-mgr", 0) if k == "ceph-mon+mgr" else c.get(k, 0)
+print("\t".join(sys.argv[1:4] + [f"{get(k) / n * 1e6:.1f}" for k in cols]))' "$@" >>"$parties"
 }
 
 # What the gateway's I/O costs and where its time goes, from riser's own counters around a
@@ -134,7 +168,11 @@ print(b["num_read_ops"] + b["num_write_ops"], (b["read_latency_ticks"] + b["writ
 riser_run() {
   local a b v
   a=$(riser_probe "$3" "$4") || return 1
-  v=$(perf_run "$1" "$2" "$5") || return 1
+  # riser-perf ramps up for 2 s, then measures BENCH_TIME seconds.
+  parties_sample "$2.parties" 2.5 "$4" &
+  local sp=$!
+  v=$(perf_run "$1" "$2" "$5") || { wait "$sp"; return 1; }
+  wait "$sp"
   b=$(riser_probe "$3" "$4") || return 1
   python3 -c 'import json, os, sys
 a, b = [list(map(int, x.split())) for x in sys.argv[2:4]]
@@ -189,6 +227,9 @@ results=$out/runs.tsv
 printf 'round\tsubject\tworkload\tiops\n' >"$results"
 diag=$out/diag.tsv
 printf 'round\tsubject\tworkload\tclient_ms\tlibrbd_ms\tcpu_us\treactor_us\n' >"$diag"
+parties=$out/parties.tsv
+printf 'round\tsubject\tworkload\tosd\tmon_mgr\tdriver\treactor\tmsgr\tio_context\tdriver_other\tclient\tuser\tsystem\tsoftirq\tidle\n' >"$parties"
+qd_bin=${RBD_QD:-${CARGO_TARGET_DIR:-./target}/release/examples/rbd_qd}
 for r in $(seq "$rounds"); do
   # rbd bench and riser (adaptive) on the same workload are neighbours in time (an adaptive
   # reactor with nothing to do sleeps while rbd bench runs): the machine's load swings from
@@ -199,10 +240,24 @@ for r in $(seq "$rounds"); do
     v=$(rbd_bench "$kind" "$out/rbd-bench.$rw.$r.log") || die "rbd bench $kind failed"
     printf '%s\t%s\t%s\t%s\n' "$r" "rbd bench" "$rw" "$v" | tee -a "$results"
     printf '%s\t%s\t%s\t%s\n' "$r" "rbd bench" "$rw" "$(cat "$out/rbd-bench.$rw.$r.log.diag")" >>"$diag"
+    parties_row "$r" "rbd bench" "$rw" "$v" "$out/rbd-bench.$rw.$r.log.parties"
+    # librbd through riser's binding alone (no iSCSI), when built
+    # (cargo build --release -p riser-rbd --example rbd_qd).
+    if [ -x "$qd_bin" ]; then
+      log=$out/rbd-qd.$rw.$r.log
+      parties_sample "$log.parties" 1 - &
+      sp=$!
+      "$qd_bin" "$conf" rbd bench "$kind" "$qd" "$secs" "keyring=$keyring" >"$log" 2>&1 || { wait "$sp"; die "rbd_qd $kind failed; see $log"; }
+      wait "$sp"
+      v=$(sed -n 's/.*: \([0-9]*\) IOPS.*/\1/p' "$log" | tail -1)
+      printf '%s\t%s\t%s\t%s\n' "$r" "binding (rbd_qd)" "$rw" "$v" | tee -a "$results"
+      parties_row "$r" "binding (rbd_qd)" "$rw" "$v" "$log.parties"
+    fi
     log=$out/riser-adaptive.$rw.$r.json
     v=$(riser_run "$rw" "$log" "$work/riser-adaptive.$r.sock" "$gw_pid" "$(url "$riser_port")") || die "riser-perf against riser (adaptive) failed"
     printf '%s\t%s\t%s\t%s\n' "$r" "riser (adaptive)" "$rw" "$v" | tee -a "$results"
     printf '%s\t%s\t%s\t%s\n' "$r" "riser (adaptive)" "$rw" "$(cat "$log.diag")" >>"$diag"
+    parties_row "$r" "riser (adaptive)" "$rw" "$v" "$log.parties"
   done
   stop_pid "$gw_pid"
   start_riser "riser-busy.$r" 0 "$riser_port" 1 busy
@@ -211,6 +266,7 @@ for r in $(seq "$rounds"); do
     v=$(riser_run "$rw" "$log" "$work/riser-busy.$r.sock" "$gw_pid" "$(url "$riser_port")") || die "riser-perf against riser (busy) failed"
     printf '%s\t%s\t%s\t%s\n' "$r" "riser (busy)" "$rw" "$v" | tee -a "$results"
     printf '%s\t%s\t%s\t%s\n' "$r" "riser (busy)" "$rw" "$(cat "$log.diag")" >>"$diag"
+    parties_row "$r" "riser (busy)" "$rw" "$v" "$log.parties"
   done
   stop_pid "$gw_pid"
   tgt_start_rbd "$out/tgt.$r.log" >/dev/null
@@ -237,7 +293,7 @@ for r in $(seq "$rounds"); do
   stop_pid "$g2"
 done
 
-python3 - "$results" "$out/summary.txt" "$qd" "$diag" <<'PY'
+python3 - "$results" "$out/summary.txt" "$qd" "$diag" "$parties" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 diag = list(csv.DictReader(open(sys.argv[4]), delimiter="\t"))
@@ -284,6 +340,20 @@ for s in dict.fromkeys(r["subject"] for r in diag):
             return f"{statistics.median(v):.2f}" if v and k.endswith("ms") else f"{statistics.median(v):.0f}" if v else "-"
         if d:
             lines.append(f"{s + ' ' + w[4:]:22}{m('client_ms'):>11}{m('librbd_ms'):>11}{m('cpu_us'):>8}{m('reactor_us'):>12}")
+# CPU per I/O of every party (medians; us): the OSD, mon + mgr, the process driving librbd (all
+# threads; its reactor, librados' messenger, librbd's io_context_pool, the rest), the client
+# (riser-perf), and the machine (user, system, softirq, idle: other processes included).
+pt = list(csv.DictReader(open(sys.argv[5]), delimiter="\t"))
+cols = [("osd", "OSD"), ("mon_mgr", "mon+mgr"), ("driver", "driver"), ("reactor", "reactor"), ("msgr", "msgr"),
+        ("io_context", "io_ctx"), ("driver_other", "other"), ("client", "client"), ("user", "m:user"),
+        ("system", "m:sys"), ("softirq", "m:sirq"), ("idle", "m:idle")]
+lines += ["", "CPU us per I/O by party (medians; driver = the process calling librbd; m: the whole machine)",
+          f"{'':24}" + "".join(f"{h:>8}" for _, h in cols)]
+for s in dict.fromkeys(r["subject"] for r in pt):
+    for w in ("randread", "randwrite"):
+        d = [r for r in pt if r["subject"] == s and r["workload"] == w]
+        if d:
+            lines.append(f"{s + ' ' + w[4:]:24}" + "".join(f"{statistics.median(float(r[k]) for r in d):>8.1f}" for k, _ in cols))
 text = "\n".join(lines) + "\n"
 print(text, end="")
 open(sys.argv[2], "w").write(text)
