@@ -126,13 +126,14 @@ impl Pending {
 /// A Get_Data in progress.
 struct Fetch {
     gen: u32,
+    /// The sink's registration for this transfer alone (iWARP), dropped once no RDMA Read
+    /// can land in it any more: before the buffer is handed on (declared before `buf`, so
+    /// also when a fetch is dropped whole).
+    transfer: Option<Box<dyn Send>>,
     buf: IoBuf,
     /// The buffer's first byte as the device sees it, and the lkey of the reads' sink.
     addr: u64,
     lkey: u32,
-    /// The sink's registration for this transfer alone (iWARP), dropped once no RDMA Read
-    /// can land in it any more: before the buffer is handed on.
-    transfer: Option<Box<dyn Send>>,
     /// RDMA Reads still to complete (queued or in flight).
     outstanding: usize,
     /// The send-queue sequence number of the last RDMA Read posted into the buffer.
@@ -188,12 +189,13 @@ pub struct IserDatamover<Q: IserQp> {
     rx_handled: Vec<u32>,
     /// Receives are held for the backlog (for the log line at each change).
     rx_paused: bool,
+    /// Transfer registrations of RDMA Read sinks whose task went away with reads in flight:
+    /// dropped (deregistered) once the send queue has retired the sequence number. Declared
+    /// before `held`, so also dropped before the buffers they name.
+    held_transfers: Vec<(u64, Box<dyn Send>)>,
     /// Buffers the device may still read or write: released once the send queue has
     /// retired the sequence number they are paired with.
     held: Vec<(u64, IoBuf)>,
-    /// Transfer registrations of RDMA Read sinks whose task went away with reads in flight:
-    /// dropped (deregistered) once the send queue has retired the sequence number.
-    held_transfers: Vec<(u64, Box<dyn Send>)>,
     pending: VecDeque<Pending>,
     fetches: TagMap<Itt, Fetch>,
     /// Get_Data requests settled without any RDMA Read, reported by the next poll: ready
@@ -416,8 +418,10 @@ impl<Q: IserQp> IserDatamover<Q> {
             self.sq_retired = seq;
             self.completed = posted;
             let retired = self.sq_retired;
-            self.held.retain(|(f, _)| *f > retired);
+            // Registrations first: a buffer goes back to the pool (where anyone may take it)
+            // only once no remote write key names it any more.
             self.held_transfers.retain(|(f, _)| *f > retired);
+            self.held.retain(|(f, _)| *f > retired);
         }
     }
 
@@ -562,7 +566,9 @@ impl<Q: IserQp> IserDatamover<Q> {
         max_wrs: usize,
         signal_last: bool,
     ) -> (usize, Option<u64>) {
-        let base = put.buf.as_ptr() as u64;
+        // The source of RDMA Writes: the device only reads it, so a buffer known to be zero
+        // (a null LUN's) stays known (IoBuf::as_ptr would forget it).
+        let base = put.buf.as_slice().as_ptr() as u64;
         let mut off = from;
         let mut last = None;
         for i in 0..max_wrs {
