@@ -14,6 +14,33 @@ pub struct Outcome {
     pub output: String,
 }
 
+impl Outcome {
+    /// The suite's output of each failed test, from its "Test:" line up to the next test or
+    /// suite: what an assertion message shows when a tail of the whole output would not
+    /// reach the failures (an intermittent one is then explained by the run that saw it).
+    pub fn failed_output(&self) -> String {
+        let mut out = String::new();
+        let mut suite = "";
+        let mut keep = false;
+        for line in self.output.lines() {
+            let t = line.trim_start();
+            if let Some(s) = t.strip_prefix("Suite: ") {
+                suite = s.trim();
+                keep = false;
+            }
+            if let Some(rest) = t.strip_prefix("Test: ") {
+                let name = format!("{suite}.{}", rest.split(" ...").next().unwrap_or(rest).trim());
+                keep = self.failed_tests.contains(&name);
+            }
+            if keep {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
 /// Runs `iscsi-test-cu --dataloss --allow-sanitize -t PATTERN URL...` with two initiator
 /// names (the MultipathIO tests use the second) and reads its output.
 pub fn run_tests(pattern: &str, urls: &[&str]) -> Outcome {
@@ -67,5 +94,15 @@ mod tests {
         assert_eq!((o.ran, o.passed, o.failed), (230, 229, 1));
         assert!(o.skipped.contains("ReadOnly.ReadOnlySBC"));
         assert!(o.failed_tests.contains("CompareAndWrite.Simple"));
+    }
+
+    #[test]
+    fn the_output_of_failed_tests_is_kept() {
+        let out = "Suite: A\n  Test: Good ...passed\n  Test: Bad ...\n    [FAILED] WRITE10 got GOOD\nFAILED\n  Test: Next ...passed\nSuite: B\n  Test: Other ...passed\n";
+        let mut o = parse(out.to_string());
+        o.failed_tests.insert("A.Bad".into());
+        let f = o.failed_output();
+        assert!(f.contains("Test: Bad") && f.contains("[FAILED] WRITE10 got GOOD"), "{f}");
+        assert!(!f.contains("Good") && !f.contains("Next") && !f.contains("Other"), "{f}");
     }
 }

@@ -53,6 +53,9 @@ fn report(label: &str, o: &Outcome, t: Instant) {
         o.skipped.len(),
         o.skipped
     );
+    if !o.failed_tests.is_empty() {
+        eprintln!("rbd_gateways compliance [{label}]: output of the failed tests:\n{}", o.failed_output());
+    }
 }
 
 fn uuid_of(gw: &Gateway) -> String {
@@ -81,8 +84,9 @@ pub fn check(ceph: &CephCluster) {
     assert_eq!(
         o.failed,
         0,
-        "failed tests {:?}\n--- suite output (tail) ---\n{}\n--- gateway A log (tail) ---\n{}\n--- gateway B log (tail) ---\n{}",
+        "failed tests {:?}\n--- their output ---\n{}\n--- suite output (tail) ---\n{}\n--- gateway A log (tail) ---\n{}\n--- gateway B log (tail) ---\n{}",
         o.failed_tests,
+        o.failed_output(),
         tail(&o.output, 150),
         tail(&a.riser.log(), 60),
         tail(&b.riser.log(), 60)
