@@ -189,5 +189,32 @@ fn run(args: Args) -> Result<(), String> {
     app.server.shutdown();
     reactors.shutdown();
     log::info!("riser stopped");
+    bound_teardown(TEARDOWN_GRACE);
     Ok(())
+}
+
+/// How long the devices may take to close once the reactors have stopped: well within the
+/// service unit's `TimeoutStopSec=30`.
+const TEARDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Once the reactors have stopped, nothing is in flight and every acknowledged write is on
+/// its device; what remains is closing the devices (the bdevs drop as `run` returns). Each
+/// wait for a backend that does not answer is bounded (an RBD image of a cluster that went
+/// away: 2 s per shared-state watch, 5 s per gateway group), but they add up over the
+/// devices one after another, past the service manager's stop timeout, which would kill
+/// riser without a word. A watchdog thread ends the process after `grace` instead, with a
+/// log line that says so; a teardown that finishes first exits normally and the watchdog
+/// goes with the process.
+fn bound_teardown(grace: std::time::Duration) {
+    let spawned = std::thread::Builder::new().name("teardown-watchdog".into()).spawn(move || {
+        std::thread::sleep(grace);
+        log::warn!(
+            "closing the devices did not finish within {} s after the reactors stopped (a backend that does not answer, e.g. an unreachable Ceph cluster); exiting without waiting for it",
+            grace.as_secs()
+        );
+        std::process::exit(0);
+    });
+    if let Err(e) = spawned {
+        log::warn!("cannot start the teardown watchdog ({e}); closing the devices without a bound");
+    }
 }

@@ -23,6 +23,8 @@ mod fencing;
 mod pr;
 #[path = "rbd_gateways/pr_diverge.rs"]
 mod pr_diverge;
+#[path = "rbd_gateways/shutdown.rs"]
+mod shutdown;
 
 /// The target node every gateway exports (the same name on each: one SCSI target device
 /// reached through several target port groups).
@@ -111,13 +113,14 @@ fn gateways_in_front_of_one_rbd_image() {
     let ceph = CephCluster::start("gw");
     eprintln!("rbd_gateways: cluster up in {:?}", t0.elapsed());
     type Check = (&'static str, fn(&CephCluster));
-    let checks: [Check; 6] = [
+    let checks: [Check; 7] = [
         ("alua", alua::check),
         ("pr", pr::check),
         ("pr_diverge", pr_diverge::check),
         ("failover", failover::check),
         ("fencing", fencing::check),
         ("compliance", compliance::check),
+        ("shutdown", shutdown::check),
     ];
     for (name, check) in checks {
         if wanted(name) {
