@@ -169,9 +169,12 @@ impl ObjectStore {
     }
 
     /// Watches `oid` (which must exist): events arrive on the returned receiver, from a
-    /// librados thread, which does nothing else (no riser code runs there).
-    pub fn watch(self: &Arc<Self>, oid: &str) -> Result<(Watch, Receiver<WatchEvent>)> {
-        self.watch_inner(oid, None)
+    /// librados thread, which does nothing else (no riser code runs there). The cluster
+    /// keeps the watch for `timeout_s` seconds after this client stops pinging it (instead
+    /// of the OSDs' `osd_client_watch_timeout`, 30 s by default): so long, a notifier waits
+    /// for this client's acknowledgement and learns that it did not give one.
+    pub fn watch(self: &Arc<Self>, oid: &str, timeout_s: u32) -> Result<(Watch, Receiver<WatchEvent>)> {
+        self.watch_inner(oid, timeout_s, false)
     }
 
     /// A liveness watch: like [`watch`](Self::watch), but every notify is acknowledged at
@@ -181,26 +184,19 @@ impl ObjectStore {
     /// OSDs' default 30 s), so notifiers stop waiting for a dead client sooner. The
     /// notifies still arrive on the receiver (already acknowledged).
     pub fn watch_acking(self: &Arc<Self>, oid: &str, timeout_s: u32) -> Result<(Watch, Receiver<WatchEvent>)> {
-        self.watch_inner(oid, Some(timeout_s))
+        self.watch_inner(oid, timeout_s, true)
     }
 
-    fn watch_inner(self: &Arc<Self>, oid: &str, acking: Option<u32>) -> Result<(Watch, Receiver<WatchEvent>)> {
+    fn watch_inner(self: &Arc<Self>, oid: &str, timeout_s: u32, acking: bool) -> Result<(Watch, Receiver<WatchEvent>)> {
         let o = cstr("object", oid)?;
         let (tx, rx) = channel();
-        let ack = acking.map(|_| AutoAck { io: self.pool.raw, oid: o.clone() });
+        let ack = acking.then(|| AutoAck { io: self.pool.raw, oid: o.clone() });
         let ctx = Box::into_raw(Box::new(WatchCtx { tx: Mutex::new(tx), ack }));
         let mut cookie: u64 = 0;
-        let (call, r) = match acking {
-            // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
-            // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
-            None => ("rados_watch2", unsafe {
-                sys::rados_watch2(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), ctx.cast::<c_void>())
-            }),
-            // SAFETY: as above.
-            Some(t) => ("rados_watch3", unsafe {
-                sys::rados_watch3(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), t, ctx.cast::<c_void>())
-            }),
-        };
+        let call = "rados_watch3";
+        // SAFETY: the ioctx is live; o is NUL-terminated; ctx stays allocated until the
+        // watch is removed and flushed (Watch::drop), so the callbacks never see it freed.
+        let r = unsafe { sys::rados_watch3(self.pool.raw, o.as_ptr(), &mut cookie, Some(watch_cb), Some(watch_err_cb), timeout_s, ctx.cast::<c_void>()) };
         if r < 0 {
             // SAFETY: the watch was not registered: no callback holds ctx.
             drop(unsafe { Box::from_raw(ctx) });

@@ -2,13 +2,19 @@
 //! cluster: two riser processes export one RBD image (lib/scsi/src/pr/shared.rs,
 //! lib/bdev/src/modules/rbd/pr.rs).
 //!
-//! * **A gateway that missed a notify raises the unit attention it owes.** The OSD times
-//!   watches out after 6 s here (`osd_client_watch_timeout`, set for this check and put back
-//!   after; the gateways ping every second) and gateway B is stopped (SIGSTOP) long enough
-//!   for the OSD to drop its watch; meanwhile Y preempts X's registration made
-//!   through B. B is continued: it re-establishes its watch, re-reads the object, and X
-//!   through B gets REGISTRATIONS PREEMPTED (from the unit-attention log in the object: the
-//!   notify never reached B).
+//! * **A gateway that stops answering is fenced before a change it did not follow
+//!   completes, whatever the OSD's watch timeout.** The OSD times watches out after 6 s here
+//!   (`osd_client_watch_timeout`, set for this check and put back after; the gateways ping
+//!   every second), the gateways' lease is 30 s, and gateway B is stopped (SIGSTOP) for
+//!   12 s; then Y preempts X's registration made through B, through A, and reserves. B's
+//!   reservation watch outlives the OSD's default (twice the lease,
+//!   lib/bdev/src/modules/rbd/pr.rs `watch_timeout_s`), so A's notify waits for B, which is
+//!   fenced before the PREEMPT returns GOOD. X's WRITE, sent to the stopped B and carried
+//!   out when B is continued, does not reach the image (B still holds X's registration
+//!   and no reservation in memory until it re-reads); B rejoins, and X through it gets
+//!   RESERVATION CONFLICT. (A watch dropped after the OSD's 6 s let the PREEMPT complete at
+//!   once with B unfenced, and B wrote for X: the hole this closes.) The unit-attention log
+//!   of a gateway that missed changes is unit tested (lib/scsi/src/tests/pr_diverge.rs).
 //! * **An undecodable object** (a newer format: `rados put` of the object with its version
 //!   bumped): PR OUT through either gateway fails with HARDWARE ERROR, LOGICAL UNIT FAILED
 //!   SELF-CONFIGURATION, the object is left as it is, and PR IN and the I/O checks keep the
@@ -131,11 +137,11 @@ fn ceph_cmd(ceph: &CephCluster, args: &[&str]) -> Output {
     Command::new("timeout").arg("60").arg("ceph").arg("-c").arg(ceph.conf()).args(args).output().unwrap_or_else(|e| panic!("ceph {args:?}: {e}"))
 }
 
-/// Waits (20 s at most) until `f` holds.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+/// Waits (`limit` at most) until `f` holds.
+fn wait_for_long(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: not within 20 s");
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -149,9 +155,8 @@ pub fn check(ceph: &CephCluster) {
     let conf_gw = dir.join("ceph-gw.conf");
     let conf = std::fs::read_to_string(ceph.conf()).expect("the cluster's ceph.conf");
     std::fs::write(&conf_gw, conf.replacen("[global]\n", "[global]\nobjecter tick interval = 1\n", 1)).expect("write ceph-gw.conf");
-    // A lease of 30 s: B stopped for 12 s misses a notify (its reservation watch expired
-    // after 6 s, so A does not wait for it) without being fenced by the gateway group, which
-    // is the case this check is about (a fenced gateway drops its sessions and rejoins).
+    // A lease of 30 s, longer than the OSD's watch timeout: B stopped for 12 s has no
+    // watch left by the OSD's own rule, but is not yet fenced by the gateway group.
     let lease = json!({"lease_s": 30});
     let a = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 1, &[], lease.clone());
     let b = Gateway::start_conf(ceph, &conf_gw, IMAGE, UUID, 2, &[], lease);
@@ -164,33 +169,43 @@ pub fn check(ceph: &CephCluster) {
         .to_string();
     let mut xb = session(&b, ISID_X);
     let mut ya = session(&a, ISID_Y);
-    let mut yb = session(&b, ISID_Y);
 
-    // --- B misses the notify of a preemption of X's registration made through B.
+    // --- B stops answering; A preempts X's registration made through B and reserves.
     assert_eq!(pr_out(&mut xb, REGISTER, 0, 0, 0xB1), (GOOD, None));
     assert_eq!(pr_out(&mut ya, REGISTER, 0, 0, 0xA2), (GOOD, None));
     signal(&b, "STOP");
-    // Past B's watch timeout (6 s) and the OSD's check of it.
+    // Past the OSD's watch timeout (6 s) and its check of it, within the lease (30 s).
     std::thread::sleep(Duration::from_secs(12));
     let t = Instant::now();
+    // The PREEMPT waits for B's acknowledgement until B is fenced (the lease): its client
+    // must not give up first.
+    ya.set_read_timeout(Duration::from_secs(90));
     let r = pr_out(&mut ya, PREEMPT, WRITE_EXCLUSIVE, 0xA2, 0xB1);
-    signal(&b, "CONT");
+    let took = t.elapsed();
     assert_eq!(r, (GOOD, None), "PREEMPT through A while B is stopped");
-    eprintln!("rbd_gateways pr_diverge: PREEMPT with B stopped in {:?}", t.elapsed());
+    eprintln!("rbd_gateways pr_diverge: PREEMPT with B stopped in {took:?}");
     assert_eq!(pr_out(&mut ya, RESERVE, WRITE_EXCLUSIVE, 0xA2, 0), (GOOD, None));
-    wait_for("B re-establishes its watch", || b.riser.log().contains("watch re-established"));
-    eprintln!("rbd_gateways pr_diverge: B's log after SIGCONT:\n{}", b.riser.log().lines().filter(|l| l.contains("watch") || l.contains("reservation")).collect::<Vec<_>>().join("\n"));
-    let mut got = None;
-    wait_for("X through B gets REGISTRATIONS PREEMPTED", || {
-        let r = tur(&mut xb);
-        if r.0 == CHECK_CONDITION {
-            got = r.1;
-        }
-        got.is_some()
-    });
-    assert_eq!(got, Some((6, 0x2A, 0x05)), "the unit attention B owed X:\n{}", b.riser.log());
+    assert_eq!(ya.read10(16, 1).map(|(s, _)| s), Some(GOOD), "Y reads through A");
+    // X's WRITE waits in B's socket while B is stopped; continued, B must not carry it out
+    // on the registration it held (X's was preempted, Y holds WRITE EXCLUSIVE): B was
+    // fenced before the PREEMPT completed, so the image refuses B's old client whatever B
+    // still believes. A B whose reservation watch the OSD had dropped after its 6 s would
+    // not have been waited for, and would write GOOD here.
+    let pdu = xb.scsi_command(&[0x2A, 0, 0, 0, 0, 16, 0, 0, 1, 0], false, true, 512, vec![0x5A; 512]);
+    xb.send(&pdu).expect("send X's WRITE to the stopped B");
+    signal(&b, "CONT");
+    let r = xb.reply();
+    assert!(r.as_ref().is_none_or(|r| r.status != GOOD), "B wrote for X on a preempted registration:\n{}", b.riser.log());
+    let (st, data) = ya.read10(16, 1).expect("READ through A");
+    assert_eq!(st, GOOD);
+    assert_ne!(data, vec![0x5A; 512], "X's WRITE through B reached the image");
+    wait_for_long("B rejoins as a new client", Duration::from_secs(60), || b.riser.log().contains("rejoined as a new client"));
+    eprintln!("rbd_gateways pr_diverge: B's log after SIGCONT:\n{}", b.riser.log().lines().filter(|l| l.contains("watch") || l.contains("fenced") || l.contains("rejoin")).collect::<Vec<_>>().join("\n"));
+    // B's sessions went with its old client: X and Y log in again through B.
+    let mut xb = session(&b, ISID_X);
+    let mut yb = session(&b, ISID_Y);
     assert_eq!(read_keys(&mut xb), vec![0xA2]);
-    assert_eq!(write_status(&mut xb), RESERVATION_CONFLICT, "Y's WRITE EXCLUSIVE, read by B after its watch came back");
+    assert_eq!(write_status(&mut xb), RESERVATION_CONFLICT, "Y's WRITE EXCLUSIVE, read by the rejoined B");
 
     // --- An object this riser cannot decode (a newer format).
     let good = get(ceph, &oid, dir.path());

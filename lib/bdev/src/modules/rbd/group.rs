@@ -191,9 +191,10 @@ impl StoreCell {
         self.get().notify_reply(oid, payload, timeout_ms)
     }
 
-    pub fn watch(&self, oid: &str) -> riser_rbd::Result<(Watch, Receiver<WatchEvent>)> {
+    /// Watches `oid`, kept by the cluster for `timeout_s` after this client stops pinging.
+    pub fn watch(&self, oid: &str, timeout_s: u32) -> riser_rbd::Result<(Watch, Receiver<WatchEvent>)> {
         let (gen, store) = self.cur.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let w = store.watch(oid)?;
+        let w = store.watch(oid, timeout_s)?;
         self.watched.store(gen, Ordering::Release);
         Ok(w)
     }

@@ -2,7 +2,8 @@
 //! id>` in the image's pool (`riser_pr.<id>` for persistent reservations), replaced whole
 //! by compare-and-swap on the object's version, watched by every gateway that opened it.
 //!
-//! A thread per handle keeps the watch: on a notify it calls the owner's `on_notify`
+//! A thread per handle keeps the watch (which the cluster keeps [`watch_timeout_s`] after
+//! the gateway stops pinging: at least the group's lease): on a notify it calls the owner's `on_notify`
 //! (which re-reads the object) and acknowledges only once that succeeded, so a notifier
 //! that got every acknowledgement knows each watching gateway has the new state. A re-read
 //! that fails (the cluster does not answer, an object this gateway cannot decode) is retried
@@ -37,6 +38,18 @@ const REREAD_BUDGET: Duration = Duration::from_millis(NOTIFY_TIMEOUT_MS * 3 / 5)
 const REREAD_RETRY: Duration = Duration::from_millis(250);
 /// Pause between two re-reads while a re-read is owed (one failed for its whole budget).
 const REREAD_OWED_RETRY: Duration = Duration::from_secs(1);
+
+/// How long the cluster keeps a gateway's shared-state watch after the gateway stops
+/// pinging it, for a gateway group whose lease is `lease`: twice the lease, 30 s at least
+/// (the OSDs' default). Never shorter than the lease: a notifier must find the watch of a
+/// gateway that stopped answering (stopped, hung, cut off) until the group fences it, so that
+/// its notify waits for that gateway and fences it before the change is reported done. A
+/// watch the cluster had dropped sooner (`osd_client_watch_timeout` below the lease) would
+/// let the change complete while that gateway, not yet fenced, could come back and act on the
+/// state it held until it noticed.
+pub(crate) fn watch_timeout_s(lease: Duration) -> u32 {
+    u32::try_from(lease.as_secs().saturating_mul(2)).unwrap_or(u32::MAX).max(30)
+}
 
 fn unavailable(e: RbdError) -> SharedError {
     SharedError::Unavailable(e.to_string())
@@ -74,9 +87,10 @@ pub(crate) fn open(group: &Arc<RbdGroup>, image_id: &str, purpose: &str, on_noti
     inner.ensure().map_err(|e| BdevError::Unavailable(e.to_string()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let (i, s) = (inner.clone(), stop.clone());
+    let timeout_s = watch_timeout_s(group.lease());
     let thread = std::thread::Builder::new()
         .name(format!("rbd-watch-{purpose}"))
-        .spawn(move || watch_loop(&i, &s, on_notify))
+        .spawn(move || watch_loop(&i, &s, timeout_s, on_notify))
         .map_err(|e| BdevError::Io(format!("cannot start the watch thread: {e}")))?;
     Ok(Arc::new(RbdShared { inner, group: group.clone(), stop, thread: Some(thread) }))
 }
@@ -105,7 +119,7 @@ fn reread(what: &str, stop: &AtomicBool, on_notify: &OnNotify, payload: &[u8]) -
     }
 }
 
-fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
+fn watch_loop(inner: &Inner, stop: &AtomicBool, timeout_s: u32, on_notify: OnNotify) {
     let what = format!("rbd {}/{}", inner.store.pool_name(), inner.oid);
     let mut watch: Option<(Watch, Receiver<WatchEvent>)> = None;
     let mut broken_since: Option<Instant> = None;
@@ -116,7 +130,7 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, on_notify: OnNotify) {
     let mut last_owed_try = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let Some((w, rx)) = &watch else {
-            match inner.ensure().and_then(|()| inner.store.watch(&inner.oid)) {
+            match inner.ensure().and_then(|()| inner.store.watch(&inner.oid, timeout_s)) {
                 Ok(wr) => {
                     watch = Some(wr);
                     if let Some(t) = broken_since.take() {
@@ -255,6 +269,24 @@ impl Drop for RbdShared {
             let _ = t.join();
         } else {
             log::warn!("{}: the watch thread is still busy; not waiting for it", self.describe());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gateway's shared-state watch lasts at least the lease and never less than the OSDs'
+    /// default: a notifier finds the watch of a silent gateway until the group fences it.
+    #[test]
+    fn a_shared_state_watch_outlives_the_lease() {
+        assert_eq!(watch_timeout_s(Duration::from_secs(3)), 30);
+        assert_eq!(watch_timeout_s(Duration::from_secs(10)), 30);
+        assert_eq!(watch_timeout_s(Duration::from_secs(30)), 60);
+        assert_eq!(watch_timeout_s(Duration::from_secs(600)), 1200);
+        for lease in crate::modules::rbd::group::LEASE_RANGE {
+            assert!(u64::from(watch_timeout_s(Duration::from_secs(lease.into()))) > u64::from(lease), "lease {lease}");
         }
     }
 }
