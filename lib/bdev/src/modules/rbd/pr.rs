@@ -10,9 +10,10 @@
 //! for [`REREAD_BUDGET`], within the notifier's timeout; if it still fails the notify is
 //! left unacknowledged (the notifier sees this gateway did not follow) and the thread keeps
 //! re-reading every second until one succeeds. When the watch breaks
-//! (the cluster went away: ENOTCONN, or `rados_watch_check` says so) the thread drops it,
-//! makes a new one (every second until the cluster answers) and calls `on_notify` with an
-//! empty payload, so whatever was missed meanwhile is read. The object is created empty
+//! (the cluster went away: ENOTCONN, or `rados_watch_check` says so) the thread makes a new
+//! one (every second until the cluster answers) and calls `on_notify` with an empty payload,
+//! so whatever was missed meanwhile is read, and only then removes the old one (still
+//! answering what reaches it): the gateway is never out of a notify while it serves. The object is created empty
 //! when the handle opens (a watch needs an object); empty reads as "nothing stored".
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,9 +120,32 @@ fn reread(what: &str, stop: &AtomicBool, on_notify: &OnNotify, payload: &[u8]) -
     }
 }
 
+/// Follows the notifies that still reach a watch that reported an error (the cluster may
+/// still hold it) while its replacement is made: re-read, then acknowledge through it, as
+/// for the live watch; one left unanswered would make its notifier fence this gateway.
+fn follow_broken(what: &str, stop: &AtomicBool, on_notify: &OnNotify, broken: Option<&(Watch, Receiver<WatchEvent>)>) {
+    let Some((w, rx)) = broken else {
+        return;
+    };
+    while let Ok(e) = rx.try_recv() {
+        if let WatchEvent::Notify { notify_id, payload } = e {
+            if reread(what, stop, on_notify, &payload) {
+                if let Err(e) = w.ack(notify_id) {
+                    log::debug!("{what}: acknowledging notify {notify_id} on the broken watch: {e}");
+                }
+            }
+        }
+    }
+}
+
 fn watch_loop(inner: &Inner, stop: &AtomicBool, timeout_s: u32, on_notify: OnNotify) {
     let what = format!("rbd {}/{}", inner.store.pool_name(), inner.oid);
     let mut watch: Option<(Watch, Receiver<WatchEvent>)> = None;
+    // A watch that broke, kept until its replacement is in place and the state re-read:
+    // removing it first would leave a moment in which this gateway, not watching, is left
+    // out of another gateway's notify (which then completes without waiting for it, while
+    // it still acts on the copy it holds).
+    let mut broken: Option<(Watch, Receiver<WatchEvent>)> = None;
     let mut broken_since: Option<Instant> = None;
     let mut last_check = Instant::now();
     // A re-read is owed (one failed for its whole budget): retried every second until one
@@ -130,6 +154,7 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, timeout_s: u32, on_notify: OnNot
     let mut last_owed_try = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let Some((w, rx)) = &watch else {
+            follow_broken(&what, stop, &on_notify, broken.as_ref());
             match inner.ensure().and_then(|()| inner.store.watch(&inner.oid, timeout_s)) {
                 Ok(wr) => {
                     watch = Some(wr);
@@ -141,6 +166,9 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, timeout_s: u32, on_notify: OnNot
                         owed = Some(Instant::now());
                     }
                     last_owed_try = Instant::now();
+                    // Only now is the old watch removed.
+                    follow_broken(&what, stop, &on_notify, broken.as_ref());
+                    drop(broken.take());
                 }
                 Err(e) => {
                     if broken_since.is_none() {
@@ -203,7 +231,7 @@ fn watch_loop(inner: &Inner, stop: &AtomicBool, timeout_s: u32, on_notify: OnNot
         if let Some(why) = lost {
             log::warn!("{what}: watch lost ({why}); re-watching");
             broken_since = Some(Instant::now());
-            watch = None;
+            broken = watch.take();
         }
     }
 }
