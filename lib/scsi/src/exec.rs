@@ -668,7 +668,7 @@ impl LunChannel {
         let nexus_id = task.nexus.id;
         let mut ctx = Ctx {
             lun: &lun,
-            nexus: &task.nexus,
+            nexus: task.nexus,
             cdb: task.cdb,
             edtl,
             xfer: 0,

@@ -73,8 +73,8 @@ impl ScsiRequest {
 
     /// The SCSI task for this command on the I_T nexus `nexus` (the session's), tagged with
     /// the ITT: every [`TaskEvent`] of it comes back with that tag ([`Ffp::on_scsi`]).
-    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask {
-        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus.clone());
+    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask<'_> {
+        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus);
         task.read = self.read;
         task.write = self.write;
         task.data_out = self.data_out;
