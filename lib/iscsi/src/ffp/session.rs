@@ -443,6 +443,10 @@ impl Ffp {
     /// Dispatches commands held for a gap that another connection of the session has
     /// since filled. The driver calls it every poll; cheap when nothing is held.
     pub fn release_held(&mut self) {
+        // Usually nothing is held: no tree walk then (called per poll and per command).
+        if self.held.is_empty() {
+            return;
+        }
         while let Some((p, buf)) = self.held.remove(&self.exp().get()) {
             self.advance_and_dispatch(p, buf);
         }
