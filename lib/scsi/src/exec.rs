@@ -928,8 +928,9 @@ impl LunChannel {
         };
         let (tag, xfer, edtl, dsense) = (o.tag, o.xfer, o.edtl, o.dsense);
         let (detached, aborted, begun_exclusive) = (o.detached, o.aborted, o.begun_exclusive);
-        let mut err = o.err.take();
-        let adm = std::mem::replace(&mut o.adm, Adm::None);
+        // Usually no error and no admission (a read): nothing to move out then.
+        let mut err = if o.err.is_some() { o.err.take() } else { None };
+        let adm = if matches!(o.adm, Adm::None) { Adm::None } else { std::mem::replace(&mut o.adm, Adm::None) };
         let stream_gap = match &o.job {
             Job::WriteStream(j) => Some(j.asked > j.written + u64::from(j.writing) + u64::from(j.pending.is_some())),
             _ => None,
