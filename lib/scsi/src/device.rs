@@ -212,7 +212,7 @@ pub(crate) fn report_luns(
     addressed: Option<&Arc<Lun>>,
 ) -> ScsiResult {
     if let Some(lun) = addressed {
-        lun.clear_ua(&task.nexus, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+        lun.clear_ua(task.nexus, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
     }
     match report_luns_data(&task.cdb, luns) {
         Ok(v) => data_result(task, v, task.cdb.be32(6) as usize),

@@ -326,6 +326,9 @@ pub struct LunChannel {
     comps: Vec<IoCompletion>,
     counter: Arc<FastCounter>,
     seen: IdSet,
+    /// The nexus `seen` was last found to hold: a channel serves one connection's nexus,
+    /// so the set is looked up once, not per command.
+    last_seen: Option<u64>,
     alloc: BufAlloc,
     active: usize,
     /// Where read buffers come from, under the budget (the global pool; tests give their own).
@@ -460,6 +463,7 @@ impl LunChannel {
             comps: Vec::new(),
             counter,
             seen: IdSet::default(),
+            last_seen: None,
             alloc,
             active: 0,
             pool: Pool::global(),
@@ -645,6 +649,9 @@ impl LunChannel {
     /// Forgets a nexus whose session ended (frees the per-nexus cache entry).
     pub fn forget_nexus(&mut self, nexus: &Nexus) {
         self.seen.remove(&nexus.id);
+        if self.last_seen == Some(nexus.id) {
+            self.last_seen = None;
+        }
     }
 
     /// Starts a task. Its result comes from a later [`poll`](Self::poll). REPORT LUNS is
@@ -661,7 +668,7 @@ impl LunChannel {
         let nexus_id = task.nexus.id;
         let mut ctx = Ctx {
             lun: &lun,
-            nexus: &task.nexus,
+            nexus: task.nexus,
             cdb: task.cdb,
             edtl,
             xfer: 0,
@@ -921,8 +928,9 @@ impl LunChannel {
         };
         let (tag, xfer, edtl, dsense) = (o.tag, o.xfer, o.edtl, o.dsense);
         let (detached, aborted, begun_exclusive) = (o.detached, o.aborted, o.begun_exclusive);
-        let mut err = o.err.take();
-        let adm = std::mem::replace(&mut o.adm, Adm::None);
+        // Usually no error and no admission (a read): nothing to move out then.
+        let mut err = if o.err.is_some() { o.err.take() } else { None };
+        let adm = if matches!(o.adm, Adm::None) { Adm::None } else { std::mem::replace(&mut o.adm, Adm::None) };
         let stream_gap = match &o.job {
             Job::WriteStream(j) => Some(j.asked > j.written + u64::from(j.writing) + u64::from(j.pending.is_some())),
             _ => None,
@@ -965,7 +973,10 @@ impl LunChannel {
             self.done.push(TaskEvent::Aborted { tag });
             return;
         }
-        let mut r = ScsiResult::new(tag, Status::Good, Residual::compute(xfer, edtl));
+        // Made in its place in the queue, then filled in (a result is large: not built here
+        // and moved there).
+        self.done.push(TaskEvent::Done(ScsiResult::new(tag, Status::Good, Residual::compute(xfer, edtl))));
+        let Some(TaskEvent::Done(r)) = self.done.last_mut() else { return };
         if let Some(e) = err {
             r.status = e.status;
             r.sense = e.sense.map(|s| s.encode(dsense));
@@ -975,7 +986,6 @@ impl LunChannel {
             r.data_in = Some(buf);
             r.data_offset = data_offset;
         }
-        self.done.push(TaskEvent::Done(r));
     }
 
     fn finish(&mut self, slot: usize) {

@@ -66,8 +66,9 @@ impl DataOut {
     }
 }
 
-/// A SCSI command as the iSCSI layer received it.
-pub struct ScsiTask {
+/// A SCSI command as the iSCSI layer received it, on the I_T nexus it borrows (the caller's,
+/// which outlives the submit: no reference count is touched per command).
+pub struct ScsiTask<'a> {
     /// The caller's handle (e.g. the Initiator Task Tag); returned in every event.
     pub tag: u64,
     /// The LUN field as addressed (decoded LUN number).
@@ -80,11 +81,11 @@ pub struct ScsiTask {
     pub write: bool,
     /// The write data.
     pub data_out: DataOut,
-    pub nexus: Arc<Nexus>,
+    pub nexus: &'a Arc<Nexus>,
     pub attr: TaskAttr,
 }
 
-impl fmt::Debug for ScsiTask {
+impl fmt::Debug for ScsiTask<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScsiTask")
             .field("tag", &self.tag)
@@ -106,9 +107,9 @@ impl fmt::Debug for ScsiTask {
     }
 }
 
-impl ScsiTask {
+impl<'a> ScsiTask<'a> {
     /// A task with no data out; set `data_out`, `write` etc. as needed.
-    pub fn new(tag: u64, lun: u64, cdb: &[u8], edtl: u32, nexus: Arc<Nexus>) -> ScsiTask {
+    pub fn new(tag: u64, lun: u64, cdb: &[u8], edtl: u32, nexus: &'a Arc<Nexus>) -> ScsiTask<'a> {
         ScsiTask {
             tag,
             lun,

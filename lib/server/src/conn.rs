@@ -203,25 +203,29 @@ impl<D: Datamover> Connection<D> {
     /// with the next pass's actions).
     fn collect_scsi(&mut self) -> usize {
         self.scsi.poll(&mut self.results);
+        if self.results.is_empty() {
+            return 0;
+        }
         let mut results = std::mem::take(&mut self.results);
-        let n = results.iter().filter(|e| !matches!(e, TaskEvent::Want(_))).count();
-        let ended = results.iter().filter(|e| e.ends_task()).count() as u32;
+        let (mut n, mut ended) = (0, 0u32);
+        // Read data and responses go straight to the datamover while no action waits
+        // before them (and no reset holds the actions back).
+        let direct = self.reset_wait.is_none();
+        // Each event is handled where it lies (only its buffer and sense are taken out of
+        // it), then the list is cleared.
+        for ev in results.iter_mut() {
+            n += usize::from(!matches!(ev, TaskEvent::Want(_)));
+            ended += u32::from(ev.ends_task());
+            let dm: Option<&mut dyn Datamover> = if direct { Some(&mut self.dm) } else { None };
+            self.ffp.on_scsi_in_place(ev, dm);
+        }
+        results.clear();
+        self.results = results;
         if ended > 0 {
             self.in_flight = self.in_flight.saturating_sub(ended);
             self.info.queue_depth.store(self.in_flight, Ordering::Relaxed);
             bump(&self.info.tasks_done, u64::from(ended));
         }
-        // Read data and responses go straight to the datamover while no action waits
-        // before them (and no reset holds the actions back).
-        let direct = self.reset_wait.is_none();
-        for ev in results.drain(..) {
-            if direct {
-                self.ffp.on_scsi_now(ev, &mut self.dm);
-            } else {
-                self.ffp.on_scsi(ev);
-            }
-        }
-        self.results = results;
         n
     }
 

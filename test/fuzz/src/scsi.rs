@@ -117,7 +117,7 @@ pub fn run(data: &[u8]) {
             _ => 0,
         };
         tag += 1;
-        let mut task = ScsiTask::new(tag, l, &cdb, edtl, nexus[n].clone());
+        let mut task = ScsiTask::new(tag, l, &cdb, edtl, &nexus[n]);
         task.read = ctl & 2 != 0;
         task.write = ctl & 4 != 0;
         if task.write {

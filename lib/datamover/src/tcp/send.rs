@@ -205,6 +205,7 @@ impl<S: ByteStream> TcpDatamover<S> {
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
             let mut n_iov = 0;
             let mut offered = 0;
+            let taken = self.tx.len().min(MAX_IOV);
             for (i, c) in self.tx.iter().take(MAX_IOV).enumerate() {
                 let b = chunk_bytes(c, &self.held);
                 let b = if i == 0 { b.get(self.tx_pos..).unwrap_or_default() } else { b };
@@ -227,6 +228,14 @@ impl<S: ByteStream> TcpDatamover<S> {
                     let short = n < offered;
                     written += n;
                     self.tx_sent += n as u64;
+                    if n == offered {
+                        // All of it (the usual case): every chunk offered is sent, empty
+                        // ones among them too; their sizes need not be looked at again.
+                        for _ in 0..taken {
+                            self.pop_front();
+                        }
+                        n = 0;
+                    }
                     while n > 0 {
                         let Some(front) = self.tx.front() else { break };
                         let left = chunk_bytes(front, &self.held).len() - self.tx_pos;

@@ -73,8 +73,8 @@ impl ScsiRequest {
 
     /// The SCSI task for this command on the I_T nexus `nexus` (the session's), tagged with
     /// the ITT: every [`TaskEvent`] of it comes back with that tag ([`Ffp::on_scsi`]).
-    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask {
-        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus.clone());
+    pub fn into_task(self, nexus: &Arc<Nexus>) -> ScsiTask<'_> {
+        let mut task = ScsiTask::new(u64::from(self.itt.0), lun_id(self.lun).get(), self.cdb(), self.edtl, nexus);
         task.read = self.read;
         task.write = self.write;
         task.data_out = self.data_out;
@@ -443,6 +443,10 @@ impl Ffp {
     /// Dispatches commands held for a gap that another connection of the session has
     /// since filled. The driver calls it every poll; cheap when nothing is held.
     pub fn release_held(&mut self) {
+        // Usually nothing is held: no tree walk then (called per poll and per command).
+        if self.held.is_empty() {
+            return;
+        }
         while let Some((p, buf)) = self.held.remove(&self.exp().get()) {
             self.advance_and_dispatch(p, buf);
         }

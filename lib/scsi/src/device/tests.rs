@@ -67,7 +67,7 @@ impl H {
         edtl: u32,
         data: Option<Vec<u8>>,
     ) {
-        let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
+        let mut t = ScsiTask::new(tag, lun, cdb, edtl, n);
         t.write = data.is_some();
         t.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));
         self.dc.submit(t);
@@ -213,7 +213,7 @@ fn report_luns_lists_the_device() {
     assert_eq!(h.dc.channels.len(), 0);
     // A LUN channel on its own refuses it.
     let mut ch = LunChannel::new(l0.clone());
-    ch.submit(ScsiTask::new(1, 0, &report_luns_cdb(0, 64), 64, a.clone()));
+    ch.submit(ScsiTask::new(1, 0, &report_luns_cdb(0, 64), 64, &a));
     let mut out = Vec::new();
     while out.is_empty() {
         ch.poll(&mut out);
@@ -379,7 +379,7 @@ fn a_streamed_write_into_a_lun_that_leaves_gets_its_data_and_completes() {
     let a = nexus(1);
     h.power_on(1, &a);
     let data = pattern(12 * BS, 5);
-    let mut t = ScsiTask::new(30, 1, &rw10(op::WRITE10, 8, 12, 0), data.len() as u32, a.clone());
+    let mut t = ScsiTask::new(30, 1, &rw10(op::WRITE10, 8, 12, 0), data.len() as u32, &a);
     t.write = true;
     t.data_out = DataOut::Streamed;
     h.dc.submit(t);
@@ -414,7 +414,7 @@ fn a_streamed_write_into_a_lun_that_leaves_gets_its_data_and_completes() {
     assert_eq!(l1.open_channels(), 0, "no channel of the removed LUN is left");
     // The data is on LUN 1's device; LUN 1 no longer answers here.
     let mut back = LunChannel::new(l1.clone());
-    let mut t = ScsiTask::new(31, 1, &rw10(op::READ10, 8, 12, 0), data.len() as u32, a.clone());
+    let mut t = ScsiTask::new(31, 1, &rw10(op::READ10, 8, 12, 0), data.len() as u32, &a);
     t.write = false;
     back.submit(t);
     let mut out = Vec::new();

@@ -18,7 +18,7 @@ impl LunChannel {
         lun.check_capacity();
         let desc = opcodes::lookup(&ctx.cdb);
         let attn = lun.attn.load(std::sync::atomic::Ordering::Acquire);
-        if attn != 0 || !self.seen.contains(&ctx.nexus.id) {
+        if attn != 0 || !self.has_seen(ctx.nexus.id) {
             self.slow_checks(ctx, &desc, attn)?;
         }
         let desc = desc?;
@@ -31,6 +31,19 @@ impl LunChannel {
             return Err(CmdError::check(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT));
         }
         (desc.handler)(self, ctx, data_out)
+    }
+
+    /// Whether nexus `id` has been through [`slow_checks`](Self::slow_checks) here.
+    #[inline]
+    fn has_seen(&mut self, id: u64) -> bool {
+        if self.last_seen == Some(id) {
+            return true;
+        }
+        let seen = self.seen.contains(&id);
+        if seen {
+            self.last_seen = Some(id);
+        }
+        seen
     }
 
     /// Unit attention and reservation checks, under the LUN lock (SAM-5 5.14, SPC-4 5.12).

@@ -162,29 +162,29 @@ impl Env {
         self.dc.set_device(Arc::new(ScsiDevice::new(luns)));
     }
 
-    pub fn task(
+    pub fn task<'n>(
         &mut self,
-        n: &Arc<Nexus>,
+        n: &'n Arc<Nexus>,
         cdb: &[u8],
         edtl: u32,
         data: Option<Vec<u8>>,
-    ) -> ScsiTask {
+    ) -> ScsiTask<'n> {
         let lun = self.lun.id();
         self.task_to(lun, n, cdb, edtl, data)
     }
 
     /// A task addressed to LUN number `lun`.
-    pub fn task_to(
+    pub fn task_to<'n>(
         &mut self,
         lun: u64,
-        n: &Arc<Nexus>,
+        n: &'n Arc<Nexus>,
         cdb: &[u8],
         edtl: u32,
         data: Option<Vec<u8>>,
-    ) -> ScsiTask {
+    ) -> ScsiTask<'n> {
         let tag = self.next_tag;
         self.next_tag += 1;
-        let mut t = ScsiTask::new(tag, lun, cdb, edtl, n.clone());
+        let mut t = ScsiTask::new(tag, lun, cdb, edtl, n);
         t.write = data.is_some();
         t.read = data.is_none() && edtl > 0;
         t.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));

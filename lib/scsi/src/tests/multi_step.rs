@@ -76,7 +76,7 @@ fn compare_and_write_is_atomic_across_reactors() {
             let mut tag = 0u64;
             let mut run = |ch: &mut LunChannel, cdb: &[u8], edtl: u32, data: Option<Vec<u8>>| {
                 tag += 1;
-                let mut task = ScsiTask::new(tag, 0, cdb, edtl, n.clone());
+                let mut task = ScsiTask::new(tag, 0, cdb, edtl, &n);
                 task.data_out = data.map_or(DataOut::None, |d| DataOut::Whole(IoBuf::from(d)));
                 ch.submit(task);
                 let mut out = vec![];

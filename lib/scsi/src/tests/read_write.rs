@@ -240,7 +240,7 @@ fn a_read_waits_for_budgeted_memory() {
     let n = Arc::new(Nexus::new("iqn.2024-01.test:budget", 1, "iqn.2024-01.test:tgt", 1));
     let mut out = vec![];
     let run = |ch: &mut LunChannel, tag: u64, cdb: &[u8], edtl: u32, out: &mut Vec<ScsiResult>| {
-        ch.submit(ScsiTask::new(tag, 0, cdb, edtl, n.clone()));
+        ch.submit(ScsiTask::new(tag, 0, cdb, edtl, &n));
         for _ in 0..1000 {
             ch.poll_results(out);
         }

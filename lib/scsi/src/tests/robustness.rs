@@ -46,6 +46,6 @@ fn shared_types_are_send_and_sync() {
     fn send<T: Send>() {}
     send_sync::<Lun>();
     send_sync::<Nexus>();
-    send::<ScsiTask>();
+    send::<ScsiTask<'static>>();
     send::<ScsiResult>();
 }

@@ -92,12 +92,12 @@ fn a_streamed_read_needs_only_its_window_of_memory() {
     ch.set_stream_chunk(Some(256 * 1024));
     let n = Arc::new(Nexus::new("iqn.2024-01.test:stream", 1, "iqn.2024-01.test:tgt", 1));
     let mut out = Vec::new();
-    ch.submit(ScsiTask::new(1, 0, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, n.clone())); // power-on UA
+    ch.submit(ScsiTask::new(1, 0, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], 0, &n)); // power-on UA
     while out.is_empty() {
         ch.poll(&mut out);
     }
     let blocks = (16 << 20) / BS as u32;
-    let mut t = ScsiTask::new(2, 0, &rw16(op::READ16, 0, blocks, 0), 16 << 20, n.clone());
+    let mut t = ScsiTask::new(2, 0, &rw16(op::READ16, 0, blocks, 0), 16 << 20, &n);
     t.read = true;
     ch.submit(t);
     let mut got = Vec::new();

@@ -140,8 +140,16 @@ impl Ffp {
                 Immediate::Segment(_) => {}
             }
             let itt = task.cmd.itt;
-            self.tasks.insert(itt, task);
-            self.after_unsolicited(itt);
+            let t = self.tasks.entry(itt).insert_entry(task).into_mut();
+            let d = &t.data;
+            if d.expected == 0 && d.received == edtl && d.buf.is_some() && d.first_piece.is_none() {
+                // All of it came with the command, in its buffer (the usual small write):
+                // straight on to the SCSI layer, where it was inserted (what
+                // `after_unsolicited` would do, without its lookups).
+                Self::execute_task(&mut self.actions, itt, t, false);
+            } else {
+                self.after_unsolicited(itt);
+            }
         } else {
             // Straight on to the SCSI layer: the task is handed over where it was inserted
             // (no second lookup).

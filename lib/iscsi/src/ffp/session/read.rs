@@ -17,8 +17,8 @@ impl Ffp {
     /// [`super::ScsiRequest::into_task`]): a streamed read's piece, a streamed write's want,
     /// the end, or the abort. Events of a task this layer no longer has (aborted, failed
     /// meanwhile) are dropped.
-    pub fn on_scsi(&mut self, ev: TaskEvent) {
-        self.on_scsi_with(ev, None)
+    pub fn on_scsi(&mut self, mut ev: TaskEvent) {
+        self.on_scsi_with(&mut ev, None)
     }
 
     /// [`on_scsi`](Self::on_scsi) for a driver that lets the read data and responses this
@@ -27,14 +27,24 @@ impl Ffp {
     /// their order: once one is queued, the rest queue behind it). It saves a large
     /// action's trip through the queue per command. The driver must be free to carry
     /// actions out (no reset waits to be settled).
-    pub fn on_scsi_now(&mut self, ev: TaskEvent, dm: &mut dyn Datamover) {
-        self.on_scsi_with(ev, Some(dm))
+    pub fn on_scsi_now(&mut self, mut ev: TaskEvent, dm: &mut dyn Datamover) {
+        self.on_scsi_with(&mut ev, Some(dm))
     }
 
-    fn on_scsi_with(&mut self, ev: TaskEvent, now: Option<&mut dyn Datamover>) {
+    /// [`on_scsi_now`](Self::on_scsi_now) of an event read where it lies (in the driver's
+    /// list of events): what it carries (its buffer, its sense) is taken out of it, the rest
+    /// is not moved (an event is large); the driver clears the list afterwards.
+    pub fn on_scsi_in_place(&mut self, ev: &mut TaskEvent, dm: Option<&mut dyn Datamover>) {
+        self.on_scsi_with(ev, dm)
+    }
+
+    fn on_scsi_with(&mut self, ev: &mut TaskEvent, now: Option<&mut dyn Datamover>) {
         let itt = Itt(ev.tag() as u32);
         match ev {
-            TaskEvent::Data(p) => self.on_scsi_data(itt, p.offset, p.buf, p.len, now),
+            TaskEvent::Data(p) => {
+                let buf = std::mem::replace(&mut p.buf, IoBuf::empty());
+                self.on_scsi_data(itt, p.offset, buf, p.len, now)
+            }
             TaskEvent::Want(w) => self.on_scsi_want(itt, w.offset, w.len),
             TaskEvent::Done(r) => self.on_scsi_done(r, now),
             TaskEvent::Aborted { .. } => self.scsi_gave_back(itt),
@@ -84,7 +94,7 @@ impl Ffp {
     }
 
     /// A SCSI completion.
-    fn on_scsi_done(&mut self, done: ScsiResult, mut now: Option<&mut dyn Datamover>) {
+    fn on_scsi_done(&mut self, done: &mut ScsiResult, mut now: Option<&mut dyn Datamover>) {
         let itt = Itt(done.tag as u32);
         let Some(t) = self.tasks.remove(&itt) else {
             // Aborted meanwhile, and finished before the abort reached the SCSI layer.
@@ -133,7 +143,7 @@ impl Ffp {
             }
             self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }, &mut now);
         }
-        match done.data_in {
+        match done.data_in.take() {
             // The data (whole, or a streamed read's last piece, right after the others).
             Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
                 PutData {

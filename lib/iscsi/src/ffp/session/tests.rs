@@ -968,7 +968,7 @@ fn a_request_becomes_the_scsi_task() {
     assert_eq!((t.tag, t.lun, t.edtl, t.read, t.write), (5, 1, 512, true, false));
     assert_eq!((t.cdb.opcode(), t.attr), (0x28, riser_scsi::TaskAttr::Ordered));
     assert!(matches!(t.data_out, DataOut::None));
-    assert!(Arc::ptr_eq(&t.nexus, &nexus));
+    assert!(Arc::ptr_eq(t.nexus, &nexus));
 }
 
 /// A datamover that records what it is handed (for `on_scsi_now`).
