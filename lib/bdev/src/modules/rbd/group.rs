@@ -10,8 +10,10 @@
 //!   thread notifies the object about once a second, waiting up to a third of the lease
 //!   for acknowledgements. The notify's reply names the instance ids that acknowledged. A
 //!   member listed live in the record that has not acknowledged one of this gateway's
-//!   notifies for `lease` (from when this gateway first saw it) has stopped (killed,
-//!   stopped, cut off): this gateway fences it. A process that is stopped (SIGSTOP) or
+//!   notifies for `lease` (from when this gateway first saw it), and at least the last 3 in a
+//!   row, has stopped (killed, stopped, cut off): this gateway fences it. Only notifies this
+//!   gateway's own watch acknowledged count: when the cluster is too slow to deliver any, no
+//!   gateway fences another for it. A process that is stopped (SIGSTOP) or
 //!   killed stops answering alike.
 //! * Fencing, in this order: `rados_blocklist_add(addr)` (the monitors commit it; the OSDs
 //!   refuse the client's operations from that osdmap on, including what it had in flight),
@@ -115,27 +117,43 @@ impl Record {
     }
 }
 
+/// A member is fenced only after missing at least this many of this gateway's notifies in a
+/// row (besides a lease of silence): one notify that a stall of this gateway's own thread
+/// left as the first after a long gap says nothing on its own.
+const MIN_MISSED: u32 = 3;
+
 /// Who has answered this gateway's notifies, and when (pure: the decision is unit tested).
 #[derive(Default)]
 pub(crate) struct Liveness {
-    /// Instance id -> when it last acknowledged (or when it was first seen live in the record).
-    last: HashMap<u64, Instant>,
+    /// Instance id -> when it last acknowledged (or when it was first seen live in the
+    /// record), and how many judged notifies it has missed since.
+    last: HashMap<u64, (Instant, u32)>,
 }
 
 impl Liveness {
     /// Takes one notify's acknowledgements at `now`; returns the live members of `record`
-    /// (other than `me`) that have not acknowledged for `lease`: the ones to fence.
+    /// (other than `me`) that have not acknowledged for `lease`, over at least
+    /// [`MIN_MISSED`] notifies: the ones to fence. A notify that this gateway's own watch
+    /// did not acknowledge judges nobody: the cluster was too slow to deliver it (an
+    /// overloaded OSD delays every watcher alike, and fencing the others for it would take
+    /// every path down), or this gateway's watch is not there.
     pub fn observe(&mut self, record: &Record, me: u64, acked: &[u64], now: Instant, lease: Duration) -> Vec<u64> {
         for id in acked {
-            self.last.insert(*id, now);
+            self.last.insert(*id, (now, 0));
         }
+        let judged = acked.contains(&me);
         let mut out = Vec::new();
         for m in &record.members {
             if m.id == me || m.state != MemberState::Live {
                 continue;
             }
-            let since = *self.last.entry(m.id).or_insert(now);
-            if now.saturating_duration_since(since) >= lease {
+            let (since, missed) = self.last.entry(m.id).or_insert((now, 0));
+            if !judged || *since == now {
+                // Not judged, answered now, or first seen now.
+                continue;
+            }
+            *missed += 1;
+            if now.saturating_duration_since(*since) >= lease && *missed >= MIN_MISSED {
                 out.push(m.id);
             }
         }
@@ -803,16 +821,42 @@ mod tests {
         let rec = Record { members: vec![m(1, MemberState::Live), m(2, MemberState::Live), m(3, MemberState::Fenced)] };
         let mut l = Liveness::default();
         let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
         // 1 is me; 2 answers at first, then goes silent; 3 is already fenced.
         assert!(l.observe(&rec, 1, &[1, 2], t0, lease).is_empty());
-        assert!(l.observe(&rec, 1, &[1], t0 + Duration::from_secs(9), lease).is_empty());
-        assert_eq!(l.observe(&rec, 1, &[1], t0 + Duration::from_secs(10), lease), vec![2]);
+        assert!(l.observe(&rec, 1, &[1], at(5), lease).is_empty());
+        assert!(l.observe(&rec, 1, &[1], at(9), lease).is_empty());
+        assert_eq!(l.observe(&rec, 1, &[1], at(10), lease), vec![2]);
         // Answering again in time resets the clock.
-        assert!(l.observe(&rec, 1, &[2], t0 + Duration::from_secs(11), lease).is_empty());
-        assert!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(20), lease).is_empty());
-        assert_eq!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(21), lease), vec![2]);
+        assert!(l.observe(&rec, 1, &[1, 2], at(11), lease).is_empty());
+        for s in [14, 17, 20] {
+            assert!(l.observe(&rec, 1, &[1], at(s), lease).is_empty(), "{s}");
+        }
+        assert_eq!(l.observe(&rec, 1, &[1], at(21), lease), vec![2]);
         // I never fence myself, even when my own acknowledgement is missing.
-        assert!(!l.observe(&rec, 1, &[], t0 + Duration::from_secs(100), lease).contains(&1));
+        assert!(!l.observe(&rec, 1, &[], at(100), lease).contains(&1));
+    }
+
+    /// A notify this gateway's own watch did not acknowledge (the cluster too slow to deliver
+    /// any, or this gateway's watch gone) judges nobody, however long it lasts; and after a
+    /// long gap in this gateway's own notifies (its thread stalled), one missed notify is not
+    /// enough.
+    #[test]
+    fn only_notifies_this_gateway_saw_itself_judge_the_others() {
+        let lease = Duration::from_secs(10);
+        let rec = Record { members: vec![m(1, MemberState::Live), m(2, MemberState::Live)] };
+        let mut l = Liveness::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(l.observe(&rec, 1, &[1, 2], t0, lease).is_empty());
+        for s in 1..60 {
+            assert!(l.observe(&rec, 1, &[], at(s), lease).is_empty(), "an overloaded cluster at {s} s");
+        }
+        // This gateway's thread sends nothing for 30 s, then one notify 2 misses.
+        assert!(l.observe(&rec, 1, &[1, 2], at(100), lease).is_empty());
+        assert!(l.observe(&rec, 1, &[1], at(130), lease).is_empty(), "one notify after a stall");
+        assert!(l.observe(&rec, 1, &[1], at(131), lease).is_empty());
+        assert_eq!(l.observe(&rec, 1, &[1], at(132), lease), vec![2], "three in a row, a lease after its last answer");
     }
 
     #[test]
@@ -820,16 +864,18 @@ mod tests {
         let lease = Duration::from_secs(10);
         let mut l = Liveness::default();
         let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
         let rec = Record { members: vec![m(1, MemberState::Live)] };
-        assert!(l.observe(&rec, 1, &[], t0, lease).is_empty());
+        assert!(l.observe(&rec, 1, &[1], t0, lease).is_empty());
         // 5 joins (or this gateway starts after 5 died): its clock starts when first seen.
         let rec = Record { members: vec![m(1, MemberState::Live), m(5, MemberState::Live)] };
-        assert!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(30), lease).is_empty());
-        assert!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(39), lease).is_empty());
-        assert_eq!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(40), lease), vec![5]);
+        for s in [30, 33, 36, 39] {
+            assert!(l.observe(&rec, 1, &[1], at(s), lease).is_empty(), "{s}");
+        }
+        assert_eq!(l.observe(&rec, 1, &[1], at(40), lease), vec![5]);
         // Once fenced in the record it is forgotten, and never fenced twice.
         let rec = Record { members: vec![m(1, MemberState::Live), m(5, MemberState::Fenced)] };
-        assert!(l.observe(&rec, 1, &[], t0 + Duration::from_secs(50), lease).is_empty());
+        assert!(l.observe(&rec, 1, &[1], at(50), lease).is_empty());
         assert!(!l.last.contains_key(&5));
     }
 }
