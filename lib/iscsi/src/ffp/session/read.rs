@@ -53,10 +53,14 @@ impl Ffp {
 
     /// A Put_Data of a SCSI event: to the datamover while the queue is empty, else queued
     /// (as it is, not wrapped in an action first: a PutData is large).
-    fn emit(&mut self, p: PutData, dm: &mut Option<&mut dyn Datamover>) {
+    ///
+    /// `p` makes the Put_Data where it goes (the datamover's argument or the queue's
+    /// action), so that it is built there, not built first and then moved.
+    #[inline(always)]
+    fn emit(&mut self, p: impl FnOnce() -> PutData, dm: &mut Option<&mut dyn Datamover>) {
         match dm {
-            Some(dm) if self.actions.is_empty() => dm.put_data(p),
-            _ => self.actions.push_back(Action::PutData(p)),
+            Some(dm) if self.actions.is_empty() => dm.put_data(p()),
+            _ => self.actions.push_back(Action::PutData(p())),
         }
     }
 
@@ -89,7 +93,7 @@ impl Ffp {
         out.sent = offset + len;
         if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
             let lun = t.lun;
-            self.emit(PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
+            self.emit(move || PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
         }
     }
 
@@ -140,21 +144,29 @@ impl Ffp {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
-                self.emit(PutData { itt, lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
+                self.emit(move || PutData { itt, lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
                 return;
             }
-            self.emit(PutData { itt, lun, buf, len, offset, response: None, sn: s }, &mut now);
+            self.emit(move || PutData { itt, lun, buf, len, offset, response: None, sn: s }, &mut now);
         }
         match done.data_in.take() {
             // The data (whole, or a streamed read's last piece, right after the others).
             Some(buf) if data_in_len > 0 && read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
-                PutData { itt, lun, buf, len: data_in_len.min(edtl - data_in_offset), offset: data_in_offset, response: Some(response), sn: s },
+                move || PutData {
+                    itt,
+                    lun,
+                    buf,
+                    len: data_in_len.min(edtl - data_in_offset),
+                    offset: data_in_offset,
+                    response: Some(response),
+                    sn: s,
+                },
                 &mut now,
             ),
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
             _ if out.sent > 0 => {
-                self.emit(PutData { itt, lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s }, &mut now)
+                self.emit(move || PutData { itt, lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s }, &mut now)
             }
             _ => self.emit_send(response, &mut now),
         }
