@@ -20,8 +20,9 @@ use riser_scsi::{Asc, LunId, Sense, SenseKey, Status};
 use super::config::FfpConfig;
 use super::datamover::{GetData, PutData, SnState};
 use crate::pdu::{logout, AsyncMessage, Bhs, LogoutResponse, Lun, NopIn, Op, Pdu, Reject, RejectReason, ScsiCommand, BHS_LEN};
-use crate::serial::{Itt, Sn, TagMap, Ttt};
+use crate::serial::{Itt, Sn, Ttt};
 use crate::text::{Pairs, TextAssembler};
+use table::TaskTable;
 
 /// SCSI status GOOD / CHECK CONDITION (SAM-5), as the `u8` of a SCSI Response.
 pub const STATUS_GOOD: u8 = Status::Good as u8;
@@ -247,7 +248,8 @@ pub struct Ffp {
     /// The session's CmdSN window, shared by all its connections (on one reactor).
     window: SharedWindow,
     stat_sn: Sn,
-    tasks: TagMap<Itt, Task>,
+    /// The live tasks, where they stay from their command to their end.
+    tasks: TaskTable<Task>,
     /// Commands that arrived ahead of ExpCmdSN (within the window), by CmdSN, with the write
     /// buffer holding their immediate data if the datamover placed it.
     held: BTreeMap<u32, (Pdu, Option<IoBuf>)>,
@@ -299,11 +301,12 @@ impl Ffp {
     /// A further connection of an existing session: it shares the session's CmdSN window
     /// (RFC 7143 §3.2.2.1: one window per session, across connections).
     pub fn join(cfg: FfpConfig, window: SharedWindow, stat_sn: Sn, now: Instant) -> Ffp {
+        let tasks = TaskTable::new(cfg.queue_depth);
         Ffp {
             window,
             stat_sn,
             cfg,
-            tasks: TagMap::default(),
+            tasks,
             held: BTreeMap::new(),
             text: TextAssembler::default(),
             text_out: None,
@@ -864,6 +867,7 @@ const SENSE_DATA_PHASE_ERROR: Sense = Sense::new(SenseKey::AbortedCommand, Asc::
 
 mod command;
 mod read;
+mod table;
 mod task_mgmt;
 mod text;
 mod timeouts;

@@ -9,8 +9,8 @@ use riser_scsi::task::{DataOut, Residual};
 use riser_scsi::Sense;
 
 use super::{
-    Action, Ffp, Immediate, ReadOut, ScsiRequest, Task, TaskState, WriteIn, SENSE_DATA_PHASE_ERROR, SENSE_WRITE_TOO_LARGE,
-    STATUS_CHECK_CONDITION, STATUS_TASK_SET_FULL,
+    Action, Ffp, Immediate, ReadOut, ScsiRequest, Task, TaskState, WriteIn, SENSE_DATA_PHASE_ERROR, SENSE_WRITE_TOO_LARGE, STATUS_CHECK_CONDITION,
+    STATUS_TASK_SET_FULL,
 };
 use crate::ffp::datamover::SnState;
 use crate::pdu::{response, Bhs, Op, Pdu, RejectReason, ScsiCommand, ScsiResponse, BHS_LEN};
@@ -100,62 +100,65 @@ impl Ffp {
             self.respond_check(cmd.itt, immediate, SENSE_WRITE_TOO_LARGE, edtl, true);
             return;
         }
-        let mut task = Task {
-            lun: cmd.lun,
-            cdb: cmd.cdb,
-            ext_cdb,
-            data: WriteIn { received: imm, ..WriteIn::default() },
-            state: TaskState::Unsolicited { since: None },
-            cmd,
-        };
-        if task.cmd.write && edtl > 0 {
-            // Unsolicited Data-Out may follow unless F is set or InitialR2T=Yes
-            // (RFC 7143 §13.10, §13.14).
-            if !self.cfg.initial_r2t && !task.cmd.final_bit {
-                let first_burst = self.cfg.first_burst_length.min(edtl);
-                task.data.expected = first_burst.saturating_sub(imm);
-            }
-            match data {
-                // The datamover had the budget's room for the task's buffer and copied the
-                // immediate data straight into it: the one copy; the rest is asked for at once.
-                Immediate::Placed { buf, .. } if buf.len() == edtl as usize => task.data.buf = Some(buf),
-                // The first piece of a write that streams: the immediate data is at its start.
-                Immediate::Placed { buf, len } if len as usize <= buf.len() && buf.len() < edtl as usize => {
-                    task.data.first_piece = Some(buf);
-                    task.data.staged_from = len;
-                }
-                Immediate::Placed { buf, .. } => {
-                    log::error!("task {:#x}: placed write buffer of {} bytes for EDTL {edtl}", task.cmd.itt.0, buf.len());
-                    release_slot(self);
-                    self.respond_check(task.cmd.itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, true);
-                    return;
-                }
-                // All of it came as immediate data: the segment itself becomes the write
-                // buffer, no copy (at most FirstBurstLength per command, within the window).
-                Immediate::Segment(data) if imm == edtl => task.data.buf = Some(IoBuf::from_vec(data)),
-                // More follows (unsolicited Data-Out, or solicited) and the datamover did not
-                // place it (no room in the budget then): no buffer yet, the immediate data
-                // waits in its segment, copied into the buffer when the budget grants it.
-                Immediate::Segment(data) if imm > 0 => task.data.staged.push(data),
-                Immediate::Segment(_) => {}
-            }
-            let itt = task.cmd.itt;
-            let t = self.tasks.entry(itt).insert_entry(task).into_mut();
-            let d = &t.data;
-            if d.expected == 0 && d.received == edtl && d.buf.is_some() && d.first_piece.is_none() {
-                // All of it came with the command, in its buffer (the usual small write):
-                // straight on to the SCSI layer, where it was inserted (what
-                // `after_unsolicited` would do, without its lookups).
-                Self::execute_task(&mut self.actions, itt, t, false);
-            } else {
-                self.after_unsolicited(itt);
-            }
-        } else {
+        // The task is built in its slot of the table, where it stays until it ends.
+        let itt = cmd.itt;
+        let write = cmd.write && edtl > 0;
+        let t = self.tasks.insert(
+            itt,
+            Task {
+                lun: cmd.lun,
+                cdb: cmd.cdb,
+                ext_cdb,
+                data: WriteIn { received: imm, ..WriteIn::default() },
+                state: TaskState::Unsolicited { since: None },
+                cmd,
+            },
+        );
+        if !write {
             // Straight on to the SCSI layer: the task is handed over where it was inserted
             // (no second lookup).
-            let itt = task.cmd.itt;
-            let t = self.tasks.entry(itt).insert_entry(task).into_mut();
             Self::execute_task(&mut self.actions, itt, t, false);
+            return;
+        }
+        // Unsolicited Data-Out may follow unless F is set or InitialR2T=Yes
+        // (RFC 7143 §13.10, §13.14).
+        if !self.cfg.initial_r2t && !t.cmd.final_bit {
+            let first_burst = self.cfg.first_burst_length.min(edtl);
+            t.data.expected = first_burst.saturating_sub(imm);
+        }
+        match data {
+            // The datamover had the budget's room for the task's buffer and copied the
+            // immediate data straight into it: the one copy; the rest is asked for at once.
+            Immediate::Placed { buf, .. } if buf.len() == edtl as usize => t.data.buf = Some(buf),
+            // The first piece of a write that streams: the immediate data is at its start.
+            Immediate::Placed { buf, len } if len as usize <= buf.len() && buf.len() < edtl as usize => {
+                t.data.first_piece = Some(buf);
+                t.data.staged_from = len;
+            }
+            Immediate::Placed { buf, .. } => {
+                log::error!("task {:#x}: placed write buffer of {} bytes for EDTL {edtl}", itt.0, buf.len());
+                self.tasks.free(&itt);
+                release_slot(self);
+                self.respond_check(itt, immediate, SENSE_DATA_PHASE_ERROR, edtl, true);
+                return;
+            }
+            // All of it came as immediate data: the segment itself becomes the write
+            // buffer, no copy (at most FirstBurstLength per command, within the window).
+            Immediate::Segment(data) if imm == edtl => t.data.buf = Some(IoBuf::from_vec(data)),
+            // More follows (unsolicited Data-Out, or solicited) and the datamover did not
+            // place it (no room in the budget then): no buffer yet, the immediate data
+            // waits in its segment, copied into the buffer when the budget grants it.
+            Immediate::Segment(data) if imm > 0 => t.data.staged.push(data),
+            Immediate::Segment(_) => {}
+        }
+        let d = &t.data;
+        if d.expected == 0 && d.received == edtl && d.buf.is_some() && d.first_piece.is_none() {
+            // All of it came with the command, in its buffer (the usual small write):
+            // straight on to the SCSI layer, where it was inserted (what
+            // `after_unsolicited` would do, without its lookups).
+            Self::execute_task(&mut self.actions, itt, t, false);
+        } else {
+            self.after_unsolicited(itt);
         }
     }
 

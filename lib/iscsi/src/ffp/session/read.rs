@@ -53,10 +53,14 @@ impl Ffp {
 
     /// A Put_Data of a SCSI event: to the datamover while the queue is empty, else queued
     /// (as it is, not wrapped in an action first: a PutData is large).
-    fn emit(&mut self, p: PutData, dm: &mut Option<&mut dyn Datamover>) {
+    ///
+    /// `p` makes the Put_Data where it goes (the datamover's argument or the queue's
+    /// action), so that it is built there, not built first and then moved.
+    #[inline(always)]
+    fn emit(&mut self, p: impl FnOnce() -> PutData, dm: &mut Option<&mut dyn Datamover>) {
         match dm {
-            Some(dm) if self.actions.is_empty() => dm.put_data(p),
-            _ => self.actions.push_back(Action::PutData(p)),
+            Some(dm) if self.actions.is_empty() => dm.put_data(p()),
+            _ => self.actions.push_back(Action::PutData(p())),
         }
     }
 
@@ -89,36 +93,39 @@ impl Ffp {
         out.sent = offset + len;
         if let Some((offset, buf, len)) = out.held.replace((offset, buf, len)) {
             let lun = t.lun;
-            self.emit(PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
+            self.emit(move || PutData { itt, lun, buf, len, offset, response: None, sn }, &mut now);
         }
     }
 
     /// A SCSI completion.
     fn on_scsi_done(&mut self, done: &mut ScsiResult, mut now: Option<&mut dyn Datamover>) {
         let itt = Itt(done.tag as u32);
-        let Some(t) = self.tasks.remove(&itt) else {
+        let Some(t) = self.tasks.get_mut(&itt) else {
             // Aborted meanwhile, and finished before the abort reached the SCSI layer.
             self.scsi_gave_back(itt);
             return;
         };
+        // What the response needs is read where the task lies, which is then dropped there
+        // (a task is large: it is not moved out).
         let (data_in_len, data_in_offset) = (done.data_len as u32, done.data_offset as u32);
-        let immediate = t.cmd.immediate;
+        let (immediate, lun, read, edtl) = (t.cmd.immediate, t.lun, t.cmd.read, t.cmd.expected_data_transfer_length);
+        let wanting = matches!(t.state, TaskState::Streaming { want: Some(_) });
+        let out = match &mut t.state {
+            TaskState::Executing(out) => std::mem::take(out),
+            _ => ReadOut::default(),
+        };
+        self.tasks.free(&itt);
         if !immediate {
             self.slot_freed();
         }
-        let wanting = matches!(t.state, TaskState::Streaming { want: Some(_) });
-        let out = match t.state {
-            TaskState::Executing(out) => out,
-            _ => ReadOut::default(),
-        };
         if wanting {
             // The write ended (an error) while a piece was asked for: the datamover forgets
             // its Get_Data (the SCSI layer has nothing left of the task).
-            self.abort_action(itt, t.lun, false);
+            self.abort_action(itt, lun, false);
         }
         let s = self.next_stat_sn();
         let mut residual = done.residual;
-        if data_in_len > 0 && !t.cmd.read {
+        if data_in_len > 0 && !read {
             // Data-In for a command without the R bit (a READ sent as a write, or with no
             // data expected): its Data-In EDTL is 0, so nothing is sent and the whole
             // SCSI-presented length is a residual overflow (RFC 7143 §11.4.5.2), GOOD or not.
@@ -132,23 +139,22 @@ impl Ffp {
             residual = Residual::Overflow(presented);
         }
         let response = scsi_response(itt, done.status.code(), done.sense_bytes(), residual, s);
-        let edtl = t.cmd.expected_data_transfer_length;
-        let last_ok = done.data_in.is_some() && data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl;
+        let last_ok = done.data_in.is_some() && data_in_len > 0 && read && data_in_offset == out.sent && data_in_offset < edtl;
         if let Some((offset, buf, len)) = out.held {
             if !last_ok {
                 // The read ended without a last piece (it failed on the way): the held one
                 // is the last Data-In, the response follows it.
-                self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
+                self.emit(move || PutData { itt, lun, buf, len, offset, response: Some(response), sn: s }, &mut now);
                 return;
             }
-            self.emit(PutData { itt, lun: t.lun, buf, len, offset, response: None, sn: s }, &mut now);
+            self.emit(move || PutData { itt, lun, buf, len, offset, response: None, sn: s }, &mut now);
         }
         match done.data_in.take() {
             // The data (whole, or a streamed read's last piece, right after the others).
-            Some(buf) if data_in_len > 0 && t.cmd.read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
-                PutData {
+            Some(buf) if data_in_len > 0 && read && data_in_offset == out.sent && data_in_offset < edtl => self.emit(
+                move || PutData {
                     itt,
-                    lun: t.lun,
+                    lun,
                     buf,
                     len: data_in_len.min(edtl - data_in_offset),
                     offset: data_in_offset,
@@ -159,10 +165,9 @@ impl Ffp {
             ),
             // Pieces went out but the last brings no data (the read failed on the way): the
             // response still closes the stream in the datamover (TCP's ExpDataSN).
-            _ if out.sent > 0 => self.emit(
-                PutData { itt, lun: t.lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s },
-                &mut now,
-            ),
+            _ if out.sent > 0 => {
+                self.emit(move || PutData { itt, lun, buf: IoBuf::empty(), len: 0, offset: out.sent, response: Some(response), sn: s }, &mut now)
+            }
             _ => self.emit_send(response, &mut now),
         }
     }

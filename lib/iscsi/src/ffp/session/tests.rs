@@ -1025,3 +1025,36 @@ fn on_scsi_now_goes_past_the_queue_only_while_it_is_empty() {
     let a = drain(&mut f);
     assert!(matches!(a.as_slice(), [Action::Send(_), Action::PutData(p)] if p.itt == Itt(3)), "in order behind the echo");
 }
+
+#[test]
+fn tags_sharing_a_task_slot_are_kept_apart() {
+    // Queue depth 4: four task slots; ITTs 1, 5 and 9 all map to slot 1 (5 and 9 go to the
+    // overflow map), and each is found, refused again while in use, aborted and completed
+    // as its own task.
+    let (mut f, now) = ffp(FfpConfig { queue_depth: 4, ..Default::default() });
+    for (itt, sn) in [(1, 10), (5, 11), (9, 12)] {
+        f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(itt, sn, true, false, 512))), now);
+    }
+    let itts: Vec<Itt> = drain(&mut f).iter().map(|a| if let Action::Execute(r) = a { r.itt } else { panic!("expected Execute") }).collect();
+    assert_eq!((itts, f.active_tasks()), (vec![Itt(1), Itt(5), Itt(9)], 3));
+    f.on_pdu(Pdu::new(Op::ScsiCommand(cmd(9, 13, true, false, 512))), now);
+    assert!(matches!(&drain(&mut f)[..], [Action::Send(p)] if matches!(p.bhs.op, Op::Reject(_))), "ITT 9 is in use");
+    f.on_pdu(abort_task(50, 5, f.sn().exp_cmd_sn.get(), 11), now);
+    assert!(matches!(&drain(&mut f)[..], [Action::Abort { itt: Itt(5), .. }, Action::Send(_)]));
+    let done = |tag| {
+        TaskEvent::Done(ScsiResult {
+            tag,
+            status: Status::Good,
+            sense: None,
+            data_in: Some(IoBuf::from(vec![7u8; 512])),
+            data_len: 512,
+            data_offset: 0,
+            residual: Residual::None,
+        })
+    };
+    for tag in [9, 5, 1] {
+        f.on_scsi(done(tag));
+    }
+    let answered: Vec<Itt> = drain(&mut f).iter().map(|a| if let Action::PutData(p) = a { p.itt } else { panic!("expected PutData") }).collect();
+    assert_eq!((answered, f.active_tasks()), (vec![Itt(9), Itt(1)], 0), "the aborted task's result is dropped");
+}
